@@ -1,0 +1,19 @@
+// cli/commands.h — each sub-command registers itself on the CLI11 app; its callback hands
+// the runner to `set_action`, and main runs it and turns its Status into an exit code.
+#pragma once
+
+#include <CLI/CLI.hpp>
+
+#include <functional>
+
+#include "base/status.h"
+
+namespace lockstep::cli {
+
+using SetAction = std::function<void(std::function<Status()>)>;
+
+void RegisterGenerate(CLI::App& app, SetAction set_action);
+void RegisterModelInfo(CLI::App& app, SetAction set_action);
+void RegisterKernels(CLI::App& app, SetAction set_action);
+
+}  // namespace lockstep::cli

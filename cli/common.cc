@@ -1,0 +1,86 @@
+// cli/common.cc — see common.h.
+#include "cli/common.h"
+
+#include <chrono>
+#include <iostream>
+
+namespace lockstep::cli {
+
+std::filesystem::path DefaultModelDir() {
+  if (const char* env = std::getenv("LOCKSTEP_DEFAULT_MODEL")) return env;
+  return LOCKSTEP_DEFAULT_MODEL_DIR;
+}
+
+Result<LoadedModel> LoadModel(const std::filesystem::path& dir, bool quiet) {
+  if (!std::filesystem::is_directory(dir)) {
+    return Status::NotFound(dir.string() + ": not a model directory (expected config.json, *.safetensors)");
+  }
+  auto t0 = std::chrono::steady_clock::now();
+  LoadedModel m;
+  m.dir = dir;
+  LS_ASSIGN_OR_RETURN(m.model, engine::Model::Load(dir));
+  const auto tok_path = dir / "tokenizer.json";
+  if (std::filesystem::exists(tok_path)) {
+    LS_ASSIGN_OR_RETURN(m.tokenizer, engine::Tokenizer::Load(tok_path));
+  }
+  for (int64_t e : m.model->config().eos_token_ids) m.eos_ids.push_back(static_cast<int32_t>(e));
+  if (!quiet) {
+    const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    const auto& c = m.model->config();
+    std::cerr << "lockstep: loaded " << dir.string() << " (" << engine::FamilyName(c.family) << ", "
+              << c.num_hidden_layers << " layers, " << m.model->ParameterCount() / 1e6 << "M params) in " << s
+              << " s\n";
+    if (!m.model->weights().skipped.empty()) {
+      std::cerr << "lockstep: skipped " << m.model->weights().skipped.size()
+                << " tensors not used for inference (MTP layers or extras; `lockstep model info` lists them)\n";
+    }
+  }
+  return m;
+}
+
+void EngineFlags::Register(CLI::App* app) {
+  app->add_option("--max-tokens,-n", max_tokens, "Tokens to generate per prompt")->check(CLI::NonNegativeNumber);
+  app->add_option("--temperature,-t", temperature, "Sampling temperature; 0 = greedy (argmax)")
+      ->check(CLI::NonNegativeNumber);
+  app->add_option("--top-p", top_p, "Nucleus sampling mass in (0, 1]; 1 = off")->check(CLI::Range(0.0, 1.0));
+  app->add_option("--top-k", top_k, "Keep the k most likely tokens; 0 = off")->check(CLI::NonNegativeNumber);
+  app->add_option("--min-p", min_p, "Drop tokens below min_p × the top probability; 0 = off")
+      ->check(CLI::Range(0.0, 1.0));
+  app->add_option("--seed", seed, "Per-request sampling seed (Philox key); request i of --prompts uses seed + i");
+  app->add_option("--kv-cache", kv_cache, "Latent KV cache storage: fp32 | bf16 | fp8_e4m3")
+      ->check(CLI::IsMember({"fp32", "bf16", "fp8_e4m3"}));
+  app->add_option("--kernel", kernels, "Kernel variant override op=variant (repeatable; `lockstep kernels` lists them)");
+  app->add_option("--max-batch", max_batch, "Requests run together per step")->check(CLI::PositiveNumber);
+  app->add_option("--page-size", page_size, "Tokens per KV-cache page")->check(CLI::PositiveNumber);
+  app->add_option("--kv-cache-tokens", kv_cache_tokens, "KV-cache capacity in tokens, across all requests")
+      ->check(CLI::PositiveNumber);
+  app->add_flag("--ignore-eos", ignore_eos, "Keep generating past the end-of-sequence token");
+}
+
+Result<engine::EngineOptions> EngineFlags::ToOptions() const {
+  engine::EngineOptions o;
+  LS_ASSIGN_OR_RETURN(o.kv_format, engine::ParseKvFormat(kv_cache));
+  for (const auto& k : kernels) LS_RETURN_IF_ERROR(kernels::ParseKernelOverride(k, &o.kernels));
+  o.max_batch = max_batch;
+  o.page_size = page_size;
+  o.kv_cache_tokens = kv_cache_tokens;
+  return o;
+}
+
+engine::SamplingParams EngineFlags::Sampling() const {
+  engine::SamplingParams p;
+  p.temperature = temperature;
+  p.top_p = top_p;
+  p.top_k = top_k;
+  p.min_p = min_p;
+  p.seed = seed;
+  return p;
+}
+
+int Report(const Status& s) {
+  if (s.ok()) return 0;
+  std::cerr << "lockstep: " << s.message() << "\n";
+  return s.code() == Status::Code::kInvalidArgument ? 2 : 1;
+}
+
+}  // namespace lockstep::cli

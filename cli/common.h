@@ -1,0 +1,56 @@
+// cli/common.h — what every sub-command shares: loading a model directory with progress,
+// parsing sampling/engine flags, and reporting errors as one line.
+#pragma once
+
+#include <CLI/CLI.hpp>
+
+#include <filesystem>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "base/status.h"
+#include "engine/engine.h"
+#include "engine/model.h"
+#include "engine/tokenizer.h"
+
+namespace lockstep::cli {
+
+// The model used when --model is not given: the trained tiny model shipped in models/.
+std::filesystem::path DefaultModelDir();
+
+struct LoadedModel {
+  std::filesystem::path dir;
+  std::shared_ptr<engine::Model> model;
+  std::shared_ptr<const engine::Tokenizer> tokenizer;  // null when the directory has none
+  std::vector<int32_t> eos_ids;
+};
+
+// Loads config, weights and (if present) tokenizer.json; prints progress on stderr unless quiet.
+Result<LoadedModel> LoadModel(const std::filesystem::path& dir, bool quiet);
+
+// Flags shared by generate, record, replay, degen: sampling, cache, kernels.
+struct EngineFlags {
+  double temperature = 0.0;
+  double top_p = 1.0;
+  int64_t top_k = 0;
+  double min_p = 0.0;
+  uint64_t seed = 0;
+  int64_t max_tokens = 64;
+  std::string kv_cache = "fp32";
+  std::vector<std::string> kernels;
+  int64_t max_batch = 8;
+  int64_t page_size = 64;
+  int64_t kv_cache_tokens = 1 << 16;
+  bool ignore_eos = false;
+
+  void Register(CLI::App* app);
+  Result<engine::EngineOptions> ToOptions() const;
+  engine::SamplingParams Sampling() const;
+};
+
+// Prints "lockstep: <message>" to stderr and returns the exit code for `s` (0 when ok).
+int Report(const Status& s);
+
+}  // namespace lockstep::cli

@@ -1,0 +1,29 @@
+// cli/main.cc — the `lockstep` command: dispatches to one file per sub-command.
+#include <CLI/CLI.hpp>
+
+#include <iostream>
+
+#include "base/version.h"
+#include "cli/commands.h"
+#include "cli/common.h"
+
+int main(int argc, char** argv) {
+  using namespace lockstep;
+  CLI::App app{
+      "lockstep — a record-and-replay numerics debugger for LLM inference.\n"
+      "Runs DeepSeek-family checkpoints (V2, V3, V3.2) on the CPU in fp32 as the reference."};
+  app.require_subcommand(1);
+  app.set_version_flag("--version", std::string(kVersion) + " (" + kGitRevision + ", " + kBuildType + ")");
+  std::function<Status()> action;
+  auto set_action = [&](std::function<Status()> f) { action = std::move(f); };
+  cli::RegisterGenerate(app, set_action);
+  cli::RegisterModelInfo(app, set_action);
+  cli::RegisterKernels(app, set_action);
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& e) {
+    return app.exit(e);
+  }
+  if (!action) return 0;
+  return cli::Report(action());
+}

@@ -1,0 +1,149 @@
+// engine/engine.cc — see engine.h.
+#include "engine/engine.h"
+
+#include <algorithm>
+
+namespace lockstep::engine {
+
+Result<std::unique_ptr<Engine>> Engine::Create(std::shared_ptr<Model> model, EngineOptions options) {
+  if (options.page_size <= 0 || options.page_size > (1 << 20)) {
+    return Status::InvalidArgument("--page-size: must be in 1..1048576");
+  }
+  if (options.kv_cache_tokens < options.page_size) {
+    return Status::InvalidArgument("--kv-cache-tokens: must be at least one page (" +
+                                   std::to_string(options.page_size) + " tokens)");
+  }
+  if (options.max_batch <= 0) return Status::InvalidArgument("--max-batch: must be > 0");
+  std::unique_ptr<Engine> e(new Engine());
+  LS_ASSIGN_OR_RETURN(e->kernels_, kernels::Registry::Get().Resolve(options.kernels));
+  e->cache_ = std::make_unique<PagedKvCache>(model->config(), options.kv_format, options.page_size,
+                                             (options.kv_cache_tokens + options.page_size - 1) / options.page_size);
+  e->model_ = std::move(model);
+  e->options_ = std::move(options);
+  return e;
+}
+
+Result<int64_t> Engine::AddRequest(Request r) {
+  const ModelConfig& c = model_->config();
+  if (r.prompt.empty()) return Status::InvalidArgument("request '" + r.name + "': empty prompt");
+  for (int32_t t : r.prompt) {
+    if (t < 0 || t >= c.vocab_size) {
+      return Status::InvalidArgument("request '" + r.name + "': prompt token " + std::to_string(t) +
+                                     " outside the vocabulary (0.." + std::to_string(c.vocab_size - 1) + ")");
+    }
+  }
+  if (r.max_new_tokens < 0) return Status::InvalidArgument("request '" + r.name + "': max_new_tokens < 0");
+  const int64_t total = static_cast<int64_t>(r.prompt.size()) + r.max_new_tokens;
+  if (total > c.max_position_embeddings) {
+    return Status::InvalidArgument("request '" + r.name + "': prompt + max_new_tokens = " + std::to_string(total) +
+                                   " exceeds max_position_embeddings " + std::to_string(c.max_position_embeddings));
+  }
+  if (total > options_.kv_cache_tokens) {
+    return Status::InvalidArgument("request '" + r.name + "': needs " + std::to_string(total) +
+                                   " cache tokens, more than --kv-cache-tokens " +
+                                   std::to_string(options_.kv_cache_tokens));
+  }
+  const SamplingParams& s = r.sampling;
+  if (!(s.temperature >= 0) || !(s.top_p > 0 && s.top_p <= 1) || !(s.min_p >= 0 && s.min_p <= 1) || s.top_k < 0) {
+    return Status::InvalidArgument("request '" + r.name +
+                                   "': sampling needs temperature ≥ 0, 0 < top_p ≤ 1, 0 ≤ min_p ≤ 1, top_k ≥ 0");
+  }
+  auto st = std::make_unique<RequestState>();
+  st->id = static_cast<int64_t>(requests_.size());
+  st->request = std::move(r);
+  if (st->request.max_new_tokens == 0) {
+    st->finished = true;
+    st->finish_reason = "length";
+  } else {
+    waiting_.push_back(st->id);
+  }
+  requests_.push_back(std::move(st));
+  return requests_.back()->id;
+}
+
+Result<bool> Engine::Step() {
+  // Admit waiting requests while the batch has room and the cache can hold them whole.
+  while (!waiting_.empty() && static_cast<int64_t>(running_.size()) < options_.max_batch) {
+    RequestState& r = *requests_[waiting_.front()];
+    const int64_t need = static_cast<int64_t>(r.request.prompt.size()) + r.request.max_new_tokens;
+    const int64_t pages = (need + options_.page_size - 1) / options_.page_size;
+    int64_t reserved = 0;  // pages the running requests will still claim
+    for (int64_t id : running_) {
+      const RequestState& q = *requests_[id];
+      const int64_t qn = static_cast<int64_t>(q.request.prompt.size()) + q.request.max_new_tokens;
+      reserved += (qn + options_.page_size - 1) / options_.page_size - static_cast<int64_t>(q.cache.pages.size());
+    }
+    if (pages > cache_->free_pages() - reserved) break;
+    running_.push_back(waiting_.front());
+    waiting_.erase(waiting_.begin());
+  }
+  if (running_.empty()) return false;
+
+  std::vector<Segment> segs;
+  std::vector<int32_t> last(running_.size());
+  for (size_t i = 0; i < running_.size(); ++i) {
+    RequestState& r = *requests_[running_[i]];
+    Segment g;
+    g.request_id = r.id;
+    g.cache = &r.cache;
+    g.start_pos = r.cache.length;
+    if (!r.prefilled) {
+      g.tokens = r.request.prompt;
+      g.all_logits = r.request.all_prompt_logits;
+    } else {
+      last[i] = r.generated.back();
+      g.tokens = std::span<const int32_t>(&last[i], 1);
+    }
+    segs.push_back(g);
+  }
+  ForwardOutput out;
+  LS_RETURN_IF_ERROR(model_->Forward(segs, *cache_, kernels_, hook_, &out));
+
+  const int64_t V = model_->config().vocab_size;
+  std::vector<int64_t> batch_ids = running_;
+  std::vector<int64_t> still;
+  for (size_t i = 0; i < running_.size(); ++i) {
+    RequestState& r = *requests_[running_[i]];
+    const std::vector<float>& lg = out.logits[i];
+    if (!r.prefilled && r.request.all_prompt_logits) r.prompt_logits = lg;
+    r.prefilled = true;
+    r.last_logits.assign(lg.end() - V, lg.end());
+    StepEvent ev;
+    ev.request_id = r.id;
+    ev.step = step_;
+    ev.token_index = static_cast<int64_t>(r.generated.size());
+    ev.sample = Sampler::Sample(r.last_logits, r.request.sampling, static_cast<uint64_t>(ev.token_index));
+    ev.token = ev.sample.token;
+    ev.batch_size = static_cast<int64_t>(batch_ids.size());
+    ev.batch = batch_ids;
+    r.generated.push_back(ev.token);
+    const auto& stops = r.request.stop_tokens;
+    if (std::find(stops.begin(), stops.end(), ev.token) != stops.end()) {
+      r.finished = true;
+      r.finish_reason = "stop";
+    } else if (static_cast<int64_t>(r.generated.size()) >= r.request.max_new_tokens) {
+      r.finished = true;
+      r.finish_reason = "length";
+    }
+    ev.finished = r.finished;
+    ev.finish_reason = r.finish_reason;
+    if (r.finished) {
+      cache_->Release(&r.cache);
+    } else {
+      still.push_back(r.id);
+    }
+    if (on_step_) on_step_(ev);
+  }
+  running_ = std::move(still);
+  ++step_;
+  return true;
+}
+
+Status Engine::RunToCompletion() {
+  while (true) {
+    LS_ASSIGN_OR_RETURN(bool more, Step());
+    if (!more) return Status::Ok();
+  }
+}
+
+}  // namespace lockstep::engine

@@ -1,0 +1,103 @@
+// engine/engine.h — requests in, tokens out: the scheduler around Model::Forward.
+//
+// An Engine owns the paged KV cache and a set of requests. Each Step() runs one forward over
+// a batch: newly admitted requests contribute their whole prompt (ragged prefill), running
+// ones their last token (decode). Then each request samples its next token with its own
+// Philox stream. Because Model::Forward is batch-invariant and sampling depends only on
+// (logits, params, seed, step), a request's tokens do not depend on its neighbours.
+//
+// Not thread-safe: drive an Engine from one thread.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "base/status.h"
+#include "engine/kv_cache.h"
+#include "engine/model.h"
+#include "engine/sampler.h"
+#include "engine/tap.h"
+#include "kernels/registry.h"
+
+namespace lockstep::engine {
+
+struct EngineOptions {
+  KvFormat kv_format = KvFormat::kFp32;
+  int64_t page_size = 64;             // tokens per KV page (FlashMLA uses 64)
+  int64_t kv_cache_tokens = 1 << 16;  // pool capacity, in tokens, across all requests
+  int64_t max_batch = 8;              // requests per step
+  kernels::KernelChoice kernels;      // op → variant; empty = defaults
+};
+
+struct Request {
+  std::string name;                // caller's label ("0", a request id, …)
+  std::vector<int32_t> prompt;
+  int64_t max_new_tokens = 16;
+  SamplingParams sampling;
+  std::vector<int32_t> stop_tokens;  // generation ends after emitting one of these
+  bool all_prompt_logits = false;    // keep the logits of every prompt position (tests, traces)
+};
+
+// What the engine did for one request in one step.
+struct StepEvent {
+  int64_t request_id = 0;
+  int64_t step = 0;          // the engine step number
+  int64_t token_index = 0;   // index of the generated token within the request
+  int32_t token = -1;
+  SampleResult sample;
+  int64_t batch_size = 0;    // requests in this step's forward
+  std::vector<int64_t> batch;  // their ids
+  bool finished = false;
+  std::string finish_reason;   // "length" | "stop"
+};
+
+struct RequestState {
+  int64_t id = 0;
+  Request request;
+  SeqCache cache;
+  std::vector<int32_t> generated;
+  std::vector<float> prompt_logits;  // [prompt, vocab] when all_prompt_logits
+  std::vector<float> last_logits;    // logits that chose the last token
+  bool prefilled = false;
+  bool finished = false;
+  std::string finish_reason;
+};
+
+class Engine {
+ public:
+  static Result<std::unique_ptr<Engine>> Create(std::shared_ptr<Model> model, EngineOptions options);
+
+  // Validates and queues a request; returns its id (0, 1, 2, … in order of addition).
+  Result<int64_t> AddRequest(Request request);
+  // Runs one step. Returns false when nothing was left to do.
+  Result<bool> Step();
+  // Runs until every request finished.
+  Status RunToCompletion();
+
+  void SetTapHook(TapHook* hook) { hook_ = hook; }
+  void SetStepCallback(std::function<void(const StepEvent&)> cb) { on_step_ = std::move(cb); }
+
+  const RequestState& request(int64_t id) const { return *requests_[id]; }
+  int64_t num_requests() const { return static_cast<int64_t>(requests_.size()); }
+  const Model& model() const { return *model_; }
+  const kernels::KernelChoice& kernels() const { return kernels_; }
+  const EngineOptions& options() const { return options_; }
+  PagedKvCache& cache() { return *cache_; }
+
+ private:
+  Engine() = default;
+  std::shared_ptr<Model> model_;
+  EngineOptions options_;
+  kernels::KernelChoice kernels_;
+  std::unique_ptr<PagedKvCache> cache_;
+  std::vector<std::unique_ptr<RequestState>> requests_;
+  std::vector<int64_t> waiting_, running_;
+  int64_t step_ = 0;
+  TapHook* hook_ = nullptr;
+  std::function<void(const StepEvent&)> on_step_;
+};
+
+}  // namespace lockstep::engine

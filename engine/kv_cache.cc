@@ -1,0 +1,192 @@
+// engine/kv_cache.cc — see kv_cache.h and docs/kv-cache.md.
+#include "engine/kv_cache.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <functional>
+
+#include "kernels/cpu/numerics.h"
+
+namespace lockstep::engine {
+namespace {
+constexpr int64_t kFp8Tile = 128;  // latent values per fp32 scale (FlashMLA's V3.2 layout)
+}
+
+std::string_view KvFormatName(KvFormat f) {
+  switch (f) {
+    case KvFormat::kFp32: return "fp32";
+    case KvFormat::kBf16: return "bf16";
+    case KvFormat::kFp8E4m3: return "fp8_e4m3";
+  }
+  return "?";
+}
+
+Result<KvFormat> ParseKvFormat(std::string_view s) {
+  if (s == "fp32") return KvFormat::kFp32;
+  if (s == "bf16") return KvFormat::kBf16;
+  if (s == "fp8_e4m3" || s == "fp8") return KvFormat::kFp8E4m3;
+  return Status::InvalidArgument("--kv-cache: '" + std::string(s) + "' is not one of fp32, bf16, fp8_e4m3");
+}
+
+float Fp8TileScale(const float* x, int64_t n) {
+  float amax = 0;
+  for (int64_t i = 0; i < n; ++i) amax = std::fmax(amax, std::fabs(x[i]));
+  if (!(amax > 0) || !std::isfinite(amax)) return 1.0f;
+  // Power of two ≥ amax/448, so that x/scale never exceeds the e4m3 range.
+  int e = static_cast<int>(std::ceil(std::log2(static_cast<double>(amax) / kernels::kFp8E4m3Max)));
+  return std::ldexp(1.0f, e);
+}
+
+PagedKvCache::PagedKvCache(const ModelConfig& c, KvFormat format, int64_t page_size, int64_t max_pages)
+    : kv_lora_(c.kv_lora_rank),
+      rope_(c.qk_rope_head_dim),
+      index_dim_(c.index_head_dim),
+      format_(format),
+      page_size_(page_size),
+      max_pages_(max_pages) {
+  switch (format) {
+    case KvFormat::kFp32: latent_bytes_ = (kv_lora_ + rope_) * 4; break;
+    case KvFormat::kBf16: latent_bytes_ = (kv_lora_ + rope_) * 2; break;
+    case KvFormat::kFp8E4m3:
+      latent_bytes_ = kv_lora_ + 4 * ((kv_lora_ + kFp8Tile - 1) / kFp8Tile) + 2 * rope_;
+      break;
+  }
+  layer_streams_.resize(c.num_hidden_layers);
+  storage_.resize(c.num_hidden_layers);
+  for (int64_t l = 0; l < c.num_hidden_layers; ++l) {
+    layer_streams_[l].push_back({StreamKind::kMlaLatent, "latent", latent_bytes_});
+    if (c.layers[l].attention == AttentionKind::kMlaSparse) {
+      layer_streams_[l].push_back({StreamKind::kIndexerKey, "indexer_k", index_dim_ * 4});
+    }
+    storage_[l].resize(layer_streams_[l].size());
+    for (auto& s : storage_[l]) s.resize(max_pages);
+  }
+  free_.reserve(max_pages);
+  for (int64_t p = max_pages - 1; p >= 0; --p) free_.push_back(static_cast<int32_t>(p));
+  std::make_heap(free_.begin(), free_.end(), std::greater<>());
+}
+
+Status PagedKvCache::Reserve(SeqCache* seq, int64_t new_length) {
+  const int64_t need = (new_length + page_size_ - 1) / page_size_;
+  const int64_t have = static_cast<int64_t>(seq->pages.size());
+  if (need - have > free_pages()) {
+    return Status::InvalidArgument("KV cache full: need " + std::to_string(need - have) + " more pages of " +
+                                   std::to_string(page_size_) + " tokens, " + std::to_string(free_pages()) +
+                                   " free (raise --kv-cache-tokens)");
+  }
+  for (int64_t i = have; i < need; ++i) {
+    std::pop_heap(free_.begin(), free_.end(), std::greater<>());
+    int32_t page = free_.back();
+    free_.pop_back();
+    seq->pages.push_back(page);
+    for (size_t l = 0; l < storage_.size(); ++l) {
+      for (size_t s = 0; s < storage_[l].size(); ++s) {
+        auto& slot = storage_[l][s][page];
+        const size_t bytes = page_size_ * layer_streams_[l][s].bytes_per_token;
+        if (!slot) slot.reset(new uint8_t[bytes]);
+        std::memset(slot.get(), 0, bytes);  // a reused page must not leak its last owner's bytes
+      }
+    }
+  }
+  return Status::Ok();
+}
+
+void PagedKvCache::Release(SeqCache* seq) {
+  for (int32_t p : seq->pages) {
+    free_.push_back(p);
+    std::push_heap(free_.begin(), free_.end(), std::greater<>());
+  }
+  seq->pages.clear();
+  seq->length = 0;
+}
+
+uint8_t* PagedKvCache::MutableTokenBytes(int64_t layer, size_t stream, const SeqCache& seq, int64_t pos) {
+  const int32_t page = seq.pages[pos / page_size_];
+  return storage_[layer][stream][page].get() + (pos % page_size_) * layer_streams_[layer][stream].bytes_per_token;
+}
+
+const uint8_t* PagedKvCache::TokenBytes(int64_t layer, size_t stream, const SeqCache& seq, int64_t pos) const {
+  return const_cast<PagedKvCache*>(this)->MutableTokenBytes(layer, stream, seq, pos);
+}
+
+void PagedKvCache::WriteLatent(int64_t layer, const SeqCache& seq, int64_t pos, const float* latent,
+                               const float* rope) {
+  uint8_t* b = MutableTokenBytes(layer, 0, seq, pos);
+  switch (format_) {
+    case KvFormat::kFp32:
+      std::memcpy(b, latent, kv_lora_ * 4);
+      std::memcpy(b + kv_lora_ * 4, rope, rope_ * 4);
+      break;
+    case KvFormat::kBf16:
+      for (int64_t i = 0; i < kv_lora_; ++i) {
+        uint16_t h = kernels::F32ToBf16(latent[i]);
+        std::memcpy(b + 2 * i, &h, 2);
+      }
+      for (int64_t i = 0; i < rope_; ++i) {
+        uint16_t h = kernels::F32ToBf16(rope[i]);
+        std::memcpy(b + 2 * (kv_lora_ + i), &h, 2);
+      }
+      break;
+    case KvFormat::kFp8E4m3: {
+      const int64_t tiles = (kv_lora_ + kFp8Tile - 1) / kFp8Tile;
+      uint8_t* scales = b + kv_lora_;
+      for (int64_t t = 0; t < tiles; ++t) {
+        const int64_t lo = t * kFp8Tile, n = std::min(kFp8Tile, kv_lora_ - lo);
+        const float s = Fp8TileScale(latent + lo, n);
+        std::memcpy(scales + 4 * t, &s, 4);
+        for (int64_t i = 0; i < n; ++i) b[lo + i] = kernels::F32ToFp8E4m3(latent[lo + i] / s);
+      }
+      uint8_t* r = scales + 4 * tiles;
+      for (int64_t i = 0; i < rope_; ++i) {
+        uint16_t h = kernels::F32ToBf16(rope[i]);
+        std::memcpy(r + 2 * i, &h, 2);
+      }
+      break;
+    }
+  }
+}
+
+void PagedKvCache::ReadLatent(int64_t layer, const SeqCache& seq, int64_t pos, float* latent, float* rope) const {
+  const uint8_t* b = TokenBytes(layer, 0, seq, pos);
+  switch (format_) {
+    case KvFormat::kFp32:
+      std::memcpy(latent, b, kv_lora_ * 4);
+      std::memcpy(rope, b + kv_lora_ * 4, rope_ * 4);
+      break;
+    case KvFormat::kBf16:
+      for (int64_t i = 0; i < kv_lora_ + rope_; ++i) {
+        uint16_t h;
+        std::memcpy(&h, b + 2 * i, 2);
+        (i < kv_lora_ ? latent[i] : rope[i - kv_lora_]) = kernels::Bf16ToF32(h);
+      }
+      break;
+    case KvFormat::kFp8E4m3: {
+      const int64_t tiles = (kv_lora_ + kFp8Tile - 1) / kFp8Tile;
+      const uint8_t* scales = b + kv_lora_;
+      for (int64_t t = 0; t < tiles; ++t) {
+        float s;
+        std::memcpy(&s, scales + 4 * t, 4);
+        const int64_t lo = t * kFp8Tile, n = std::min(kFp8Tile, kv_lora_ - lo);
+        for (int64_t i = 0; i < n; ++i) latent[lo + i] = kernels::Fp8E4m3ToF32(b[lo + i]) * s;
+      }
+      const uint8_t* r = scales + 4 * tiles;
+      for (int64_t i = 0; i < rope_; ++i) {
+        uint16_t h;
+        std::memcpy(&h, r + 2 * i, 2);
+        rope[i] = kernels::Bf16ToF32(h);
+      }
+      break;
+    }
+  }
+}
+
+void PagedKvCache::WriteIndexKey(int64_t layer, const SeqCache& seq, int64_t pos, const float* key) {
+  std::memcpy(MutableTokenBytes(layer, 1, seq, pos), key, index_dim_ * 4);
+}
+
+const float* PagedKvCache::IndexKey(int64_t layer, const SeqCache& seq, int64_t pos) const {
+  return reinterpret_cast<const float*>(TokenBytes(layer, 1, seq, pos));
+}
+
+}  // namespace lockstep::engine

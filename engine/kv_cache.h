@@ -1,0 +1,95 @@
+// engine/kv_cache.h — the paged latent KV cache.
+//
+// Storage is a pool of fixed-size pages (page_size tokens each); a request owns a page table
+// mapping its logical pages to physical ones, allocated lowest-free-first so placement is
+// deterministic. Each layer has one or more *streams* — what a token leaves behind in that
+// layer. DeepSeek V2/V3 layers have one, the MLA latent (normalised c_kv, then the RoPE'd
+// shared key); V3.2 layers add the indexer's key. V4 adds its own stream kinds (compressed
+// rows, sliding-window keys) as new StreamKinds, without touching the page logic.
+//
+// The latent is stored in the selected format (docs/kv-cache.md has the byte layouts):
+//   fp32      — (kv_lora + rope) little-endian fp32
+//   bf16      — (kv_lora + rope) bf16, round-to-nearest-even
+//   fp8_e4m3  — FlashMLA's V3.2 layout: kv_lora e4m3 values, one fp32 power-of-two scale per
+//               128 latent values (amax/448 rounded up to a power of two), then rope as bf16.
+//               For DeepSeek-V3 shapes (512 + 64) that is 656 bytes per token.
+// Indexer keys are kept in fp32 in every format (the official FP8 indexer cache is future work).
+//
+// Not thread-safe: the engine thread owns it.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "base/status.h"
+#include "engine/config.h"
+
+namespace lockstep::engine {
+
+enum class KvFormat { kFp32, kBf16, kFp8E4m3 };
+std::string_view KvFormatName(KvFormat f);  // "fp32", "bf16", "fp8_e4m3"
+Result<KvFormat> ParseKvFormat(std::string_view s);
+
+enum class StreamKind { kMlaLatent, kIndexerKey };
+
+struct StreamSpec {
+  StreamKind kind;
+  std::string name;       // "latent", "indexer_k"
+  int64_t bytes_per_token;
+};
+
+// A request's view of the cache: its page table and how many tokens are stored.
+struct SeqCache {
+  std::vector<int32_t> pages;
+  int64_t length = 0;
+};
+
+class PagedKvCache {
+ public:
+  PagedKvCache(const ModelConfig& config, KvFormat format, int64_t page_size, int64_t max_pages);
+
+  KvFormat format() const { return format_; }
+  int64_t page_size() const { return page_size_; }
+  int64_t max_pages() const { return max_pages_; }
+  int64_t free_pages() const { return static_cast<int64_t>(free_.size()); }
+  const std::vector<StreamSpec>& streams(int64_t layer) const { return layer_streams_[layer]; }
+
+  // Grows `seq` so that it can hold `new_length` tokens; fails (leaving `seq` unchanged) when
+  // the pool is exhausted.
+  Status Reserve(SeqCache* seq, int64_t new_length);
+  // Returns every page of `seq` to the pool.
+  void Release(SeqCache* seq);
+
+  // MLA latent of one token: latent [kv_lora], rope [qk_rope], quantised per the format.
+  void WriteLatent(int64_t layer, const SeqCache& seq, int64_t pos, const float* latent, const float* rope);
+  // Reads back what attention sees: the stored values dequantised to fp32.
+  void ReadLatent(int64_t layer, const SeqCache& seq, int64_t pos, float* latent, float* rope) const;
+
+  void WriteIndexKey(int64_t layer, const SeqCache& seq, int64_t pos, const float* key);
+  const float* IndexKey(int64_t layer, const SeqCache& seq, int64_t pos) const;
+
+  // The bytes of one token of one stream exactly as stored (for the recorder).
+  const uint8_t* TokenBytes(int64_t layer, size_t stream, const SeqCache& seq, int64_t pos) const;
+  uint8_t* MutableTokenBytes(int64_t layer, size_t stream, const SeqCache& seq, int64_t pos);
+
+  int64_t latent_bytes_per_token() const { return latent_bytes_; }
+
+ private:
+  int64_t kv_lora_, rope_, index_dim_;
+  KvFormat format_;
+  int64_t page_size_, max_pages_;
+  int64_t latent_bytes_;
+  std::vector<std::vector<StreamSpec>> layer_streams_;
+  // storage_[layer][stream][physical page] → page_size × bytes_per_token bytes, allocated on first use.
+  std::vector<std::vector<std::vector<std::unique_ptr<uint8_t[]>>>> storage_;
+  std::vector<int32_t> free_;  // a min-heap of free physical page ids
+};
+
+// FP8 quantisation of one tile as the cache does it: scale = 2^ceil(log2(amax / 448)) (1 when
+// amax is 0), q = e4m3(x / scale) with round-to-nearest-even and saturation.
+float Fp8TileScale(const float* x, int64_t n);
+
+}  // namespace lockstep::engine

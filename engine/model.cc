@@ -1,0 +1,524 @@
+// engine/model.cc — the DeepSeek V2/V3/V3.2 forward pass, top to bottom.
+//
+// Shapes: R = rows in this step (all segments' tokens concatenated), H = hidden, nh = heads,
+// dn = qk_nope_head_dim, dr = qk_rope_head_dim, dv = v_head_dim, C = kv_lora_rank.
+// Semantics follow transformers 5.17 (the oracle of tests/model_reference_test.cc); where the
+// engine differs in form (absorbed decode) it is equal in exact arithmetic.
+#include "engine/model.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <numeric>
+
+#include "kernels/cpu/ops.h"
+
+namespace lockstep::engine {
+
+namespace cpu = kernels::cpu;
+
+namespace {
+
+enum TapId {
+  kTapAttnNorm, kTapQ, kTapLatent, kTapKRope, kTapIndexerTopk, kTapHeads, kTapAttnOut, kTapResidMid,
+  kTapFfnNorm, kTapTopkIds, kTapTopkWeights, kTapFfnOut, kTapResidOut, kTapCount
+};
+constexpr const char* kTapSuffix[kTapCount] = {
+    "attn_norm", "attn.q",        "attn.latent",       "attn.k_rope",            "indexer.topk",
+    "attn.heads", "attn.out",     "resid_mid",         "ffn_norm",               "ffn.router.topk_ids",
+    "ffn.router.topk_weights",    "ffn.out",           "resid_out"};
+
+// Emits one tap per segment: the segment's rows of a [R, cols] buffer.
+struct Tapper {
+  TapHook* hook;
+  std::span<Segment> segs;
+  const std::vector<int64_t>& row0;  // first row of each segment
+  void Emit(std::string_view name, const float* data, int64_t cols) const { EmitAny(name, data, cols, TapDType::kF32, 4); }
+  void EmitI32(std::string_view name, const int32_t* data, int64_t cols) const {
+    EmitAny(name, data, cols, TapDType::kI32, 4);
+  }
+  void EmitAny(std::string_view name, const void* data, int64_t cols, TapDType dt, int64_t esize) const {
+    if (hook == nullptr) return;
+    for (size_t s = 0; s < segs.size(); ++s) {
+      TapEvent e;
+      e.name = name;
+      e.request_id = segs[s].request_id;
+      e.position = segs[s].start_pos;
+      e.rows = static_cast<int64_t>(segs[s].tokens.size());
+      e.cols = cols;
+      e.dtype = dt;
+      e.data = static_cast<const uint8_t*>(data) + row0[s] * cols * esize;
+      hook->OnTap(e);
+    }
+  }
+};
+
+double YarnCorrectionDim(double rot, double dim, double base, double max_pos) {
+  return (dim * std::log(max_pos / (rot * 2.0 * M_PI))) / (2.0 * std::log(base));
+}
+
+}  // namespace
+
+Model::Model(ModelConfig c, ModelWeights w) : config_(std::move(c)), weights_(std::move(w)) {
+  // RoPE inverse frequencies in fp32, the way transformers computes them.
+  const int64_t d = config_.qk_rope_head_dim;
+  const double base = config_.rope.theta;
+  std::vector<float> pos_freqs(d / 2);
+  for (int64_t i = 0; i < d / 2; ++i) {
+    const float e = static_cast<float>(2 * i) / static_cast<float>(d);
+    pos_freqs[i] = static_cast<float>(std::pow(base, static_cast<double>(e)));
+  }
+  inv_freq_.resize(d / 2);
+  if (!config_.rope.yarn) {
+    for (int64_t i = 0; i < d / 2; ++i) inv_freq_[i] = 1.0f / pos_freqs[i];
+  } else {
+    const RopeConfig& r = config_.rope;
+    double low = YarnCorrectionDim(r.beta_fast, d, base, r.original_max_position_embeddings);
+    double high = YarnCorrectionDim(r.beta_slow, d, base, r.original_max_position_embeddings);
+    if (r.truncate) {
+      low = std::floor(low);
+      high = std::ceil(high);
+    }
+    low = std::max(low, 0.0);
+    high = std::min(high, static_cast<double>(d - 1));
+    if (low == high) high += 0.001;
+    for (int64_t i = 0; i < d / 2; ++i) {
+      const float extra = 1.0f / pos_freqs[i];
+      const float inter = 1.0f / (static_cast<float>(r.factor) * pos_freqs[i]);
+      float ramp = static_cast<float>((static_cast<float>(i) - low) / (high - low));
+      ramp = std::clamp(ramp, 0.0f, 1.0f);
+      const float extra_factor = 1.0f - ramp;
+      inv_freq_[i] = inter * (1.0f - extra_factor) + extra * extra_factor;
+    }
+  }
+  tap_names_.resize(config_.num_hidden_layers);
+  for (int64_t l = 0; l < config_.num_hidden_layers; ++l) {
+    for (int t = 0; t < kTapCount; ++t) tap_names_[l].push_back("layers." + std::to_string(l) + "." + kTapSuffix[t]);
+  }
+}
+
+void Model::EnsureRope(int64_t positions) {
+  const int64_t half = config_.qk_rope_head_dim / 2;
+  const int64_t have = half == 0 ? 0 : static_cast<int64_t>(rope_cos_.size()) / half;
+  if (positions <= have) return;
+  const int64_t target = std::max<int64_t>(positions, have * 2);
+  rope_cos_.resize(target * half);
+  rope_sin_.resize(target * half);
+  const float af = static_cast<float>(config_.rope.attention_factor);
+  for (int64_t p = have; p < target; ++p) {
+    for (int64_t i = 0; i < half; ++i) {
+      const float f = inv_freq_[i] * static_cast<float>(p);
+      rope_cos_[p * half + i] = std::cos(f) * af;
+      rope_sin_[p * half + i] = std::sin(f) * af;
+    }
+  }
+}
+
+Result<std::shared_ptr<Model>> Model::Load(const std::filesystem::path& dir) {
+  LS_ASSIGN_OR_RETURN(ModelConfig config, ModelConfig::Load(dir));
+  LS_ASSIGN_OR_RETURN(auto ckpt, Checkpoint::Open(dir));
+  LS_ASSIGN_OR_RETURN(ModelWeights weights, ModelWeights::Load(config, *ckpt));
+  return FromParts(std::move(config), std::move(weights));
+}
+
+Result<std::shared_ptr<Model>> Model::FromParts(ModelConfig config, ModelWeights weights) {
+  return std::shared_ptr<Model>(new Model(std::move(config), std::move(weights)));
+}
+
+int64_t Model::ParameterCount() const {
+  auto n = [](const Matrix& m) { return static_cast<int64_t>(m.data.size()); };
+  auto mlp = [&](const MlpWeights& m) { return n(m.gate) + n(m.up) + n(m.down); };
+  int64_t total = n(weights_.embed) + n(weights_.final_norm) + (config_.tie_word_embeddings ? 0 : n(weights_.lm_head));
+  for (const auto& L : weights_.layers) {
+    total += n(L.input_norm) + n(L.post_attn_norm) + n(L.q_proj) + n(L.q_a_proj) + n(L.q_a_norm) + n(L.q_b_proj) +
+             n(L.kv_a_proj) + n(L.kv_a_norm) + n(L.kv_b_proj) + n(L.o_proj) + n(L.indexer.wq_b) + n(L.indexer.wk) +
+             n(L.indexer.k_norm_w) + n(L.indexer.k_norm_b) + n(L.indexer.weights_proj) + mlp(L.mlp) + n(L.router) +
+             mlp(L.shared);
+    for (const auto& e : L.experts) total += mlp(e);
+  }
+  return total;
+}
+
+int64_t Model::ActiveParameterCount() const {
+  int64_t total = ParameterCount();
+  for (const auto& L : weights_.layers) {
+    if (L.experts.empty()) continue;
+    const auto& e = L.experts[0];
+    const int64_t per = static_cast<int64_t>(e.gate.data.size() + e.up.data.size() + e.down.data.size());
+    total -= per * (static_cast<int64_t>(L.experts.size()) - config_.num_experts_per_tok);
+  }
+  return total;
+}
+
+// ---------------------------------------------------------------------------------------------
+// The forward pass.
+
+struct Model::Impl {
+  // Chooses the experts of one token. Returns ids (ascending) and their weights.
+  static void Route(const ModelConfig& c, const LayerWeights& L, const float* x, int32_t* ids, float* w) {
+    const int64_t E = c.n_routed_experts, k = c.num_experts_per_tok;
+    std::vector<float> logits(E), scores(E), choice(E);
+    for (int64_t e = 0; e < E; ++e) logits[e] = cpu::Dot(x, L.router.row(e), c.hidden_size);
+    std::vector<bool> allowed(E, true);
+    if (c.gate == GateKind::kSigmoidNoauxTc) {
+      for (int64_t e = 0; e < E; ++e) {
+        scores[e] = 1.0f / (1.0f + std::exp(-logits[e]));
+        choice[e] = scores[e] + L.router_bias.data[e];
+      }
+    } else {
+      scores = logits;
+      cpu::Softmax(scores.data(), E);
+      choice = scores;
+    }
+    // Group-limited selection (V3: group score = sum of its top-2; V2 group_limited: its max).
+    if (c.gate != GateKind::kSoftmaxGreedy && c.n_group > 1) {
+      const int64_t G = c.n_group, per = E / G;
+      std::vector<std::pair<float, int64_t>> gs(G);
+      for (int64_t g = 0; g < G; ++g) {
+        float a = -INFINITY, b = -INFINITY;
+        for (int64_t j = 0; j < per; ++j) {
+          float v = choice[g * per + j];
+          if (v > a) {
+            b = a;
+            a = v;
+          } else if (v > b) {
+            b = v;
+          }
+        }
+        gs[g] = {c.gate == GateKind::kSigmoidNoauxTc ? a + b : a, g};
+      }
+      std::stable_sort(gs.begin(), gs.end(), [](auto& p, auto& q) { return p.first > q.first; });
+      std::vector<bool> gkeep(G, false);
+      for (int64_t i = 0; i < c.topk_group; ++i) gkeep[gs[i].second] = true;
+      for (int64_t e = 0; e < E; ++e) allowed[e] = gkeep[e / per];
+    }
+    std::vector<int32_t> order;
+    for (int64_t e = 0; e < E; ++e) {
+      if (allowed[e]) order.push_back(static_cast<int32_t>(e));
+    }
+    std::stable_sort(order.begin(), order.end(), [&](int32_t a, int32_t b) { return choice[a] > choice[b]; });
+    order.resize(k);
+    std::sort(order.begin(), order.end());
+    double sum = 0;
+    for (int64_t i = 0; i < k; ++i) {
+      ids[i] = order[i];
+      w[i] = scores[order[i]];
+      sum += w[i];
+    }
+    if (c.norm_topk_prob) {
+      const float denom = static_cast<float>(sum) + 1e-20f;
+      for (int64_t i = 0; i < k; ++i) w[i] /= denom;
+    }
+    for (int64_t i = 0; i < k; ++i) w[i] *= static_cast<float>(c.routed_scaling_factor);
+  }
+
+  static void Mlp(const MlpWeights& m, const float* x, int64_t rows, int64_t hidden, float* y) {
+    const int64_t inter = m.gate.rows;
+    std::vector<float> g(rows * inter), u(rows * inter);
+    cpu::MatMulNT(x, rows, m.gate.ptr(), inter, hidden, g.data());
+    cpu::MatMulNT(x, rows, m.up.ptr(), inter, hidden, u.data());
+    cpu::SwiGlu(g.data(), u.data(), rows * inter, g.data());
+    cpu::MatMulNT(g.data(), rows, m.down.ptr(), hidden, inter, y);
+  }
+};
+
+Status Model::Forward(std::span<Segment> segs, PagedKvCache& cache, const kernels::KernelChoice& kernels,
+                      TapHook* hook, ForwardOutput* out) {
+  const ModelConfig& c = config_;
+  const int64_t H = c.hidden_size, nh = c.num_attention_heads, dn = c.qk_nope_head_dim, dr = c.qk_rope_head_dim,
+                dv = c.v_head_dim, C = c.kv_lora_rank, dqk = dn + dr, half = dr / 2;
+  const float scale = static_cast<float>(c.softmax_scale());
+  auto kernel = [&](const char* op) {
+    auto it = kernels.find(op);
+    return it == kernels.end() ? std::string() : it->second;
+  };
+  const bool prefill_absorbed = kernel("attn_prefill") == "absorbed";
+  const bool decode_expanded = kernel("attn_decode") == "expanded";
+
+  // Rows, positions, and validation.
+  std::vector<int64_t> row0(segs.size());
+  int64_t R = 0, max_pos = 0;
+  for (size_t s = 0; s < segs.size(); ++s) {
+    const Segment& g = segs[s];
+    if (g.cache == nullptr || g.cache->length != g.start_pos) {
+      return Status::Internal("Forward: segment of request " + std::to_string(g.request_id) +
+                              " starts at position " + std::to_string(g.start_pos) + " but its cache holds " +
+                              std::to_string(g.cache ? g.cache->length : -1) + " tokens");
+    }
+    if (g.tokens.empty()) return Status::Internal("Forward: empty segment");
+    for (int32_t t : g.tokens) {
+      if (t < 0 || t >= c.vocab_size) {
+        return Status::InvalidArgument("token id " + std::to_string(t) + " outside the vocabulary (0.." +
+                                       std::to_string(c.vocab_size - 1) + ")");
+      }
+    }
+    row0[s] = R;
+    R += static_cast<int64_t>(g.tokens.size());
+    max_pos = std::max<int64_t>(max_pos, g.start_pos + static_cast<int64_t>(g.tokens.size()));
+  }
+  for (auto& g : segs) LS_RETURN_IF_ERROR(cache.Reserve(g.cache, g.start_pos + static_cast<int64_t>(g.tokens.size())));
+  EnsureRope(max_pos);
+  std::vector<int64_t> pos(R);
+  std::vector<size_t> seg_of(R);
+  for (size_t s = 0; s < segs.size(); ++s) {
+    for (size_t i = 0; i < segs[s].tokens.size(); ++i) {
+      pos[row0[s] + i] = segs[s].start_pos + static_cast<int64_t>(i);
+      seg_of[row0[s] + i] = s;
+    }
+  }
+  const Tapper tap{hook, segs, row0};
+  const bool tapping = hook != nullptr;
+
+  // x = embed(tokens)                                     [R, H]
+  std::vector<float> x(R * H);
+  for (size_t s = 0; s < segs.size(); ++s) {
+    for (size_t i = 0; i < segs[s].tokens.size(); ++i) {
+      std::memcpy(&x[(row0[s] + i) * H], weights_.embed.row(segs[s].tokens[i]), H * sizeof(float));
+    }
+  }
+  if (tapping) tap.Emit("embed", x.data(), H);
+
+  std::vector<float> h(R * H), q(R * nh * dqk), kv(R * (C + dr)), latent(R * C), krope(R * dr);
+  std::vector<float> heads(R * nh * dv), o(R * H);
+  for (int64_t l = 0; l < c.num_hidden_layers; ++l) {
+    const LayerWeights& L = weights_.layers[l];
+    const auto& names = tap_names_[l];
+
+    // h = RMSNorm(x)                                       [R, H]
+    cpu::RmsNorm(x.data(), L.input_norm.ptr(), R, H, c.rms_norm_eps, h.data());
+    if (tapping) tap.Emit(names[kTapAttnNorm], h.data(), H);
+
+    // q = q_b(RMSNorm(q_a(h))) or q_proj(h)                 [R, nh, dn + dr]
+    std::vector<float> q_resid;  // [R, q_lora] — the V3.2 indexer reads it too
+    if (c.q_lora_rank > 0) {
+      q_resid.resize(R * c.q_lora_rank);
+      std::vector<float> qa(R * c.q_lora_rank);
+      cpu::MatMulNT(h.data(), R, L.q_a_proj.ptr(), c.q_lora_rank, H, qa.data());
+      cpu::RmsNorm(qa.data(), L.q_a_norm.ptr(), R, c.q_lora_rank, 1e-6, q_resid.data());  // default eps, as HF
+      cpu::MatMulNT(q_resid.data(), R, L.q_b_proj.ptr(), nh * dqk, c.q_lora_rank, q.data());
+    } else {
+      cpu::MatMulNT(h.data(), R, L.q_proj.ptr(), nh * dqk, H, q.data());
+    }
+
+    // [c_kv | k_rope] = kv_a(h); latent = RMSNorm(c_kv)      [R, C], [R, dr]
+    cpu::MatMulNT(h.data(), R, L.kv_a_proj.ptr(), C + dr, H, kv.data());
+    for (int64_t r = 0; r < R; ++r) {
+      cpu::RmsNorm(&kv[r * (C + dr)], L.kv_a_norm.ptr(), 1, C, 1e-6, &latent[r * C]);
+      std::memcpy(&krope[r * dr], &kv[r * (C + dr) + C], dr * sizeof(float));
+    }
+
+    // RoPE on q's rope part (every head) and on the shared key.
+    for (int64_t r = 0; r < R; ++r) {
+      const float* cs = &rope_cos_[pos[r] * half];
+      const float* sn = &rope_sin_[pos[r] * half];
+      auto apply = [&](float* v) {
+        switch (c.rope_style) {
+          case RopeStyle::kPairsAdjacent: cpu::RopePairsAdjacent(v, cs, sn, dr); break;
+          case RopeStyle::kPairsToHalves: cpu::RopePairsToHalves(v, cs, sn, dr); break;
+          case RopeStyle::kHalves: cpu::RopeHalves(v, cs, sn, dr); break;
+        }
+      };
+      for (int64_t hd = 0; hd < nh; ++hd) apply(&q[(r * nh + hd) * dqk + dn]);
+      apply(&krope[r * dr]);
+    }
+    if (tapping) {
+      tap.Emit(names[kTapQ], q.data(), nh * dqk);
+      tap.Emit(names[kTapLatent], latent.data(), C);
+      tap.Emit(names[kTapKRope], krope.data(), dr);
+    }
+
+    // Append to the cache; attention then reads what the cache stored.
+    for (int64_t r = 0; r < R; ++r) {
+      cache.WriteLatent(l, *segs[seg_of[r]].cache, pos[r], &latent[r * C], &krope[r * dr]);
+    }
+
+    // V3.2 lightning indexer: selected[r] = top-k causal keys by Σ_h w_h·ReLU(q_h·k_t/√d).
+    const bool sparse = c.layers[l].attention == AttentionKind::kMlaSparse;
+    std::vector<std::vector<int32_t>> selected;
+    if (sparse) {
+      const int64_t nhi = c.index_n_heads, di = c.index_head_dim;
+      std::vector<float> iq(R * nhi * di), ik(R * di), ikn(R * di), iw(R * nhi);
+      cpu::MatMulNT(q_resid.data(), R, L.indexer.wq_b.ptr(), nhi * di, c.q_lora_rank, iq.data());
+      cpu::MatMulNT(h.data(), R, L.indexer.wk.ptr(), di, H, ik.data());
+      cpu::LayerNorm(ik.data(), L.indexer.k_norm_w.ptr(), L.indexer.k_norm_b.ptr(), R, di, 1e-6, ikn.data());
+      cpu::MatMulNT(h.data(), R, L.indexer.weights_proj.ptr(), nhi, H, iw.data());
+      const float wscale = 1.0f / std::sqrt(static_cast<float>(nhi));
+      for (int64_t r = 0; r < R; ++r) {
+        const float* cs = &rope_cos_[pos[r] * half];
+        const float* sn = &rope_sin_[pos[r] * half];
+        for (int64_t hd = 0; hd < nhi; ++hd) cpu::RopeHalves(&iq[(r * nhi + hd) * di], cs, sn, dr);
+        cpu::RopeHalves(&ikn[r * di], cs, sn, dr);
+        for (int64_t hd = 0; hd < nhi; ++hd) iw[r * nhi + hd] *= wscale;
+        cache.WriteIndexKey(l, *segs[seg_of[r]].cache, pos[r], &ikn[r * di]);
+      }
+      const float kscale = 1.0f / std::sqrt(static_cast<float>(di));
+      selected.resize(R);
+      const int64_t topk = c.index_topk;
+      std::vector<int32_t> topk_tap(tapping ? R * topk : 0, -1);
+#pragma omp parallel for schedule(dynamic)
+      for (int64_t r = 0; r < R; ++r) {
+        const SeqCache& sc = *segs[seg_of[r]].cache;
+        const int64_t T = pos[r] + 1;
+        std::vector<std::pair<float, int32_t>> sc_t(T);
+        for (int64_t t = 0; t < T; ++t) {
+          const float* kt = cache.IndexKey(l, sc, t);
+          float s = 0;
+          for (int64_t hd = 0; hd < nhi; ++hd) {
+            const float d = cpu::Dot(&iq[(r * nhi + hd) * di], kt, di) * kscale;
+            s += iw[r * nhi + hd] * std::max(d, 0.0f);
+          }
+          sc_t[t] = {s, static_cast<int32_t>(t)};
+        }
+        const int64_t k = std::min(topk, T);
+        // Higher score first; on equal scores the lower position wins (docs/tap-points.md).
+        std::partial_sort(sc_t.begin(), sc_t.begin() + k, sc_t.end(), [](const auto& a, const auto& b) {
+          return a.first > b.first || (a.first == b.first && a.second < b.second);
+        });
+        std::vector<int32_t>& sel = selected[r];
+        for (int64_t i = 0; i < k; ++i) sel.push_back(sc_t[i].second);
+        std::sort(sel.begin(), sel.end());
+        if (tapping) std::copy(sel.begin(), sel.end(), &topk_tap[r * topk]);
+      }
+      if (tapping) tap.EmitI32(names[kTapIndexerTopk], topk_tap.data(), topk);
+    }
+
+    // Attention, per segment (each reads only its own request's cache).
+    for (size_t s = 0; s < segs.size(); ++s) {
+      const Segment& g = segs[s];
+      const int64_t n = static_cast<int64_t>(g.tokens.size());
+      const int64_t T = g.start_pos + n;
+      std::vector<float> lat(T * C), kr(T * dr);
+      for (int64_t t = 0; t < T; ++t) cache.ReadLatent(l, *g.cache, t, &lat[t * C], &kr[t * dr]);
+      const bool decode = n == 1 && g.start_pos > 0;
+      const bool expanded = decode ? decode_expanded : !prefill_absorbed;
+      std::vector<float> kvx;  // [T, nh, dn + dv] when expanded
+      if (expanded) {
+        kvx.resize(T * nh * (dn + dv));
+        cpu::MatMulNT(lat.data(), T, L.kv_b_proj.ptr(), nh * (dn + dv), C, kvx.data());
+      }
+#pragma omp parallel for collapse(2) schedule(static)
+      for (int64_t i = 0; i < n; ++i) {
+        for (int64_t hd = 0; hd < nh; ++hd) {
+          const int64_t r = row0[s] + i;
+          const int64_t p = pos[r];
+          const float* qn = &q[(r * nh + hd) * dqk];
+          const float* qr = qn + dn;
+          // Keys this query may see, ascending.
+          std::vector<int32_t> keys;
+          if (sparse) {
+            keys = selected[r];
+          } else {
+            keys.resize(p + 1);
+            std::iota(keys.begin(), keys.end(), 0);
+          }
+          std::vector<float> sc(keys.size());
+          float* oh = &heads[(r * nh + hd) * dv];
+          const float* wkv = L.kv_b_proj.row(hd * (dn + dv));  // W_UK rows, then W_UV rows
+          if (expanded) {
+            for (size_t j = 0; j < keys.size(); ++j) {
+              const int64_t t = keys[j];
+              sc[j] = (cpu::Dot(qn, &kvx[(t * nh + hd) * (dn + dv)], dn) + cpu::Dot(qr, &kr[t * dr], dr)) * scale;
+            }
+            cpu::Softmax(sc.data(), static_cast<int64_t>(sc.size()));
+            std::fill(oh, oh + dv, 0.0f);
+            for (size_t j = 0; j < keys.size(); ++j) {
+              cpu::Axpy(sc[j], &kvx[(keys[j] * nh + hd) * (dn + dv) + dn], dv, oh);
+            }
+          } else {
+            // Absorbed: q_lat = W_UKᵀ q_nope; scores over the latent; o = W_UV (Σ p_t c_t).
+            std::vector<float> ql(C, 0.0f), ol(C, 0.0f);
+            for (int64_t a = 0; a < dn; ++a) cpu::Axpy(qn[a], wkv + a * C, C, ql.data());
+            for (size_t j = 0; j < keys.size(); ++j) {
+              const int64_t t = keys[j];
+              sc[j] = (cpu::Dot(ql.data(), &lat[t * C], C) + cpu::Dot(qr, &kr[t * dr], dr)) * scale;
+            }
+            cpu::Softmax(sc.data(), static_cast<int64_t>(sc.size()));
+            for (size_t j = 0; j < keys.size(); ++j) cpu::Axpy(sc[j], &lat[keys[j] * C], C, ol.data());
+            for (int64_t v = 0; v < dv; ++v) oh[v] = cpu::Dot(wkv + (dn + v) * C, ol.data(), C);
+          }
+        }
+      }
+    }
+    if (tapping) tap.Emit(names[kTapHeads], heads.data(), nh * dv);
+
+    // x = x + o_proj(heads)
+    cpu::MatMulNT(heads.data(), R, L.o_proj.ptr(), H, nh * dv, o.data());
+    if (tapping) tap.Emit(names[kTapAttnOut], o.data(), H);
+    for (int64_t i = 0; i < R * H; ++i) x[i] += o[i];
+    if (tapping) tap.Emit(names[kTapResidMid], x.data(), H);
+
+    // FFN on RMSNorm(x).
+    cpu::RmsNorm(x.data(), L.post_attn_norm.ptr(), R, H, c.rms_norm_eps, h.data());
+    if (tapping) tap.Emit(names[kTapFfnNorm], h.data(), H);
+    if (c.layers[l].ffn == FfnKind::kDense) {
+      Impl::Mlp(L.mlp, h.data(), R, H, o.data());
+    } else {
+      const int64_t k = c.num_experts_per_tok, E = c.n_routed_experts;
+      std::vector<int32_t> ids(R * k);
+      std::vector<float> wts(R * k);
+      for (int64_t r = 0; r < R; ++r) Impl::Route(c, L, &h[r * H], &ids[r * k], &wts[r * k]);
+      if (tapping) {
+        tap.EmitI32(names[kTapTopkIds], ids.data(), k);
+        tap.Emit(names[kTapTopkWeights], wts.data(), k);
+      }
+      // Rows grouped per expert; each row's result lands in its own slot, combined below in
+      // ascending expert order so the sum never depends on the batch.
+      std::vector<float> slot(R * k * H);
+      for (int64_t e = 0; e < E; ++e) {
+        std::vector<int64_t> rows;
+        for (int64_t r = 0; r < R; ++r) {
+          for (int64_t j = 0; j < k; ++j) {
+            if (ids[r * k + j] == e) rows.push_back(r * k + j);
+          }
+        }
+        if (rows.empty()) continue;
+        std::vector<float> xin(rows.size() * H), yout(rows.size() * H);
+        for (size_t i = 0; i < rows.size(); ++i) std::memcpy(&xin[i * H], &h[(rows[i] / k) * H], H * sizeof(float));
+        Impl::Mlp(L.experts[e], xin.data(), static_cast<int64_t>(rows.size()), H, yout.data());
+        for (size_t i = 0; i < rows.size(); ++i) std::memcpy(&slot[rows[i] * H], &yout[i * H], H * sizeof(float));
+      }
+      std::vector<float> shared(R * H, 0.0f);
+      if (c.n_shared_experts > 0) Impl::Mlp(L.shared, h.data(), R, H, shared.data());
+      for (int64_t r = 0; r < R; ++r) {
+        float* orow = &o[r * H];
+        std::fill(orow, orow + H, 0.0f);
+        for (int64_t j = 0; j < k; ++j) {
+          const float w = wts[r * k + j];
+          const float* y = &slot[(r * k + j) * H];
+          for (int64_t i = 0; i < H; ++i) orow[i] += y[i] * w;
+        }
+        for (int64_t i = 0; i < H; ++i) orow[i] += shared[r * H + i];
+      }
+    }
+    if (tapping) tap.Emit(names[kTapFfnOut], o.data(), H);
+    for (int64_t i = 0; i < R * H; ++i) x[i] += o[i];
+    if (tapping) tap.Emit(names[kTapResidOut], x.data(), H);
+  }
+
+  // Final norm, then logits for the rows that need them.
+  cpu::RmsNorm(x.data(), weights_.final_norm.ptr(), R, H, c.rms_norm_eps, h.data());
+  if (tapping) tap.Emit("final_norm", h.data(), H);
+  out->logits.assign(segs.size(), {});
+  for (size_t s = 0; s < segs.size(); ++s) {
+    const int64_t n = static_cast<int64_t>(segs[s].tokens.size());
+    const int64_t first = segs[s].all_logits ? 0 : n - 1;
+    const int64_t rows = n - first;
+    auto& lg = out->logits[s];
+    lg.resize(rows * c.vocab_size);
+    cpu::MatMulNT(&h[(row0[s] + first) * H], rows, weights_.lm_head.ptr(), c.vocab_size, H, lg.data());
+    if (hook != nullptr) {
+      TapEvent e;
+      e.name = "logits";
+      e.request_id = segs[s].request_id;
+      e.position = segs[s].start_pos + first;
+      e.rows = rows;
+      e.cols = c.vocab_size;
+      e.data = lg.data();
+      hook->OnTap(e);
+    }
+  }
+  for (auto& g : segs) g.cache->length = g.start_pos + static_cast<int64_t>(g.tokens.size());
+  return Status::Ok();
+}
+
+}  // namespace lockstep::engine

@@ -1,0 +1,71 @@
+// engine/model.h — a loaded DeepSeek-family model and its forward pass on the CPU (fp32).
+//
+// Model = ModelConfig + ModelWeights + RoPE tables. Forward() runs one step of the engine:
+// a list of segments, each a run of consecutive tokens of one request (a whole prompt in
+// prefill, one token in decode, or a chunk), over that request's paged latent cache. Every
+// per-token computation reads only that token's row and its own request's cache, so a
+// request's numbers are the same whatever it is batched with.
+//
+// Thread-safety: a Model is immutable after Load except for the RoPE table, which Forward
+// extends; call Forward from one thread at a time.
+#pragma once
+
+#include <cstdint>
+#include <filesystem>
+#include <memory>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "base/status.h"
+#include "engine/config.h"
+#include "engine/kv_cache.h"
+#include "engine/safetensors.h"
+#include "engine/tap.h"
+#include "engine/weights.h"
+#include "kernels/registry.h"
+
+namespace lockstep::engine {
+
+struct Segment {
+  int64_t request_id = 0;
+  SeqCache* cache = nullptr;      // must hold exactly start_pos tokens on entry
+  std::span<const int32_t> tokens;
+  int64_t start_pos = 0;
+  bool all_logits = false;        // logits for every row, not only the last
+};
+
+struct ForwardOutput {
+  // Per segment: its logits rows ([rows, vocab], rows = tokens or 1).
+  std::vector<std::vector<float>> logits;
+};
+
+class Model {
+ public:
+  static Result<std::shared_ptr<Model>> Load(const std::filesystem::path& dir);
+  static Result<std::shared_ptr<Model>> FromParts(ModelConfig config, ModelWeights weights);
+
+  const ModelConfig& config() const { return config_; }
+  const ModelWeights& weights() const { return weights_; }
+
+  // Runs the segments through the model, appending their tokens to their caches. `kernels`
+  // must come from kernels::Registry::Resolve. `hook` may be null.
+  Status Forward(std::span<Segment> segments, PagedKvCache& cache, const kernels::KernelChoice& kernels,
+                 TapHook* hook, ForwardOutput* out);
+
+  // Parameter counts: total, and active per token (routed experts counted num_experts_per_tok times).
+  int64_t ParameterCount() const;
+  int64_t ActiveParameterCount() const;
+
+ private:
+  Model(ModelConfig c, ModelWeights w);
+  void EnsureRope(int64_t positions);
+  struct Impl;
+  ModelConfig config_;
+  ModelWeights weights_;
+  std::vector<float> rope_cos_, rope_sin_;  // [positions, qk_rope/2]
+  std::vector<float> inv_freq_;
+  std::vector<std::vector<std::string>> tap_names_;  // [layer][TapId]
+};
+
+}  // namespace lockstep::engine

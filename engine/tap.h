@@ -1,0 +1,33 @@
+// engine/tap.h — the tap hook: how the recorder (and tests) see intermediate tensors.
+//
+// The engine calls TapHook::OnTap at every stable tap point (docs/tap-points.md lists them)
+// with the rows one request contributed to a forward pass. With no hook attached the engine
+// builds no names and copies nothing: the cost is one pointer test per tap point.
+// The data pointer is valid only during the call; copy what you keep.
+#pragma once
+
+#include <cstdint>
+#include <string_view>
+
+namespace lockstep::engine {
+
+enum class TapDType { kF32, kI32 };
+
+struct TapEvent {
+  std::string_view name;    // "layers.3.attn.out"
+  int64_t request_id = 0;   // the engine's request id
+  int64_t position = 0;     // sequence position of the first row
+  int64_t rows = 0;         // consecutive positions
+  int64_t cols = 0;         // values per row
+  TapDType dtype = TapDType::kF32;
+  const void* data = nullptr;  // rows × cols, row-major, contiguous
+};
+
+class TapHook {
+ public:
+  virtual ~TapHook() = default;
+  // Called on the engine thread, in causal order per request (layer by layer within a step).
+  virtual void OnTap(const TapEvent& event) = 0;
+};
+
+}  // namespace lockstep::engine

@@ -1,0 +1,61 @@
+// engine/tokenizer.h — Hugging Face `tokenizer.json` byte-level BPE, as DeepSeek and most
+// GPT-style models ship it.
+//
+// Supports: model.type "BPE" with byte-level alphabet (vocab + merges, merges either as
+// "a b" strings or [a, b] pairs), pre_tokenizers Split (PCRE2 regex, behaviors Isolated /
+// Removed / MergedWithPrevious / MergedWithNext / Contiguous, invert), ByteLevel
+// (add_prefix_space, use_regex with the GPT-2 pattern) and Sequence of these; normalizers
+// none / NFC-free Sequence of no-ops (anything else is refused with a clear error);
+// added_tokens (special and not) matched before pre-tokenization, longest first; the
+// ByteLevel decoder. Post-processors are not applied unless asked (add_special_tokens).
+//
+// Thread-safety: a loaded Tokenizer is immutable; Encode/Decode may run concurrently.
+#pragma once
+
+#include <cstdint>
+#include <filesystem>
+#include <memory>
+#include <optional>
+#include <span>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "base/status.h"
+
+namespace lockstep::engine {
+
+class Tokenizer {
+ public:
+  // Parses `path` (a tokenizer.json). Errors name the file and the JSON field at fault.
+  static Result<std::shared_ptr<const Tokenizer>> Load(const std::filesystem::path& path);
+  // Same, from the JSON text; `origin` names it in error messages.
+  static Result<std::shared_ptr<const Tokenizer>> FromJson(std::string_view json, std::string origin);
+
+  // Text → ids. `add_special_tokens` applies the post-processor's BOS/EOS template if any.
+  std::vector<int32_t> Encode(std::string_view text, bool add_special_tokens = false) const;
+  // ids → text (ByteLevel decoder; invalid UTF-8 byte runs decode as U+FFFD like HF).
+  std::string Decode(std::span<const int32_t> ids, bool skip_special_tokens = false) const;
+
+  // The pieces the pre-tokenizer alone cuts `text` into (no added-token extraction), in the
+  // form the model sees them (byte-level mapped where ByteLevel applies): HF's
+  // `pre_tokenizer.pre_tokenize_str`. For showing token boundaries and for tests.
+  std::vector<std::string> PreTokenize(std::string_view text) const;
+
+  int32_t vocab_size() const;  // max id + 1, added tokens included
+  std::optional<int32_t> TokenToId(std::string_view token) const;
+  std::optional<std::string> IdToToken(int32_t id) const;
+  bool IsSpecial(int32_t id) const;
+
+  ~Tokenizer();
+  Tokenizer(const Tokenizer&) = delete;
+  Tokenizer& operator=(const Tokenizer&) = delete;
+
+  struct Impl;
+
+ private:
+  explicit Tokenizer(std::unique_ptr<Impl> impl);
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace lockstep::engine

@@ -1,0 +1,73 @@
+// engine/weights.h — ModelWeights: every parameter of a DeepSeek-family model as fp32,
+// loaded from a Checkpoint and validated against the ModelConfig.
+//
+// BF16, F16 and F8_E4M3-with-128×128-block-scales (`<name>.weight_scale_inv`, the format
+// DeepSeek-V3 is published in: dequantized = fp8 value × scale_inv) are converted to fp32
+// once, at load; F32 tensors are copied. Every tensor the model needs must be present with
+// the shape the config implies; tensors of MTP layers (layers ≥ num_hidden_layers) are
+// skipped and listed in `skipped`.
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <string>
+#include <vector>
+
+#include "base/status.h"
+#include "engine/config.h"
+#include "engine/safetensors.h"
+
+namespace lockstep::engine {
+
+// A dense fp32 matrix [rows, cols] row-major (a Linear's weight: [out, in]); a vector has rows 1.
+struct Matrix {
+  int64_t rows = 0, cols = 0;
+  std::vector<float> data;
+  const float* ptr() const { return data.data(); }
+  const float* row(int64_t r) const { return data.data() + r * cols; }
+  bool empty() const { return data.empty(); }
+};
+
+struct MlpWeights {  // SwiGLU: down(silu(gate(x)) · up(x))
+  Matrix gate, up, down;
+};
+
+struct IndexerWeights {  // V3.2 lightning indexer
+  Matrix wq_b;          // [index_n_heads·index_head_dim, q_lora_rank]
+  Matrix wk;            // [index_head_dim, hidden]
+  Matrix k_norm_w, k_norm_b;  // LayerNorm [index_head_dim]
+  Matrix weights_proj;  // [index_n_heads, hidden]
+};
+
+struct LayerWeights {
+  Matrix input_norm, post_attn_norm;  // [hidden]
+  // MLA
+  Matrix q_proj;                   // [H·qk_head_dim, hidden] when q_lora_rank == 0
+  Matrix q_a_proj, q_a_norm, q_b_proj;  // [q_lora, hidden], [q_lora], [H·qk_head_dim, q_lora]
+  Matrix kv_a_proj;                // [kv_lora + rope, hidden]
+  Matrix kv_a_norm;                // [kv_lora]
+  Matrix kv_b_proj;                // [H·(nope + v), kv_lora]: per head W_UK rows then W_UV rows
+  Matrix o_proj;                   // [hidden, H·v]
+  IndexerWeights indexer;          // V3.2 only
+  // FFN
+  MlpWeights mlp;                  // dense layers
+  Matrix router;                   // [E, hidden]
+  Matrix router_bias;              // [E] e_score_correction_bias (V3/V3.2), empty for V2
+  std::vector<MlpWeights> experts; // E routed experts
+  MlpWeights shared;               // n_shared_experts merged into one MLP (inter = moe_inter × n_shared)
+};
+
+struct ModelWeights {
+  Matrix embed;    // [vocab, hidden]
+  Matrix final_norm;
+  Matrix lm_head;  // [vocab, hidden] (a copy of embed when tied)
+  std::vector<LayerWeights> layers;
+
+  std::vector<std::string> skipped;   // tensors present but not used (MTP layers, extras)
+  std::map<std::string, int64_t> dtype_counts;  // "BF16" → number of tensors, for `model info`
+  int64_t fp8_tensors = 0;
+
+  static Result<ModelWeights> Load(const ModelConfig& config, const Checkpoint& ckpt);
+};
+
+}  // namespace lockstep::engine

@@ -1,0 +1,44 @@
+// kernels/cpu/ops.h — the CPU reference kernels (fp32).
+//
+// Determinism contract: every output element is computed by a fixed sequence of fp32
+// operations that depends only on the operand lengths — never on how many rows are in the
+// batch, which thread computes it, or where the row sits in memory. That is what makes a
+// request's bits independent of what it is batched with (docs/determinism.md). Threads split
+// work by output element, never inside a reduction.
+#pragma once
+
+#include <cstdint>
+
+namespace lockstep::kernels::cpu {
+
+// Σ a[i]·b[i] with 16 interleaved fp32 FMA accumulators (lane = i mod 16), folded by a fixed
+// pairwise tree. The order depends on n alone.
+float Dot(const float* a, const float* b, int64_t n);
+
+// y[r, j] = Σ_k x[r, k] · w[j, k]   x: [rows, in], w: [out, in] row-major, y: [rows, out].
+// Each y element is Dot(x_r, w_j, in).
+void MatMulNT(const float* x, int64_t rows, const float* w, int64_t out, int64_t in, float* y);
+
+// y = x · rsqrt(mean(x²) + eps) · weight, per row of length n (sum of squares in fp64).
+void RmsNorm(const float* x, const float* weight, int64_t rows, int64_t n, double eps, float* y);
+
+// LayerNorm with weight and bias (biased variance, fp64 statistics), per row of length n.
+void LayerNorm(const float* x, const float* weight, const float* bias, int64_t rows, int64_t n, double eps, float* y);
+
+// In-place softmax over n values; max-subtracted, fp32 exp, fp64 sum.
+void Softmax(float* x, int64_t n);
+
+
+// out[i] = silu(gate[i]) · up[i]
+void SwiGlu(const float* gate, const float* up, int64_t n, float* out);
+
+// RoPE over one vector of `dim` values at one position. cos/sin hold dim/2 entries (one per
+// frequency, attention factor already applied). Layouts as in engine/config.h RopeStyle.
+void RopePairsAdjacent(float* x, const float* cos, const float* sin, int64_t dim);
+void RopePairsToHalves(float* x, const float* cos, const float* sin, int64_t dim);
+void RopeHalves(float* x, const float* cos, const float* sin, int64_t dim);
+
+// y += a · x over n values (fixed order).
+void Axpy(float a, const float* x, int64_t n, float* y);
+
+}  // namespace lockstep::kernels::cpu

@@ -1,0 +1,49 @@
+// kernels/registry.h — every op that has more than one implementation, by name.
+//
+// The engine resolves each op through this table; a trace records the variant of every op,
+// and a replay can name another. Adding a variant = one entry here + its implementation.
+// Fault variants (test instruments, issue 5) will carry `fault = true` and be reachable
+// only through --fault.
+#pragma once
+
+#include <map>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "base/status.h"
+
+namespace lockstep::kernels {
+
+struct KernelVariant {
+  std::string op;        // "attn_decode"
+  std::string name;      // "absorbed"
+  std::string backend;   // "cpu" | "cuda"
+  std::string summary;   // one line for `lockstep kernels`
+  bool deterministic = true;
+  bool batch_invariant = true;
+  bool is_default = false;
+  bool fault = false;
+};
+
+// The chosen variant per op, e.g. {"attn_decode": "absorbed", …}. Missing ops take the default.
+using KernelChoice = std::map<std::string, std::string>;
+
+class Registry {
+ public:
+  static const Registry& Get();
+  const std::vector<KernelVariant>& variants() const { return variants_; }
+  const KernelVariant* Find(std::string_view op, std::string_view name, std::string_view backend = "cpu") const;
+  std::string Default(std::string_view op, std::string_view backend = "cpu") const;
+  // Fills defaults and checks every named variant exists ("--kernel attn_decode=foo: unknown …").
+  Result<KernelChoice> Resolve(const KernelChoice& requested, std::string_view backend = "cpu") const;
+
+ private:
+  Registry();
+  std::vector<KernelVariant> variants_;
+};
+
+// Parses "op=variant" (from --kernel).
+Status ParseKernelOverride(std::string_view spec, KernelChoice* into);
+
+}  // namespace lockstep::kernels

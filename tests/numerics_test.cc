@@ -1,0 +1,135 @@
+// tests/numerics_test.cc — number formats against hand-computed cases (bit patterns from the
+// OCP FP8 spec table and IEEE bf16), and kernels against naive double-precision loops.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <random>
+
+#include "kernels/cpu/numerics.h"
+#include "kernels/cpu/ops.h"
+
+namespace lockstep::kernels {
+namespace {
+
+TEST(Bf16, RoundTripsAndRoundsToNearestEven) {
+  EXPECT_EQ(F32ToBf16(1.0f), 0x3f80);
+  EXPECT_EQ(Bf16ToF32(0x3f80), 1.0f);
+  EXPECT_EQ(F32ToBf16(-2.0f), 0xc000);
+  // 1 + 2^-8 is exactly halfway between bf16 1.0 and 1.0078125: ties to even → 1.0.
+  EXPECT_EQ(F32ToBf16(1.00390625f), 0x3f80);
+  // 1 + 3·2^-8 is halfway between 1.0078125 (odd mantissa) and 1.015625: → 1.015625.
+  EXPECT_EQ(F32ToBf16(1.01171875f), 0x3f82);
+  EXPECT_TRUE(std::isnan(Bf16ToF32(F32ToBf16(std::nanf("")))));
+  EXPECT_EQ(Bf16ToF32(F32ToBf16(INFINITY)), INFINITY);
+}
+
+TEST(F16, DecodesNormalsSubnormalsAndSpecials) {
+  EXPECT_EQ(F16ToF32(0x3c00), 1.0f);
+  EXPECT_EQ(F16ToF32(0xc000), -2.0f);
+  EXPECT_EQ(F16ToF32(0x7bff), 65504.0f);
+  EXPECT_EQ(F16ToF32(0x0001), std::ldexp(1.0f, -24));
+  EXPECT_EQ(F16ToF32(0x7c00), INFINITY);
+}
+
+TEST(Fp8E4m3, DecodesTheSpecTable) {
+  EXPECT_EQ(Fp8E4m3ToF32(0x00), 0.0f);
+  EXPECT_EQ(Fp8E4m3ToF32(0x38), 1.0f);                     // exp 7, man 0
+  EXPECT_EQ(Fp8E4m3ToF32(0x7e), 448.0f);                   // largest finite
+  EXPECT_EQ(Fp8E4m3ToF32(0x01), std::ldexp(1.0f, -9));     // smallest subnormal
+  EXPECT_EQ(Fp8E4m3ToF32(0x08), std::ldexp(1.0f, -6));     // smallest normal
+  EXPECT_EQ(Fp8E4m3ToF32(0xb8), -1.0f);
+  EXPECT_TRUE(std::isnan(Fp8E4m3ToF32(0x7f)));
+  EXPECT_TRUE(std::isnan(Fp8E4m3ToF32(0xff)));
+}
+
+TEST(Fp8E4m3, EncodesEveryValueBackToItself) {
+  for (int b = 0; b < 256; ++b) {
+    if ((b & 0x7f) == 0x7f) continue;  // NaN
+    const float v = Fp8E4m3ToF32(static_cast<uint8_t>(b));
+    const uint8_t e = F32ToFp8E4m3(v);
+    if (v == 0.0f) {
+      EXPECT_EQ(Fp8E4m3ToF32(e), 0.0f);
+    } else {
+      EXPECT_EQ(e, b) << "value " << v;
+    }
+  }
+}
+
+TEST(Fp8E4m3, RoundsToNearestEvenAndSaturates) {
+  EXPECT_EQ(F32ToFp8E4m3(1000.0f), 0x7e);   // saturates to 448, never NaN
+  EXPECT_EQ(F32ToFp8E4m3(-1000.0f), 0xfe);
+  EXPECT_EQ(F32ToFp8E4m3(INFINITY), 0x7e);
+  // Between 1.0 (0x38) and 1.125 (0x39): 1.0625 is the tie → even mantissa (1.0).
+  EXPECT_EQ(F32ToFp8E4m3(1.0625f), 0x38);
+  // Between 1.125 (0x39) and 1.25 (0x3a): 1.1875 is the tie → even (1.25).
+  EXPECT_EQ(F32ToFp8E4m3(1.1875f), 0x3a);
+  EXPECT_EQ(F32ToFp8E4m3(1.07f), 0x39);
+  // Subnormal grid (2^-9): 1.5·2^-9 ties to 2·2^-9.
+  EXPECT_EQ(F32ToFp8E4m3(std::ldexp(1.5f, -9)), 0x02);
+  // Against exhaustive nearest search on random values.
+  std::mt19937 rng(1);
+  std::uniform_real_distribution<float> u(-500.0f, 500.0f);
+  for (int i = 0; i < 20000; ++i) {
+    float x = u(rng) * std::pow(2.0f, static_cast<float>(i % 20) - 14.0f);
+    float best = 0, bd = INFINITY;
+    for (int b = 0; b < 256; ++b) {
+      if ((b & 0x7f) == 0x7f) continue;
+      float v = Fp8E4m3ToF32(static_cast<uint8_t>(b));
+      if (std::fabs(v - x) < bd) bd = std::fabs(v - x), best = v;
+    }
+    const float got = Fp8E4m3ToF32(F32ToFp8E4m3(x));
+    if (std::fabs(x) <= 448.0f) {
+      EXPECT_EQ(std::fabs(got - x), bd) << x;
+    } else {
+      EXPECT_EQ(std::fabs(got), 448.0f);
+    }
+    (void)best;
+  }
+}
+
+TEST(Ops, DotAndMatMulMatchDoublePrecisionAndAreRowIndependent) {
+  std::mt19937 rng(2);
+  std::normal_distribution<float> n(0, 1);
+  const int64_t in = 77, out = 13;
+  std::vector<float> x(5 * in), w(out * in);
+  for (auto& v : x) v = n(rng);
+  for (auto& v : w) v = n(rng);
+  std::vector<float> y(5 * out), y1(out);
+  cpu::MatMulNT(x.data(), 5, w.data(), out, in, y.data());
+  for (int r = 0; r < 5; ++r) {
+    cpu::MatMulNT(&x[r * in], 1, w.data(), out, in, y1.data());
+    for (int j = 0; j < out; ++j) {
+      double ref = 0;
+      for (int k = 0; k < in; ++k) ref += static_cast<double>(x[r * in + k]) * w[j * in + k];
+      EXPECT_NEAR(y[r * out + j], ref, 1e-4);
+      EXPECT_EQ(y[r * out + j], y1[j]) << "a row's result must not depend on the other rows";
+    }
+  }
+}
+
+TEST(Ops, RmsNormSoftmaxAndRope) {
+  std::vector<float> x = {1, 2, 3, 4}, w = {1, 1, 2, 0.5f}, y(4);
+  cpu::RmsNorm(x.data(), w.data(), 1, 4, 0.0, y.data());
+  const double rms = std::sqrt((1 + 4 + 9 + 16) / 4.0);
+  EXPECT_NEAR(y[2], 2 * 3 / rms, 1e-6);
+  std::vector<float> s = {1000, 1000, -INFINITY};
+  cpu::Softmax(s.data(), 3);
+  EXPECT_FLOAT_EQ(s[0], 0.5f);
+  EXPECT_EQ(s[2], 0.0f);
+  // RoPE by 90°: (1, 0) → (0, 1) in every layout.
+  float c[1] = {0}, sn[1] = {1};
+  std::vector<float> a = {1, 0};
+  cpu::RopePairsAdjacent(a.data(), c, sn, 2);
+  EXPECT_FLOAT_EQ(a[1], 1);
+  std::vector<float> b = {1, 0};
+  cpu::RopeHalves(b.data(), c, sn, 2);
+  EXPECT_FLOAT_EQ(b[1], 1);
+  // Pairs-to-halves puts the rotated even elements first: (x0,x1,x2,x3) → (r0, r2 | r1, r3).
+  float c2[2] = {1, 1}, s2[2] = {0, 0};
+  std::vector<float> d = {10, 11, 12, 13};
+  cpu::RopePairsToHalves(d.data(), c2, s2, 4);
+  EXPECT_EQ(d, (std::vector<float>{10, 12, 11, 13}));
+}
+
+}  // namespace
+}  // namespace lockstep::kernels

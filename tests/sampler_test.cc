@@ -1,0 +1,124 @@
+// tests/sampler_test.cc — Philox against the published known-answer vectors (Random123's
+// kat_vectors), and the sampler's filters on hand-computed distributions.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <map>
+#include <set>
+
+#include "engine/sampler.h"
+#include "kernels/philox.h"
+
+namespace lockstep {
+namespace {
+
+using kernels::Philox4x32;
+
+TEST(Philox, KnownAnswerVectors) {
+  struct Kat {
+    Philox4x32 ctr;
+    uint32_t k0, k1;
+    Philox4x32 want;
+  };
+  const Kat kats[] = {
+      {{{0, 0, 0, 0}}, 0, 0, {{0x6627e8d5u, 0xe169c58du, 0xbc57ac4cu, 0x9b00dbd8u}}},
+      {{{0xffffffffu, 0xffffffffu, 0xffffffffu, 0xffffffffu}},
+       0xffffffffu,
+       0xffffffffu,
+       {{0x408f276du, 0x41c83b0eu, 0xa20bc7c6u, 0x6d5451fdu}}},
+      {{{0x243f6a88u, 0x85a308d3u, 0x13198a2eu, 0x03707344u}},
+       0xa4093822u,
+       0x299f31d0u,
+       {{0xd16cfe09u, 0x94fdccebu, 0x5001e420u, 0x24126ea1u}}},
+  };
+  for (const auto& k : kats) {
+    Philox4x32 got = kernels::Philox4x32_10(k.ctr, k.k0, k.k1);
+    for (int i = 0; i < 4; ++i) EXPECT_EQ(got.v[i], k.want.v[i]) << "word " << i;
+  }
+}
+
+TEST(Philox, UniformIsAPureFunctionOfSeedAndStep) {
+  const double a = kernels::PhiloxUniform(42, 7, 0);
+  EXPECT_EQ(a, kernels::PhiloxUniform(42, 7, 0));
+  EXPECT_NE(a, kernels::PhiloxUniform(42, 8, 0));
+  EXPECT_NE(a, kernels::PhiloxUniform(43, 7, 0));
+  EXPECT_GE(a, 0.0);
+  EXPECT_LT(a, 1.0);
+}
+
+std::vector<float> Logits(std::vector<double> probs) {
+  std::vector<float> l;
+  for (double p : probs) l.push_back(static_cast<float>(std::log(p)));
+  return l;
+}
+
+std::map<int, double> Frequencies(const std::vector<float>& logits, engine::SamplingParams p, int n) {
+  std::map<int, double> f;
+  for (int i = 0; i < n; ++i) f[engine::Sampler::Sample(logits, p, i).token] += 1.0 / n;
+  return f;
+}
+
+TEST(Sampler, GreedyTakesTheArgmaxAndTheLowestIdOnTies) {
+  engine::SamplingParams p;
+  EXPECT_EQ(engine::Sampler::Sample(std::vector<float>{0, 3, 1, 3}, p, 0).token, 1);
+  EXPECT_EQ(engine::Sampler::Sample(std::vector<float>{NAN, -1, -2}, p, 0).token, 1);
+}
+
+TEST(Sampler, TemperatureOneSamplesTheSoftmax) {
+  engine::SamplingParams p;
+  p.temperature = 1.0;
+  p.seed = 123;
+  auto f = Frequencies(Logits({0.5, 0.3, 0.2}), p, 40000);
+  EXPECT_NEAR(f[0], 0.5, 0.01);
+  EXPECT_NEAR(f[1], 0.3, 0.01);
+  EXPECT_NEAR(f[2], 0.2, 0.01);
+}
+
+TEST(Sampler, TemperatureSharpens) {
+  engine::SamplingParams p;
+  p.temperature = 0.5;  // p_i ∝ p_i² → 0.25, 0.09, 0.04 over 0.38
+  p.seed = 5;
+  auto f = Frequencies(Logits({0.5, 0.3, 0.2}), p, 40000);
+  EXPECT_NEAR(f[0], 0.25 / 0.38, 0.01);
+  EXPECT_NEAR(f[2], 0.04 / 0.38, 0.01);
+}
+
+TEST(Sampler, TopKTopPMinPFilter) {
+  engine::SamplingParams p;
+  p.temperature = 1.0;
+  p.seed = 9;
+  auto l = Logits({0.5, 0.3, 0.15, 0.05});
+  p.top_k = 2;
+  auto f = Frequencies(l, p, 20000);
+  EXPECT_EQ(f.count(2) + f.count(3), 0u);
+  EXPECT_NEAR(f[0], 0.5 / 0.8, 0.015);
+  p.top_k = 0;
+  p.top_p = 0.5;  // the first token alone reaches 0.5
+  EXPECT_EQ(Frequencies(l, p, 2000).size(), 1u);
+  p.top_p = 0.81;  // needs three tokens
+  f = Frequencies(l, p, 20000);
+  EXPECT_EQ(f.count(3), 0u);
+  EXPECT_NEAR(f[2], 0.15 / 0.95, 0.01);
+  p.top_p = 1.0;
+  p.min_p = 0.5;  // keep p ≥ 0.25
+  f = Frequencies(l, p, 20000);
+  EXPECT_EQ(f.size(), 2u);
+  auto r = engine::Sampler::Sample(l, p, 3);
+  EXPECT_EQ(r.candidates, 2);
+  EXPECT_NEAR(r.probability, r.token == 0 ? 0.5 / 0.8 : 0.3 / 0.8, 1e-6);
+}
+
+TEST(Sampler, ReplayingOneStepNeedsNoHistory) {
+  engine::SamplingParams p;
+  p.temperature = 0.8;
+  p.seed = 77;
+  std::vector<float> l(1000);
+  for (int i = 0; i < 1000; ++i) l[i] = std::sin(i * 0.37f) * 3;
+  std::vector<int32_t> run;
+  for (int s = 0; s < 50; ++s) run.push_back(engine::Sampler::Sample(l, p, s).token);
+  EXPECT_EQ(engine::Sampler::Sample(l, p, 37).token, run[37]);
+  EXPECT_GT(std::set<int32_t>(run.begin(), run.end()).size(), 5u);
+}
+
+}  // namespace
+}  // namespace lockstep

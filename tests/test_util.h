@@ -1,0 +1,68 @@
+// tests/test_util.h — helpers shared by the tests: fixture paths and reading reference tensors.
+#pragma once
+
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <filesystem>
+#include <string>
+#include <vector>
+
+#include "engine/safetensors.h"
+
+namespace lockstep::testing {
+
+inline std::filesystem::path SourceDir() { return LOCKSTEP_SOURCE_DIR; }
+inline std::filesystem::path FixtureDir() { return SourceDir() / "tests" / "fixtures"; }
+
+// The model fixtures made by tools/fixtures/make_model_fixtures.py (transformers' own classes).
+inline std::vector<std::string> ModelFixtures() {
+  std::vector<std::string> out;
+  const auto dir = FixtureDir() / "models";
+  if (!std::filesystem::exists(dir)) return out;
+  for (const auto& e : std::filesystem::directory_iterator(dir)) {
+    if (e.is_directory() && std::filesystem::exists(e.path() / "reference.safetensors")) {
+      out.push_back(e.path().filename().string());
+    }
+  }
+  std::sort(out.begin(), out.end());
+  return out;
+}
+
+inline std::vector<float> ReadF32(const engine::TensorView& t) {
+  std::vector<float> v(t.numel());
+  EXPECT_EQ(t.dtype, engine::DType::kF32) << t.name;
+  std::memcpy(v.data(), t.data, v.size() * 4);
+  return v;
+}
+
+inline std::vector<int32_t> ReadIds(const engine::TensorView& t) {
+  std::vector<int32_t> v(t.numel());
+  for (int64_t i = 0; i < t.numel(); ++i) {
+    if (t.dtype == engine::DType::kI64) {
+      int64_t x;
+      std::memcpy(&x, t.data + 8 * i, 8);
+      v[i] = static_cast<int32_t>(x);
+    } else {
+      int32_t x;
+      std::memcpy(&x, t.data + 4 * i, 4);
+      v[i] = x;
+    }
+  }
+  return v;
+}
+
+// max|a − b| / max|b| over one row.
+inline double RelMaxErr(const float* a, const float* b, int64_t n) {
+  double num = 0, den = 0;
+  for (int64_t i = 0; i < n; ++i) {
+    num = std::max(num, std::fabs(static_cast<double>(a[i]) - b[i]));
+    den = std::max(den, std::fabs(static_cast<double>(b[i])));
+    if (std::isnan(a[i])) return INFINITY;
+  }
+  return den == 0 ? num : num / den;
+}
+
+}  // namespace lockstep::testing
