@@ -1,0 +1,32 @@
+# tests/tokenizer.cmake — the tokenizer's test and fuzz targets, included by tests/CMakeLists.txt.
+#
+# Paths go through CMAKE_CURRENT_LIST_DIR, so this file also works when included from a
+# scratch project (the tokenizer was developed before the engine library existed).
+get_filename_component(LOCKSTEP_TOKENIZER_ROOT "${CMAKE_CURRENT_LIST_DIR}/.." ABSOLUTE)
+
+find_package(GTest REQUIRED)
+include(GoogleTest)
+
+add_executable(tokenizer_test ${CMAKE_CURRENT_LIST_DIR}/tokenizer_test.cc)
+target_link_libraries(tokenizer_test PRIVATE lockstep_engine GTest::gtest_main)
+target_compile_definitions(tokenizer_test PRIVATE LOCKSTEP_SOURCE_DIR="${LOCKSTEP_TOKENIZER_ROOT}")
+gtest_discover_tests(tokenizer_test WORKING_DIRECTORY ${LOCKSTEP_TOKENIZER_ROOT} DISCOVERY_TIMEOUT 60)
+
+# libFuzzer target: FromJson on arbitrary bytes, and Encode of arbitrary bytes on a fixture
+# tokenizer. The tokenizer source is compiled into the target so that it carries the
+# fuzzer's coverage instrumentation and the sanitizers, which lockstep_engine does not.
+#   cmake -B build-fuzz -DLOCKSTEP_FUZZ=ON -DCMAKE_CXX_COMPILER=clang++ -DCMAKE_C_COMPILER=clang
+#   cmake --build build-fuzz --target fuzz_tokenizer
+#   build-fuzz/tests/fuzz_tokenizer -max_total_time=60
+if(LOCKSTEP_FUZZ)
+  if(NOT CMAKE_CXX_COMPILER_ID MATCHES "Clang")
+    message(FATAL_ERROR "LOCKSTEP_FUZZ needs clang (libFuzzer); set CMAKE_CXX_COMPILER=clang++")
+  endif()
+  add_executable(fuzz_tokenizer ${CMAKE_CURRENT_LIST_DIR}/fuzz/fuzz_tokenizer.cc
+                                ${LOCKSTEP_TOKENIZER_ROOT}/engine/tokenizer.cc)
+  target_include_directories(fuzz_tokenizer PRIVATE ${LOCKSTEP_TOKENIZER_ROOT})
+  target_link_libraries(fuzz_tokenizer PRIVATE nlohmann_json::nlohmann_json PkgConfig::PCRE2)
+  target_compile_options(fuzz_tokenizer PRIVATE -g -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=undefined)
+  target_link_options(fuzz_tokenizer PRIVATE -fsanitize=fuzzer,address,undefined)
+  target_compile_definitions(fuzz_tokenizer PRIVATE LOCKSTEP_SOURCE_DIR="${LOCKSTEP_TOKENIZER_ROOT}")
+endif()

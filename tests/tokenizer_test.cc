@@ -1,0 +1,361 @@
+// tests/tokenizer_test.cc — engine::Tokenizer against Hugging Face's own output.
+//
+// The fixtures under tests/fixtures/tokenizers/ were made by
+// tools/fixtures/make_tokenizer_fixtures.py with HF `tokenizers` (and cross-checked with
+// `transformers`), so an id mismatch here is our bug, not a matter of opinion.
+#include "engine/tokenizer.h"
+
+#include <gtest/gtest.h>
+
+#include <chrono>
+#include <cstdio>
+#include <fstream>
+#include <sstream>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+namespace lockstep::engine {
+namespace {
+
+using Json = nlohmann::json;
+
+const std::filesystem::path kFixtures = std::filesystem::path(LOCKSTEP_SOURCE_DIR) / "tests/fixtures/tokenizers";
+const char* const kNames[] = {"deepseek_v3", "deepseek_llm", "gpt2"};
+
+std::string ReadFile(const std::filesystem::path& p) {
+  std::ifstream in(p, std::ios::binary);
+  std::ostringstream s;
+  s << in.rdbuf();
+  return s.str();
+}
+
+Json ReadJson(const std::filesystem::path& p) { return Json::parse(ReadFile(p)); }
+
+std::shared_ptr<const Tokenizer> LoadFixture(const std::string& name) {
+  auto r = Tokenizer::Load(kFixtures / name / "tokenizer.json");
+  EXPECT_TRUE(r.ok()) << r.status().message();
+  return r.ok() ? r.value() : nullptr;
+}
+
+// Printable form of a test string for failure messages.
+std::string Show(const std::string& s) { return Json(s).dump().substr(0, 200); }
+
+class FixtureTest : public ::testing::TestWithParam<const char*> {};
+
+TEST_P(FixtureTest, EncodeMatchesHuggingFace) {
+  auto tok = LoadFixture(GetParam());
+  ASSERT_NE(tok, nullptr);
+  const Json doc = ReadJson(kFixtures / GetParam() / "cases.json");
+  ASSERT_GE(doc["cases"].size(), 60u);
+  for (const Json& c : doc["cases"]) {
+    const std::string text = c["text"];
+    const auto ids = c["ids"].get<std::vector<int32_t>>();
+    EXPECT_EQ(tok->Encode(text), ids) << Show(text);
+    EXPECT_EQ(tok->Encode(text, /*add_special_tokens=*/true), c["ids_special"].get<std::vector<int32_t>>())
+        << Show(text);
+  }
+}
+
+TEST_P(FixtureTest, PreTokenizeMatchesHuggingFace) {
+  auto tok = LoadFixture(GetParam());
+  ASSERT_NE(tok, nullptr);
+  const Json doc = ReadJson(kFixtures / GetParam() / "cases.json");
+  for (const Json& c : doc["cases"]) {
+    if (!c.contains("pre")) continue;
+    EXPECT_EQ(tok->PreTokenize(c["text"].get<std::string>()), c["pre"].get<std::vector<std::string>>())
+        << Show(c["text"]);
+  }
+}
+
+TEST_P(FixtureTest, DecodeMatchesHuggingFaceAndRoundTrips) {
+  auto tok = LoadFixture(GetParam());
+  ASSERT_NE(tok, nullptr);
+  const Json doc = ReadJson(kFixtures / GetParam() / "cases.json");
+  for (const Json& c : doc["cases"]) {
+    const std::string text = c["text"];
+    const auto ids = c["ids"].get<std::vector<int32_t>>();
+    const std::string hf = c["decoded"];
+    EXPECT_EQ(tok->Decode(ids), hf) << Show(text);
+    EXPECT_EQ(tok->Decode(ids, /*skip_special_tokens=*/true), c["decoded_skip_special"].get<std::string>())
+        << Show(text);
+    // Byte-level BPE loses nothing, except where an added token strips the whitespace
+    // around it (gpt2's <mask>), which HF's decode loses too.
+    if (hf == text) {
+      EXPECT_EQ(tok->Decode(tok->Encode(text)), text) << Show(text);
+    }
+  }
+  for (const Json& c : doc["decode_cases"]) {
+    const auto ids = c["ids"].get<std::vector<int32_t>>();
+    EXPECT_EQ(tok->Decode(ids), c["decoded"].get<std::string>()) << c["ids"].dump();
+    EXPECT_EQ(tok->Decode(ids, true), c["decoded_skip_special"].get<std::string>()) << c["ids"].dump();
+  }
+}
+
+TEST_P(FixtureTest, VocabularyAndSpecialTokens) {
+  auto tok = LoadFixture(GetParam());
+  ASSERT_NE(tok, nullptr);
+  const Json summary = ReadJson(kFixtures / "summary.json");
+  EXPECT_EQ(tok->vocab_size(), summary[GetParam()]["vocab_size"].get<int32_t>());
+  const Json model = ReadJson(kFixtures / GetParam() / "tokenizer.json");
+  for (const Json& a : model["added_tokens"]) {
+    const int32_t id = a["id"];
+    EXPECT_EQ(tok->TokenToId(a["content"].get<std::string>()), id);
+    EXPECT_EQ(tok->IdToToken(id), a["content"].get<std::string>());
+    EXPECT_EQ(tok->IsSpecial(id), a["special"].get<bool>()) << a.dump();
+  }
+  for (const auto& [token, id] : model["model"]["vocab"].items()) {
+    EXPECT_EQ(tok->IdToToken(id.get<int32_t>()), token);
+  }
+  EXPECT_EQ(tok->TokenToId("no such token, surely"), std::nullopt);
+  EXPECT_EQ(tok->IdToToken(-1), std::nullopt);
+  EXPECT_EQ(tok->IdToToken(tok->vocab_size()), std::nullopt);
+  EXPECT_FALSE(tok->IsSpecial(-7));
+}
+
+INSTANTIATE_TEST_SUITE_P(Fixtures, FixtureTest, ::testing::ValuesIn(kNames));
+
+// A tokenizer with an empty BPE model around `pre_tokenizer`: enough to pre-tokenize.
+std::string PreTokenizerOnly(const Json& pre_tokenizer) {
+  Json j = {{"model", {{"type", "BPE"}, {"vocab", Json::object()}, {"merges", Json::array()}}},
+            {"pre_tokenizer", pre_tokenizer}};
+  return j.dump();
+}
+
+// Oniguruma semantics (line anchors, \s with U+0085, \w, \h, empty matches), the Split
+// behaviors and ByteLevel options, as HF's pre_tokenize_str shows them.
+TEST(TokenizerProbes, PreTokenizersMatchHuggingFace) {
+  const Json doc = ReadJson(kFixtures / "probes.json");
+  int checked = 0;
+  for (const Json& p : doc["probes"]) {
+    if (!p.contains("pre_tokenizer")) continue;
+    auto tok = Tokenizer::FromJson(PreTokenizerOnly(p["pre_tokenizer"]), "probe");
+    ASSERT_TRUE(tok.ok()) << tok.status().message();
+    EXPECT_EQ(tok.value()->PreTokenize(p["text"].get<std::string>()), p["pieces"].get<std::vector<std::string>>())
+        << p["pre_tokenizer"].dump() << " on " << Show(p["text"]);
+    ++checked;
+  }
+  EXPECT_GE(checked, 80);
+}
+
+TEST(Tokenizer, MergesAsStringsOrPairsAgree) {
+  Json j = ReadJson(kFixtures / "deepseek_v3/tokenizer.json");
+  auto pairs = Tokenizer::FromJson(j.dump(), "pairs");
+  for (Json& m : j["model"]["merges"]) m = m[0].get<std::string>() + " " + m[1].get<std::string>();
+  auto strings = Tokenizer::FromJson(j.dump(), "strings");
+  ASSERT_TRUE(pairs.ok() && strings.ok());
+  const std::string text = "Merges 12345 ways: 你好, world!\n\tok";
+  EXPECT_EQ(pairs.value()->Encode(text), strings.value()->Encode(text));
+}
+
+TEST(Tokenizer, InvalidUtf8IsReplacedNotFatal) {
+  auto tok = LoadFixture("deepseek_v3");
+  ASSERT_NE(tok, nullptr);
+  EXPECT_EQ(tok->Encode("a\xff" "b\xe4\xbd"), tok->Encode("a\xEF\xBF\xBD" "b\xEF\xBF\xBD"));
+  EXPECT_EQ(tok->Decode(tok->Encode("x\xc0\x80y")), "x\xEF\xBF\xBD\xEF\xBF\xBDy");
+  EXPECT_TRUE(tok->Encode("").empty());
+  EXPECT_EQ(tok->Decode(std::vector<int32_t>{}), "");
+}
+
+TEST(Tokenizer, ConcurrentEncodeAgrees) {
+  auto tok = LoadFixture("deepseek_v3");
+  ASSERT_NE(tok, nullptr);
+  const Json doc = ReadJson(kFixtures / "deepseek_v3/cases.json");
+  std::vector<std::string> texts;
+  std::vector<std::vector<int32_t>> want;
+  for (const Json& c : doc["cases"]) {
+    texts.push_back(c["text"]);
+    want.push_back(c["ids"].get<std::vector<int32_t>>());
+  }
+  std::vector<int> failures(4, 0);
+  std::vector<std::thread> threads;
+  for (int t = 0; t < 4; ++t) {
+    threads.emplace_back([&, t] {
+      for (int round = 0; round < 5; ++round) {
+        for (size_t i = 0; i < texts.size(); ++i) failures[t] += tok->Encode(texts[i]) != want[i];
+      }
+    });
+  }
+  for (auto& th : threads) th.join();
+  for (int f : failures) EXPECT_EQ(f, 0);
+}
+
+// Encode speed on a long mixed text (English, code, CJK, emoji, digits): prompts of
+// thousands of tokens must not be the slow part of a run. Printed, and loosely bounded.
+TEST(Tokenizer, EncodeSpeed) {
+  auto tok = LoadFixture("deepseek_v3");
+  ASSERT_NE(tok, nullptr);
+  const Json doc = ReadJson(kFixtures / "deepseek_v3/cases.json");
+  std::string text;
+  for (const Json& c : doc["cases"]) text += c["text"].get<std::string>() + "\n";
+  while (text.size() < (1u << 20)) text += text;  // 1 MiB
+  tok->Encode(text.substr(0, 4096));  // warm up (the word cache, page faults)
+  const auto t0 = std::chrono::steady_clock::now();
+  const auto ids = tok->Encode(text);
+  const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  const double rate = ids.size() / s;
+  std::printf("encode: %zu bytes -> %zu tokens in %.3f s: %.0f tokens/s, %.1f MB/s\n", text.size(), ids.size(), s,
+              rate, text.size() / s / 1e6);
+  RecordProperty("tokens_per_second", std::to_string(static_cast<int64_t>(rate)));
+  EXPECT_GT(rate, 50000.0);
+  EXPECT_EQ(tok->Decode(ids), text);
+}
+
+// ---------------------------------------------------------------------------- errors
+
+// The smallest valid tokenizer.json, to break one field at a time.
+Json Minimal() {
+  return Json::parse(R"({
+    "added_tokens": [{"id": 3, "content": "<s>", "special": true}],
+    "normalizer": null,
+    "pre_tokenizer": {"type": "ByteLevel", "add_prefix_space": false},
+    "post_processor": null,
+    "decoder": {"type": "ByteLevel"},
+    "model": {"type": "BPE", "vocab": {"a": 0, "b": 1, "ab": 2}, "merges": ["a b"]}
+  })");
+}
+
+void ExpectError(const Json& j, Status::Code code, const std::vector<std::string>& parts) {
+  auto r = Tokenizer::FromJson(j.dump(), "tokenizer.json");
+  ASSERT_FALSE(r.ok()) << j.dump();
+  EXPECT_EQ(r.status().code(), code) << r.status().message();
+  const std::string& m = r.status().message();
+  EXPECT_EQ(m.rfind("tokenizer.json: ", 0), 0u) << m;
+  EXPECT_EQ(m.find('\n'), std::string::npos) << m;
+  for (const std::string& p : parts) EXPECT_NE(m.find(p), std::string::npos) << "'" << p << "' not in: " << m;
+}
+
+TEST(TokenizerErrors, MinimalIsValid) {
+  auto r = Tokenizer::FromJson(Minimal().dump(), "tokenizer.json");
+  ASSERT_TRUE(r.ok()) << r.status().message();
+  EXPECT_EQ(r.value()->Encode("ab<s>ba"), (std::vector<int32_t>{2, 3, 1, 0}));
+  EXPECT_EQ(r.value()->vocab_size(), 4);
+}
+
+TEST(TokenizerErrors, MissingFile) {
+  auto r = Tokenizer::Load(kFixtures / "nope/tokenizer.json");
+  ASSERT_FALSE(r.ok());
+  EXPECT_EQ(r.status().code(), Status::Code::kNotFound);
+  EXPECT_NE(r.status().message().find("nope/tokenizer.json"), std::string::npos) << r.status().message();
+}
+
+TEST(TokenizerErrors, MalformedJson) {
+  for (const char* text : {"", "{", "{\"model\": [1, 2,]}", "nul", "{\"a\": \"\xff\"}"}) {
+    auto r = Tokenizer::FromJson(text, "tokenizer.json");
+    ASSERT_FALSE(r.ok()) << text;
+    EXPECT_EQ(r.status().message().rfind("tokenizer.json: (JSON) malformed at byte ", 0), 0u) << r.status().message();
+  }
+  auto r = Tokenizer::FromJson("[1]", "tokenizer.json");
+  ASSERT_FALSE(r.ok());
+  EXPECT_NE(r.status().message().find("(top level)"), std::string::npos);
+}
+
+TEST(TokenizerErrors, MergesNamingUnknownTokens) {
+  Json j = Minimal();
+  j["model"]["merges"] = {"a b", "x b"};
+  ExpectError(j, Status::Code::kCorruption, {"model.merges[1]", "unknown token 'x'"});
+  j["model"]["merges"] = Json::array({Json::array({"a", "zz"})});
+  ExpectError(j, Status::Code::kCorruption, {"model.merges[0]", "unknown token 'zz'"});
+  j["model"]["merges"] = {"b a"};
+  ExpectError(j, Status::Code::kCorruption, {"model.merges[0]", "'ba' is not in model.vocab"});
+  j["model"]["merges"] = {"a  b"};
+  ExpectError(j, Status::Code::kCorruption, {"model.merges[0]", "exactly one space"});
+  j["model"]["merges"] = {7};
+  ExpectError(j, Status::Code::kCorruption, {"model.merges[0]"});
+  j["model"]["merges"] = "a b";
+  ExpectError(j, Status::Code::kCorruption, {"model.merges", "expected an array"});
+}
+
+TEST(TokenizerErrors, BadFields) {
+  Json j = Minimal();
+  j["model"]["vocab"]["c"] = "three";
+  ExpectError(j, Status::Code::kCorruption, {"model.vocab['c']", "integer"});
+  j = Minimal();
+  j["model"]["vocab"]["c"] = -1;
+  ExpectError(j, Status::Code::kCorruption, {"model.vocab['c']", "out of range"});
+  j = Minimal();
+  j["model"]["vocab"]["c"] = 1e12;
+  ExpectError(j, Status::Code::kCorruption, {"model.vocab['c']"});
+  j = Minimal();
+  j["model"].erase("vocab");
+  ExpectError(j, Status::Code::kCorruption, {"model.vocab", "missing"});
+  j = Minimal();
+  j.erase("model");
+  ExpectError(j, Status::Code::kCorruption, {"model", "missing"});
+  j = Minimal();
+  j["added_tokens"][0]["content"] = 5;
+  ExpectError(j, Status::Code::kCorruption, {"added_tokens[0].content", "string"});
+  j = Minimal();
+  j["added_tokens"][0].erase("id");
+  ExpectError(j, Status::Code::kCorruption, {"added_tokens[0].id", "missing"});
+  j = Minimal();
+  j["added_tokens"][0]["lstrip"] = "yes";
+  ExpectError(j, Status::Code::kCorruption, {"added_tokens[0].lstrip"});
+  j = Minimal();
+  j["pre_tokenizer"] = {{"type", "Split"}, {"pattern", {{"Regex", "(unclosed"}}}, {"behavior", "Isolated"}};
+  ExpectError(j, Status::Code::kCorruption, {"pre_tokenizer.pattern.Regex", "cannot compile"});
+  j["pre_tokenizer"]["pattern"] = {{"Regex", "a"}};
+  j["pre_tokenizer"]["behavior"] = "Sideways";
+  ExpectError(j, Status::Code::kUnsupported, {"pre_tokenizer.behavior", "Sideways"});
+  j = Minimal();
+  j["post_processor"] = {{"type", "TemplateProcessing"},
+                         {"single", {{{"SpecialToken", {{"id", "<s>"}, {"type_id", 0}}}}}},
+                         {"special_tokens", Json::object()}};
+  ExpectError(j, Status::Code::kCorruption, {"post_processor.special_tokens", "'<s>'"});
+}
+
+TEST(TokenizerErrors, UnsupportedTypesAreNamed) {
+  Json j = Minimal();
+  j["model"]["type"] = "WordPiece";
+  ExpectError(j, Status::Code::kUnsupported, {"model.type", "'WordPiece'"});
+  j = Minimal();
+  j["normalizer"] = {{"type", "Sequence"}, {"normalizers", {{{"type", "NFKC"}}}}};
+  ExpectError(j, Status::Code::kUnsupported, {"normalizer.normalizers[0].type", "'NFKC'"});
+  j = Minimal();
+  j["pre_tokenizer"] = {{"type", "Sequence"}, {"pretokenizers", {{{"type", "Metaspace"}}}}};
+  ExpectError(j, Status::Code::kUnsupported, {"pre_tokenizer.pretokenizers[0].type", "'Metaspace'"});
+  j = Minimal();
+  j["decoder"] = {{"type", "WordPiece"}};
+  ExpectError(j, Status::Code::kUnsupported, {"decoder.type", "'WordPiece'"});
+  j = Minimal();
+  j["post_processor"] = {{"type", "Magic"}};
+  ExpectError(j, Status::Code::kUnsupported, {"post_processor.type", "'Magic'"});
+  j = Minimal();
+  j["model"]["dropout"] = 0.1;
+  ExpectError(j, Status::Code::kUnsupported, {"model.dropout"});
+  j = Minimal();
+  j["pre_tokenizer"] = {{"type", "Split"}, {"pattern", {{"Regex", "[a-z&&[^aeiou]]"}}}, {"behavior", "Isolated"}};
+  ExpectError(j, Status::Code::kUnsupported, {"pre_tokenizer.pattern.Regex"});
+}
+
+TEST(TokenizerErrors, DeepNestingIsRefused) {
+  Json p = {{"type", "ByteLevel"}};
+  for (int i = 0; i < 100; ++i) p = {{"type", "Sequence"}, {"pretokenizers", {p}}};
+  Json j = Minimal();
+  j["pre_tokenizer"] = p;
+  ExpectError(j, Status::Code::kUnsupported, {"nested too deeply"});
+}
+
+// Added-token options, on a tokenizer small enough to reason about by hand.
+TEST(Tokenizer, AddedTokenOptions) {
+  Json j = Minimal();
+  j["added_tokens"] = Json::parse(R"([
+    {"id": 3, "content": "<s>", "special": true, "normalized": false},
+    {"id": 4, "content": "ab", "single_word": true, "normalized": true},
+    {"id": 5, "content": "[M]", "lstrip": true, "rstrip": true, "special": true, "normalized": false}
+  ])");
+  auto r = Tokenizer::FromJson(j.dump(), "t");
+  ASSERT_TRUE(r.ok()) << r.status().message();
+  const auto& tok = *r.value();
+  EXPECT_EQ(tok.Encode("ab"), (std::vector<int32_t>{4}));
+  EXPECT_EQ(tok.Encode("aab"), (std::vector<int32_t>{0, 2}));  // not a single word: BPE
+  EXPECT_EQ(tok.Encode("a [M]  b"), (std::vector<int32_t>{0, 5, 1}));
+  EXPECT_TRUE(tok.IsSpecial(5));
+  EXPECT_FALSE(tok.IsSpecial(4));
+  EXPECT_EQ(tok.Decode(std::vector<int32_t>{0, 5, 1}, true), "ab");
+}
+
+}  // namespace
+}  // namespace lockstep::engine
