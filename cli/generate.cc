@@ -102,7 +102,7 @@ struct GenerateArgs {
 };
 
 Status RunGenerate(const GenerateArgs& a) {
-  LS_ASSIGN_OR_RETURN(LoadedModel m, LoadModel(a.model.empty() ? DefaultModelDir() : a.model, a.quiet || a.json));
+  LS_ASSIGN_OR_RETURN(LoadedModel m, LoadModel(a.model.empty() ? DefaultModelDir() : std::filesystem::path(a.model), a.quiet || a.json));
   std::vector<PromptSpec> specs;
   if (!a.prompts_file.empty()) {
     LS_ASSIGN_OR_RETURN(specs, ReadPromptsFile(a.prompts_file));

@@ -33,7 +33,7 @@ const char* RopeName(engine::RopeStyle s) {
 }
 
 Status RunInfo(const InfoArgs& a) {
-  LS_ASSIGN_OR_RETURN(LoadedModel m, LoadModel(a.dir.empty() ? DefaultModelDir() : a.dir, /*quiet=*/true));
+  LS_ASSIGN_OR_RETURN(LoadedModel m, LoadModel(a.dir.empty() ? DefaultModelDir() : std::filesystem::path(a.dir), /*quiet=*/true));
   const engine::ModelConfig& c = m.model->config();
   const engine::ModelWeights& w = m.model->weights();
   int64_t dense = 0, moe = 0;

@@ -10,13 +10,14 @@
 namespace lockstep::engine {
 namespace {
 
-struct Run {
+struct Outcome {
   std::vector<std::vector<int32_t>> tokens;
   std::vector<std::vector<float>> logits;  // the last step's logits per request
 };
 
-Run Generate(std::shared_ptr<Model> m, const std::vector<std::vector<int32_t>>& prompts, int64_t max_batch,
-             double temperature, KvFormat kv = KvFormat::kFp32) {
+Outcome Generate(std::shared_ptr<Model> m, const std::vector<std::vector<int32_t>>& prompts, int64_t max_batch,
+             double temperature, KvFormat kv = KvFormat::kFp32,
+                 uint64_t seed_base = 1000) {
   EngineOptions o;
   o.max_batch = max_batch;
   o.page_size = 8;
@@ -29,12 +30,12 @@ Run Generate(std::shared_ptr<Model> m, const std::vector<std::vector<int32_t>>& 
     r.max_new_tokens = 12;
     r.sampling.temperature = temperature;
     r.sampling.top_p = 0.95;
-    r.sampling.seed = 1000 + i;
+    r.sampling.seed = seed_base + i;
     EXPECT_TRUE((*e)->AddRequest(r).ok());
   }
   Status s = (*e)->RunToCompletion();
   EXPECT_TRUE(s.ok()) << s.message();
-  Run run;
+  Outcome run;
   for (int64_t i = 0; i < (*e)->num_requests(); ++i) {
     run.tokens.push_back((*e)->request(i).generated);
     run.logits.push_back((*e)->request(i).last_logits);
@@ -60,26 +61,11 @@ TEST_P(BatchInvariance, SameBitsAtBatch1AndBatch8) {
   ASSERT_TRUE(m.ok()) << m.status().message();
   const auto prompts = Prompts((*m)->config().vocab_size, 8);
   for (double temp : {0.0, 0.9}) {
-    Run together = Generate(*m, prompts, 8, temp);
-    Run staggered = Generate(*m, prompts, 3, temp);  // requests join as others leave
+    Outcome together = Generate(*m, prompts, 8, temp);
+    Outcome staggered = Generate(*m, prompts, 3, temp);  // requests join as others leave
     for (size_t i = 0; i < prompts.size(); ++i) {
-      Run alone = Generate(*m, {prompts[i]}, 1, temp);
-      // Seeds: request 0 alone has seed 1000; give it the same seed as in the batch.
-      if (i > 0) {
-        EngineOptions o;
-        o.page_size = 8;
-        auto e = Engine::Create(*m, o);
-        Request r;
-        r.prompt = prompts[i];
-        r.max_new_tokens = 12;
-        r.sampling.temperature = temp;
-        r.sampling.top_p = 0.95;
-        r.sampling.seed = 1000 + i;
-        ASSERT_TRUE((*e)->AddRequest(r).ok());
-        ASSERT_TRUE((*e)->RunToCompletion().ok());
-        alone.tokens = {(*e)->request(0).generated};
-        alone.logits = {(*e)->request(0).last_logits};
-      }
+      // Alone, with the seed it had in the batch.
+      Outcome alone = Generate(*m, {prompts[i]}, 1, temp, KvFormat::kFp32, 1000 + i);
       EXPECT_EQ(together.tokens[i], alone.tokens[0]) << "request " << i << " temperature " << temp;
       EXPECT_EQ(staggered.tokens[i], alone.tokens[0]) << "request " << i << " temperature " << temp;
       ASSERT_EQ(together.logits[i].size(), alone.logits[0].size());
@@ -95,9 +81,9 @@ TEST(Engine, ReducedPrecisionCachesStayCloseButDiffer) {
   auto m = Model::Load(testing::FixtureDir() / "models" / "v3_basic");
   ASSERT_TRUE(m.ok()) << m.status().message();
   const auto prompts = Prompts((*m)->config().vocab_size, 2);
-  Run f32 = Generate(*m, prompts, 2, 0.0, KvFormat::kFp32);
+  Outcome f32 = Generate(*m, prompts, 2, 0.0, KvFormat::kFp32);
   for (KvFormat kv : {KvFormat::kBf16, KvFormat::kFp8E4m3}) {
-    Run r = Generate(*m, {prompts[0]}, 1, 0.0, kv);
+    Outcome r = Generate(*m, {prompts[0]}, 1, 0.0, kv);
     // Compare the first generated step only (later steps may follow other tokens).
     EXPECT_NE(r.logits[0], f32.logits[0]) << KvFormatName(kv) << " should not be bit-identical to fp32";
   }
