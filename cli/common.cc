@@ -30,9 +30,14 @@ Result<LoadedModel> LoadModel(const std::filesystem::path& dir, bool quiet) {
     std::cerr << "lockstep: loaded " << dir.string() << " (" << engine::FamilyName(c.family) << ", "
               << c.num_hidden_layers << " layers, " << m.model->ParameterCount() / 1e6 << "M params) in " << s
               << " s\n";
-    if (!m.model->weights().skipped.empty()) {
-      std::cerr << "lockstep: skipped " << m.model->weights().skipped.size()
-                << " tensors not used for inference (MTP layers or extras; `lockstep model info` lists them)\n";
+    const auto& w = m.model->weights();
+    if (w.mtp_tensors > 0) {
+      std::cerr << "lockstep: skipped " << w.mtp_tensors << " tensors of the multi-token-prediction (MTP) layer(s); "
+                << "inference does not use them\n";
+    }
+    if (static_cast<int64_t>(w.skipped.size()) > w.mtp_tensors) {
+      std::cerr << "lockstep: skipped " << w.skipped.size() - w.mtp_tensors
+                << " other unused tensors (`lockstep model info` lists them)\n";
     }
   }
   return m;

@@ -1,6 +1,7 @@
 // engine/weights.cc — see weights.h.
 #include "engine/weights.h"
 
+#include <cstdlib>
 #include <cstring>
 #include <set>
 
@@ -197,7 +198,13 @@ Result<ModelWeights> ModelWeights::Load(const ModelConfig& c, const Checkpoint& 
     }
   }
   for (const auto& [name, t] : ck.tensors()) {
-    if (!ld.used().count(name)) w.skipped.push_back(name);
+    if (ld.used().count(name)) continue;
+    w.skipped.push_back(name);
+    const std::string prefix = "model.layers.";
+    if (name.rfind(prefix, 0) == 0) {
+      const int64_t layer = std::atoll(name.c_str() + prefix.size());
+      if (layer >= c.num_hidden_layers) w.mtp_tensors++;
+    }
   }
   return w;
 }

@@ -64,6 +64,7 @@ struct ModelWeights {
   std::vector<LayerWeights> layers;
 
   std::vector<std::string> skipped;   // tensors present but not used (MTP layers, extras)
+  int64_t mtp_tensors = 0;            // of those, tensors of MTP layers (model.layers.{≥ num_hidden_layers}.*)
   std::map<std::string, int64_t> dtype_counts;  // "BF16" → number of tensors, for `model info`
   int64_t fp8_tensors = 0;
 

@@ -108,9 +108,14 @@ TEST_F(ModelDirTest, MissingAndMisshapenTensors) {
   // Rebuild the fixture's safetensors without one tensor, and with one tensor's shape changed.
   auto f = SafetensorsFile::Open(src_ / "model.safetensors");
   ASSERT_TRUE(f.ok()) << f.status().message();
-  auto rebuild = [&](const std::string& drop, const std::string& reshape) {
+  auto rebuild = [&](const std::string& drop, const std::string& reshape, const std::string& extra = "") {
     std::string header = "{", data;
     bool first = true;
+    if (!extra.empty()) {
+      header += "\"" + extra + "\":{\"dtype\":\"F32\",\"shape\":[2],\"data_offsets\":[0,8]}";
+      data.assign(8, '\0');
+      first = false;
+    }
     for (const auto& [name, t] : (*f)->tensors()) {
       if (name == drop) continue;
       std::vector<int64_t> shape = t.shape;
@@ -137,6 +142,12 @@ TEST_F(ModelDirTest, MissingAndMisshapenTensors) {
   ASSERT_FALSE(r.ok());
   EXPECT_NE(r.status().message().find(victim), std::string::npos) << r.status().message();
   EXPECT_NE(r.status().message().find("config.json implies"), std::string::npos) << r.status().message();
+  // An MTP layer (layers.{num_hidden_layers}) is skipped, and counted as such.
+  Write("model.safetensors", rebuild("", "", "model.layers.3.eh_proj.weight"));
+  r = Model::Load(dir_);
+  ASSERT_TRUE(r.ok()) << r.status().message();
+  EXPECT_EQ((*r)->weights().mtp_tensors, 1);
+  EXPECT_EQ((*r)->weights().skipped, std::vector<std::string>{"model.layers.3.eh_proj.weight"});
 }
 
 TEST_F(ModelDirTest, ShardedCheckpointsAndLyingIndexes) {
