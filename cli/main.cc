@@ -21,8 +21,16 @@ int main(int argc, char** argv) {
   cli::RegisterKernels(app, set_action);
   try {
     app.parse(argc, argv);
-  } catch (const CLI::ParseError& e) {
+  } catch (const CLI::CallForHelp& e) {
     return app.exit(e);
+  } catch (const CLI::CallForAllHelp& e) {
+    return app.exit(e);
+  } catch (const CLI::CallForVersion& e) {
+    return app.exit(e);
+  } catch (const CLI::ParseError& e) {
+    // One line, like every other error of the tool.
+    std::cerr << "lockstep: " << e.what() << " (see lockstep --help)\n";
+    return 2;
   }
   if (!action) return 0;
   return cli::Report(action());

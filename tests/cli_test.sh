@@ -1,0 +1,60 @@
+#!/usr/bin/env bash
+# tests/cli_test.sh — the lockstep command as a user meets it: bad flags and bad files give
+# one line on stderr and a non-zero exit (never a crash); good runs produce what they say.
+# Usage: cli_test.sh LOCKSTEP_BINARY SOURCE_DIR
+set -u
+LS=$1
+SRC=$2
+FIX=$SRC/tests/fixtures/models
+TMP=$(mktemp -d)
+trap 'rm -rf "$TMP"' EXIT
+fail=0
+
+# expect_error "description" "substring" cmd...
+expect_error() {
+  local what=$1 want=$2
+  shift 2
+  "$@" >"$TMP/out" 2>"$TMP/err"
+  local rc=$?
+  local lines
+  lines=$(wc -l <"$TMP/err")
+  if [ "$rc" -eq 0 ] || [ "$rc" -ge 128 ]; then
+    echo "FAIL $what: exit code $rc (want 1 or 2)"; fail=1
+  elif [ "$lines" -ne 1 ]; then
+    echo "FAIL $what: $lines lines on stderr (want 1):"; cat "$TMP/err"; fail=1
+  elif ! grep -qF -- "$want" "$TMP/err"; then
+    echo "FAIL $what: stderr lacks '$want':"; cat "$TMP/err"; fail=1
+  else
+    echo "ok   $what: $(cat "$TMP/err")"
+  fi
+}
+
+expect_error "missing model dir" "/nonexistent" "$LS" generate -m /nonexistent --prompt-ids 1
+expect_error "no prompt" "no prompt" "$LS" generate -m "$FIX/v3_basic" -q
+expect_error "text prompt without tokenizer" "tokenizer.json" "$LS" generate -m "$FIX/v3_basic" -p hello -q
+expect_error "bad prompt ids" "not a token id" "$LS" generate -m "$FIX/v3_basic" --prompt-ids 1,x,3 -q
+expect_error "token outside vocab" "outside the vocabulary" "$LS" generate -m "$FIX/v3_basic" --prompt-ids 1,99999 -q
+expect_error "unknown kernel variant" "attn_decode" "$LS" generate -m "$FIX/v3_basic" --prompt-ids 1 --kernel attn_decode=magic -q
+expect_error "bad kernel syntax" "op=variant" "$LS" generate -m "$FIX/v3_basic" --prompt-ids 1 --kernel nonsense -q
+expect_error "bad kv cache" "kv-cache" "$LS" generate -m "$FIX/v3_basic" --prompt-ids 1 --kv-cache fp4
+expect_error "too long" "max_position_embeddings" "$LS" generate -m "$FIX/v3_basic" --prompt-ids 1 -n 100000 -q
+printf '{"prompt_ids":[1,2]}\n{"prompt": 7}\n' >"$TMP/p.jsonl"
+expect_error "bad jsonl field" "p.jsonl:2: field 'prompt'" "$LS" generate -m "$FIX/v3_basic" --prompts "$TMP/p.jsonl" -q
+printf 'not json\n' >"$TMP/q.jsonl"
+expect_error "bad jsonl line" "q.jsonl:1" "$LS" generate -m "$FIX/v3_basic" --prompts "$TMP/q.jsonl" -q
+mkdir -p "$TMP/m"
+cp "$FIX/v3_basic/config.json" "$TMP/m/"
+head -c 1000 "$FIX/v3_basic/model.safetensors" >"$TMP/m/model.safetensors"
+expect_error "truncated safetensors" "model.safetensors" "$LS" model info "$TMP/m"
+sed 's/deepseek_v3/mixtral/' "$FIX/v3_basic/config.json" >"$TMP/m/config.json"
+expect_error "unknown model_type" "model_type" "$LS" model info "$TMP/m"
+expect_error "unknown subcommand" "" "$LS" frobnicate
+
+# Good runs: JSON output parses and greedy tokens equal the transformers reference's first tokens.
+out=$("$LS" generate -m "$FIX/v3_basic" --prompts <(printf '{"prompt_ids":[5,6,7],"id":"a"}\n{"prompt_ids":[9],"id":"b","temperature":0.7,"seed":3}\n') -n 5 --json) || { echo "FAIL json run"; fail=1; }
+n=$(printf '%s\n' "$out" | grep -c '"completion_tokens":5')
+if [ "$n" -ne 2 ]; then echo "FAIL json output: $out"; fail=1; else echo "ok   --json gives one object per request"; fi
+"$LS" model info "$FIX/v32_sparse" --json | grep -q '"topk": 16' && echo "ok   model info --json" || { echo "FAIL model info --json"; fail=1; }
+"$LS" kernels | grep -q "attn_decode" && echo "ok   kernels" || { echo "FAIL kernels"; fail=1; }
+"$LS" generate --help | grep -q -- "--kv-cache" && echo "ok   generate --help" || { echo "FAIL help"; fail=1; }
+exit $fail
