@@ -234,6 +234,11 @@ Status Model::Forward(std::span<Segment> segs, PagedKvCache& cache, const kernel
   };
   const bool prefill_absorbed = kernel("attn_prefill") == "absorbed";
   const bool decode_expanded = kernel("attn_decode") == "expanded";
+  const bool indexer_hadamard = kernel("indexer") == "hadamard";
+  if (indexer_hadamard && c.has_indexer() && (c.index_head_dim & (c.index_head_dim - 1)) != 0) {
+    return Status::InvalidArgument("--kernel indexer=hadamard: index_head_dim " + std::to_string(c.index_head_dim) +
+                                   " is not a power of two");
+  }
 
   // Rows, positions, and validation.
   std::vector<int64_t> row0(segs.size());
@@ -348,6 +353,10 @@ Status Model::Forward(std::span<Segment> segs, PagedKvCache& cache, const kernel
         const float* sn = &rope_sin_[pos[r] * half];
         for (int64_t hd = 0; hd < nhi; ++hd) cpu::RopeHalves(&iq[(r * nhi + hd) * di], cs, sn, dr);
         cpu::RopeHalves(&ikn[r * di], cs, sn, dr);
+        if (indexer_hadamard) {
+          for (int64_t hd = 0; hd < nhi; ++hd) cpu::Hadamard(&iq[(r * nhi + hd) * di], di);
+          cpu::Hadamard(&ikn[r * di], di);
+        }
         for (int64_t hd = 0; hd < nhi; ++hd) iw[r * nhi + hd] *= wscale;
         cache.WriteIndexKey(l, *segs[seg_of[r]].cache, pos[r], &ikn[r * di]);
       }

@@ -19,6 +19,9 @@ Registry::Registry() {
       {"indexer", "reference", "cpu",
        "V3.2 lightning indexer: Σ_h w_h·ReLU(q_h·k_t) over all causal keys, exact top-k (ties: lowest position)",
        true, true, true},
+      {"indexer", "hadamard", "cpu",
+       "V3.2 indexer with the official Hadamard rotation of q and k (orthogonal: same scores up to rounding)", true,
+       true, false},
       {"gemm", "fp32", "cpu", "fp32 GEMM, 16-lane FMA dot products in a fixed order", true, true, true},
   };
 }

@@ -2,6 +2,7 @@
 // on what it is batched with (issue 2 acceptance: batch 1 vs batch 8).
 #include <gtest/gtest.h>
 
+#include <map>
 #include <random>
 
 #include "engine/engine.h"
@@ -109,6 +110,71 @@ TEST(Engine, RejectsBadRequests) {
   auto e2 = Engine::Create(*m, bad);
   ASSERT_FALSE(e2.ok());
   EXPECT_NE(e2.status().message().find("attn_decode"), std::string::npos);
+}
+
+}  // namespace
+}  // namespace lockstep::engine
+
+namespace lockstep::engine {
+namespace {
+
+// Records every tap event; checks names, shapes and order.
+class Collect : public TapHook {
+ public:
+  void OnTap(const TapEvent& e) override {
+    names.emplace_back(e.name);
+    events.push_back({std::string(e.name), e.request_id, e.position, e.rows, e.cols});
+    if (e.name == "logits") {
+      const float* f = static_cast<const float*>(e.data);
+      logits.assign(f, f + e.rows * e.cols);
+    }
+  }
+  struct Ev {
+    std::string name;
+    int64_t request, position, rows, cols;
+  };
+  std::vector<std::string> names;
+  std::vector<Ev> events;
+  std::vector<float> logits;
+};
+
+TEST(Taps, EveryDocumentedTapFiresWithItsShape) {
+  auto m = Model::Load(testing::FixtureDir() / "models" / "v32_sparse");
+  ASSERT_TRUE(m.ok());
+  const ModelConfig& c = (*m)->config();
+  auto e = Engine::Create(*m, EngineOptions{});
+  Collect tap;
+  (*e)->SetTapHook(&tap);
+  Request r;
+  r.prompt = {3, 1, 4, 1, 5, 9, 2, 6, 5, 3, 5, 8, 9, 7, 9, 3, 2, 3, 8, 4};
+  r.max_new_tokens = 3;
+  r.all_prompt_logits = true;
+  ASSERT_TRUE((*e)->AddRequest(r).ok());
+  ASSERT_TRUE((*e)->Step().ok());  // prefill
+  std::map<std::string, std::pair<int64_t, int64_t>> shape;  // name → rows, cols
+  for (const auto& ev : tap.events) shape[ev.name] = {ev.rows, ev.cols};
+  const int64_t T = static_cast<int64_t>(r.prompt.size());
+  EXPECT_EQ(shape["embed"], std::make_pair(T, c.hidden_size));
+  EXPECT_EQ(shape["layers.0.attn.q"], std::make_pair(T, c.num_attention_heads * c.qk_head_dim()));
+  EXPECT_EQ(shape["layers.0.attn.latent"], std::make_pair(T, c.kv_lora_rank));
+  EXPECT_EQ(shape["layers.0.attn.k_rope"], std::make_pair(T, c.qk_rope_head_dim));
+  EXPECT_EQ(shape["layers.1.indexer.topk"], std::make_pair(T, c.index_topk));
+  EXPECT_EQ(shape["layers.1.ffn.router.topk_ids"], std::make_pair(T, c.num_experts_per_tok));
+  EXPECT_EQ(shape["layers.1.resid_out"], std::make_pair(T, c.hidden_size));
+  EXPECT_EQ(shape["logits"], std::make_pair(T, c.vocab_size));
+  EXPECT_EQ(shape.count("layers.0.ffn.router.topk_ids"), 0u) << "layer 0 is dense";
+  // Causal order within a step: layer 0's taps all come before layer 1's.
+  auto first = [&](const std::string& n) { return std::find(tap.names.begin(), tap.names.end(), n) - tap.names.begin(); };
+  EXPECT_LT(first("layers.0.resid_out"), first("layers.1.attn_norm"));
+  EXPECT_LT(first("layers.1.resid_out"), first("final_norm"));
+  EXPECT_EQ(tap.logits, (*e)->request(0).prompt_logits);
+  // A decode step taps one row at the next position.
+  tap.events.clear();
+  ASSERT_TRUE((*e)->Step().ok());
+  for (const auto& ev : tap.events) {
+    EXPECT_EQ(ev.rows, 1) << ev.name;
+    EXPECT_EQ(ev.position, T) << ev.name;
+  }
 }
 
 }  // namespace

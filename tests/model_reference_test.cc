@@ -53,6 +53,7 @@ TEST_P(ModelReferenceTest, MatchesTransformers) {
   opts.page_size = 16;  // several pages per request: the page table is exercised
   if (variant == "expanded") opts.kernels = {{"attn_decode", "expanded"}};
   if (variant == "absorbed") opts.kernels = {{"attn_prefill", "absorbed"}};
+  if (variant == "hadamard") opts.kernels = {{"indexer", "hadamard"}};
   auto eng = Engine::Create(*model, opts);
   ASSERT_TRUE(eng.ok()) << eng.status().message();
   engine::Request req;
@@ -88,6 +89,7 @@ std::vector<std::tuple<std::string, std::string>> Params() {
   std::vector<std::tuple<std::string, std::string>> out;
   for (const auto& m : testing::ModelFixtures()) {
     for (const char* v : {"default", "expanded", "absorbed"}) out.emplace_back(m, v);
+    if (m.rfind("v32", 0) == 0) out.emplace_back(m, "hadamard");
   }
   return out;
 }
@@ -98,6 +100,41 @@ INSTANTIATE_TEST_SUITE_P(Fixtures, ModelReferenceTest, ::testing::ValuesIn(Param
 TEST(ModelReferenceFixtures, Present) {
   // The fixtures are committed; an empty list would make the suite above vacuous.
   EXPECT_GE(testing::ModelFixtures().size(), 7u) << "tests/fixtures/models is missing model fixtures";
+}
+
+}  // namespace
+}  // namespace lockstep
+
+namespace lockstep {
+namespace {
+
+// The fixture's sparse attention really selects: with index_topk raised above the sequence
+// (dense attention), the logits move far beyond the tolerance — so the reference comparison
+// above does test the indexer.
+TEST(SparseAttention, IndexerSelectionMatters) {
+  const auto dir = testing::FixtureDir() / "models" / "v32_sparse";
+  auto config = engine::ModelConfig::Load(dir);
+  ASSERT_TRUE(config.ok());
+  auto ck = engine::Checkpoint::Open(dir);
+  ASSERT_TRUE(ck.ok());
+  engine::ModelConfig dense_cfg = *config;
+  dense_cfg.index_topk = 1 << 20;
+  auto w = engine::ModelWeights::Load(dense_cfg, **ck);
+  ASSERT_TRUE(w.ok());
+  auto dense = engine::Model::FromParts(dense_cfg, std::move(*w));
+  Reference ref = LoadReference(dir);
+  auto eng = engine::Engine::Create(*dense, engine::EngineOptions{});
+  engine::Request req;
+  req.prompt = ref.prompt;
+  req.max_new_tokens = 1;
+  req.all_prompt_logits = true;
+  ASSERT_TRUE((*eng)->AddRequest(req).ok());
+  ASSERT_TRUE((*eng)->RunToCompletion().ok());
+  const int64_t V = dense_cfg.vocab_size;
+  const auto& got = (*eng)->request(0).prompt_logits;
+  double worst = 0;
+  for (size_t p = 0; p < ref.prompt.size(); ++p) worst = std::max(worst, testing::RelMaxErr(&got[p * V], &ref.prefill[p * V], V));
+  EXPECT_GT(worst, 1e-2) << "dense attention should not reproduce the sparse reference";
 }
 
 }  // namespace

@@ -131,5 +131,21 @@ TEST(Ops, RmsNormSoftmaxAndRope) {
   EXPECT_EQ(d, (std::vector<float>{10, 12, 11, 13}));
 }
 
+TEST(Ops, HadamardIsOrthogonalAndMatchesTheMatrix) {
+  // H_4 (Sylvester) / 2 applied to e_1 gives its second column: (1, -1, 1, -1) / 2.
+  std::vector<float> e = {0, 1, 0, 0};
+  cpu::Hadamard(e.data(), 4);
+  EXPECT_EQ(e, (std::vector<float>{0.5f, -0.5f, 0.5f, -0.5f}));
+  std::mt19937 rng(4);
+  std::normal_distribution<float> n(0, 1);
+  std::vector<float> a(64), b(64);
+  for (auto& v : a) v = n(rng);
+  for (auto& v : b) v = n(rng);
+  const float dot = cpu::Dot(a.data(), b.data(), 64);
+  cpu::Hadamard(a.data(), 64);
+  cpu::Hadamard(b.data(), 64);
+  EXPECT_NEAR(cpu::Dot(a.data(), b.data(), 64), dot, 1e-4);
+}
+
 }  // namespace
 }  // namespace lockstep::kernels

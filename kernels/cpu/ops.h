@@ -38,6 +38,10 @@ void RopePairsAdjacent(float* x, const float* cos, const float* sin, int64_t dim
 void RopePairsToHalves(float* x, const float* cos, const float* sin, int64_t dim);
 void RopeHalves(float* x, const float* cos, const float* sin, int64_t dim);
 
+// In-place Walsh–Hadamard transform (Sylvester order) scaled by n^-1/2, n a power of two:
+// the orthogonal rotation DeepSeek-V3.2's indexer applies to q and k before FP8 quantisation.
+void Hadamard(float* x, int64_t n);
+
 // y += a · x over n values (fixed order).
 void Axpy(float a, const float* x, int64_t n, float* y);
 
