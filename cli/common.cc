@@ -60,12 +60,16 @@ void EngineFlags::Register(CLI::App* app) {
   app->add_option("--kv-cache-tokens", kv_cache_tokens, "KV-cache capacity in tokens, across all requests")
       ->check(CLI::PositiveNumber);
   app->add_flag("--ignore-eos", ignore_eos, "Keep generating past the end-of-sequence token");
+  app->add_option("--fault", fault,
+                  "Enable one deliberately wrong kernel, a test instrument (docs/fault-zoo.md; `lockstep kernels "
+                  "--faults` lists them)");
 }
 
 Result<engine::EngineOptions> EngineFlags::ToOptions() const {
   engine::EngineOptions o;
   LS_ASSIGN_OR_RETURN(o.kv_format, engine::ParseKvFormat(kv_cache));
   for (const auto& k : kernels) LS_RETURN_IF_ERROR(kernels::ParseKernelOverride(k, &o.kernels));
+  o.fault = fault;
   o.max_batch = max_batch;
   o.page_size = page_size;
   o.kv_cache_tokens = kv_cache_tokens;

@@ -44,6 +44,7 @@ struct EngineFlags {
   int64_t page_size = 64;
   int64_t kv_cache_tokens = 1 << 16;
   bool ignore_eos = false;
+  std::string fault;
 
   void Register(CLI::App* app);
   Result<engine::EngineOptions> ToOptions() const;

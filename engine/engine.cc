@@ -15,9 +15,10 @@ Result<std::unique_ptr<Engine>> Engine::Create(std::shared_ptr<Model> model, Eng
   }
   if (options.max_batch <= 0) return Status::InvalidArgument("--max-batch: must be > 0");
   std::unique_ptr<Engine> e(new Engine());
-  LS_ASSIGN_OR_RETURN(e->kernels_, kernels::Registry::Get().Resolve(options.kernels));
+  LS_ASSIGN_OR_RETURN(e->kernels_, kernels::Registry::Get().Resolve(options.kernels, "cpu", options.fault));
   e->cache_ = std::make_unique<PagedKvCache>(model->config(), options.kv_format, options.page_size,
                                              (options.kv_cache_tokens + options.page_size - 1) / options.page_size);
+  e->cache_->SetFaultFp8NoClamp(e->kernels_["kv_quant"] == "fault_fp8_no_clamp");
   e->model_ = std::move(model);
   e->options_ = std::move(options);
   return e;

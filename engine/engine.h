@@ -30,6 +30,7 @@ struct EngineOptions {
   int64_t kv_cache_tokens = 1 << 16;  // pool capacity, in tokens, across all requests
   int64_t max_batch = 8;              // requests per step
   kernels::KernelChoice kernels;      // op → variant; empty = defaults
+  std::string fault;                  // a fault-zoo variant (docs/fault-zoo.md); empty = none
 };
 
 struct Request {

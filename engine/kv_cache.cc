@@ -38,6 +38,14 @@ float Fp8TileScale(const float* x, int64_t n) {
   return std::ldexp(1.0f, e);
 }
 
+// The faulty scale: nearest power of two to amax/448 (may be below it, so x/scale can pass 448).
+static float FaultyFp8Scale(const float* x, int64_t n) {
+  float amax = 0;
+  for (int64_t i = 0; i < n; ++i) amax = std::fmax(amax, std::fabs(x[i]));
+  if (!(amax > 0) || !std::isfinite(amax)) return 1.0f;
+  return std::ldexp(1.0f, static_cast<int>(std::lround(std::log2(static_cast<double>(amax) / kernels::kFp8E4m3Max))));
+}
+
 PagedKvCache::PagedKvCache(const ModelConfig& c, KvFormat format, int64_t page_size, int64_t max_pages)
     : kv_lora_(c.kv_lora_rank),
       rope_(c.qk_rope_head_dim),
@@ -103,7 +111,15 @@ void PagedKvCache::Release(SeqCache* seq) {
 
 uint8_t* PagedKvCache::MutableTokenBytes(int64_t layer, size_t stream, const SeqCache& seq, int64_t pos) {
   const int32_t page = seq.pages[pos / page_size_];
-  return storage_[layer][stream][page].get() + (pos % page_size_) * layer_streams_[layer][stream].bytes_per_token;
+  const int64_t bpt = layer_streams_[layer][stream].bytes_per_token;
+  auto& slot = storage_[layer][stream][page];
+  if (!slot) {
+    // Only a page table that points at a page never handed out gets here (the fault zoo's
+    // cross-request fault): it reads zeros rather than unallocated memory.
+    if (zero_page_.size() < static_cast<size_t>(bpt)) zero_page_.assign(bpt, 0);
+    return zero_page_.data();
+  }
+  return slot.get() + (pos % page_size_) * bpt;
 }
 
 const uint8_t* PagedKvCache::TokenBytes(int64_t layer, size_t stream, const SeqCache& seq, int64_t pos) const {
@@ -133,9 +149,15 @@ void PagedKvCache::WriteLatent(int64_t layer, const SeqCache& seq, int64_t pos, 
       uint8_t* scales = b + kv_lora_;
       for (int64_t t = 0; t < tiles; ++t) {
         const int64_t lo = t * kFp8Tile, n = std::min(kFp8Tile, kv_lora_ - lo);
-        const float s = Fp8TileScale(latent + lo, n);
+        float s = Fp8TileScale(latent + lo, n);
+        if (fault_fp8_no_clamp_) s = FaultyFp8Scale(latent + lo, n);
         std::memcpy(scales + 4 * t, &s, 4);
-        for (int64_t i = 0; i < n; ++i) b[lo + i] = kernels::F32ToFp8E4m3(latent[lo + i] / s);
+        for (int64_t i = 0; i < n; ++i) {
+          const float v = latent[lo + i] / s;
+          // e4m3fn has no infinity: without saturation, |v| ≥ 464 (past 448's rounding range) is NaN.
+          b[lo + i] = fault_fp8_no_clamp_ && std::fabs(v) >= 464.0f ? (std::signbit(v) ? 0xff : 0x7f)
+                                                                     : kernels::F32ToFp8E4m3(v);
+        }
       }
       uint8_t* r = scales + 4 * tiles;
       for (int64_t i = 0; i < rope_; ++i) {

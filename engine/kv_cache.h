@@ -77,6 +77,10 @@ class PagedKvCache {
 
   int64_t latent_bytes_per_token() const { return latent_bytes_; }
 
+  // Fault zoo (kv_quant=fault_fp8_no_clamp): FP8 writes round the scale to the nearest power of
+  // two instead of up, and do not saturate, so values past 448 become NaN.
+  void SetFaultFp8NoClamp(bool on) { fault_fp8_no_clamp_ = on; }
+
  private:
   int64_t kv_lora_, rope_, index_dim_;
   KvFormat format_;
@@ -86,6 +90,8 @@ class PagedKvCache {
   // storage_[layer][stream][physical page] → page_size × bytes_per_token bytes, allocated on first use.
   std::vector<std::vector<std::vector<std::unique_ptr<uint8_t[]>>>> storage_;
   std::vector<int32_t> free_;  // a min-heap of free physical page ids
+  std::vector<uint8_t> zero_page_;  // what a never-allocated page reads as (only a faulty page table reads one)
+  bool fault_fp8_no_clamp_ = false;
 };
 
 // FP8 quantisation of one tile as the cache does it: scale = 2^ceil(log2(amax / 448)) (1 when

@@ -53,6 +53,22 @@ struct Tapper {
   }
 };
 
+// Fault zoo (softmax=fault_no_max_fp16_sum): exp without max subtraction, denominator
+// accumulated in fp16. Once Σ exp passes 65504 the sum is inf and every weight 0 (or NaN).
+void SoftmaxNoMaxFp16Sum(float* x, int64_t n) {
+  _Float16 sum = 0;
+  for (int64_t i = 0; i < n; ++i) {
+    x[i] = std::exp(x[i]);
+    sum = static_cast<_Float16>(static_cast<float>(sum) + x[i]);
+  }
+  const float inv = 1.0f / static_cast<float>(sum);
+  for (int64_t i = 0; i < n; ++i) x[i] *= inv;
+}
+
+RopeStyle OtherRopeStyle(RopeStyle s) {
+  return s == RopeStyle::kHalves ? RopeStyle::kPairsToHalves : RopeStyle::kHalves;
+}
+
 double YarnCorrectionDim(double rot, double dim, double base, double max_pos) {
   return (dim * std::log(max_pos / (rot * 2.0 * M_PI))) / (2.0 * std::log(base));
 }
@@ -235,6 +251,13 @@ Status Model::Forward(std::span<Segment> segs, PagedKvCache& cache, const kernel
   const bool prefill_absorbed = kernel("attn_prefill") == "absorbed";
   const bool decode_expanded = kernel("attn_decode") == "expanded";
   const bool indexer_hadamard = kernel("indexer") == "hadamard";
+  // Fault zoo (docs/fault-zoo.md); all false unless --fault chose one.
+  const bool fault_skip_partial = kernel("indexer") == "fault_skip_partial_page";
+  const bool fault_neg1 = kernel("attn_sparse") == "fault_neg1_as_token0";
+  const bool fault_rope = kernel("rope") == "fault_decode_wrong_interleave";
+  const bool fault_page = kernel("page_table") == "fault_cross_request";
+  const bool fault_softmax = kernel("softmax") == "fault_no_max_fp16_sum";
+  auto softmax = fault_softmax ? SoftmaxNoMaxFp16Sum : cpu::Softmax;
   if (indexer_hadamard && c.has_indexer() && (c.index_head_dim & (c.index_head_dim - 1)) != 0) {
     return Status::InvalidArgument("--kernel indexer=hadamard: index_head_dim " + std::to_string(c.index_head_dim) +
                                    " is not a power of two");
@@ -316,8 +339,11 @@ Status Model::Forward(std::span<Segment> segs, PagedKvCache& cache, const kernel
     for (int64_t r = 0; r < R; ++r) {
       const float* cs = &rope_cos_[pos[r] * half];
       const float* sn = &rope_sin_[pos[r] * half];
+      const Segment& sg = segs[seg_of[r]];
+      const bool decode_row = sg.tokens.size() == 1 && sg.start_pos > 0;
+      const RopeStyle style = fault_rope && decode_row ? OtherRopeStyle(c.rope_style) : c.rope_style;
       auto apply = [&](float* v) {
-        switch (c.rope_style) {
+        switch (style) {
           case RopeStyle::kPairsAdjacent: cpu::RopePairsAdjacent(v, cs, sn, dr); break;
           case RopeStyle::kPairsToHalves: cpu::RopePairsToHalves(v, cs, sn, dr); break;
           case RopeStyle::kHalves: cpu::RopeHalves(v, cs, sn, dr); break;
@@ -367,7 +393,9 @@ Status Model::Forward(std::span<Segment> segs, PagedKvCache& cache, const kernel
 #pragma omp parallel for schedule(dynamic)
       for (int64_t r = 0; r < R; ++r) {
         const SeqCache& sc = *segs[seg_of[r]].cache;
-        const int64_t T = pos[r] + 1;
+        int64_t T = pos[r] + 1;
+        // The faulty early exit stops at the last full page.
+        if (fault_skip_partial) T = (T / cache.page_size()) * cache.page_size();
         std::vector<std::pair<float, int32_t>> sc_t(T);
         for (int64_t t = 0; t < T; ++t) {
           const float* kt = cache.IndexKey(l, sc, t);
@@ -397,7 +425,17 @@ Status Model::Forward(std::span<Segment> segs, PagedKvCache& cache, const kernel
       const int64_t n = static_cast<int64_t>(g.tokens.size());
       const int64_t T = g.start_pos + n;
       std::vector<float> lat(T * C), kr(T * dr);
-      for (int64_t t = 0; t < T; ++t) cache.ReadLatent(l, *g.cache, t, &lat[t * C], &kr[t * dr]);
+      SeqCache view = *g.cache;
+      if (fault_page && view.pages.size() > 1) {
+        // The faulty page table maps logical page 1 to the next physical page this request
+        // does not own — another request's, or one never handed out.
+        int32_t p = view.pages[1];
+        do {
+          p = static_cast<int32_t>((p + 1) % cache.max_pages());
+        } while (std::find(view.pages.begin(), view.pages.end(), p) != view.pages.end() && p != view.pages[1]);
+        view.pages[1] = p;
+      }
+      for (int64_t t = 0; t < T; ++t) cache.ReadLatent(l, view, t, &lat[t * C], &kr[t * dr]);
       const bool decode = n == 1 && g.start_pos > 0;
       const bool expanded = decode ? decode_expanded : !prefill_absorbed;
       std::vector<float> kvx;  // [T, nh, dn + dv] when expanded
@@ -416,6 +454,8 @@ Status Model::Forward(std::span<Segment> segs, PagedKvCache& cache, const kernel
           std::vector<int32_t> keys;
           if (sparse) {
             keys = selected[r];
+            // The faulty kernel pads the selection with -1 up to index_topk and reads -1 as token 0.
+            if (fault_neg1) keys.resize(std::max<size_t>(keys.size(), static_cast<size_t>(c.index_topk)), 0);
           } else {
             keys.resize(p + 1);
             std::iota(keys.begin(), keys.end(), 0);
@@ -428,7 +468,7 @@ Status Model::Forward(std::span<Segment> segs, PagedKvCache& cache, const kernel
               const int64_t t = keys[j];
               sc[j] = (cpu::Dot(qn, &kvx[(t * nh + hd) * (dn + dv)], dn) + cpu::Dot(qr, &kr[t * dr], dr)) * scale;
             }
-            cpu::Softmax(sc.data(), static_cast<int64_t>(sc.size()));
+            softmax(sc.data(), static_cast<int64_t>(sc.size()));
             std::fill(oh, oh + dv, 0.0f);
             for (size_t j = 0; j < keys.size(); ++j) {
               cpu::Axpy(sc[j], &kvx[(keys[j] * nh + hd) * (dn + dv) + dn], dv, oh);
@@ -441,7 +481,7 @@ Status Model::Forward(std::span<Segment> segs, PagedKvCache& cache, const kernel
               const int64_t t = keys[j];
               sc[j] = (cpu::Dot(ql.data(), &lat[t * C], C) + cpu::Dot(qr, &kr[t * dr], dr)) * scale;
             }
-            cpu::Softmax(sc.data(), static_cast<int64_t>(sc.size()));
+            softmax(sc.data(), static_cast<int64_t>(sc.size()));
             for (size_t j = 0; j < keys.size(); ++j) cpu::Axpy(sc[j], &lat[keys[j] * C], C, ol.data());
             for (int64_t v = 0; v < dv; ++v) oh[v] = cpu::Dot(wkv + (dn + v) * C, ol.data(), C);
           }

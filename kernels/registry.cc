@@ -23,6 +23,29 @@ Registry::Registry() {
        "V3.2 indexer with the official Hadamard rotation of q and k (orthogonal: same scores up to rounding)", true,
        true, false},
       {"gemm", "fp32", "cpu", "fp32 GEMM, 16-lane FMA dot products in a fixed order", true, true, true},
+      {"attn_sparse", "reference", "cpu", "sparse attention reads exactly the indexer's selected keys", true, true,
+       true},
+      {"softmax", "reference", "cpu", "attention softmax: max-subtracted, fp32 exp, fp64 sum", true, true, true},
+      {"rope", "reference", "cpu", "RoPE in the model's own layout, prefill and decode alike", true, true, true},
+      {"page_table", "reference", "cpu", "attention reads the request's own pages", true, true, true},
+      {"kv_quant", "reference", "cpu", "FP8 cache writes: power-of-two scale ≥ amax/448, saturating e4m3", true, true,
+       true},
+      // The fault zoo (docs/fault-zoo.md): wrong on purpose, reachable only through --fault.
+      {"indexer", "fault_skip_partial_page", "cpu",
+       "FAULT: indexer early-exit never scores keys in the request's last, partial page", true, true, false, true},
+      {"attn_sparse", "fault_neg1_as_token0", "cpu",
+       "FAULT: selection padded to index_topk with -1, and -1 read as token 0", true, true, false, true},
+      {"kv_quant", "fault_fp8_no_clamp", "cpu",
+       "FAULT: FP8 scale rounded to the nearest power of two and no 448 clamp: overflow becomes NaN", true, true,
+       false, true},
+      {"rope", "fault_decode_wrong_interleave", "cpu",
+       "FAULT: decode steps rotate q and k with the other RoPE layout (prefill is right)", true, true, false, true},
+      {"page_table", "fault_cross_request", "cpu",
+       "FAULT: reads of a request's second page go to the neighbouring physical page (another request's)", true,
+       true, false, true},
+      {"softmax", "fault_no_max_fp16_sum", "cpu",
+       "FAULT: no max subtraction and an fp16 denominator: overflows to inf on long contexts", true, true, false,
+       true},
   };
 }
 
@@ -45,7 +68,8 @@ std::string Registry::Default(std::string_view op, std::string_view backend) con
   return "";
 }
 
-Result<KernelChoice> Registry::Resolve(const KernelChoice& requested, std::string_view backend) const {
+Result<KernelChoice> Registry::Resolve(const KernelChoice& requested, std::string_view backend,
+                                      std::string_view fault) const {
   KernelChoice out;
   std::set<std::string> ops;
   for (const auto& v : variants_) {
@@ -69,6 +93,18 @@ Result<KernelChoice> Registry::Resolve(const KernelChoice& requested, std::strin
   for (const auto& op : ops) {
     auto it = requested.find(op);
     out[op] = it != requested.end() ? it->second : Default(op, backend);
+  }
+  if (!fault.empty()) {
+    std::string known;
+    for (const auto& v : variants_) {
+      if (!v.fault || v.backend != backend) continue;
+      if (v.name == fault) {
+        out[v.op] = v.name;
+        return out;
+      }
+      known += (known.empty() ? "" : ", ") + v.name;
+    }
+    return Status::InvalidArgument("--fault " + std::string(fault) + ": unknown fault (faults: " + known + ")");
   }
   return out;
 }

@@ -2,8 +2,9 @@
 //
 // The engine resolves each op through this table; a trace records the variant of every op,
 // and a replay can name another. Adding a variant = one entry here + its implementation.
-// Fault variants (test instruments, issue 5) will carry `fault = true` and be reachable
-// only through --fault.
+// Fault variants are deliberately wrong implementations kept as test instruments (the "fault
+// zoo", docs/fault-zoo.md): they carry `fault = true` and are reachable only through --fault,
+// never through --kernel.
 #pragma once
 
 #include <map>
@@ -36,7 +37,9 @@ class Registry {
   const KernelVariant* Find(std::string_view op, std::string_view name, std::string_view backend = "cpu") const;
   std::string Default(std::string_view op, std::string_view backend = "cpu") const;
   // Fills defaults and checks every named variant exists ("--kernel attn_decode=foo: unknown …").
-  Result<KernelChoice> Resolve(const KernelChoice& requested, std::string_view backend = "cpu") const;
+  // `fault`, when not empty, names one fault variant, which replaces its op's choice.
+  Result<KernelChoice> Resolve(const KernelChoice& requested, std::string_view backend = "cpu",
+                               std::string_view fault = "") const;
 
  private:
   Registry();
