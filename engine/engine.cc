@@ -34,6 +34,12 @@ Result<int64_t> Engine::AddRequest(Request r) {
     }
   }
   if (r.max_new_tokens < 0) return Status::InvalidArgument("request '" + r.name + "': max_new_tokens < 0");
+  for (int32_t t : r.forced_tokens) {
+    if (t < 0 || t >= c.vocab_size) {
+      return Status::InvalidArgument("request '" + r.name + "': forced token " + std::to_string(t) +
+                                     " outside the vocabulary");
+    }
+  }
   const int64_t total = static_cast<int64_t>(r.prompt.size()) + r.max_new_tokens;
   if (total > c.max_position_embeddings) {
     return Status::InvalidArgument("request '" + r.name + "': prompt + max_new_tokens = " + std::to_string(total) +
@@ -115,6 +121,11 @@ Result<bool> Engine::Step() {
     ev.token_index = static_cast<int64_t>(r.generated.size());
     ev.sample = Sampler::Sample(r.last_logits, r.request.sampling, static_cast<uint64_t>(ev.token_index));
     ev.token = ev.sample.token;
+    const auto& forced = r.request.forced_tokens;
+    if (ev.token_index < static_cast<int64_t>(forced.size())) {
+      ev.token = forced[ev.token_index];
+      ev.forced = true;
+    }
     ev.batch_size = static_cast<int64_t>(batch_ids.size());
     ev.batch = batch_ids;
     r.generated.push_back(ev.token);

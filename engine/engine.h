@@ -40,6 +40,9 @@ struct Request {
   SamplingParams sampling;
   std::vector<int32_t> stop_tokens;  // generation ends after emitting one of these
   bool all_prompt_logits = false;    // keep the logits of every prompt position (tests, traces)
+  // Teacher forcing (replay --mode forced): generated token i is forced_tokens[i] while there
+  // is one; the sampler still runs, and its own choice is reported in StepEvent::sample.
+  std::vector<int32_t> forced_tokens;
 };
 
 // What the engine did for one request in one step.
@@ -47,8 +50,9 @@ struct StepEvent {
   int64_t request_id = 0;
   int64_t step = 0;          // the engine step number
   int64_t token_index = 0;   // index of the generated token within the request
-  int32_t token = -1;
-  SampleResult sample;
+  int32_t token = -1;         // the token appended (the forced one when teacher-forcing)
+  bool forced = false;
+  SampleResult sample;        // what the sampler chose from these logits
   int64_t batch_size = 0;    // requests in this step's forward
   std::vector<int64_t> batch;  // their ids
   bool finished = false;

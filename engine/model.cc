@@ -37,6 +37,21 @@ struct Tapper {
   void EmitI32(std::string_view name, const int32_t* data, int64_t cols) const {
     EmitAny(name, data, cols, TapDType::kI32, 4);
   }
+  // Offers each segment's rows of a [R, cols] f32 buffer for overwriting (grafting).
+  void Override(std::string_view name, float* data, int64_t cols) const {
+    if (hook == nullptr || !hook->WantsOverride()) return;
+    for (size_t s = 0; s < segs.size(); ++s) {
+      TapEvent e;
+      e.name = name;
+      e.request_id = segs[s].request_id;
+      e.position = segs[s].start_pos;
+      e.rows = static_cast<int64_t>(segs[s].tokens.size());
+      e.cols = cols;
+      e.dtype = TapDType::kF32;
+      e.data = data + row0[s] * cols;
+      hook->Override(e, data + row0[s] * cols);
+    }
+  }
   void EmitAny(std::string_view name, const void* data, int64_t cols, TapDType dt, int64_t esize) const {
     if (hook == nullptr) return;
     for (size_t s = 0; s < segs.size(); ++s) {
@@ -304,7 +319,10 @@ Status Model::Forward(std::span<Segment> segs, PagedKvCache& cache, const kernel
       std::memcpy(&x[(row0[s] + i) * H], weights_.embed.row(segs[s].tokens[i]), H * sizeof(float));
     }
   }
-  if (tapping) tap.Emit("embed", x.data(), H);
+  if (tapping) {
+    tap.Emit("embed", x.data(), H);
+    tap.Override("embed", x.data(), H);
+  }
 
   std::vector<float> h(R * H), q(R * nh * dqk), kv(R * (C + dr)), latent(R * C), krope(R * dr);
   std::vector<float> heads(R * nh * dv), o(R * H);
@@ -541,7 +559,10 @@ Status Model::Forward(std::span<Segment> segs, PagedKvCache& cache, const kernel
     }
     if (tapping) tap.Emit(names[kTapFfnOut], o.data(), H);
     for (int64_t i = 0; i < R * H; ++i) x[i] += o[i];
-    if (tapping) tap.Emit(names[kTapResidOut], x.data(), H);
+    if (tapping) {
+      tap.Emit(names[kTapResidOut], x.data(), H);
+      tap.Override(names[kTapResidOut], x.data(), H);
+    }
   }
 
   // Final norm, then logits for the rows that need them.

@@ -28,6 +28,14 @@ class TapHook {
   virtual ~TapHook() = default;
   // Called on the engine thread, in causal order per request (layer by layer within a step).
   virtual void OnTap(const TapEvent& event) = 0;
+
+  // Grafting (replay --graft): called right after OnTap at the points whose values feed the
+  // next layer (`embed`, `layers.L.resid_out`). A hook that returns true has overwritten
+  // `data` (rows × cols, the event's layout) and the engine continues from those values, so
+  // each layer's own error can be measured apart from the error it inherits.
+  virtual bool Override(const TapEvent& event, void* data) { return false; }
+  // Whether Override may be called at all (lets the engine skip the calls when not grafting).
+  virtual bool WantsOverride() const { return false; }
 };
 
 }  // namespace lockstep::engine

@@ -179,3 +179,86 @@ TEST(Taps, EveryDocumentedTapFiresWithItsShape) {
 
 }  // namespace
 }  // namespace lockstep::engine
+
+namespace lockstep::engine {
+namespace {
+
+TEST(Replay, ForcedTokensAreFedAndTheSamplersChoiceIsReported) {
+  auto m = Model::Load(testing::FixtureDir() / "models" / "v3_basic");
+  ASSERT_TRUE(m.ok());
+  auto e = Engine::Create(*m, EngineOptions{});
+  Request r;
+  r.prompt = {5, 6, 7};
+  r.max_new_tokens = 5;
+  r.forced_tokens = {1, 2, 3};
+  std::vector<StepEvent> evs;
+  (*e)->SetStepCallback([&](const StepEvent& ev) { evs.push_back(ev); });
+  ASSERT_TRUE((*e)->AddRequest(r).ok());
+  ASSERT_TRUE((*e)->RunToCompletion().ok());
+  const auto& g = (*e)->request(0).generated;
+  ASSERT_EQ(g.size(), 5u);
+  EXPECT_EQ(std::vector<int32_t>(g.begin(), g.begin() + 3), (std::vector<int32_t>{1, 2, 3}));
+  EXPECT_TRUE(evs[0].forced);
+  EXPECT_FALSE(evs[3].forced);
+  EXPECT_EQ(evs[3].token, evs[3].sample.token);
+}
+
+// Grafts every layer input from a recorded run: with the recording's own values the run is
+// unchanged; with another run's values each layer restarts from them.
+class Graft : public TapHook {
+ public:
+  std::map<std::string, std::vector<float>> recorded, seen;
+  bool record = true;
+  int overrides = 0;
+  void OnTap(const TapEvent& e) override {
+    if (e.dtype != TapDType::kF32) return;
+    const float* f = static_cast<const float*>(e.data);
+    auto& v = (record ? recorded : seen)[std::string(e.name) + "@" + std::to_string(e.position)];
+    v.assign(f, f + e.rows * e.cols);
+  }
+  bool WantsOverride() const override { return !record; }
+  bool Override(const TapEvent& e, void* data) override {
+    auto it = recorded.find(std::string(e.name) + "@" + std::to_string(e.position));
+    if (it == recorded.end()) return false;
+    std::memcpy(data, it->second.data(), it->second.size() * 4);
+    ++overrides;
+    return true;
+  }
+};
+
+TEST(Replay, GraftingFeedsEachLayerTheRecordedInput) {
+  auto m = Model::Load(testing::FixtureDir() / "models" / "v3_basic");
+  ASSERT_TRUE(m.ok());
+  auto run = [&](Graft* g, const std::string& fault) {
+    EngineOptions o;
+    o.fault = fault;
+    auto e = Engine::Create(*m, o);
+    (*e)->SetTapHook(g);
+    Request r;
+    r.prompt = {5, 6, 7, 8, 9, 10, 11, 12};
+    r.max_new_tokens = 1;
+    r.all_prompt_logits = true;
+    EXPECT_TRUE((*e)->AddRequest(r).ok());
+    EXPECT_TRUE((*e)->RunToCompletion().ok());
+    return (*e)->request(0).prompt_logits;
+  };
+  Graft g;
+  auto clean = run(&g, "");
+  g.record = false;
+  auto grafted_clean = run(&g, "");
+  EXPECT_EQ(clean, grafted_clean) << "grafting a run's own values changes nothing";
+  EXPECT_EQ(g.overrides, 1 + 3) << "embed + one resid_out per layer";
+  // A faulty softmax grafted onto clean inputs: each layer's computed output carries only that
+  // layer's own error. Layer 0 sees the same input either way; later layers do not.
+  Graft free_run;
+  run(&free_run, "fault_no_max_fp16_sum");
+  g.seen.clear();
+  run(&g, "fault_no_max_fp16_sum");
+  auto key = [](int l) { return "layers." + std::to_string(l) + ".resid_out@0"; };
+  EXPECT_EQ(g.seen[key(0)], free_run.recorded[key(0)]);
+  EXPECT_NE(g.seen[key(0)], g.recorded[key(0)]) << "the fault shows in layer 0's own output";
+  EXPECT_NE(g.seen[key(2)], free_run.recorded[key(2)]) << "grafted layer 2 starts from the clean input";
+}
+
+}  // namespace
+}  // namespace lockstep::engine
