@@ -13,16 +13,17 @@
 
 #include <algorithm>
 #include <array>
-#include <cstring>
+#include <cctype>
+#include <cstdio>
 #include <fstream>
 #include <functional>
+#include <map>
 #include <mutex>
-#include <sstream>
-#include <unordered_map>
-#include <unordered_set>
-#include <utility>
-
 #include <nlohmann/json.hpp>
+#include <sstream>
+#include <tuple>
+#include <unordered_map>
+#include <utility>
 
 namespace lockstep::engine {
 namespace {
@@ -146,8 +147,7 @@ size_t LastCharStart(std::string_view s) {
 // Rust's char::is_whitespace / regex `\s`: the Unicode White_Space property.
 bool IsWhiteSpace(char32_t c) {
   return (c >= 0x09 && c <= 0x0D) || c == 0x20 || c == 0x85 || c == 0xA0 || c == 0x1680 ||
-         (c >= 0x2000 && c <= 0x200A) || c == 0x2028 || c == 0x2029 || c == 0x202F || c == 0x205F ||
-         c == 0x3000;
+         (c >= 0x2000 && c <= 0x200A) || c == 0x2028 || c == 0x2029 || c == 0x202F || c == 0x205F || c == 0x3000;
 }
 
 // ---------------------------------------------------------------------------------------
@@ -184,7 +184,7 @@ const ByteAlphabet& Alphabet() {
 // U+0085, without U+180E); `\w` is letters, marks, numbers, connector punctuation and other
 // alphabetics (½ and ⓐ are word chars there); `\h` is a hex digit; `\uXXXX` is a code
 // point. `^`/`$` are line anchors (done with PCRE2_MULTILINE). Nested classes and `&&` have
-// no PCRE2 spelling and are refused.
+// no PCRE2 spelling and are refused. `\b` keeps PCRE2's notion of a word char.
 Result<std::string> TranslateOnigPattern(std::string_view p) {
   // Unicode White_Space, spelled out: PCRE2's own \s also takes U+180E, Oniguruma's does not.
   static constexpr char kSpace[] =
@@ -210,22 +210,38 @@ Result<std::string> TranslateOnigPattern(std::string_view p) {
         }
       };
       switch (e) {
-        case 's': cls(kSpace, false); ++i; continue;
+        case 's':
+          cls(kSpace, false);
+          ++i;
+          continue;
         case 'S':
-          if (in_class) return Status::Unsupported("\\S inside a character class");
-          cls(kSpace, true); ++i; continue;
-        case 'w': cls(kWord, false); ++i; continue;
+          // Inside a class a negated set has no spelling; PCRE2's own \S is near enough there
+          // (it differs on U+0085 and U+180E only).
+          out += in_class ? "\\S" : std::string("[^") + kSpace + "]";
+          ++i;
+          continue;
+        case 'w':
+          cls(kWord, false);
+          ++i;
+          continue;
         case 'W':
-          if (in_class) return Status::Unsupported("\\W inside a character class");
-          cls(kWord, true); ++i; continue;
-        case 'h': cls(kHex, false); ++i; continue;
+          out += in_class ? "\\W" : std::string("[^") + kWord + "]";  // as \S
+          ++i;
+          continue;
+        case 'h':
+          cls(kHex, false);
+          ++i;
+          continue;
         case 'H':
           if (in_class) return Status::Unsupported("\\H inside a character class");
-          cls(kHex, true); ++i; continue;
+          cls(kHex, true);
+          ++i;
+          continue;
         case 'u':
           if (i + 6 <= p.size()) {
             const std::string_view hex = p.substr(i + 2, 4);
-            if (std::all_of(hex.begin(), hex.end(), [](char h) { return std::isxdigit(static_cast<unsigned char>(h)); })) {
+            if (std::all_of(hex.begin(), hex.end(),
+                            [](char h) { return std::isxdigit(static_cast<unsigned char>(h)); })) {
               out += "\\x{";
               out += hex;
               out += "}";
@@ -293,8 +309,8 @@ class Regex {
     const uint32_t options = literal ? PCRE2_UTF | PCRE2_LITERAL : PCRE2_UTF | PCRE2_UCP | PCRE2_MULTILINE;
     int error = 0;
     PCRE2_SIZE offset = 0;
-    pcre2_code* code = pcre2_compile(reinterpret_cast<PCRE2_SPTR>(translated.data()), translated.size(),
-                                     options, &error, &offset, ctx);
+    pcre2_code* code = pcre2_compile(reinterpret_cast<PCRE2_SPTR>(translated.data()), translated.size(), options,
+                                     &error, &offset, ctx);
     pcre2_compile_context_free(ctx);
     if (code == nullptr) {
       PCRE2_UCHAR message[256];
@@ -314,8 +330,7 @@ class Regex {
   // All matches in `subject`, as Oniguruma's find-iterator (which HF uses) yields them: an
   // empty match right where the previous match ended is skipped by one char, any other
   // empty match counts (so `x*` cuts "abc" between every char).
-  void FindAll(std::string_view subject, pcre2_match_data* md,
-               std::vector<std::pair<size_t, size_t>>* matches) const {
+  void FindAll(std::string_view subject, pcre2_match_data* md, std::vector<std::pair<size_t, size_t>>* matches) const {
     matches->clear();
     size_t pos = 0;
     bool have_last = false;
@@ -373,8 +388,7 @@ bool IsRustWordChar(char32_t c) {
   return !m.empty() && m[0].first == 0 && m[0].second == s.size();
 }
 
-constexpr char kGpt2Pattern[] =
-    "'s|'t|'re|'ve|'m|'ll|'d| ?\\p{L}+| ?\\p{N}+| ?[^\\s\\p{L}\\p{N}]+|\\s+(?!\\S)|\\s+";
+constexpr char kGpt2Pattern[] = "'s|'t|'re|'ve|'m|'ll|'d| ?\\p{L}+| ?\\p{N}+| ?[^\\s\\p{L}\\p{N}]+|\\s+(?!\\S)|\\s+";
 
 // ---------------------------------------------------------------------------------------
 // JSON access that names the field at fault.
@@ -431,9 +445,10 @@ class Parser {
 
   Result<int32_t> Id(const Json& v, const std::string& field) const {
     if (!v.is_number_integer()) return Bad(field, "expected an integer id, got " + TypeName(v));
-    const int64_t id = v.is_number_unsigned() ? static_cast<int64_t>(std::min<uint64_t>(v.get<uint64_t>(), kMaxId))
-                                              : v.get<int64_t>();
-    if (id < 0 || id >= kMaxId) return Bad(field, "id " + v.dump() + " out of range [0, " + std::to_string(kMaxId) + ")");
+    const int64_t id =
+        v.is_number_unsigned() ? static_cast<int64_t>(std::min<uint64_t>(v.get<uint64_t>(), kMaxId)) : v.get<int64_t>();
+    if (id < 0 || id >= kMaxId)
+      return Bad(field, "id " + v.dump() + " out of range [0, " + std::to_string(kMaxId) + ")");
     return static_cast<int32_t>(id);
   }
 
@@ -463,7 +478,7 @@ struct Tokenizer::Impl {
   };
   // A byte trie over added-token contents; leftmost-longest matching (as HF's Aho-Corasick).
   struct Trie {
-    std::vector<int32_t> terminal;  // per node: index into added_, or -1
+    std::vector<int32_t> terminal;                // per node: index into added_, or -1
     std::unordered_map<uint64_t, int32_t> edges;  // (node << 8 | byte) → child
     std::array<bool, 256> first_byte{};
     bool empty = true;
@@ -486,7 +501,7 @@ struct Tokenizer::Impl {
           node = it->second;
         }
       }
-      if (terminal[node] < 0) terminal[node] = token_index;  // the first listed wins a tie
+      terminal[node] = token_index;
     }
     // Longest token starting at s[i]: its length, and its index in *token.
     size_t LongestAt(std::string_view s, size_t i, int32_t* token) const {
@@ -583,7 +598,8 @@ Status Tokenizer::Impl::ParseModel(const Parser& ps, const Json& model) {
   if (const Json* type = Parser::Get(model, "type")) {
     if (!type->is_string()) return ps.Bad("model.type", "expected a string");
     if (type->get<std::string>() != "BPE") {
-      return ps.Unsupported("model.type", "model type " + Quote(type->get<std::string>()) + " is not supported (only BPE)");
+      return ps.Unsupported("model.type",
+                            "model type " + Quote(type->get<std::string>()) + " is not supported (only BPE)");
     }
   } else if (Parser::Get(model, "merges") == nullptr) {
     return ps.Unsupported("model.type", "missing, and the model has no merges: only BPE is supported");
@@ -648,8 +664,8 @@ Status Tokenizer::Impl::ParseModel(const Parser& ps, const Json& model) {
     std::string joined = a + b.substr(std::min(prefix_len, b.size()));
     auto ij = vocab.find(joined);
     if (ij == vocab.end()) return ps.Bad(field, "merged token " + Quote(joined) + " is not in model.vocab");
-    const uint64_t key = (static_cast<uint64_t>(static_cast<uint32_t>(ia->second)) << 32) |
-                         static_cast<uint32_t>(ib->second);
+    const uint64_t key =
+        (static_cast<uint64_t>(static_cast<uint32_t>(ia->second)) << 32) | static_cast<uint32_t>(ib->second);
     merges[key] = Merge{rank, ij->second};  // a repeated pair keeps its last rank, as in HF
     ++rank;
   }
@@ -663,6 +679,12 @@ Status Tokenizer::Impl::ParseAddedTokens(const Parser& ps, const Json& root) {
   const Json* list = Parser::Get(root, "added_tokens");
   if (list == nullptr) return Status::Ok();
   if (!list->is_array()) return ps.Bad("added_tokens", "expected an array, got " + TypeName(*list));
+  // HF does not take the listed ids as given: it re-adds the tokens in order, and each gets
+  // the id its content already has (an earlier added token, else the model vocab), else the
+  // next id past the model's vocab. Files HF wrote come out as listed; edited ones come out
+  // as HF would encode them. A later definition of a content replaces the earlier one.
+  int64_t next_id = static_cast<int64_t>(vocab.size());
+  std::map<int32_t, AddedToken> by_id;
   for (size_t i = 0; i < list->size(); ++i) {
     const Json& t = (*list)[i];
     const std::string path = "added_tokens[" + std::to_string(i) + "]";
@@ -672,21 +694,29 @@ Status Tokenizer::Impl::ParseAddedTokens(const Parser& ps, const Json& root) {
     if (id == nullptr) return ps.Bad(path + ".id", "missing");
     LS_ASSIGN_OR_RETURN(a.id, ps.Id(*id, path + ".id"));
     LS_ASSIGN_OR_RETURN(a.content, ps.String(t, path, "content"));
-    if (a.content.empty()) return ps.Bad(path + ".content", "empty");
     LS_ASSIGN_OR_RETURN(a.special, ps.Bool(t, path, "special", false));
     LS_ASSIGN_OR_RETURN(a.single_word, ps.Bool(t, path, "single_word", false));
     LS_ASSIGN_OR_RETURN(a.lstrip, ps.Bool(t, path, "lstrip", false));
     LS_ASSIGN_OR_RETURN(a.rstrip, ps.Bool(t, path, "rstrip", false));
     LS_ASSIGN_OR_RETURN(a.normalized, ps.Bool(t, path, "normalized", !a.special));
+    if (a.content.empty()) continue;  // HF ignores these
+    if (auto it = added_by_content.find(a.content); it != added_by_content.end()) {
+      a.id = it->second;
+    } else if (auto v = vocab.find(a.content); v != vocab.end()) {
+      a.id = v->second;
+    } else {
+      if (next_id >= kMaxId) return ps.Bad(path, "too many added tokens");
+      a.id = static_cast<int32_t>(next_id++);
+    }
+    added_by_content[a.content] = a.id;
     vocab_size = std::max(vocab_size, a.id + 1);
-    added_by_content.emplace(a.content, a.id);
+    by_id[a.id] = std::move(a);
+  }
+  for (auto& [id, a] : by_id) {
+    const int32_t index = static_cast<int32_t>(added.size());
+    (a.normalized ? normalized_trie : raw_trie).Insert(a.content, index);
     added.push_back(std::move(a));
   }
-  // HF's tries hold tokens by id; sorting makes "first listed" mean "lowest id" for duplicates.
-  std::vector<int32_t> order(added.size());
-  for (size_t i = 0; i < order.size(); ++i) order[i] = static_cast<int32_t>(i);
-  std::stable_sort(order.begin(), order.end(), [&](int32_t x, int32_t y) { return added[x].id < added[y].id; });
-  for (int32_t i : order) (added[i].normalized ? normalized_trie : raw_trie).Insert(added[i].content, i);
   return Status::Ok();
 }
 
@@ -704,8 +734,8 @@ Status Tokenizer::Impl::ParseNormalizer(const Parser& ps, const Json& n, const s
     }
     return Status::Ok();
   }
-  return ps.Unsupported(path + ".type", "normalizer " + Quote(type) +
-                                            " is not supported (byte-level BPE tokenizers have none)");
+  return ps.Unsupported(path + ".type",
+                        "normalizer " + Quote(type) + " is not supported (byte-level BPE tokenizers have none)");
 }
 
 Status Tokenizer::Impl::ParsePreTokenizer(const Parser& ps, const Json& p, const std::string& path, int depth) {
@@ -718,7 +748,8 @@ Status Tokenizer::Impl::ParsePreTokenizer(const Parser& ps, const Json& p, const
     if (list == nullptr) return ps.Bad(path + ".pretokenizers", "missing");
     if (!list->is_array()) return ps.Bad(path + ".pretokenizers", "expected an array");
     for (size_t i = 0; i < list->size(); ++i) {
-      LS_RETURN_IF_ERROR(ParsePreTokenizer(ps, (*list)[i], path + ".pretokenizers[" + std::to_string(i) + "]", depth + 1));
+      LS_RETURN_IF_ERROR(
+          ParsePreTokenizer(ps, (*list)[i], path + ".pretokenizers[" + std::to_string(i) + "]", depth + 1));
     }
     return Status::Ok();
   }
@@ -751,12 +782,11 @@ Status Tokenizer::Impl::ParsePreTokenizer(const Parser& ps, const Json& p, const
     }
     step.regex = std::move(r).value();
     LS_ASSIGN_OR_RETURN(std::string behavior, ps.String(p, path, "behavior"));
-    static const std::pair<const char*, Behavior> kBehaviors[] = {
-        {"Removed", Behavior::kRemoved},
-        {"Isolated", Behavior::kIsolated},
-        {"MergedWithPrevious", Behavior::kMergedWithPrevious},
-        {"MergedWithNext", Behavior::kMergedWithNext},
-        {"Contiguous", Behavior::kContiguous}};
+    static const std::pair<const char*, Behavior> kBehaviors[] = {{"Removed", Behavior::kRemoved},
+                                                                  {"Isolated", Behavior::kIsolated},
+                                                                  {"MergedWithPrevious", Behavior::kMergedWithPrevious},
+                                                                  {"MergedWithNext", Behavior::kMergedWithNext},
+                                                                  {"Contiguous", Behavior::kContiguous}};
     bool found = false;
     for (const auto& [name, value] : kBehaviors) {
       if (behavior == name) {
@@ -767,8 +797,8 @@ Status Tokenizer::Impl::ParsePreTokenizer(const Parser& ps, const Json& p, const
     if (!found) return ps.Unsupported(path + ".behavior", "split behavior " + Quote(behavior) + " is not supported");
     LS_ASSIGN_OR_RETURN(step.invert, ps.Bool(p, path, "invert", false));
   } else {
-    return ps.Unsupported(path + ".type", "pre-tokenizer " + Quote(type) +
-                                              " is not supported (only Split, ByteLevel, Sequence)");
+    return ps.Unsupported(path + ".type",
+                          "pre-tokenizer " + Quote(type) + " is not supported (only Split, ByteLevel, Sequence)");
   }
   pre_steps.push_back(std::move(step));
   return Status::Ok();
@@ -784,7 +814,8 @@ Status Tokenizer::Impl::ParsePostProcessor(const Parser& ps, const Json& p, cons
     if (list == nullptr) return ps.Bad(path + ".processors", "missing");
     if (!list->is_array()) return ps.Bad(path + ".processors", "expected an array");
     for (size_t i = 0; i < list->size(); ++i) {
-      LS_RETURN_IF_ERROR(ParsePostProcessor(ps, (*list)[i], path + ".processors[" + std::to_string(i) + "]", depth + 1));
+      LS_RETURN_IF_ERROR(
+          ParsePostProcessor(ps, (*list)[i], path + ".processors[" + std::to_string(i) + "]", depth + 1));
     }
     return Status::Ok();
   }
@@ -1162,7 +1193,8 @@ void Tokenizer::Impl::MergeWord(std::string_view w, std::vector<int32_t>* out) c
     return it == merges.end() ? nullptr : &it->second;
   };
   for (size_t i = 0; i + 1 < sym.size(); ++i) {
-    if (const Merge* m = find(sym[i].c, sym[i + 1].c)) heap.push_back(Entry{m->rank, static_cast<int32_t>(i), m->new_id});
+    if (const Merge* m = find(sym[i].c, sym[i + 1].c))
+      heap.push_back(Entry{m->rank, static_cast<int32_t>(i), m->new_id});
   }
   std::make_heap(heap.begin(), heap.end(), after);
   while (!heap.empty()) {
@@ -1266,7 +1298,8 @@ Result<std::shared_ptr<const Tokenizer>> Tokenizer::FromJson(std::string_view js
     if (model == nullptr) return ps.Bad("model", "missing");
     LS_RETURN_IF_ERROR(impl->ParseModel(ps, *model));
     LS_RETURN_IF_ERROR(impl->ParseAddedTokens(ps, root));
-    if (const Json* n = Parser::Get(root, "normalizer")) LS_RETURN_IF_ERROR(impl->ParseNormalizer(ps, *n, "normalizer", 0));
+    if (const Json* n = Parser::Get(root, "normalizer"))
+      LS_RETURN_IF_ERROR(impl->ParseNormalizer(ps, *n, "normalizer", 0));
     if (const Json* p = Parser::Get(root, "pre_tokenizer")) {
       LS_RETURN_IF_ERROR(impl->ParsePreTokenizer(ps, *p, "pre_tokenizer", 0));
     }
@@ -1368,8 +1401,6 @@ std::optional<std::string> Tokenizer::IdToToken(int32_t id) const {
   return impl_->id_to_token[id];
 }
 
-bool Tokenizer::IsSpecial(int32_t id) const {
-  return id >= 0 && id < impl_->vocab_size && impl_->is_special[id];
-}
+bool Tokenizer::IsSpecial(int32_t id) const { return id >= 0 && id < impl_->vocab_size && impl_->is_special[id]; }
 
 }  // namespace lockstep::engine

@@ -10,12 +10,11 @@
 #include <chrono>
 #include <cstdio>
 #include <fstream>
+#include <nlohmann/json.hpp>
 #include <sstream>
 #include <string>
 #include <thread>
 #include <vector>
-
-#include <nlohmann/json.hpp>
 
 namespace lockstep::engine {
 namespace {
@@ -23,7 +22,7 @@ namespace {
 using Json = nlohmann::json;
 
 const std::filesystem::path kFixtures = std::filesystem::path(LOCKSTEP_SOURCE_DIR) / "tests/fixtures/tokenizers";
-const char* const kNames[] = {"deepseek_v3", "deepseek_llm", "gpt2"};
+const char* const kNames[] = {"deepseek_v3", "deepseek_llm", "gpt2", "bpe_options", "byte_fallback", "added_edge"};
 
 std::string ReadFile(const std::filesystem::path& p) {
   std::ifstream in(p, std::ios::binary);
@@ -34,10 +33,29 @@ std::string ReadFile(const std::filesystem::path& p) {
 
 Json ReadJson(const std::filesystem::path& p) { return Json::parse(ReadFile(p)); }
 
+// A fixture is its tokenizer.json, or (to keep the fixtures small) a "base" fixture's
+// tokenizer.json with "extra_added_tokens" appended, exactly as the generator built it.
 std::shared_ptr<const Tokenizer> LoadFixture(const std::string& name) {
-  auto r = Tokenizer::Load(kFixtures / name / "tokenizer.json");
+  Result<std::shared_ptr<const Tokenizer>> r = Status::NotFound("unset");
+  if (std::filesystem::exists(kFixtures / name / "tokenizer.json")) {
+    r = Tokenizer::Load(kFixtures / name / "tokenizer.json");
+  } else {
+    const Json cases = ReadJson(kFixtures / name / "cases.json");
+    Json j = ReadJson(kFixtures / cases["base"].get<std::string>() / "tokenizer.json");
+    for (const Json& t : cases["extra_added_tokens"]) j["added_tokens"].push_back(t);
+    r = Tokenizer::FromJson(j.dump(), name);
+  }
   EXPECT_TRUE(r.ok()) << r.status().message();
   return r.ok() ? r.value() : nullptr;
+}
+
+// The fixture's tokenizer.json (built as LoadFixture does).
+Json FixtureJson(const std::string& name) {
+  if (std::filesystem::exists(kFixtures / name / "tokenizer.json")) return ReadJson(kFixtures / name / "tokenizer.json");
+  const Json cases = ReadJson(kFixtures / name / "cases.json");
+  Json j = ReadJson(kFixtures / cases["base"].get<std::string>() / "tokenizer.json");
+  for (const Json& t : cases["extra_added_tokens"]) j["added_tokens"].push_back(t);
+  return j;
 }
 
 // Printable form of a test string for failure messages.
@@ -49,13 +67,14 @@ TEST_P(FixtureTest, EncodeMatchesHuggingFace) {
   auto tok = LoadFixture(GetParam());
   ASSERT_NE(tok, nullptr);
   const Json doc = ReadJson(kFixtures / GetParam() / "cases.json");
-  ASSERT_GE(doc["cases"].size(), 60u);
+  ASSERT_GE(doc["cases"].size(), 40u);
   for (const Json& c : doc["cases"]) {
     const std::string text = c["text"];
     const auto ids = c["ids"].get<std::vector<int32_t>>();
     EXPECT_EQ(tok->Encode(text), ids) << Show(text);
-    EXPECT_EQ(tok->Encode(text, /*add_special_tokens=*/true), c["ids_special"].get<std::vector<int32_t>>())
-        << Show(text);
+    // Absent where it equals "ids" (no template, or one that adds nothing).
+    const auto ids_special = c.contains("ids_special") ? c["ids_special"].get<std::vector<int32_t>>() : ids;
+    EXPECT_EQ(tok->Encode(text, /*add_special_tokens=*/true), ids_special) << Show(text);
   }
 }
 
@@ -79,15 +98,15 @@ TEST_P(FixtureTest, DecodeMatchesHuggingFaceAndRoundTrips) {
     const auto ids = c["ids"].get<std::vector<int32_t>>();
     const std::string hf = c["decoded"];
     EXPECT_EQ(tok->Decode(ids), hf) << Show(text);
-    EXPECT_EQ(tok->Decode(ids, /*skip_special_tokens=*/true), c["decoded_skip_special"].get<std::string>())
-        << Show(text);
+    EXPECT_EQ(tok->Decode(ids, /*skip_special_tokens=*/true), c.value("decoded_skip_special", hf)) << Show(text);
     // Byte-level BPE loses nothing, except where an added token strips the whitespace
-    // around it (gpt2's <mask>), which HF's decode loses too.
+    // around it (gpt2's <mask>), which HF's decode loses too; other models round-trip
+    // only as far as HF's own decode does.
     if (hf == text) {
       EXPECT_EQ(tok->Decode(tok->Encode(text)), text) << Show(text);
     }
   }
-  for (const Json& c : doc["decode_cases"]) {
+  for (const Json& c : doc.value("decode_cases", Json::array())) {
     const auto ids = c["ids"].get<std::vector<int32_t>>();
     EXPECT_EQ(tok->Decode(ids), c["decoded"].get<std::string>()) << c["ids"].dump();
     EXPECT_EQ(tok->Decode(ids, true), c["decoded_skip_special"].get<std::string>()) << c["ids"].dump();
@@ -99,7 +118,7 @@ TEST_P(FixtureTest, VocabularyAndSpecialTokens) {
   ASSERT_NE(tok, nullptr);
   const Json summary = ReadJson(kFixtures / "summary.json");
   EXPECT_EQ(tok->vocab_size(), summary[GetParam()]["vocab_size"].get<int32_t>());
-  const Json model = ReadJson(kFixtures / GetParam() / "tokenizer.json");
+  const Json model = FixtureJson(GetParam());
   for (const Json& a : model["added_tokens"]) {
     const int32_t id = a["id"];
     EXPECT_EQ(tok->TokenToId(a["content"].get<std::string>()), id);
@@ -153,7 +172,10 @@ TEST(Tokenizer, MergesAsStringsOrPairsAgree) {
 TEST(Tokenizer, InvalidUtf8IsReplacedNotFatal) {
   auto tok = LoadFixture("deepseek_v3");
   ASSERT_NE(tok, nullptr);
-  EXPECT_EQ(tok->Encode("a\xff" "b\xe4\xbd"), tok->Encode("a\xEF\xBF\xBD" "b\xEF\xBF\xBD"));
+  EXPECT_EQ(tok->Encode("a\xff"
+                        "b\xe4\xbd"),
+            tok->Encode("a\xEF\xBF\xBD"
+                        "b\xEF\xBF\xBD"));
   EXPECT_EQ(tok->Decode(tok->Encode("x\xc0\x80y")), "x\xEF\xBF\xBD\xEF\xBF\xBDy");
   EXPECT_TRUE(tok->Encode("").empty());
   EXPECT_EQ(tok->Decode(std::vector<int32_t>{}), "");
@@ -182,25 +204,61 @@ TEST(Tokenizer, ConcurrentEncodeAgrees) {
   for (int f : failures) EXPECT_EQ(f, 0);
 }
 
-// Encode speed on a long mixed text (English, code, CJK, emoji, digits): prompts of
-// thousands of tokens must not be the slow part of a run. Printed, and loosely bounded.
+// Deterministic text with few repeated words (so the word cache rarely helps): ASCII and
+// Cyrillic words, CJK runs, numbers, code-ish punctuation, emoji and whitespace runs.
+std::string VariedText(size_t bytes) {
+  static const char* const kAlphabets[] = {"abcdefghijklmnopqrstuvwxyz",
+                                           "ETAOINSHRDLU",
+                                           "абвгдежзиклмнопрстуф",
+                                           "你好世界中文字符测试模型推理",
+                                           "0123456789",
+                                           "(){}[];:.,+-*/=<>\"'",
+                                           "😀🚀👍"};
+  static const char* const kGaps[] = {" ", " ", " ", "  ", "\n", "\n\n", "\t", ", ", ". ", "    "};
+  uint64_t state = 42;
+  auto next = [&] {
+    state = state * 6364136223846793005ULL + 1442695040888963407ULL;
+    return static_cast<uint32_t>(state >> 33);
+  };
+  std::string out;
+  while (out.size() < bytes) {
+    const std::string_view alpha = kAlphabets[next() % 7];
+    std::vector<std::string_view> chars;  // split the alphabet into UTF-8 chars
+    for (size_t i = 0; i < alpha.size();) {
+      const unsigned char c = alpha[i];
+      const size_t n = c < 0x80 ? 1 : c < 0xE0 ? 2 : c < 0xF0 ? 3 : 4;
+      chars.push_back(alpha.substr(i, n));
+      i += n;
+    }
+    const int len = 1 + next() % 9;
+    for (int k = 0; k < len; ++k) out += chars[next() % chars.size()];
+    out += kGaps[next() % 10];
+  }
+  return out;
+}
+
+// Encode speed on long mixed text: prompts of thousands of tokens must not be the slow part
+// of a run. Printed (cold: few repeated words; warm: the fixture texts repeated, which the
+// word cache serves), and loosely bounded.
 TEST(Tokenizer, EncodeSpeed) {
-  auto tok = LoadFixture("deepseek_v3");
-  ASSERT_NE(tok, nullptr);
   const Json doc = ReadJson(kFixtures / "deepseek_v3/cases.json");
-  std::string text;
-  for (const Json& c : doc["cases"]) text += c["text"].get<std::string>() + "\n";
-  while (text.size() < (1u << 20)) text += text;  // 1 MiB
-  tok->Encode(text.substr(0, 4096));  // warm up (the word cache, page faults)
-  const auto t0 = std::chrono::steady_clock::now();
-  const auto ids = tok->Encode(text);
-  const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-  const double rate = ids.size() / s;
-  std::printf("encode: %zu bytes -> %zu tokens in %.3f s: %.0f tokens/s, %.1f MB/s\n", text.size(), ids.size(), s,
-              rate, text.size() / s / 1e6);
-  RecordProperty("tokens_per_second", std::to_string(static_cast<int64_t>(rate)));
-  EXPECT_GT(rate, 50000.0);
-  EXPECT_EQ(tok->Decode(ids), text);
+  std::string warm;
+  for (const Json& c : doc["cases"]) warm += c["text"].get<std::string>() + "\n";
+  while (warm.size() < (1u << 20)) warm += warm;
+  const std::string cold = VariedText(1u << 20);
+  for (const auto& [name, text] : {std::pair<const char*, const std::string&>{"cold", cold}, {"warm", warm}}) {
+    auto tok = LoadFixture("deepseek_v3");  // fresh, so the cache starts empty
+    ASSERT_NE(tok, nullptr);
+    const auto t0 = std::chrono::steady_clock::now();
+    const auto ids = tok->Encode(text);
+    const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    const double rate = ids.size() / s;
+    std::printf("encode (%s): %zu bytes -> %zu tokens in %.3f s: %.0f tokens/s, %.1f MB/s\n", name, text.size(),
+                ids.size(), s, rate, text.size() / s / 1e6);
+    RecordProperty(std::string("tokens_per_second_") + name, std::to_string(static_cast<int64_t>(rate)));
+    EXPECT_GT(rate, 50000.0);
+    EXPECT_EQ(tok->Decode(ids), text);
+  }
 }
 
 // ---------------------------------------------------------------------------- errors
@@ -338,19 +396,39 @@ TEST(TokenizerErrors, DeepNestingIsRefused) {
   ExpectError(j, Status::Code::kUnsupported, {"nested too deeply"});
 }
 
+// HF re-adds added tokens in order rather than trusting their listed ids: a content the
+// model already has keeps the model's id, a new one gets the next id past the model.
+TEST(Tokenizer, AddedTokenIdsFollowHuggingFace) {
+  Json j = Minimal();
+  j["added_tokens"] = Json::parse(R"([
+    {"id": 3, "content": "<s>", "special": true},
+    {"id": 99, "content": "<t>", "special": true},
+    {"id": 50, "content": "ab", "special": false},
+    {"id": 7, "content": "", "special": true}
+  ])");
+  auto r = Tokenizer::FromJson(j.dump(), "t");
+  ASSERT_TRUE(r.ok()) << r.status().message();
+  EXPECT_EQ(r.value()->TokenToId("<t>"), 4);
+  EXPECT_EQ(r.value()->TokenToId("ab"), 2);
+  EXPECT_EQ(r.value()->vocab_size(), 5);
+  EXPECT_EQ(r.value()->Encode("<t>ab<s>"), (std::vector<int32_t>{4, 2, 3}));
+}
+
 // Added-token options, on a tokenizer small enough to reason about by hand.
 TEST(Tokenizer, AddedTokenOptions) {
   Json j = Minimal();
   j["added_tokens"] = Json::parse(R"([
     {"id": 3, "content": "<s>", "special": true, "normalized": false},
-    {"id": 4, "content": "ab", "single_word": true, "normalized": true},
+    {"id": 4, "content": "ba", "single_word": true, "normalized": true},
     {"id": 5, "content": "[M]", "lstrip": true, "rstrip": true, "special": true, "normalized": false}
   ])");
   auto r = Tokenizer::FromJson(j.dump(), "t");
   ASSERT_TRUE(r.ok()) << r.status().message();
   const auto& tok = *r.value();
-  EXPECT_EQ(tok.Encode("ab"), (std::vector<int32_t>{4}));
-  EXPECT_EQ(tok.Encode("aab"), (std::vector<int32_t>{0, 2}));  // not a single word: BPE
+  ASSERT_EQ(tok.TokenToId("ba"), 4);
+  ASSERT_EQ(tok.TokenToId("[M]"), 5);
+  EXPECT_EQ(tok.Encode("ba"), (std::vector<int32_t>{4}));
+  EXPECT_EQ(tok.Encode("aba"), (std::vector<int32_t>{2, 0}));  // not a single word: plain BPE
   EXPECT_EQ(tok.Encode("a [M]  b"), (std::vector<int32_t>{0, 5, 1}));
   EXPECT_TRUE(tok.IsSpecial(5));
   EXPECT_FALSE(tok.IsSpecial(4));
