@@ -1264,6 +1264,8 @@ Tokenizer::Tokenizer(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
 Tokenizer::~Tokenizer() = default;
 
 Result<std::shared_ptr<const Tokenizer>> Tokenizer::Load(const std::filesystem::path& path) {
+  std::error_code dir_ec;
+  if (std::filesystem::is_directory(path, dir_ec)) return Status::IoError(path.string() + ": is a directory");
   std::ifstream in(path, std::ios::binary);
   if (!in) {
     std::error_code ec;

@@ -1,13 +1,20 @@
 // engine/tokenizer.h — Hugging Face `tokenizer.json` byte-level BPE, as DeepSeek and most
 // GPT-style models ship it.
 //
-// Supports: model.type "BPE" with byte-level alphabet (vocab + merges, merges either as
-// "a b" strings or [a, b] pairs), pre_tokenizers Split (PCRE2 regex, behaviors Isolated /
-// Removed / MergedWithPrevious / MergedWithNext / Contiguous, invert), ByteLevel
-// (add_prefix_space, use_regex with the GPT-2 pattern) and Sequence of these; normalizers
-// none / NFC-free Sequence of no-ops (anything else is refused with a clear error);
-// added_tokens (special and not) matched before pre-tokenization, longest first; the
-// ByteLevel decoder. Post-processors are not applied unless asked (add_special_tokens).
+// Ids equal Hugging Face `tokenizers`' (checked against its output in
+// tests/fixtures/tokenizers/). Supports: model.type "BPE" (vocab + merges, merges either as
+// "a b" strings or [a, b] pairs; ignore_merges, unk_token / fuse_unk, byte_fallback,
+// continuing_subword_prefix, end_of_word_suffix); pre_tokenizers Split (Oniguruma regex run
+// as PCRE2, or a literal String; behaviors Isolated / Removed / MergedWithPrevious /
+// MergedWithNext / Contiguous; invert), ByteLevel (add_prefix_space, use_regex with the
+// GPT-2 pattern) and Sequence of these; normalizer null or an empty Sequence; added_tokens
+// (special and not, single_word / lstrip / rstrip / normalized) matched before
+// pre-tokenization, leftmost-longest, with ids assigned as HF's loader assigns them;
+// post_processor TemplateProcessing / RobertaProcessing / BertProcessing / ByteLevel /
+// Sequence, applied only for add_special_tokens; decoder ByteLevel or none (tokens joined by
+// spaces, as HF). Other types are refused with an Unsupported error naming the field.
+// `truncation` and `padding` in the file are ignored, as transformers' encode ignores them.
+// Invalid UTF-8 input is encoded as if each ill-formed subpart were U+FFFD.
 //
 // Thread-safety: a loaded Tokenizer is immutable; Encode/Decode may run concurrently.
 #pragma once

@@ -297,6 +297,9 @@ TEST(TokenizerErrors, MissingFile) {
   ASSERT_FALSE(r.ok());
   EXPECT_EQ(r.status().code(), Status::Code::kNotFound);
   EXPECT_NE(r.status().message().find("nope/tokenizer.json"), std::string::npos) << r.status().message();
+  auto d = Tokenizer::Load(kFixtures);
+  ASSERT_FALSE(d.ok());
+  EXPECT_NE(d.status().message().find("is a directory"), std::string::npos) << d.status().message();
 }
 
 TEST(TokenizerErrors, MalformedJson) {
