@@ -261,6 +261,24 @@ TEST(Tokenizer, EncodeSpeed) {
   }
 }
 
+// The project's own tiny model ships a tokenizer.json with DeepSeek-V3's pre-tokenizer; its
+// reference fixture holds the prompt ids transformers fed it (bos prepended).
+TEST(Tokenizer, TinyModelPromptIdsMatchTransformers) {
+  const std::filesystem::path root(LOCKSTEP_SOURCE_DIR);
+  const auto tok_path = root / "models/lockstep-tiny-v32/tokenizer.json";
+  const auto ref_path = root / "tests/fixtures/tiny_reference.json";
+  if (!std::filesystem::exists(tok_path) || !std::filesystem::exists(ref_path)) GTEST_SKIP() << "no tiny model";
+  auto tok = Tokenizer::Load(tok_path);
+  ASSERT_TRUE(tok.ok()) << tok.status().message();
+  const Json ref = ReadJson(ref_path);
+  ASSERT_FALSE(ref["prompts"].empty());
+  for (const Json& p : ref["prompts"]) {
+    const std::string text = p["text"];
+    EXPECT_EQ(tok.value()->Encode(text, /*add_special_tokens=*/true), p["prompt_ids"].get<std::vector<int32_t>>())
+        << Show(text);
+  }
+}
+
 // ---------------------------------------------------------------------------- errors
 
 // The smallest valid tokenizer.json, to break one field at a time.
