@@ -2,7 +2,10 @@
 #include "cli/common.h"
 
 #include <chrono>
+#include <fstream>
 #include <iostream>
+
+#include <nlohmann/json.hpp>
 
 namespace lockstep::cli {
 
@@ -45,12 +48,16 @@ Result<LoadedModel> LoadModel(const std::filesystem::path& dir, bool quiet) {
 
 void EngineFlags::Register(CLI::App* app) {
   app->add_option("--max-tokens,-n", max_tokens, "Tokens to generate per prompt")->check(CLI::NonNegativeNumber);
-  app->add_option("--temperature,-t", temperature, "Sampling temperature; 0 = greedy (argmax)")
-      ->check(CLI::NonNegativeNumber);
-  app->add_option("--top-p", top_p, "Nucleus sampling mass in (0, 1]; 1 = off")->check(CLI::Range(0.0, 1.0));
-  app->add_option("--top-k", top_k, "Keep the k most likely tokens; 0 = off")->check(CLI::NonNegativeNumber);
-  app->add_option("--min-p", min_p, "Drop tokens below min_p × the top probability; 0 = off")
-      ->check(CLI::Range(0.0, 1.0));
+  sampling_options_ = {
+      app->add_option("--temperature,-t", temperature,
+                      "Sampling temperature; 0 = greedy (argmax). Default: the model's generation_config.json, else 0")
+          ->check(CLI::NonNegativeNumber),
+      app->add_option("--top-p", top_p, "Nucleus sampling mass in (0, 1]; 1 = off (default: generation_config.json)")
+          ->check(CLI::Range(0.0, 1.0)),
+      app->add_option("--top-k", top_k, "Keep the k most likely tokens; 0 = off (default: generation_config.json)")
+          ->check(CLI::NonNegativeNumber),
+      app->add_option("--min-p", min_p, "Drop tokens below min_p × the top probability; 0 = off")
+          ->check(CLI::Range(0.0, 1.0))};
   app->add_option("--seed", seed, "Per-request sampling seed (Philox key); request i of --prompts uses seed + i");
   app->add_option("--kv-cache", kv_cache, "Latent KV cache storage: fp32 | bf16 | fp8_e4m3")
       ->check(CLI::IsMember({"fp32", "bf16", "fp8_e4m3"}));
@@ -63,6 +70,29 @@ void EngineFlags::Register(CLI::App* app) {
   app->add_option("--fault", fault,
                   "Enable one deliberately wrong kernel, a test instrument (docs/fault-zoo.md; `lockstep kernels "
                   "--faults` lists them)");
+}
+
+std::string EngineFlags::ApplyGenerationConfig(const std::filesystem::path& model_dir) {
+  std::ifstream in(model_dir / "generation_config.json");
+  if (!in) return "";
+  nlohmann::json j = nlohmann::json::parse(in, nullptr, /*allow_exceptions=*/false);
+  if (!j.is_object()) return "";
+  // Sampling applies only when the model's authors ask for it (do_sample); otherwise greedy.
+  const bool sample = j.value("do_sample", false);
+  std::string note;
+  auto take = [&](CLI::Option* opt, const char* key, auto* dst) {
+    if (opt->count() > 0 || !j.contains(key) || !j[key].is_number()) return;
+    using T = std::remove_reference_t<decltype(*dst)>;
+    *dst = j[key].get<T>();
+    note += std::string(note.empty() ? "" : ", ") + key + " " + j[key].dump();
+  };
+  if (sample) {
+    take(sampling_options_[0], "temperature", &temperature);
+    take(sampling_options_[1], "top_p", &top_p);
+    take(sampling_options_[2], "top_k", &top_k);
+    take(sampling_options_[3], "min_p", &min_p);
+  }
+  return note.empty() ? "" : "sampling defaults from generation_config.json: " + note;
 }
 
 Result<engine::EngineOptions> EngineFlags::ToOptions() const {

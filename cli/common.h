@@ -45,8 +45,12 @@ struct EngineFlags {
   int64_t kv_cache_tokens = 1 << 16;
   bool ignore_eos = false;
   std::string fault;
+  std::vector<CLI::Option*> sampling_options_;  // temperature, top_p, top_k, min_p: were they given?
 
   void Register(CLI::App* app);
+  // Takes temperature / top_p / top_k / min_p from the model's generation_config.json where the
+  // user gave no flag (as transformers and vLLM do); returns a note for stderr, or "".
+  std::string ApplyGenerationConfig(const std::filesystem::path& model_dir);
   Result<engine::EngineOptions> ToOptions() const;
   engine::SamplingParams Sampling() const;
 };

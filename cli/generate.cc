@@ -98,11 +98,14 @@ struct GenerateArgs {
   bool json = false;
   bool echo = false;
   bool quiet = false;
+  bool no_special = false;
   EngineFlags flags;
 };
 
-Status RunGenerate(const GenerateArgs& a) {
+Status RunGenerate(GenerateArgs& a) {
   LS_ASSIGN_OR_RETURN(LoadedModel m, LoadModel(a.model.empty() ? DefaultModelDir() : std::filesystem::path(a.model), a.quiet || a.json));
+  const std::string note = a.flags.ApplyGenerationConfig(m.dir);
+  if (!note.empty() && !a.quiet && !a.json) std::cerr << "lockstep: " << note << "\n";
   std::vector<PromptSpec> specs;
   if (!a.prompts_file.empty()) {
     LS_ASSIGN_OR_RETURN(specs, ReadPromptsFile(a.prompts_file));
@@ -130,7 +133,7 @@ Status RunGenerate(const GenerateArgs& a) {
       if (!m.tokenizer) {
         return Status::NotFound(m.dir.string() + ": no tokenizer.json, so prompts must be given as --prompt-ids");
       }
-      p.ids = m.tokenizer->Encode(p.text);
+      p.ids = m.tokenizer->Encode(p.text, /*add_special_tokens=*/!a.no_special);
     }
     engine::Request r;
     r.name = p.name;
@@ -227,6 +230,8 @@ void RegisterGenerate(CLI::App& app, SetAction set_action) {
   cmd->add_flag("--json", args->json, "One JSON object per request on stdout instead of text");
   cmd->add_flag("--echo", args->echo, "Print the prompt before the streamed completion");
   cmd->add_flag("--quiet,-q", args->quiet, "No progress or statistics on stderr");
+  cmd->add_flag("--no-special-tokens", args->no_special,
+                "Encode prompts without the tokenizer's template (no BOS); the default adds it, like transformers");
   args->flags.Register(cmd);
   cmd->callback([args, set_action] { set_action([args] { return RunGenerate(*args); }); });
 }

@@ -24,8 +24,10 @@ float Dot(const float* a, const float* b, int64_t n) {
 
 void MatMulNT(const float* x, int64_t rows, const float* w, int64_t out, int64_t in, float* y) {
   // Output columns are split across threads; each weight row is read once and reused for all
-  // x rows while it sits in L1. Results are independent of the split (see Dot).
-#pragma omp parallel for schedule(static) if (out * rows * in > (1 << 16))
+  // x rows while it sits in L1. Results are independent of the split (see Dot). Threads only
+  // pay off above ~1 ms of work: a fork/join costs microseconds when cores are idle but can
+  // cost milliseconds when another process holds them, so small products stay serial.
+#pragma omp parallel for schedule(static) if (out * rows * in > kParallelMacs)
   for (int64_t j = 0; j < out; ++j) {
     const float* wj = w + j * in;
     for (int64_t r = 0; r < rows; ++r) y[r * out + j] = Dot(x + r * in, wj, in);

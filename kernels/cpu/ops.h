@@ -11,6 +11,9 @@
 
 namespace lockstep::kernels::cpu {
 
+// Work (multiply-adds) below which a kernel stays on one thread (see MatMulNT).
+inline constexpr int64_t kParallelMacs = int64_t{1} << 22;
+
 // Σ a[i]·b[i] with 16 interleaved fp32 FMA accumulators (lane = i mod 16), folded by a fixed
 // pairwise tree. The order depends on n alone.
 float Dot(const float* a, const float* b, int64_t n);
