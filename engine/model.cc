@@ -408,7 +408,7 @@ Status Model::Forward(std::span<Segment> segs, PagedKvCache& cache, const kernel
       selected.resize(R);
       const int64_t topk = c.index_topk;
       std::vector<int32_t> topk_tap(tapping ? R * topk : 0, -1);
-#pragma omp parallel for schedule(dynamic)
+#pragma omp parallel for schedule(dynamic) if (R * (max_pos + 1) * nhi * di > cpu::kParallelMacs)
       for (int64_t r = 0; r < R; ++r) {
         const SeqCache& sc = *segs[seg_of[r]].cache;
         int64_t T = pos[r] + 1;
@@ -461,7 +461,7 @@ Status Model::Forward(std::span<Segment> segs, PagedKvCache& cache, const kernel
         kvx.resize(T * nh * (dn + dv));
         cpu::MatMulNT(lat.data(), T, L.kv_b_proj.ptr(), nh * (dn + dv), C, kvx.data());
       }
-#pragma omp parallel for collapse(2) schedule(static)
+#pragma omp parallel for collapse(2) schedule(static) if (n * nh * T * (C + dr) > cpu::kParallelMacs)
       for (int64_t i = 0; i < n; ++i) {
         for (int64_t hd = 0; hd < nh; ++hd) {
           const int64_t r = row0[s] + i;
