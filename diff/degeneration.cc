@@ -2,8 +2,12 @@
 #include "diff/degeneration.h"
 
 #include <algorithm>
+#include <cmath>
+#include <string>
 #include <set>
 #include <vector>
+
+#include <zstd.h>
 
 namespace lockstep::diff {
 
@@ -33,6 +37,40 @@ Degeneration DetectDegeneration(std::span<const int32_t> all, const Degeneration
   d.collapse = d.distinct < p.distinct_min;
   d.degenerate = d.loop || d.collapse;
   return d;
+}
+
+double ZstdRatio(std::string_view text) {
+  if (text.empty()) return 1.0;
+  std::string buf(ZSTD_compressBound(text.size()), '\0');
+  const size_t n = ZSTD_compress(buf.data(), buf.size(), text.data(), text.size(), 3);
+  if (ZSTD_isError(n)) return 1.0;
+  return static_cast<double>(n) / static_cast<double>(text.size());
+}
+
+double Entropy(std::span<const float> logits) {
+  double m = -INFINITY;
+  for (float x : logits) m = std::max(m, static_cast<double>(x));
+  if (!std::isfinite(m)) return 0.0;
+  double z = 0;
+  for (float x : logits) z += std::exp(x - m);
+  double h = 0;
+  for (float x : logits) {
+    const double p = std::exp(x - m) / z;
+    if (p > 0) h -= p * std::log(p);
+  }
+  return h;
+}
+
+TextSignals JudgeText(std::string_view text, std::span<const double> ent, int64_t tail) {
+  TextSignals s;
+  s.zstd_ratio = ZstdRatio(text);
+  s.compressible = text.size() >= 256 && s.zstd_ratio < 0.15;
+  const size_t n = std::min<size_t>(ent.size(), static_cast<size_t>(std::max<int64_t>(tail, 1)));
+  double sum = 0;
+  for (size_t i = ent.size() - n; i < ent.size(); ++i) sum += ent[i];
+  s.tail_entropy = n ? sum / static_cast<double>(n) : 0.0;
+  s.entropy_collapse = n >= static_cast<size_t>(tail) && s.tail_entropy < 0.1;
+  return s;
 }
 
 }  // namespace lockstep::diff

@@ -11,6 +11,7 @@
 
 #include <cstdint>
 #include <span>
+#include <string_view>
 
 namespace lockstep::diff {
 
@@ -32,5 +33,21 @@ struct Degeneration {
 };
 
 Degeneration DetectDegeneration(std::span<const int32_t> ids, const DegenerationParams& p = {});
+
+// Two more signals `lockstep degen` reports beside the detector above:
+// zstd compressibility — compressed / raw size of the generated text at level 3 (looping text
+// compresses far better than prose or code: < 0.15 on ≥ 256 bytes counts as degenerate), and
+// entropy collapse — the mean entropy (nats) of the model's next-token distribution (at
+// temperature 1) over the last `tail` steps (< 0.1: the model has become certain of its loop).
+double ZstdRatio(std::string_view text);
+double Entropy(std::span<const float> logits);  // of softmax(logits), in nats
+
+struct TextSignals {
+  double zstd_ratio = 1.0;
+  bool compressible = false;
+  double tail_entropy = 0.0;
+  bool entropy_collapse = false;
+};
+TextSignals JudgeText(std::string_view text, std::span<const double> step_entropies, int64_t tail = 64);
 
 }  // namespace lockstep::diff

@@ -2,6 +2,8 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <random>
+#include <string>
 #include <vector>
 
 #include "diff/degeneration.h"
@@ -69,6 +71,26 @@ TEST(Degeneration, LoopsCollapsesAndHealthyText) {
   std::vector<int32_t> half;
   for (int i = 0; i < 128; ++i) half.push_back(i < 64 ? i : 1000 + (i % 2));
   EXPECT_TRUE(DetectDegeneration(half).loop);
+}
+
+TEST(Degeneration, CompressibilityAndEntropy) {
+  std::string prose;  // random letters: incompressible beyond the alphabet's entropy
+  std::mt19937 rng(6);
+  for (int i = 0; i < 400; ++i) prose += static_cast<char>('a' + rng() % 26);
+  std::string spam;
+  for (int i = 0; i < 60; ++i) spam += "</div>";
+  EXPECT_GT(ZstdRatio(prose), 0.5);
+  EXPECT_LT(ZstdRatio(spam), 0.15);
+  // Entropy of a uniform distribution over 4 is ln 4; of a one-hot, 0.
+  std::vector<float> uni(4, 0.0f), hot = {100, 0, 0, 0};
+  EXPECT_NEAR(Entropy(uni), std::log(4.0), 1e-12);
+  EXPECT_NEAR(Entropy(hot), 0.0, 1e-30);
+  std::vector<double> ent(100, 0.01);
+  TextSignals t = JudgeText(spam, ent);
+  EXPECT_TRUE(t.compressible);
+  EXPECT_TRUE(t.entropy_collapse);
+  ent.assign(100, 2.0);
+  EXPECT_FALSE(JudgeText(prose, ent).entropy_collapse);
 }
 
 }  // namespace
