@@ -19,6 +19,9 @@ int main(int argc, char** argv) {
   cli::RegisterGenerate(app, set_action);
   cli::RegisterModelInfo(app, set_action);
   cli::RegisterKernels(app, set_action);
+  cli::RegisterRecord(app, set_action);
+  cli::RegisterInspect(app, set_action);
+  cli::RegisterExport(app, set_action);
   try {
     app.parse(argc, argv);
   } catch (const CLI::CallForHelp& e) {

@@ -105,6 +105,7 @@ Result<bool> Engine::Step() {
   }
   ForwardOutput out;
   LS_RETURN_IF_ERROR(model_->Forward(segs, *cache_, kernels_, hook_, &out));
+  if (on_forward_) on_forward_(segs, *cache_);
 
   const int64_t V = model_->config().vocab_size;
   std::vector<int64_t> batch_ids = running_;

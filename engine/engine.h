@@ -84,6 +84,11 @@ class Engine {
 
   void SetTapHook(TapHook* hook) { hook_ = hook; }
   void SetStepCallback(std::function<void(const StepEvent&)> cb) { on_step_ = std::move(cb); }
+  // Called after each forward pass, before sampling and before finished requests give their
+  // cache pages back: the segments just run and the cache they wrote, so a recorder can read
+  // the new rows as stored (PagedKvCache::TokenBytes, positions [start_pos, +tokens)).
+  using ForwardCallback = std::function<void(std::span<const Segment>, const PagedKvCache&)>;
+  void SetForwardCallback(ForwardCallback cb) { on_forward_ = std::move(cb); }
 
   const RequestState& request(int64_t id) const { return *requests_[id]; }
   int64_t num_requests() const { return static_cast<int64_t>(requests_.size()); }
@@ -103,6 +108,7 @@ class Engine {
   int64_t step_ = 0;
   TapHook* hook_ = nullptr;
   std::function<void(const StepEvent&)> on_step_;
+  ForwardCallback on_forward_;
 };
 
 }  // namespace lockstep::engine

@@ -1,0 +1,141 @@
+// cli/export.cc — `lockstep export run.h5 --request ID --tap NAME -o x.npy`: one request's
+// rows of one tensor as a NumPy .npy file (format 1.0), for notebooks. Rows are in position
+// order; --positions-out writes the positions beside them. bf16 is widened to float32
+// (exactly) unless --raw; fp8 and u8 stay uint8 (fp8 needs its scales: export them too).
+// --summary exports the per-row summaries as a structured array instead.
+#include <cstdio>
+#include <cstring>
+#include <fstream>
+#include <iostream>
+
+#include "cli/commands.h"
+#include "cli/common.h"
+#include "traces/row_summary.h"
+#include "traces/trace_reader.h"
+
+namespace lockstep::cli {
+namespace {
+
+struct ExportArgs {
+  std::string trace, request, tap, output, positions_out;
+  bool raw = false;
+  bool summary = false;
+};
+
+// NumPy .npy 1.0: magic, version, little-endian header length, a Python dict literal padded
+// with spaces and a newline so that the data starts at a multiple of 64 bytes.
+Status WriteNpy(const std::string& path, const std::string& descr, const std::vector<int64_t>& shape,
+                const void* data, size_t bytes) {
+  std::string dims;  // "(n,)" or "(n, c)"
+  for (size_t i = 0; i < shape.size(); ++i) dims += (i ? ", " : "") + std::to_string(shape[i]);
+  if (shape.size() == 1) dims += ",";
+  std::string header = "{'descr': " + descr + ", 'fortran_order': False, 'shape': (" + dims + "), }";
+  const size_t total = 10 + header.size() + 1;
+  header.append((64 - total % 64) % 64, ' ');
+  header += '\n';
+  std::ofstream out(path, std::ios::binary);
+  if (!out) return Status::IoError(path + ": cannot create");
+  const uint16_t hlen = static_cast<uint16_t>(header.size());
+  out.write("\x93NUMPY\x01\x00", 8);
+  const char len[2] = {static_cast<char>(hlen & 0xFF), static_cast<char>(hlen >> 8)};
+  out.write(len, 2);
+  out.write(header.data(), static_cast<std::streamsize>(header.size()));
+  out.write(static_cast<const char*>(data), static_cast<std::streamsize>(bytes));
+  out.close();
+  if (!out) return Status::IoError(path + ": write failed (disk full?)");
+  return Status::Ok();
+}
+
+Status RunExport(const ExportArgs& a) {
+  LS_ASSIGN_OR_RETURN(auto reader, traces::TraceReader::Open(a.trace));
+  const traces::TraceReader& r = *reader;
+  const traces::TensorInfo* t = r.FindTensor(a.tap);
+  if (!t) {
+    return Status::NotFound(a.trace + ": no tensor '" + a.tap + "' (`lockstep inspect " + a.trace + "` lists them)");
+  }
+  int32_t id = -1;
+  for (const auto& q : r.requests()) {
+    if (std::to_string(q.id) == a.request || q.name == a.request) {
+      id = q.id;
+      break;
+    }
+  }
+  if (id < 0) return Status::NotFound(a.trace + ": no request '" + a.request + "' (by id or name)");
+  LS_ASSIGN_OR_RETURN(std::vector<traces::SummaryRow> sum, r.ReadSummary(*t));
+  std::vector<int64_t> rows, positions;
+  std::vector<traces::SummaryRow> mine;
+  for (int64_t i = 0; i < static_cast<int64_t>(sum.size()); ++i) {
+    if (sum[i].request == id) {
+      rows.push_back(i);
+      positions.push_back(sum[i].position);
+      mine.push_back(sum[i]);
+    }
+  }
+  if (rows.empty()) return Status::NotFound(a.trace + ": " + t->path + " has no rows of request " + a.request);
+  const int64_t n = static_cast<int64_t>(rows.size());
+  if (a.summary) {
+    const std::string descr =
+        "[('position', '<i8'), ('hash', '<u8'), ('request', '<i4'), ('step', '<i4'), ('nan_count', '<u4'), "
+        "('inf_count', '<u4'), ('rms', '<f4'), ('absmax', '<f4'), ('min', '<f4'), ('max', '<f4')]";
+    LS_RETURN_IF_ERROR(WriteNpy(a.output, descr, {n}, mine.data(), mine.size() * sizeof(traces::SummaryRow)));
+  } else {
+    if (!t->has_values) {
+      return Status::NotFound(a.trace + ": " + t->path + " was captured as a summary only (use --summary)");
+    }
+    const size_t rb = t->cols * traces::DTypeSize(t->dtype);
+    std::vector<uint8_t> values(n * rb);
+    // Read contiguous runs of table rows.
+    for (int64_t k = 0; k < n;) {
+      int64_t e = k + 1;
+      while (e < n && rows[e] == rows[e - 1] + 1) ++e;
+      LS_ASSIGN_OR_RETURN(std::vector<uint8_t> v, r.ReadValues(*t, rows[k], e - k));
+      std::memcpy(values.data() + k * rb, v.data(), v.size());
+      k = e;
+    }
+    std::string descr;
+    switch (t->dtype) {
+      case traces::DType::kF32: descr = "'<f4'"; break;
+      case traces::DType::kI32: descr = "'<i4'"; break;
+      case traces::DType::kBf16: descr = a.raw ? "'<u2'" : "'<f4'"; break;
+      case traces::DType::kFp8E4m3:
+      case traces::DType::kU8: descr = "'|u1'"; break;
+    }
+    if (t->dtype == traces::DType::kBf16 && !a.raw) {
+      std::vector<float> wide(n * t->cols);
+      for (size_t i = 0; i < wide.size(); ++i) {
+        uint16_t h;
+        std::memcpy(&h, values.data() + 2 * i, 2);
+        wide[i] = traces::Bf16ToFloat(h);
+      }
+      LS_RETURN_IF_ERROR(WriteNpy(a.output, descr, {n, t->cols}, wide.data(), wide.size() * 4));
+    } else {
+      LS_RETURN_IF_ERROR(WriteNpy(a.output, descr, {n, t->cols}, values.data(), values.size()));
+    }
+  }
+  if (!a.positions_out.empty()) {
+    LS_RETURN_IF_ERROR(WriteNpy(a.positions_out, "'<i8'", {n}, positions.data(), positions.size() * 8));
+  }
+  std::fprintf(stderr, "lockstep: wrote %s: %lld rows of %s (request %d, positions %lld..%lld)\n", a.output.c_str(),
+               static_cast<long long>(n), t->path.c_str(), id, static_cast<long long>(positions.front()),
+               static_cast<long long>(positions.back()));
+  return Status::Ok();
+}
+
+}  // namespace
+
+void RegisterExport(CLI::App& app, SetAction set_action) {
+  auto args = std::make_shared<ExportArgs>();
+  CLI::App* cmd = app.add_subcommand("export", "Write one request's rows of one tensor as a NumPy .npy file");
+  cmd->add_option("trace", args->trace, "Trace file (.h5)")->required();
+  cmd->add_option("--request,-r", args->request, "Request id or name")->required();
+  cmd->add_option("--tap,-t", args->tap, "Tensor: a tap name (layers.0.attn.out) or a path (kv/layers.0.latent)")
+      ->required();
+  cmd->add_option("--output,-o", args->output, "Output .npy file")->required();
+  cmd->add_option("--positions-out", args->positions_out, "Also write the rows' positions (.npy, int64)");
+  cmd->add_flag("--raw", args->raw, "Keep bf16 as its uint16 bits instead of widening to float32");
+  cmd->add_flag("--summary", args->summary, "Export the per-row summaries (structured array) instead of values");
+  cmd->footer("In Python: x = numpy.load('x.npy')");
+  cmd->callback([args, set_action] { set_action([args] { return RunExport(*args); }); });
+}
+
+}  // namespace lockstep::cli

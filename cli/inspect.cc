@@ -1,0 +1,188 @@
+// cli/inspect.cc — `lockstep inspect run.h5`: what a trace holds (requests and their text,
+// tensors with shapes, dtypes and compression ratios, the capture policy, meta), as text or
+// --json; --verify recomputes every stored row's content hash against its summary.
+#include <cstdio>
+#include <iostream>
+
+#include <nlohmann/json.hpp>
+
+#include "cli/commands.h"
+#include "cli/common.h"
+#include "traces/row_summary.h"
+#include "traces/trace_reader.h"
+
+namespace lockstep::cli {
+namespace {
+
+using json = nlohmann::json;
+
+struct InspectArgs {
+  std::string trace;
+  bool json = false;
+  bool verify = false;
+  bool all_meta = false;
+};
+
+// One line of at most `n` characters (meta values can be whole JSON files).
+std::string OneLine(const std::string& s, size_t n) {
+  std::string out;
+  bool space = false;
+  for (char c : s) {
+    if (c == '\n' || c == '\r' || c == '\t' || c == ' ') {
+      space = !out.empty();
+      continue;
+    }
+    if (space) out += ' ';
+    space = false;
+    out += c;
+  }
+  if (out.size() > n) out = out.substr(0, n - 3) + "...";
+  return out;
+}
+
+double Ratio(int64_t raw, int64_t stored) { return stored > 0 ? static_cast<double>(raw) / stored : 0.0; }
+
+// Rereads every stored value row and checks XXH3-64 of its bytes against its summary.
+Status Verify(const traces::TraceReader& r, int64_t* rows_checked) {
+  for (const auto& t : r.tensors()) {
+    LS_ASSIGN_OR_RETURN(std::vector<traces::SummaryRow> sum, r.ReadSummary(t));
+    if (!t.has_values) continue;
+    const size_t rb = t.cols * traces::DTypeSize(t.dtype);
+    constexpr int64_t kBatch = 4096;
+    for (int64_t b = 0; b < t.rows; b += kBatch) {
+      const int64_t n = std::min(kBatch, t.rows - b);
+      LS_ASSIGN_OR_RETURN(std::vector<uint8_t> v, r.ReadValues(t, b, n));
+      for (int64_t i = 0; i < n; ++i) {
+        if (traces::ContentHash(v.data() + i * rb, rb) != sum[b + i].hash) {
+          return Status::Corruption(r.path().string() + ": " + t.path + ": row " + std::to_string(b + i) +
+                                    " (request " + std::to_string(sum[b + i].request) + ", position " +
+                                    std::to_string(sum[b + i].position) + ") does not match its content hash");
+        }
+      }
+      *rows_checked += n;
+    }
+  }
+  return Status::Ok();
+}
+
+Status RunInspect(const InspectArgs& a) {
+  LS_ASSIGN_OR_RETURN(auto reader, traces::TraceReader::Open(a.trace));
+  const traces::TraceReader& r = *reader;
+  LS_ASSIGN_OR_RETURN(std::vector<traces::StepRow> steps, r.ReadSteps());
+  LS_ASSIGN_OR_RETURN(std::vector<traces::SamplingRow> sampling, r.ReadSampling());
+  int64_t stall_ns = 0, wall_ns = 0;
+  for (const auto& s : steps) {
+    stall_ns += s.stall_ns;
+    wall_ns += s.wall_ns;
+  }
+  int64_t raw = 0, stored = 0;
+  for (const auto& t : r.tensors()) {
+    raw += t.raw_bytes;
+    stored += t.stored_bytes;
+  }
+  int64_t verified = -1;
+  if (a.verify) {
+    verified = 0;
+    LS_RETURN_IF_ERROR(Verify(r, &verified));
+  }
+  const auto policy_it = r.meta().find("capture_policy");
+  const std::string policy = policy_it == r.meta().end() ? "" : policy_it->second;
+
+  if (a.json) {
+    json j;
+    j["file"] = a.trace;
+    j["format_version"] = {r.format_major(), r.format_minor()};
+    j["complete"] = r.complete();
+    j["flushed_steps"] = r.flushed_steps();
+    j["writer"] = r.writer();
+    j["file_bytes"] = r.file_bytes();
+    j["meta"] = r.meta();
+    json pj = json::parse(policy, nullptr, false);
+    j["capture_policy"] = pj.is_discarded() ? json(policy) : pj;
+    j["steps"] = steps.size();
+    j["sampled_tokens"] = sampling.size();
+    j["engine_seconds"] = wall_ns / 1e9;
+    j["stall_seconds"] = stall_ns / 1e9;
+    j["requests"] = json::array();
+    for (const auto& q : r.requests()) {
+      j["requests"].push_back({{"id", q.id},
+                               {"name", q.name},
+                               {"prompt_tokens", q.prompt.size()},
+                               {"prompt_text", q.prompt_text},
+                               {"generated_tokens", q.generated.size()},
+                               {"generated", q.generated},
+                               {"generated_text", q.generated_text},
+                               {"finish_reason", q.finish_reason},
+                               {"seed", q.seed},
+                               {"temperature", q.temperature},
+                               {"top_k", q.top_k},
+                               {"top_p", q.top_p},
+                               {"min_p", q.min_p}});
+    }
+    j["tensors"] = json::array();
+    for (const auto& t : r.tensors()) {
+      j["tensors"].push_back({{"path", t.path},
+                              {"dtype", traces::DTypeName(t.dtype)},
+                              {"rows", t.rows},
+                              {"cols", t.cols},
+                              {"values", t.has_values},
+                              {"stored_bytes", t.stored_bytes},
+                              {"raw_bytes", t.raw_bytes},
+                              {"ratio", Ratio(t.raw_bytes, t.stored_bytes)},
+                              {"value_ratio", Ratio(t.value_raw_bytes, t.value_stored_bytes)},
+                              {"attrs", t.attrs}});
+    }
+    j["tensor_raw_bytes"] = raw;
+    j["tensor_stored_bytes"] = stored;
+    if (verified >= 0) j["verified_rows"] = verified;
+    std::cout << j.dump(1) << "\n";
+    return Status::Ok();
+  }
+
+  std::printf("%s: lockstep trace %d.%d, %s, %.2f MB, written by %s\n", a.trace.c_str(), r.format_major(),
+              r.format_minor(),
+              r.complete() ? "complete"
+                           : ("INCOMPLETE (the recorder did not close it; it holds the " +
+                              std::to_string(r.flushed_steps()) + " steps flushed before)")
+                                 .c_str(),
+              r.file_bytes() / 1e6, r.writer().c_str());
+  std::printf("capture: %s\n", policy.empty() ? "(not recorded)" : policy.c_str());
+  std::printf("meta:\n");
+  for (const auto& [k, v] : r.meta()) {
+    if (k == "capture_policy") continue;
+    std::printf("  %-18s %s\n", k.c_str(), a.all_meta ? v.c_str() : OneLine(v, 100).c_str());
+  }
+  std::printf("run: %zu steps, %zu sampled tokens, %.3f s in the engine, %.3f s stalled on the trace queue\n",
+              steps.size(), sampling.size(), wall_ns / 1e9, stall_ns / 1e9);
+  std::printf("requests (%zu):\n", r.requests().size());
+  for (const auto& q : r.requests()) {
+    std::printf("  %d '%s': prompt %zu tokens%s%s, generated %zu tokens (%s)%s%s\n", q.id, q.name.c_str(),
+                q.prompt.size(), q.prompt_text.empty() ? "" : " ", q.prompt_text.empty() ? "" : ("\"" + OneLine(q.prompt_text, 60) + "\"").c_str(),
+                q.generated.size(), q.finish_reason.empty() ? "unfinished" : q.finish_reason.c_str(),
+                q.generated_text.empty() ? "" : " ", q.generated_text.empty() ? "" : ("\"" + OneLine(q.generated_text, 60) + "\"").c_str());
+  }
+  std::printf("tensors (%zu):\n", r.tensors().size());
+  std::printf("  %-36s %-9s %12s %8s %10s %7s\n", "name", "dtype", "rows x cols", "stored", "MB", "ratio");
+  for (const auto& t : r.tensors()) {
+    const std::string shape = std::to_string(t.rows) + " x " + std::to_string(t.cols);
+    std::printf("  %-36s %-9s %12s %8s %10.3f %7.2f\n", t.path.c_str(), traces::DTypeName(t.dtype), shape.c_str(),
+                t.has_values ? "values" : "summary", t.stored_bytes / 1e6, Ratio(t.raw_bytes, t.stored_bytes));
+  }
+  std::printf("total: %.2f MB of tensors stored as %.2f MB (ratio %.2f)\n", raw / 1e6, stored / 1e6, Ratio(raw, stored));
+  if (verified >= 0) std::printf("verify: %lld stored rows match their content hashes\n", static_cast<long long>(verified));
+  return Status::Ok();
+}
+
+}  // namespace
+
+void RegisterInspect(CLI::App& app, SetAction set_action) {
+  auto args = std::make_shared<InspectArgs>();
+  CLI::App* cmd = app.add_subcommand("inspect", "Show what a trace holds: requests, tensors, compression, meta");
+  cmd->add_option("trace", args->trace, "Trace file (.h5)")->required();
+  cmd->add_flag("--json", args->json, "One JSON object on stdout");
+  cmd->add_flag("--verify", args->verify, "Recompute every stored row's content hash and compare with its summary");
+  cmd->add_flag("--all-meta", args->all_meta, "Print meta values whole, not cut to one line");
+  cmd->callback([args, set_action] { set_action([args] { return RunInspect(*args); }); });
+}
+
+}  // namespace lockstep::cli

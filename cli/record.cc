@@ -1,0 +1,290 @@
+// cli/record.cc — `lockstep record`: run prompts like `generate` and write everything needed
+// to replay and compare the run into an HDF5 trace (docs/trace-format.md).
+#include <unistd.h>
+
+#include <chrono>
+#include <cstdio>
+#include <ctime>
+#include <fstream>
+#include <iostream>
+#include <sstream>
+
+#include <nlohmann/json.hpp>
+
+#include "base/version.h"
+#include "cli/commands.h"
+#include "cli/common.h"
+#include "cli/prompts.h"
+#include "recorder/fingerprint.h"
+#include "recorder/recorder.h"
+#include "traces/trace_writer.h"
+
+namespace lockstep::cli {
+namespace {
+
+using json = nlohmann::json;
+using Clock = std::chrono::steady_clock;
+
+struct RecordArgs {
+  std::string model, prompt, prompts_file, prompt_ids, output;
+  std::string capture = "full";
+  std::vector<std::string> taps;
+  std::string layers, positions;
+  int64_t stride = 1;
+  bool no_kv = false;
+  std::string logits = "auto";
+  int64_t logits_topk = 32;
+  double flush_interval = 1.0;
+  int zstd_level = 3;
+  int compression_threads = 1;
+  int64_t queue_mb = 256;
+  bool quiet = false;
+  EngineFlags flags;
+};
+
+std::string ReadFile(const std::filesystem::path& p) {
+  std::ifstream in(p, std::ios::binary);
+  std::stringstream ss;
+  ss << in.rdbuf();
+  return ss.str();
+}
+
+std::string CpuName() {
+  std::ifstream in("/proc/cpuinfo");
+  std::string line;
+  while (std::getline(in, line)) {
+    if (line.rfind("model name", 0) == 0) {
+      const size_t colon = line.find(':');
+      if (colon != std::string::npos) return line.substr(colon + 2);
+    }
+  }
+  return "unknown CPU";
+}
+
+// This process's command line, shell-quoted where needed (from /proc, so main need not pass it).
+std::string CommandLine() {
+  const std::string raw = ReadFile("/proc/self/cmdline");
+  std::string out;
+  size_t start = 0;
+  while (start < raw.size()) {
+    size_t end = raw.find('\0', start);
+    if (end == std::string::npos) end = raw.size();
+    std::string arg = raw.substr(start, end - start);
+    if (!out.empty()) out += ' ';
+    if (arg.find_first_of(" \t'\"\\$`") != std::string::npos || arg.empty()) {
+      std::string q = "'";
+      for (char c : arg) q += c == '\'' ? std::string("'\\''") : std::string(1, c);
+      arg = q + "'";
+    }
+    out += arg;
+    start = end + 1;
+  }
+  return out;
+}
+
+std::string UtcNow() {
+  const std::time_t t = std::time(nullptr);
+  std::tm tm{};
+  gmtime_r(&t, &tm);
+  char buf[32];
+  std::strftime(buf, sizeof buf, "%Y-%m-%dT%H:%M:%SZ", &tm);
+  return buf;
+}
+
+// Everything /meta holds (docs/trace-format.md lists the keys).
+Status WriteMeta(traces::TraceWriter& w, const RecordArgs& a, const LoadedModel& m, const engine::Engine& eng,
+                 const recorder::CapturePolicy& policy) {
+  LS_ASSIGN_OR_RETURN(std::string fingerprint, recorder::ModelFingerprint(m.dir));
+  std::string tok_hash = "none";
+  if (std::filesystem::exists(m.dir / "tokenizer.json")) {
+    LS_ASSIGN_OR_RETURN(tok_hash, recorder::FileFingerprint(m.dir / "tokenizer.json"));
+  }
+  json kernels = eng.kernels();
+  const engine::EngineOptions& o = eng.options();
+  json engine_options = {{"kv_cache", std::string(engine::KvFormatName(o.kv_format))},
+                         {"page_size", o.page_size},
+                         {"kv_cache_tokens", o.kv_cache_tokens},
+                         {"max_batch", o.max_batch},
+                         {"kernels", o.kernels},
+                         {"fault", o.fault}};
+  char host[256] = {0};
+  gethostname(host, sizeof host - 1);
+  const std::pair<const char*, std::string> kv[] = {
+      {"model_dir", std::filesystem::absolute(m.dir).string()},
+      {"model_config", ReadFile(m.dir / "config.json")},
+      {"model_fingerprint", fingerprint},
+      {"tokenizer_hash", tok_hash},
+      {"lockstep_version", kVersion},
+      {"git_revision", kGitRevision},
+      {"build_type", kBuildType},
+      {"backend", "cpu"},
+      {"device", CpuName()},
+      {"kernels", kernels.dump()},
+      {"kv_cache_format", std::string(engine::KvFormatName(o.kv_format))},
+      {"engine_options", engine_options.dump()},
+      {"capture_policy", policy.ToJson()},
+      {"command_line", CommandLine()},
+      {"host", host},
+      {"time", UtcNow()},
+      {"zstd_level", std::to_string(a.zstd_level)},
+      {"flush_interval_s", std::to_string(a.flush_interval)},
+  };
+  for (const auto& [k, v] : kv) LS_RETURN_IF_ERROR(w.SetMeta(k, v));
+  return Status::Ok();
+}
+
+// One line on stderr, redrawn at most 10 times a second, when stderr is a terminal.
+class Progress {
+ public:
+  Progress(bool on, int64_t total) : on_(on && isatty(2)), total_(std::max<int64_t>(total, 1)) {}
+  void Update(int64_t tokens, int64_t bytes_in, bool force = false) {
+    if (!on_) return;
+    const auto now = Clock::now();
+    if (!force && now - last_ < std::chrono::milliseconds(100)) return;
+    last_ = now;
+    const double s = std::chrono::duration<double>(now - t0_).count();
+    const int width = 30;
+    const int fill = static_cast<int>(width * std::min<int64_t>(tokens, total_) / total_);
+    std::fprintf(stderr, "\r[%s%s] %lld/%lld tokens  %.1f tok/s  %.1f MB captured ", std::string(fill, '#').c_str(),
+                 std::string(width - fill, '.').c_str(), static_cast<long long>(tokens),
+                 static_cast<long long>(total_), s > 0 ? tokens / s : 0.0, bytes_in / 1e6);
+  }
+  void Done() {
+    if (on_) std::fprintf(stderr, "\n");
+  }
+
+ private:
+  bool on_;
+  int64_t total_;
+  Clock::time_point t0_ = Clock::now(), last_{};
+};
+
+Status RunRecord(const RecordArgs& a) {
+  recorder::CapturePolicy policy;
+  LS_ASSIGN_OR_RETURN(policy.mode, recorder::CapturePolicy::ParseMode(a.capture));
+  policy.taps = a.taps;
+  if (!a.layers.empty()) {
+    LS_RETURN_IF_ERROR(recorder::CapturePolicy::ParseRange(a.layers, "--layers", &policy.layer_first, &policy.layer_last));
+  }
+  if (!a.positions.empty()) {
+    LS_RETURN_IF_ERROR(
+        recorder::CapturePolicy::ParseRange(a.positions, "--positions", &policy.pos_first, &policy.pos_last));
+  }
+  policy.pos_stride = a.stride;
+  policy.kv = !a.no_kv;
+  policy.logits = a.logits == "full"   ? recorder::CapturePolicy::Logits::kFull
+                  : a.logits == "topk" ? recorder::CapturePolicy::Logits::kTopK
+                                       : recorder::CapturePolicy::Logits::kAuto;
+  policy.logits_topk = a.logits_topk;
+
+  LS_ASSIGN_OR_RETURN(LoadedModel m, LoadModel(a.model.empty() ? DefaultModelDir() : std::filesystem::path(a.model), a.quiet));
+  LS_ASSIGN_OR_RETURN(std::vector<PromptSpec> specs, CollectPrompts(a.prompts_file, a.prompt, a.prompt_ids));
+  LS_ASSIGN_OR_RETURN(engine::EngineOptions opts, a.flags.ToOptions());
+  LS_ASSIGN_OR_RETURN(auto eng, engine::Engine::Create(m.model, opts));
+  std::vector<engine::Request> requests;
+  int64_t budget = 0;
+  for (size_t i = 0; i < specs.size(); ++i) {
+    LS_ASSIGN_OR_RETURN(engine::Request r, MakeRequest(specs[i], i, a.flags, m));
+    budget += r.max_new_tokens;
+    requests.push_back(std::move(r));
+  }
+
+  traces::TraceWriterOptions wo;
+  wo.zstd_level = a.zstd_level;
+  wo.compression_threads = a.compression_threads;
+  wo.queue_bytes = a.queue_mb << 20;
+  wo.batch_width = opts.max_batch;
+  wo.writer = std::string("lockstep ") + kVersion + " (" + kGitRevision + ")";
+  LS_ASSIGN_OR_RETURN(auto writer, traces::TraceWriter::Create(a.output, wo));
+  LS_RETURN_IF_ERROR(WriteMeta(*writer, a, m, *eng, policy));
+
+  recorder::RecorderOptions ro;
+  ro.policy = policy;
+  ro.flush_interval_s = a.flush_interval;
+  if (m.tokenizer) ro.detokenize = [&m](const std::vector<int32_t>& ids) { return m.tokenizer->Decode(ids); };
+  recorder::Recorder rec(eng.get(), writer.get(), ro);
+  rec.Attach();
+  for (size_t i = 0; i < requests.size(); ++i) {
+    LS_ASSIGN_OR_RETURN(int64_t id, eng->AddRequest(requests[i]));
+    LS_RETURN_IF_ERROR(rec.AddRequest(id, specs[i].text));
+  }
+
+  Progress progress(!a.quiet, budget);
+  const auto t0 = Clock::now();
+  auto fail = [&](const Status& s) {
+    progress.Done();
+    (void)writer->Close();  // keeps what was flushed; the file is marked incomplete
+    return Status(s).WithContext(a.output + ": recording stopped after " + std::to_string(rec.steps()) +
+                                 " steps (the trace keeps what was flushed before): ");
+  };
+  while (true) {
+    auto more = eng->Step();
+    if (!more.ok()) return fail(more.status());
+    if (!*more) break;
+    Status s = rec.EndStep();
+    if (!s.ok()) return fail(s);
+    progress.Update(rec.tokens(), writer->bytes_in());
+  }
+  Status s = rec.Finish();
+  if (!s.ok()) return fail(s);
+  progress.Update(rec.tokens(), writer->bytes_in(), true);
+  progress.Done();
+  const double run_s = std::chrono::duration<double>(Clock::now() - t0).count();
+  s = writer->Close();
+  if (!s.ok()) return fail(s);
+  const double total_s = std::chrono::duration<double>(Clock::now() - t0).count();
+  if (!a.quiet) {
+    std::error_code ec;
+    const auto bytes = std::filesystem::file_size(a.output, ec);
+    std::fprintf(stderr,
+                 "lockstep: recorded %lld requests, %lld tokens in %lld steps to %s (%s capture): %.2f s run + %.2f s "
+                 "to close, %.1f MB (%.0f bytes/token), engine stalled %.3f s on the trace queue\n",
+                 static_cast<long long>(requests.size()), static_cast<long long>(rec.tokens()),
+                 static_cast<long long>(rec.steps()), a.output.c_str(), a.capture.c_str(), run_s, total_s - run_s,
+                 bytes / 1e6, rec.tokens() ? static_cast<double>(bytes) / rec.tokens() : 0.0,
+                 writer->stall_ns() / 1e9);
+  }
+  return Status::Ok();
+}
+
+}  // namespace
+
+void RegisterRecord(CLI::App& app, SetAction set_action) {
+  auto args = std::make_shared<RecordArgs>();
+  CLI::App* cmd = app.add_subcommand("record", "Run prompts and record a trace (HDF5) for replay and diff");
+  cmd->footer(
+      "Examples:\n"
+      "  lockstep record --prompt '<!DOCTYPE html>' -n 64 -o run.h5\n"
+      "  lockstep record --prompts prompts.jsonl --capture summary -o run.h5\n"
+      "  lockstep record --prompt-ids 5,6,7 --taps 'layers.*.resid_out' --layers 0:2 --positions 0:63 -o x.h5\n"
+      "Capture: full = tensors + summaries; summary = per-row statistics and content hashes only;\n"
+      "none = tokens, sampler records and meta. The trace format is docs/trace-format.md;\n"
+      "h5py/h5dump read it with HDF5_PLUGIN_PATH=<build>/hdf5-plugins.");
+  cmd->add_option("--model,-m", args->model, "Model directory (HF layout); default: the embedded tiny model");
+  cmd->add_option("--prompt,-p", args->prompt, "Prompt text");
+  cmd->add_option("--prompts", args->prompts_file, "JSONL file of prompts (see `lockstep generate --help`)");
+  cmd->add_option("--prompt-ids", args->prompt_ids, "Prompt as comma-separated token ids");
+  cmd->add_option("--output,-o", args->output, "Trace file to write (replaced if it exists)")->required();
+  cmd->add_option("--capture", args->capture, "full | summary | none")
+      ->check(CLI::IsMember({"full", "summary", "none"}));
+  cmd->add_option("--taps", args->taps, "Capture only taps matching this glob (repeatable), e.g. 'layers.*.attn.out'");
+  cmd->add_option("--layers", args->layers, "Capture only layers A:B (inclusive; 'A:' = A to the last)");
+  cmd->add_option("--positions", args->positions, "Capture only positions A:B (inclusive)");
+  cmd->add_option("--stride", args->stride, "Capture every N-th position of the range")->check(CLI::PositiveNumber);
+  cmd->add_flag("--no-kv", args->no_kv, "Do not capture the KV cache");
+  cmd->add_option("--logits", args->logits, "auto (all when vocab ≤ 4096, else top-k) | full | topk")
+      ->check(CLI::IsMember({"auto", "full", "topk"}));
+  cmd->add_option("--logits-topk", args->logits_topk, "k for top-k logits")->check(CLI::Range(1, 65536));
+  cmd->add_option("--flush-interval", args->flush_interval,
+                  "Seconds between flushes (what survives a crash); 0 = after every step")
+      ->check(CLI::NonNegativeNumber);
+  cmd->add_option("--zstd-level", args->zstd_level, "Zstandard level 1..22")->check(CLI::Range(1, 22));
+  cmd->add_option("--compression-threads", args->compression_threads, "Compression workers")->check(CLI::Range(0, 64));
+  cmd->add_option("--queue-mb", args->queue_mb, "Capture queue bound; the engine waits (and the trace says how long) when full")
+      ->check(CLI::Range(1, 1 << 20));
+  cmd->add_flag("--quiet,-q", args->quiet, "No progress or statistics on stderr");
+  args->flags.Register(cmd);
+  cmd->callback([args, set_action] { set_action([args] { return RunRecord(*args); }); });
+}
+
+}  // namespace lockstep::cli

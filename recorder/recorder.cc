@@ -1,0 +1,280 @@
+// recorder/recorder.cc — see recorder.h.
+#include "recorder/recorder.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <numeric>
+
+#include "traces/row_summary.h"
+#include "traces/trace_format.h"
+
+namespace lockstep::recorder {
+
+using traces::DType;
+using Clock = std::chrono::steady_clock;
+
+Recorder::Recorder(engine::Engine* engine, traces::TraceWriter* writer, RecorderOptions options)
+    : engine_(engine), writer_(writer), opts_(std::move(options)) {
+  step_start_ = last_flush_ = Clock::now();
+}
+
+Recorder::~Recorder() {
+  // Detach: the engine may outlive us.
+  engine_->SetTapHook(nullptr);
+  engine_->SetForwardCallback(nullptr);
+  engine_->SetStepCallback(nullptr);
+}
+
+void Recorder::Attach() {
+  engine_->SetTapHook(opts_.policy.mode == CapturePolicy::Mode::kNone ? nullptr : this);
+  engine_->SetForwardCallback(
+      [this](std::span<const engine::Segment> segs, const engine::PagedKvCache& cache) { OnForward(segs, cache); });
+  engine_->SetStepCallback([this](const engine::StepEvent& ev) { OnStep(ev); });
+  step_start_ = last_flush_ = Clock::now();
+  stall_at_step_start_ = writer_->stall_ns();
+}
+
+Status Recorder::AddRequest(int64_t id, const std::string& prompt_text) {
+  const engine::Request& r = engine_->request(id).request;
+  traces::RequestRecord rec;
+  rec.id = static_cast<int32_t>(id);
+  rec.name = r.name;
+  rec.prompt = r.prompt;
+  rec.prompt_text = prompt_text;
+  rec.max_new_tokens = r.max_new_tokens;
+  rec.seed = r.sampling.seed;
+  rec.temperature = r.sampling.temperature;
+  rec.top_k = r.sampling.top_k;
+  rec.top_p = r.sampling.top_p;
+  rec.min_p = r.sampling.min_p;
+  return writer_->AddRequest(rec);
+}
+
+const Recorder::Tensor* Recorder::Define(const std::string& path, DType dtype, int64_t cols, bool values,
+                                         std::map<std::string, std::string> attrs) {
+  auto it = tensors_.find(path);
+  if (it != tensors_.end()) return &it->second;
+  traces::TensorSpec spec{path, dtype, cols, values, std::move(attrs)};
+  auto h = writer_->DefineTensor(spec);
+  if (!h.ok()) {
+    Fail(h.status());
+    return nullptr;
+  }
+  Tensor t{*h, dtype, cols, values};
+  return &tensors_.emplace(path, t).first->second;
+}
+
+void Recorder::Capture(const Tensor& t, int64_t request, int64_t position, int64_t rows, const void* data,
+                       int64_t row_stride_bytes) {
+  const CapturePolicy& p = opts_.policy;
+  const size_t row_bytes = static_cast<size_t>(t.cols) * traces::DTypeSize(t.dtype);
+  const auto* base = static_cast<const uint8_t*>(data);
+  rows_.clear();
+  for (int64_t i = 0; i < rows; ++i) {
+    if (!p.WantsPosition(position + i)) continue;
+    traces::SummaryRow s;
+    s.position = position + i;
+    s.request = static_cast<int32_t>(request);
+    s.step = static_cast<int32_t>(steps_);
+    traces::Summarize(t.dtype, base + i * row_stride_bytes, t.cols, &s);
+    rows_.push_back(s);
+  }
+  if (rows_.empty()) return;
+  const void* values = nullptr;
+  if (t.values) {
+    if (static_cast<int64_t>(rows_.size()) == rows && row_stride_bytes == static_cast<int64_t>(row_bytes)) {
+      values = data;  // every row kept and contiguous: no copy here (the writer copies once)
+    } else {
+      gather_.resize(rows_.size() * row_bytes);
+      for (size_t k = 0; k < rows_.size(); ++k) {
+        std::memcpy(gather_.data() + k * row_bytes, base + (rows_[k].position - position) * row_stride_bytes,
+                    row_bytes);
+      }
+      values = gather_.data();
+    }
+  }
+  Status s = writer_->Append(t.handle, rows_, values);
+  if (!s.ok()) Fail(s);
+}
+
+void Recorder::OnTap(const engine::TapEvent& e) {
+  if (!status_.ok() || opts_.policy.mode == CapturePolicy::Mode::kNone) return;
+  auto w = wanted_.find(e.name);
+  if (w == wanted_.end()) w = wanted_.emplace(std::string(e.name), opts_.policy.WantsTap(e.name)).first;
+  if (!w->second) return;
+  if (e.name == "logits") {
+    CaptureLogits(e);
+    return;
+  }
+  const DType dtype = e.dtype == engine::TapDType::kI32 ? DType::kI32 : DType::kF32;
+  const bool full = opts_.policy.mode == CapturePolicy::Mode::kFull;
+  const Tensor* t = Define(std::string(traces::kTapsGroup) + "/" + std::string(e.name), dtype, e.cols, full);
+  if (t) Capture(*t, e.request_id, e.position, e.rows, e.data, e.cols * 4);
+}
+
+// Logits: the summary of every row always; the values themselves in full capture when the
+// vocabulary is small (or asked for), otherwise the top-k ids and values plus logsumexp.
+void Recorder::CaptureLogits(const engine::TapEvent& e) {
+  const CapturePolicy& p = opts_.policy;
+  const int64_t V = e.cols;
+  const bool full = p.mode == CapturePolicy::Mode::kFull;
+  const bool all = full && p.StoreLogitsInFull(V);
+  const std::string base = std::string(traces::kTapsGroup) + "/logits";
+  const Tensor* t = Define(base, DType::kF32, V, all);
+  if (!t) return;
+  Capture(*t, e.request_id, e.position, e.rows, e.data, V * 4);
+  if (!full || all) return;
+  const int64_t k = std::min<int64_t>(p.logits_topk, V);
+  const Tensor* ids = Define(base + ".topk_ids", DType::kI32, k, true, {{"of", "logits"}});
+  const Tensor* vals = Define(base + ".topk_values", DType::kF32, k, true, {{"of", "logits"}});
+  const Tensor* lse = Define(base + ".logsumexp", DType::kF32, 1, true, {{"of", "logits"}});
+  if (!ids || !vals || !lse) return;
+  std::vector<int32_t> top_ids(e.rows * k);
+  std::vector<float> top_vals(e.rows * k), lses(e.rows);
+  std::vector<int32_t> order(V);
+  const float* lg = static_cast<const float*>(e.data);
+  for (int64_t r = 0; r < e.rows; ++r) {
+    if (!p.WantsPosition(e.position + r)) continue;
+    const float* row = lg + r * V;
+    std::iota(order.begin(), order.end(), 0);
+    // Highest first; ties go to the lower id, as in the sampler's greedy rule.
+    std::partial_sort(order.begin(), order.begin() + k, order.end(), [&](int32_t a, int32_t b) {
+      return row[a] > row[b] || (row[a] == row[b] && a < b);
+    });
+    double m = -INFINITY;
+    for (int64_t i = 0; i < V; ++i) m = std::fmax(m, row[i]);
+    double sum = 0;
+    for (int64_t i = 0; i < V; ++i) sum += std::exp(static_cast<double>(row[i]) - m);
+    lses[r] = static_cast<float>(m + std::log(sum));
+    for (int64_t i = 0; i < k; ++i) {
+      top_ids[r * k + i] = order[i];
+      top_vals[r * k + i] = row[order[i]];
+    }
+  }
+  Capture(*ids, e.request_id, e.position, e.rows, top_ids.data(), k * 4);
+  Capture(*vals, e.request_id, e.position, e.rows, top_vals.data(), k * 4);
+  Capture(*lse, e.request_id, e.position, e.rows, lses.data(), 4);
+}
+
+// The KV cache rows this forward pass wrote, read back as stored. Tensors per layer and
+// stream: kv/layers.L.<stream> — fp32 and bf16 latents whole (kv_lora + rope values), the
+// fp8 latent as its three parts (e4m3 values, fp32 scales, bf16 rope), indexer keys fp32.
+void Recorder::OnForward(std::span<const engine::Segment> segs, const engine::PagedKvCache& cache) {
+  step_batch_.clear();
+  step_tokens_ = 0;
+  for (const auto& s : segs) {
+    step_batch_.push_back(s.request_id);
+    step_tokens_ += static_cast<int64_t>(s.tokens.size());
+  }
+  const CapturePolicy& p = opts_.policy;
+  if (!status_.ok() || p.mode == CapturePolicy::Mode::kNone || !p.kv) return;
+  const bool full = p.mode == CapturePolicy::Mode::kFull;
+  const engine::ModelConfig& c = engine_->model().config();
+  const std::string fmt(engine::KvFormatName(cache.format()));
+  std::vector<uint8_t> buf;
+  for (int64_t l = 0; l < c.num_hidden_layers; ++l) {
+    if (!p.WantsKvLayer(l)) continue;
+    const auto& streams = cache.streams(l);
+    for (size_t si = 0; si < streams.size(); ++si) {
+      const engine::StreamSpec& st = streams[si];
+      const int64_t tb = st.bytes_per_token;
+      // (suffix, dtype, byte offset in the token, cols) of each part of the stream.
+      struct Part {
+        std::string suffix, what;
+        DType dtype;
+        int64_t offset, cols;
+      };
+      std::vector<Part> parts;
+      if (st.kind == engine::StreamKind::kMlaLatent && cache.format() == engine::KvFormat::kFp8E4m3) {
+        const int64_t C = c.kv_lora_rank, R = c.qk_rope_head_dim, tiles = (C + 127) / 128;
+        parts.push_back({"", "latent_e4m3", DType::kFp8E4m3, 0, C});
+        parts.push_back({".scales", "scales", DType::kF32, C, tiles});
+        parts.push_back({".rope", "rope", DType::kBf16, C + 4 * tiles, R});
+      } else if (st.kind == engine::StreamKind::kMlaLatent && cache.format() == engine::KvFormat::kBf16) {
+        parts.push_back({"", "latent", DType::kBf16, 0, tb / 2});
+      } else {
+        parts.push_back({"", st.kind == engine::StreamKind::kMlaLatent ? "latent" : "key", DType::kF32, 0, tb / 4});
+      }
+      for (const Part& part : parts) {
+        const std::string path = std::string(traces::kKvGroup) + "/layers." + std::to_string(l) + "." + st.name + part.suffix;
+        const Tensor* t = Define(path, part.dtype, part.cols, full,
+                                 {{"kv_format", fmt},
+                                  {"stream", st.name},
+                                  {"part", part.what},
+                                  {"token_bytes", std::to_string(tb)},
+                                  {"byte_offset", std::to_string(part.offset)}});
+        if (!t) return;
+        const int64_t pb = part.cols * static_cast<int64_t>(traces::DTypeSize(part.dtype));
+        for (const auto& s : segs) {
+          const int64_t n = static_cast<int64_t>(s.tokens.size());
+          buf.resize(n * pb);
+          for (int64_t i = 0; i < n; ++i) {
+            std::memcpy(buf.data() + i * pb, cache.TokenBytes(l, si, *s.cache, s.start_pos + i) + part.offset, pb);
+          }
+          Capture(*t, s.request_id, s.start_pos, n, buf.data(), pb);
+        }
+      }
+    }
+  }
+}
+
+void Recorder::OnStep(const engine::StepEvent& ev) {
+  const engine::RequestState& r = engine_->request(ev.request_id);
+  const engine::SamplingParams& sp = r.request.sampling;
+  traces::SamplingRow row;
+  row.request = static_cast<int32_t>(ev.request_id);
+  row.token = ev.token;
+  row.token_index = ev.token_index;
+  row.step = ev.step;
+  row.seed = sp.seed;
+  row.counter = ev.sample.counter;
+  row.top_k = sp.top_k;
+  row.candidates = ev.sample.candidates;
+  row.probability = ev.sample.probability;
+  row.uniform = ev.sample.uniform;
+  row.temperature = sp.temperature;
+  row.top_p = sp.top_p;
+  row.min_p = sp.min_p;
+  row.batch_size = static_cast<int32_t>(ev.batch_size);
+  row.finished = ev.finished ? 1 : 0;
+  row.sampled = ev.sample.token;
+  row.forced = ev.forced ? 1 : 0;
+  ++tokens_;
+  Status s = writer_->AppendSampling(row);
+  if (s.ok() && ev.finished) {
+    const std::string text = opts_.detokenize ? opts_.detokenize(r.generated) : "";
+    s = writer_->FinishRequest(static_cast<int32_t>(ev.request_id), r.generated, text, ev.finish_reason);
+  }
+  if (!s.ok()) Fail(s);
+}
+
+Status Recorder::EndStep() {
+  const auto now = Clock::now();
+  traces::StepRow row;
+  row.step = steps_;
+  row.batch_size = static_cast<int32_t>(step_batch_.size());
+  row.tokens = static_cast<int32_t>(step_tokens_);
+  row.wall_ns = std::chrono::duration_cast<std::chrono::nanoseconds>(now - step_start_).count();
+  const int64_t stall = writer_->stall_ns();
+  row.stall_ns = stall - stall_at_step_start_;
+  stall_at_step_start_ = stall;
+  Status s = writer_->AppendStep(row, step_batch_);
+  if (!s.ok()) Fail(s);
+  ++steps_;
+  if (status_.ok() &&
+      (opts_.flush_interval_s <= 0 || std::chrono::duration<double>(now - last_flush_).count() >= opts_.flush_interval_s)) {
+    Fail(writer_->Flush(steps_));
+    last_flush_ = now;
+  }
+  step_start_ = Clock::now();
+  if (status_.ok()) Fail(writer_->status());
+  return status_;
+}
+
+Status Recorder::Finish() {
+  if (status_.ok()) Fail(writer_->Flush(steps_));
+  return status_;
+}
+
+}  // namespace lockstep::recorder

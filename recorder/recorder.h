@@ -1,0 +1,98 @@
+// recorder/recorder.h — turns what the engine does into a trace.
+//
+// A Recorder is the engine's tap hook, forward callback and step callback at once (Attach
+// installs all three). On the engine thread it applies the capture policy, computes each
+// kept row's summary (statistics + XXH3-64 content hash) and hands rows to the TraceWriter,
+// which queues them; HDF5 and compression happen on the writer's threads. Tensor names:
+// taps keep the engine's tap name (taps/<name>); the KV cache is kv/layers.L.<stream>, with
+// the fp8 latent split into its parts (docs/trace-format.md, "KV cache").
+//
+// Drive it like this: Attach, AddRequest for each request added to the engine, then after
+// every Engine::Step() call EndStep; Finish at the end. Errors (the writer's included) are
+// kept and returned by EndStep/Finish: the caller stops the run on the first one.
+//
+// Not thread-safe: the engine thread only. `engine` and `writer` must outlive the Recorder.
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <functional>
+#include <map>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "base/status.h"
+#include "engine/engine.h"
+#include "recorder/capture_policy.h"
+#include "traces/trace_writer.h"
+
+namespace lockstep::recorder {
+
+struct RecorderOptions {
+  CapturePolicy policy;
+  // Make the trace durable every this many seconds of recording; 0 = after every step.
+  double flush_interval_s = 1.0;
+  // Token ids → text, for the generated text of finished requests; may be empty.
+  std::function<std::string(const std::vector<int32_t>&)> detokenize;
+};
+
+class Recorder : public engine::TapHook {
+ public:
+  Recorder(engine::Engine* engine, traces::TraceWriter* writer, RecorderOptions options);
+  ~Recorder() override;
+
+  // Installs the tap hook and the forward and step callbacks on the engine.
+  void Attach();
+  // Records a request the engine has accepted (`id` from Engine::AddRequest).
+  Status AddRequest(int64_t id, const std::string& prompt_text);
+  // After each Engine::Step(): the step's row, and a flush when one is due.
+  Status EndStep();
+  // Final flush; the caller then closes the writer.
+  Status Finish();
+
+  int64_t steps() const { return steps_; }
+  int64_t tokens() const { return tokens_; }
+  const Status& status() const { return status_; }
+
+  // The engine callbacks Attach installs; public so that a caller can chain its own.
+  void OnTap(const engine::TapEvent& event) override;
+  void OnForward(std::span<const engine::Segment> segments, const engine::PagedKvCache& cache);
+  void OnStep(const engine::StepEvent& ev);
+
+ private:
+  struct Tensor {
+    int32_t handle = -1;
+    traces::DType dtype = traces::DType::kF32;
+    int64_t cols = 0;
+    bool values = false;
+  };
+  // The tensor for `path`, defined on first use; null when it cannot be (status_ is set).
+  const Tensor* Define(const std::string& path, traces::DType dtype, int64_t cols, bool values,
+                       std::map<std::string, std::string> attrs = {});
+  // Summarises the rows of `data` (rows × cols of dtype) at positions position + i that the
+  // position filter keeps, and appends them.
+  void Capture(const Tensor& t, int64_t request, int64_t position, int64_t rows, const void* data,
+               int64_t row_stride_bytes);
+  void CaptureLogits(const engine::TapEvent& e);
+  void Fail(const Status& s) {
+    if (status_.ok()) status_ = s;
+  }
+
+  engine::Engine* engine_;
+  traces::TraceWriter* writer_;
+  RecorderOptions opts_;
+  std::map<std::string, Tensor, std::less<>> tensors_;
+  std::map<std::string, bool, std::less<>> wanted_;  // tap name → policy decision
+  Status status_;
+  int64_t steps_ = 0, tokens_ = 0;
+  int64_t step_tokens_ = 0;
+  std::vector<int64_t> step_batch_;
+  std::chrono::steady_clock::time_point step_start_, last_flush_;
+  int64_t stall_at_step_start_ = 0;
+  // Scratch buffers reused across calls (no allocation per tap in the steady state).
+  std::vector<traces::SummaryRow> rows_;
+  std::vector<uint8_t> gather_;
+};
+
+}  // namespace lockstep::recorder

@@ -1,0 +1,219 @@
+// tests/traces/trace_roundtrip_test.cc — TraceWriter → file → TraceReader, against the rows
+// the test generated itself (seeded): values, summaries, hashes, sampler rows, requests;
+// and the crash rule: a copy of the file taken right after a flush reads back every row
+// appended before that flush, tails included.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstring>
+#include <filesystem>
+#include <random>
+
+#include "traces/row_summary.h"
+#include "traces/trace_reader.h"
+#include "traces/trace_writer.h"
+
+namespace lockstep::traces {
+namespace {
+
+namespace fs = std::filesystem;
+
+fs::path TempPath(const std::string& name) {
+  fs::path dir = fs::temp_directory_path() / "lockstep_traces_test";
+  fs::create_directories(dir);
+  return dir / name;
+}
+
+struct Rows {
+  std::vector<float> values;  // [n, cols]
+  std::vector<SummaryRow> summaries;
+};
+
+Rows MakeRows(std::mt19937& rng, int64_t n, int64_t cols, int32_t request, int64_t first_pos) {
+  Rows r;
+  std::normal_distribution<float> dist(0.0f, 2.0f);
+  r.values.resize(n * cols);
+  for (auto& v : r.values) v = dist(rng);
+  for (int64_t i = 0; i < n; ++i) {
+    SummaryRow s;
+    s.request = request;
+    s.position = first_pos + i;
+    s.step = static_cast<int32_t>(first_pos + i);
+    Summarize(DType::kF32, &r.values[i * cols], cols, &s);
+    r.summaries.push_back(s);
+  }
+  return r;
+}
+
+TEST(RowSummary, HandComputedStatistics) {
+  const float row[] = {3.0f, -4.0f, NAN, INFINITY, 0.0f};
+  SummaryRow s;
+  Summarize(DType::kF32, row, 5, &s);
+  EXPECT_EQ(s.nan_count, 1u);
+  EXPECT_EQ(s.inf_count, 1u);
+  EXPECT_FLOAT_EQ(s.rms, std::sqrt(25.0f / 3.0f));  // over the 3 finite values
+  EXPECT_EQ(s.absmax, 4.0f);
+  EXPECT_EQ(s.min, -4.0f);
+  EXPECT_EQ(s.max, 3.0f);
+  // XXH3-64 of "abc" (seed 0), as printed by python3-xxhash's xxh3_64_intdigest(b"abc").
+  EXPECT_EQ(ContentHash("abc", 3), 8696274497037089104ull);
+  // bf16 0x3FC0 = 1.5; E4M3 0x7E = 448 (max), 0x7F = NaN, 0x01 = 2^-9.
+  EXPECT_EQ(Bf16ToFloat(0x3FC0), 1.5f);
+  EXPECT_EQ(Fp8E4m3ToFloat(0x7E), 448.0f);
+  EXPECT_TRUE(std::isnan(Fp8E4m3ToFloat(0x7F)));
+  EXPECT_EQ(Fp8E4m3ToFloat(0x01), std::ldexp(1.0f, -9));
+  EXPECT_EQ(Fp8E4m3ToFloat(0xB8), -1.0f);
+}
+
+TEST(TraceRoundTrip, TensorsSamplingRequestsAndFlushCopies) {
+  const fs::path path = TempPath("roundtrip.h5");
+  const fs::path snap = TempPath("roundtrip.snapshot.h5");
+  std::mt19937 rng(7);
+  constexpr int64_t kCols = 5;
+
+  TraceWriterOptions opts;
+  opts.target_chunk_bytes = 16 * kCols * 4;  // 16-row value chunks: many chunks, tails in use
+  opts.compression_threads = 1;
+  opts.batch_width = 3;
+  int64_t snapshot_at = -1;
+  opts.on_flushed = [&](int64_t steps) {
+    // On the writer thread, right after H5Fflush: what a SIGKILL now would leave behind.
+    if (steps == 2) {
+      fs::copy_file(path, snap, fs::copy_options::overwrite_existing);
+      fs::copy_file(TailsPath(path), TailsPath(snap), fs::copy_options::overwrite_existing);
+      snapshot_at = steps;
+    }
+  };
+  auto w = TraceWriter::Create(path, opts);
+  ASSERT_TRUE(w.ok()) << w.status().message();
+  TraceWriter& tw = **w;
+  ASSERT_TRUE(tw.SetMeta("model", "{\"hidden\": 5}").ok());
+  RequestRecord rq;
+  rq.id = 0;
+  rq.name = "first";
+  rq.prompt = {5, 6, 7};
+  rq.prompt_text = "héllo";
+  rq.seed = 42;
+  rq.temperature = 0.7;
+  ASSERT_TRUE(tw.AddRequest(rq).ok());
+  TensorSpec full{"taps/layers.0.x", DType::kF32, kCols, true, {{"note", "a tap"}}};
+  TensorSpec summ{"taps/layers.0.y", DType::kF32, kCols, false, {}};
+  auto tf = tw.DefineTensor(full);
+  auto ts = tw.DefineTensor(summ);
+  ASSERT_TRUE(tf.ok() && ts.ok());
+  EXPECT_FALSE(tw.DefineTensor(full).ok());  // twice
+
+  Rows all;
+  std::vector<SamplingRow> sampled;
+  int64_t pos = 0;
+  Rows before_snapshot;
+  // Step 0: a prefill of 37 rows; then one row per step.
+  for (int64_t step = 0; step < 60; ++step) {
+    const int64_t n = step == 0 ? 37 : 1;
+    Rows r = MakeRows(rng, n, kCols, 0, pos);
+    pos += n;
+    ASSERT_TRUE(tw.Append(*tf, r.summaries, r.values.data()).ok());
+    ASSERT_TRUE(tw.Append(*ts, r.summaries, nullptr).ok());
+    all.values.insert(all.values.end(), r.values.begin(), r.values.end());
+    all.summaries.insert(all.summaries.end(), r.summaries.begin(), r.summaries.end());
+    SamplingRow sr;
+    sr.request = 0;
+    sr.token = static_cast<int32_t>(step * 3);
+    sr.token_index = step;
+    sr.step = step;
+    sr.uniform = step / 100.0;
+    sampled.push_back(sr);
+    ASSERT_TRUE(tw.AppendSampling(sr).ok());
+    StepRow st;
+    st.step = step;
+    st.batch_size = 1;
+    const int64_t ids[] = {0};
+    ASSERT_TRUE(tw.AppendStep(st, ids).ok());
+    if (step == 20) {
+      before_snapshot = all;
+      ASSERT_TRUE(tw.Flush(2).ok());
+    } else if (step % 10 == 5) {
+      ASSERT_TRUE(tw.Flush(1).ok());
+    }
+  }
+  std::vector<int32_t> generated;
+  for (const auto& s : sampled) generated.push_back(s.token);
+  ASSERT_TRUE(tw.FinishRequest(0, generated, "done!", "length").ok());
+  ASSERT_TRUE(tw.Close().ok()) << tw.status().message();
+  ASSERT_EQ(snapshot_at, 2);
+  EXPECT_FALSE(fs::exists(TailsPath(path)));  // a clean close removes the sidecar
+
+  // The complete file.
+  auto r = TraceReader::Open(path);
+  ASSERT_TRUE(r.ok()) << r.status().message();
+  const TraceReader& tr = **r;
+  EXPECT_TRUE(tr.complete());
+  EXPECT_EQ(tr.format_major(), kFormatMajor);
+  EXPECT_EQ(tr.meta().at("model"), "{\"hidden\": 5}");
+  ASSERT_EQ(tr.requests().size(), 1u);
+  EXPECT_EQ(tr.requests()[0].name, "first");
+  EXPECT_EQ(tr.requests()[0].prompt_text, "héllo");
+  EXPECT_EQ(tr.requests()[0].prompt, rq.prompt);
+  EXPECT_EQ(tr.requests()[0].generated, generated);
+  EXPECT_EQ(tr.requests()[0].finish_reason, "length");
+  EXPECT_EQ(tr.requests()[0].seed, 42u);
+  const TensorInfo* x = tr.FindTensor("layers.0.x");
+  const TensorInfo* y = tr.FindTensor("taps/layers.0.y");
+  ASSERT_TRUE(x && y);
+  EXPECT_EQ(x->attrs.at("note"), "a tap");
+  EXPECT_EQ(x->rows, pos);
+  EXPECT_EQ(y->rows, pos);
+  EXPECT_FALSE(y->has_values);
+  auto vals = tr.ReadValues(*x, 0, x->rows);
+  ASSERT_TRUE(vals.ok()) << vals.status().message();
+  ASSERT_EQ(vals->size(), all.values.size() * 4);
+  EXPECT_EQ(std::memcmp(vals->data(), all.values.data(), vals->size()), 0);
+  auto sum = tr.ReadSummary(*y);
+  ASSERT_TRUE(sum.ok());
+  for (int64_t i = 0; i < pos; ++i) {
+    EXPECT_EQ((*sum)[i].hash, all.summaries[i].hash);
+    EXPECT_EQ((*sum)[i].hash, ContentHash(vals->data() + i * kCols * 4, kCols * 4)) << i;
+    EXPECT_EQ((*sum)[i].position, i);
+    EXPECT_EQ((*sum)[i].rms, all.summaries[i].rms);
+  }
+  auto samp = tr.ReadSampling();
+  ASSERT_TRUE(samp.ok());
+  ASSERT_EQ(samp->size(), sampled.size());
+  EXPECT_EQ(std::memcmp(samp->data(), sampled.data(), sampled.size() * sizeof(SamplingRow)), 0);
+  int64_t width = 0;
+  auto batch = tr.ReadStepBatch(&width);
+  ASSERT_TRUE(batch.ok());
+  EXPECT_EQ(width, 3);
+  EXPECT_EQ((*batch)[0], 0);
+  EXPECT_EQ((*batch)[1], -1);
+  // Compression happened (random normals compress a little; summaries a lot).
+  EXPECT_LT(x->stored_bytes, x->raw_bytes);
+
+  // The snapshot: incomplete, holds exactly the rows of steps 0..20 (37 + 20 rows).
+  auto s = TraceReader::Open(snap);
+  ASSERT_TRUE(s.ok()) << s.status().message();
+  EXPECT_FALSE((*s)->complete());
+  EXPECT_EQ((*s)->flushed_steps(), 2);
+  const TensorInfo* sx = (*s)->FindTensor("layers.0.x");
+  ASSERT_TRUE(sx);
+  ASSERT_EQ(sx->rows, 57);
+  auto svals = (*s)->ReadValues(*sx, 0, sx->rows);
+  ASSERT_TRUE(svals.ok()) << svals.status().message();
+  EXPECT_EQ(std::memcmp(svals->data(), before_snapshot.values.data(), svals->size()), 0);
+  auto ssamp = (*s)->ReadSampling();
+  ASSERT_TRUE(ssamp.ok());
+  EXPECT_EQ(ssamp->size(), 21u);
+  ASSERT_EQ((*s)->requests().size(), 1u);
+  EXPECT_EQ((*s)->requests()[0].generated.size(), 21u);  // rebuilt from /sampling
+  EXPECT_EQ((*s)->requests()[0].finish_reason, "");
+}
+
+TEST(TraceWriter, UnwritablePathIsOneLineError) {
+  auto w = TraceWriter::Create("/nonexistent-dir/x/run.h5");
+  ASSERT_FALSE(w.ok());
+  EXPECT_NE(w.status().message().find("/nonexistent-dir/x/run.h5"), std::string::npos);
+  EXPECT_EQ(w.status().message().find('\n'), std::string::npos);
+}
+
+}  // namespace
+}  // namespace lockstep::traces

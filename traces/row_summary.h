@@ -1,0 +1,27 @@
+// traces/row_summary.h — the per-row statistics and 64-bit content hash that every captured
+// tensor row gets (SummaryRow in trace_format.h defines what each field means).
+//
+// Pure functions; thread-safe. Used by the recorder on the engine thread (so they must be
+// cheap: one pass over the row) and by readers that verify a trace.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+
+#include "traces/trace_format.h"
+
+namespace lockstep::traces {
+
+// XXH3-64 (seed kHashSeed) of `bytes` bytes.
+uint64_t ContentHash(const void* data, size_t bytes);
+
+// Fills hash, nan_count, inf_count, rms, absmax, min, max of `row` (cols elements of
+// `dtype`); leaves request, position and step alone. Element values: f32 and bf16 as the
+// floats they encode, i32 and u8 as integers, fp8_e4m3 as the E4M3 value (without any scale).
+void Summarize(DType dtype, const void* row, int64_t cols, SummaryRow* out);
+
+// Decoders used by Summarize (and by tests).
+float Bf16ToFloat(uint16_t bits);
+float Fp8E4m3ToFloat(uint8_t bits);
+
+}  // namespace lockstep::traces

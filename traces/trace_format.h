@@ -1,0 +1,170 @@
+// traces/trace_format.h — the on-disk layout of a lockstep trace, shared by TraceWriter and
+// TraceReader. Every group, dataset and attribute name and every version constant lives
+// here; docs/trace-format.md is the prose spec of the same layout (keep them in step).
+//
+// A trace is one HDF5 file (default file format, readable by HDF5 ≥ 1.8, h5py, h5dump):
+//
+//   /                      attrs: lockstep_trace, format_version [major, minor], complete,
+//                                 flushed_steps, writer
+//   /meta                  attrs: one string per key (model config JSON, fingerprint, …)
+//   /requests/<id>         attrs: name, prompt_text, max_new_tokens, seed, temperature, top_k,
+//                                 top_p, min_p; when finished: generated_text, finish_reason
+//                          datasets: prompt int32 [P]; when finished: generated int32 [G]
+//   /sampling              SamplingRow [N]: one row per generated token, any request
+//   /steps                 StepRow [N]: one row per engine step
+//   /step_batch            int64 [N, batch_width]: the request ids of each step, −1 padded
+//   /taps/<tap name>/      attrs: dtype, cols, has_values, + caller's attrs
+//        summary           SummaryRow [N]: (request, position) of each row + its statistics
+//        values            [N, cols] in the stored dtype (only with has_values = 1);
+//                          row i of values is described by row i of summary
+//   /kv/<layer.stream>/    same shape as a tap: the KV cache bytes as stored
+//
+// Beside it, only while recording (or after a crash), the sidecar <trace>.tails (HDF5):
+//   /tails/<k>             the rows of the unfinished last chunk of the table named by attr
+//                          `target` (rows [base, base + count) of that table)
+// A clean close writes those rows into the trace and deletes the sidecar.
+//
+// Tables grow along rows in chunks of `chunk_rows` rows (attribute on each table). A chunk
+// is written once, shuffled and Zstandard-compressed (filter 32015), when it is full.
+// Rows of the unfinished last chunk go, at each flush, to an uncompressed "tail" dataset in
+// the sidecar that is overwritten in place; the full rule is in docs/trace-format.md
+// ("Crash safety").
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+
+namespace lockstep::traces {
+
+// Version: a reader refuses a trace whose major is newer than its own; a larger minor
+// only adds things an older reader may ignore.
+inline constexpr int32_t kFormatMajor = 1;
+inline constexpr int32_t kFormatMinor = 0;
+
+// Root attributes.
+inline constexpr char kAttrMagic[] = "lockstep_trace";         // string, value kMagicValue
+inline constexpr char kMagicValue[] = "lockstep trace";
+inline constexpr char kAttrFormatVersion[] = "format_version";  // int32 [2]
+inline constexpr char kAttrComplete[] = "complete";             // uint8: 1 once closed cleanly
+inline constexpr char kAttrFlushedSteps[] = "flushed_steps";    // int64: engine steps durable
+inline constexpr char kAttrWriter[] = "writer";                 // string: "lockstep 0.1.0 (rev)"
+
+// Groups and tables.
+inline constexpr char kMetaGroup[] = "meta";
+inline constexpr char kRequestsGroup[] = "requests";
+inline constexpr char kTapsGroup[] = "taps";
+inline constexpr char kKvGroup[] = "kv";
+inline constexpr char kTailsGroup[] = "tails";
+inline constexpr char kSamplingTable[] = "sampling";
+inline constexpr char kStepsTable[] = "steps";
+inline constexpr char kStepBatchTable[] = "step_batch";
+
+// Inside a tensor group.
+inline constexpr char kValuesDataset[] = "values";
+inline constexpr char kSummaryDataset[] = "summary";
+inline constexpr char kAttrDType[] = "dtype";          // string, see DTypeName
+inline constexpr char kAttrCols[] = "cols";            // int64
+inline constexpr char kAttrHasValues[] = "has_values";  // uint8
+inline constexpr char kAttrChunkRows[] = "chunk_rows";  // int64, on every table
+
+// Tail datasets (crash recovery), in the sidecar file <trace>.tails.
+inline constexpr char kTailsSuffix[] = ".tails";
+inline constexpr char kAttrTailTarget[] = "target";  // string: the table's path
+inline constexpr char kAttrTailBase[] = "base";      // int64: table row of the tail's row 0
+inline constexpr char kAttrTailCount[] = "count";    // int64: valid rows in the tail
+
+// Inside /requests/<id>.
+inline constexpr char kPromptDataset[] = "prompt";
+inline constexpr char kGeneratedDataset[] = "generated";
+inline constexpr char kAttrName[] = "name";
+inline constexpr char kAttrPromptText[] = "prompt_text";
+inline constexpr char kAttrGeneratedText[] = "generated_text";
+inline constexpr char kAttrFinishReason[] = "finish_reason";
+inline constexpr char kAttrMaxNewTokens[] = "max_new_tokens";
+inline constexpr char kAttrSeed[] = "seed";
+inline constexpr char kAttrTemperature[] = "temperature";
+inline constexpr char kAttrTopK[] = "top_k";
+inline constexpr char kAttrTopP[] = "top_p";
+inline constexpr char kAttrMinP[] = "min_p";
+
+// Compression: HDF5 byte-shuffle, then Zstandard through the registered filter ID 32015
+// (cd_values[0] = level), one ZSTD_compress frame per chunk so that the HDF Group's
+// H5Zzstd and hdf5plugin decode it.
+inline constexpr int kZstdFilterId = 32015;
+inline constexpr int kDefaultZstdLevel = 3;
+
+// Element types of tensor values. bf16 is stored as uint16 (the top half of an IEEE fp32:
+// value = float32(bits << 16)); fp8_e4m3 as uint8 (OCP E4M3FN: bias 7, no Inf, 0x7F/0xFF
+// NaN, max 448). HDF5 custom floats are deliberately not used: HDF5 reads E4M3's 448 as NaN.
+enum class DType : uint8_t { kF32 = 0, kI32 = 1, kBf16 = 2, kFp8E4m3 = 3, kU8 = 4 };
+inline constexpr const char* DTypeName(DType d) {
+  switch (d) {
+    case DType::kF32: return "f32";
+    case DType::kI32: return "i32";
+    case DType::kBf16: return "bf16";
+    case DType::kFp8E4m3: return "fp8_e4m3";
+    case DType::kU8: return "u8";
+  }
+  return "?";
+}
+inline constexpr size_t DTypeSize(DType d) {
+  switch (d) {
+    case DType::kF32: case DType::kI32: return 4;
+    case DType::kBf16: return 2;
+    case DType::kFp8E4m3: case DType::kU8: return 1;
+  }
+  return 0;
+}
+
+// Content hash of a row: XXH3-64 with seed 0 over the row's stored bytes (little-endian,
+// row-major). Python: xxhash.xxh3_64_intdigest(row.tobytes()).
+inline constexpr uint64_t kHashSeed = 0;
+
+// One row of a summary table: where the row came from and statistics of its values
+// (computed in double from the values as stored, then rounded to float; NaN and ±Inf are
+// counted and excluded from rms/absmax/min/max, which are 0 when no value is finite).
+// The struct is the file layout: little-endian, no padding (static_asserts below).
+struct SummaryRow {
+  int64_t position = 0;  // sequence position within the request
+  uint64_t hash = 0;     // XXH3-64 of the row's bytes
+  int32_t request = 0;   // engine request id
+  int32_t step = 0;      // engine step that produced the row
+  uint32_t nan_count = 0;
+  uint32_t inf_count = 0;
+  float rms = 0, absmax = 0, min = 0, max = 0;
+};
+static_assert(sizeof(SummaryRow) == 48);
+
+// One sampled token: the sampler's inputs and its draw (docs/sampling.md).
+struct SamplingRow {
+  int32_t request = 0;
+  int32_t token = -1;
+  int64_t token_index = 0;  // index of the token within the request's generation
+  int64_t step = 0;         // engine step
+  uint64_t seed = 0;        // Philox key
+  uint64_t counter = 0;     // Philox counter (the token index)
+  int64_t top_k = 0;
+  int64_t candidates = 0;   // tokens left after the filters
+  double probability = 0;   // of the chosen token under the filtered distribution
+  double uniform = -1;      // the draw; −1 when greedy
+  double temperature = 0;
+  double top_p = 1;
+  double min_p = 0;
+  int32_t batch_size = 0;
+  int32_t finished = 0;     // 1 on the request's last token
+  int32_t sampled = -1;     // the sampler's own choice (differs from token when forced)
+  int32_t forced = 0;       // 1 when the token was teacher-forced (replay), not sampled
+};
+static_assert(sizeof(SamplingRow) == 112);
+
+// One engine step.
+struct StepRow {
+  int64_t step = 0;
+  int32_t batch_size = 0;
+  int32_t tokens = 0;       // tokens the forward pass processed (prefill + decode rows)
+  int64_t wall_ns = 0;      // engine time of the step (forward + sampling)
+  int64_t stall_ns = 0;     // time the engine waited on a full trace queue during the step
+};
+static_assert(sizeof(StepRow) == 32);
+
+}  // namespace lockstep::traces

@@ -1,0 +1,432 @@
+// traces/trace_reader.cc — see trace_reader.h.
+#include "traces/trace_reader.h"
+
+#include <algorithm>
+#include <cstring>
+
+#include "traces/trace_types.h"
+#include "traces/trace_writer.h"
+#include "traces/zstd_filter.h"
+
+namespace lockstep::traces {
+namespace {
+
+// A table claiming more rows than this is refused at open, whatever its chunks say:
+// 2^40 rows is far past any trace (a million tokens × a million rows each).
+constexpr int64_t kMaxRows = 1ll << 40;
+
+std::string Join(const std::string& a, const std::string& b) { return a + "/" + b; }
+
+}  // namespace
+
+Status TraceReader::Err(const Status& s) const { return s.WithContext(path_.string() + ": "); }
+
+Result<std::unique_ptr<TraceReader>> TraceReader::Open(const std::filesystem::path& path) {
+  std::unique_ptr<TraceReader> r(new TraceReader());
+  r->path_ = path;
+  std::error_code ec;
+  if (!std::filesystem::is_regular_file(path, ec)) {
+    return Status::NotFound(path.string() + ": no such trace file");
+  }
+  r->file_bytes_ = static_cast<int64_t>(std::filesystem::file_size(path, ec));
+  LS_RETURN_IF_ERROR(RegisterZstdFilter());
+  h5::Quiet();
+  const htri_t is_h5 = H5Fis_hdf5(path.c_str());
+  if (is_h5 <= 0) {
+    h5::LastError();
+    return Status::Corruption(path.string() + ": not an HDF5 file (no HDF5 signature), so not a lockstep trace");
+  }
+  r->file_ = h5::Hid(H5Fopen(path.c_str(), H5F_ACC_RDONLY, H5P_DEFAULT));
+  if (!r->file_.valid()) {
+    const std::string why = h5::LastError();
+    return Status::Corruption(path.string() + ": cannot open (truncated, damaged, or still being written?)" +
+                              (why.empty() ? "" : ": " + why));
+  }
+  LS_RETURN_IF_ERROR(r->Err(r->Load()));
+  return r;
+}
+
+Status TraceReader::Load() {
+  const hid_t f = file_.get();
+  auto magic = h5::ReadStringAttr(f, kAttrMagic);
+  if (!magic.ok() || *magic != kMagicValue) {
+    return Status::Corruption(std::string("not a lockstep trace (root attribute '") + kAttrMagic + "' missing)");
+  }
+  auto version_attr = h5::ReadIntsAttr(f, kAttrFormatVersion, 2);
+  if (!version_attr.ok()) {
+    return Status::Corruption(std::string("root attribute '") + kAttrFormatVersion + "' missing or malformed");
+  }
+  const std::vector<int64_t>& version = *version_attr;
+  if (version.size() != 2 || version[0] < 0 || version[1] < 0 || version[0] > INT32_MAX || version[1] > INT32_MAX) {
+    return Status::Corruption(std::string("root attribute '") + kAttrFormatVersion + "' must be [major, minor]");
+  }
+  major_ = static_cast<int32_t>(version[0]);
+  minor_ = static_cast<int32_t>(version[1]);
+  if (major_ > kFormatMajor) {
+    return Status::Unsupported("trace format " + std::to_string(major_) + "." + std::to_string(minor_) +
+                               " is newer than this lockstep reads (" + std::to_string(kFormatMajor) +
+                               ".x); open it with a newer lockstep");
+  }
+  if (major_ < 1) return Status::Corruption("format_version " + std::to_string(major_) + " was never written");
+  auto complete = h5::ReadIntAttr(f, kAttrComplete);
+  complete_ = complete.ok() && *complete == 1;
+  auto flushed = h5::ReadIntAttr(f, kAttrFlushedSteps);
+  flushed_steps_ = flushed.ok() ? *flushed : 0;
+  auto writer = h5::ReadStringAttr(f, kAttrWriter);
+  if (writer.ok()) writer_ = *writer;
+
+  // /meta: string attributes.
+  {
+    LS_ASSIGN_OR_RETURN(h5::Hid meta, h5::OpenGroup(f, kMetaGroup));
+    LS_ASSIGN_OR_RETURN(std::vector<std::string> names, h5::AttrNames(meta.get()));
+    for (const auto& n : names) {
+      auto v = h5::ReadStringAttr(meta.get(), n);
+      if (!v.ok()) return v.status().WithContext(std::string(kMetaGroup) + "/" + n + ": ");
+      meta_[n] = *v;
+    }
+  }
+
+  // The sidecar <trace>.tails: the unfinished chunks of a trace that did not close.
+  const std::filesystem::path side = TailsPath(path_);
+  std::error_code ec;
+  if (!complete_ && std::filesystem::exists(side, ec)) {
+    tails_file_ = h5::Hid(H5Fopen(side.c_str(), H5F_ACC_RDONLY, H5P_DEFAULT));
+    if (!tails_file_.valid()) {
+      return Status::Corruption(side.string() + ": cannot open the tails of this incomplete trace: " + h5::LastError() +
+                                " (move it away to read the trace without its last rows)");
+    }
+    const hid_t tf = tails_file_.get();
+    LS_ASSIGN_OR_RETURN(h5::Hid tails, h5::OpenGroup(tf, kTailsGroup));
+    LS_ASSIGN_OR_RETURN(std::vector<std::string> names, h5::LinkNames(tails.get()));
+    for (const auto& n : names) {
+      const std::string p = Join(kTailsGroup, n);
+      LS_ASSIGN_OR_RETURN(h5::Hid d, h5::OpenDataset(tf, p));
+      auto target = h5::ReadStringAttr(d.get(), kAttrTailTarget);
+      auto base = h5::ReadIntAttr(d.get(), kAttrTailBase);
+      auto count = h5::ReadIntAttr(d.get(), kAttrTailCount);
+      // A tail created but never described (killed inside its first flush) holds nothing.
+      if (!target.ok() || !base.ok() || !count.ok()) continue;
+      LS_ASSIGN_OR_RETURN(std::vector<hsize_t> dims, h5::Dims(d.get(), 2));
+      if (dims.empty() || *base < 0 || *base > kMaxRows || *count < 0 || *count > static_cast<int64_t>(dims[0])) {
+        return Status::Corruption(side.string() + ": " + p + ": base/count outside the tail");
+      }
+      tails_[*target] = {p, {*base, *count}};
+    }
+  }
+
+  LS_RETURN_IF_ERROR(LoadTensors(kTapsGroup));
+  LS_RETURN_IF_ERROR(LoadTensors(kKvGroup));
+  {
+    LS_ASSIGN_OR_RETURN(Table t, InspectTable(kSamplingTable, 0, true, sizeof(SamplingRow)));
+    tables_[t.path] = t;
+  }
+  {
+    LS_ASSIGN_OR_RETURN(Table t, InspectTable(kStepsTable, 0, true, sizeof(StepRow)));
+    tables_[t.path] = t;
+  }
+  {
+    LS_ASSIGN_OR_RETURN(h5::Hid d, h5::OpenDataset(f, kStepBatchTable));
+    LS_ASSIGN_OR_RETURN(std::vector<hsize_t> dims, h5::Dims(d.get(), 2));
+    if (dims.size() != 2 || dims[1] == 0 || dims[1] > 4096) {
+      return Status::Corruption(std::string(kStepBatchTable) + ": expected [steps, batch width ≤ 4096]");
+    }
+    LS_ASSIGN_OR_RETURN(Table t, InspectTable(kStepBatchTable, static_cast<int64_t>(dims[1]), false, 8));
+    tables_[t.path] = t;
+  }
+  return LoadRequests();
+}
+
+// Checks one table against what it claims: rank, element type, row count versus the chunks
+// actually stored (a shape of petabytes with a few chunks behind it is refused here).
+Result<TraceReader::Table> TraceReader::InspectTable(const std::string& path, int64_t cols, bool compound,
+                                                     size_t element_size) {
+  const hid_t f = file_.get();
+  LS_ASSIGN_OR_RETURN(h5::Hid d, h5::OpenDataset(f, path));
+  Table t;
+  t.path = path;
+  t.cols = cols;
+  t.element_size = element_size;
+  auto dims_r = h5::Dims(d.get(), 2);
+  if (!dims_r.ok()) return dims_r.status().WithContext(path + ": ");
+  const std::vector<hsize_t>& dims = *dims_r;
+  const size_t want_rank = cols > 0 ? 2 : 1;
+  if (dims.size() != want_rank || (cols > 0 && dims[1] != static_cast<hsize_t>(cols))) {
+    return Status::Corruption(path + ": shape does not match " + (cols > 0 ? "[rows, " + std::to_string(cols) + "]" : "[rows]"));
+  }
+  h5::Hid type(H5Dget_type(d.get()));
+  const H5T_class_t cls = type.valid() ? H5Tget_class(type.get()) : H5T_NO_CLASS;
+  if ((compound && cls != H5T_COMPOUND) || (!compound && cls != H5T_INTEGER && cls != H5T_FLOAT) ||
+      H5Tget_size(type.get()) != element_size) {
+    return Status::Corruption(path + ": element type is not the one this format stores (" +
+                              std::to_string(element_size) + "-byte " + (compound ? "compound" : "number") + ")");
+  }
+  h5::Hid dcpl(H5Dget_create_plist(d.get()));
+  hsize_t chunk[2] = {0, 0};
+  if (!dcpl.valid() || H5Pget_layout(dcpl.get()) != H5D_CHUNKED ||
+      H5Pget_chunk(dcpl.get(), 2, chunk) != static_cast<int>(want_rank) || chunk[0] == 0) {
+    h5::LastError();
+    return Status::Corruption(path + ": not chunked along rows");
+  }
+  t.chunk_rows = static_cast<int64_t>(chunk[0]);
+  if (dims[0] > static_cast<hsize_t>(kMaxRows)) {
+    return Status::Corruption(path + ": claims " + std::to_string(dims[0]) + " rows, more than any trace holds");
+  }
+  t.main_rows = static_cast<int64_t>(dims[0]);
+  hsize_t nchunks = 0;
+  h5::Hid space(H5Dget_space(d.get()));
+  if (H5Dget_num_chunks(d.get(), space.get(), &nchunks) < 0) return h5::Error(path + ": chunk index");
+  const int64_t backed = static_cast<int64_t>(nchunks) * t.chunk_rows;
+  if (t.main_rows > backed) {
+    return Status::Corruption(path + ": claims " + std::to_string(t.main_rows) + " rows but stores " +
+                              std::to_string(nchunks) + " chunks of " + std::to_string(t.chunk_rows) +
+                              " (at most " + std::to_string(backed) + " rows)");
+  }
+  t.stored_bytes = static_cast<int64_t>(H5Dget_storage_size(d.get()));
+  t.rows = t.main_rows;
+  auto tail = tails_.find(path);
+  if (tail != tails_.end()) {
+    const auto [base, count] = tail->second.second;
+    // Rows [base, base + count) of the table are in the tail. A tail that ends at or
+    // before the main rows is stale (those rows made it into a chunk); one that starts past
+    // them would leave a gap and cannot come from our writer.
+    if (base <= t.main_rows && base + count > t.main_rows) {
+      t.rows = base + count;
+      t.tail = tail->second.first;
+      t.tail_base = base;
+    } else if (base > t.main_rows) {
+      return Status::Corruption(path + ": tail starts at row " + std::to_string(base) + " past the table's " +
+                                std::to_string(t.main_rows) + " rows");
+    }
+  }
+  return t;
+}
+
+Status TraceReader::LoadTensors(const char* group) {
+  const hid_t f = file_.get();
+  LS_ASSIGN_OR_RETURN(h5::Hid g, h5::OpenGroup(f, group));
+  LS_ASSIGN_OR_RETURN(std::vector<std::string> names, h5::LinkNames(g.get()));
+  for (const auto& n : names) {
+    TensorInfo ti;
+    ti.group = group;
+    ti.name = n;
+    ti.path = Join(group, n);
+    auto where = [&](const std::string& field) { return ti.path + ": " + field; };
+    LS_ASSIGN_OR_RETURN(h5::Hid tg, h5::OpenGroup(f, ti.path));
+    auto dtype = h5::ReadStringAttr(tg.get(), kAttrDType);
+    if (!dtype.ok()) return dtype.status().WithContext(ti.path + ": ");
+    auto parsed = ParseDType(*dtype);
+    if (!parsed.ok()) return parsed.status().WithContext(where(kAttrDType) + ": ");
+    ti.dtype = *parsed;
+    auto cols = h5::ReadIntAttr(tg.get(), kAttrCols);
+    if (!cols.ok()) return cols.status().WithContext(ti.path + ": ");
+    if (*cols <= 0 || *cols > (1 << 26)) return Status::Corruption(where(kAttrCols) + " out of range");
+    ti.cols = *cols;
+    auto has_values = h5::ReadIntAttr(tg.get(), kAttrHasValues);
+    if (!has_values.ok()) return has_values.status().WithContext(ti.path + ": ");
+    ti.has_values = *has_values != 0;
+    LS_ASSIGN_OR_RETURN(std::vector<std::string> attrs, h5::AttrNames(tg.get()));
+    for (const auto& a : attrs) {
+      auto v = h5::ReadStringAttr(tg.get(), a);
+      if (v.ok()) ti.attrs[a] = *v;
+    }
+    auto summary = InspectTable(Join(ti.path, kSummaryDataset), 0, true, sizeof(SummaryRow));
+    if (!summary.ok()) return summary.status();
+    ti.rows = summary->rows;
+    ti.stored_bytes = summary->stored_bytes;
+    ti.raw_bytes = summary->main_rows * static_cast<int64_t>(sizeof(SummaryRow));
+    tables_[summary->path] = *summary;
+    if (ti.has_values) {
+      auto values = InspectTable(Join(ti.path, kValuesDataset), ti.cols, false, DTypeSize(ti.dtype));
+      if (!values.ok()) return values.status();
+      // Values and summary grow together; a crash can leave one a flush ahead only if the
+      // file is not ours. Read the rows both have.
+      ti.rows = std::min(ti.rows, values->rows);
+      ti.value_stored_bytes = values->stored_bytes;
+      ti.value_raw_bytes = values->main_rows * ti.cols * static_cast<int64_t>(DTypeSize(ti.dtype));
+      ti.stored_bytes += values->stored_bytes;
+      ti.raw_bytes += ti.value_raw_bytes;
+      tables_[values->path] = *values;
+    }
+    tensors_.push_back(std::move(ti));
+  }
+  return Status::Ok();
+}
+
+Status TraceReader::LoadRequests() {
+  const hid_t f = file_.get();
+  LS_ASSIGN_OR_RETURN(h5::Hid g, h5::OpenGroup(f, kRequestsGroup));
+  LS_ASSIGN_OR_RETURN(std::vector<std::string> names, h5::LinkNames(g.get()));
+  std::vector<SamplingRow> sampling;
+  bool sampling_read = false;
+  for (const auto& n : names) {
+    const std::string p = Join(kRequestsGroup, n);
+    RequestInfo r;
+    char* end = nullptr;
+    const long id = std::strtol(n.c_str(), &end, 10);
+    if (n.empty() || *end != '\0' || id < 0 || id > INT32_MAX) return Status::Corruption(p + ": not a request id");
+    r.id = static_cast<int32_t>(id);
+    LS_ASSIGN_OR_RETURN(h5::Hid rg, h5::OpenGroup(f, p));
+    auto str = [&](const char* k, std::string* out) -> Status {
+      auto v = h5::ReadStringAttr(rg.get(), k);
+      if (!v.ok()) return v.status().WithContext(p + ": ");
+      *out = *v;
+      return Status::Ok();
+    };
+    LS_RETURN_IF_ERROR(str(kAttrName, &r.name));
+    LS_RETURN_IF_ERROR(str(kAttrPromptText, &r.prompt_text));
+    if (h5::HasAttr(rg.get(), kAttrFinishReason)) {
+      LS_RETURN_IF_ERROR(str(kAttrFinishReason, &r.finish_reason));
+      LS_RETURN_IF_ERROR(str(kAttrGeneratedText, &r.generated_text));
+    }
+    auto num = [&](const char* k, auto* out) -> Status {
+      auto v = h5::ReadDoubleAttr(rg.get(), k);
+      if (!v.ok()) return v.status().WithContext(p + ": ");
+      *out = static_cast<std::remove_reference_t<decltype(*out)>>(*v);
+      return Status::Ok();
+    };
+    LS_RETURN_IF_ERROR(num(kAttrMaxNewTokens, &r.max_new_tokens));
+    LS_RETURN_IF_ERROR(num(kAttrTemperature, &r.temperature));
+    LS_RETURN_IF_ERROR(num(kAttrTopK, &r.top_k));
+    LS_RETURN_IF_ERROR(num(kAttrTopP, &r.top_p));
+    LS_RETURN_IF_ERROR(num(kAttrMinP, &r.min_p));
+    {
+      auto seed = h5::ReadIntAttr(rg.get(), kAttrSeed);
+      if (!seed.ok()) return seed.status().WithContext(p + ": ");
+      r.seed = static_cast<uint64_t>(*seed);
+    }
+    auto read_tokens = [&](const char* name, std::vector<int32_t>* out) -> Status {
+      const std::string dp = Join(p, name);
+      LS_ASSIGN_OR_RETURN(h5::Hid d, h5::OpenDataset(f, dp));
+      auto dims = h5::Dims(d.get(), 1);
+      if (!dims.ok() || dims->size() != 1) return Status::Corruption(dp + ": expected a 1-D token list");
+      if ((*dims)[0] > (1u << 26)) return Status::Corruption(dp + ": claims " + std::to_string((*dims)[0]) + " tokens");
+      out->resize((*dims)[0]);
+      if (!out->empty() && H5Dread(d.get(), H5T_NATIVE_INT32, H5S_ALL, H5S_ALL, H5P_DEFAULT, out->data()) < 0) {
+        return h5::Error(dp);
+      }
+      return Status::Ok();
+    };
+    LS_RETURN_IF_ERROR(read_tokens(kPromptDataset, &r.prompt));
+    if (h5::Exists(f, Join(p, kGeneratedDataset))) {
+      LS_RETURN_IF_ERROR(read_tokens(kGeneratedDataset, &r.generated));
+    } else {
+      // Not finished when the trace was last flushed: the tokens are in /sampling.
+      if (!sampling_read) {
+        LS_ASSIGN_OR_RETURN(sampling, ReadSampling());
+        sampling_read = true;
+      }
+      std::vector<std::pair<int64_t, int32_t>> toks;
+      for (const auto& s : sampling) {
+        if (s.request == r.id) toks.push_back({s.token_index, s.token});
+      }
+      std::sort(toks.begin(), toks.end());
+      for (const auto& [i, t] : toks) r.generated.push_back(t);
+    }
+    requests_.push_back(std::move(r));
+  }
+  std::sort(requests_.begin(), requests_.end(), [](const auto& a, const auto& b) { return a.id < b.id; });
+  return Status::Ok();
+}
+
+const TensorInfo* TraceReader::FindTensor(const std::string& s) const {
+  for (const auto& t : tensors_) {
+    if (t.path == s) return &t;
+  }
+  for (const char* g : {kTapsGroup, kKvGroup}) {
+    for (const auto& t : tensors_) {
+      if (t.group == g && t.name == s) return &t;
+    }
+  }
+  return nullptr;
+}
+
+Result<std::vector<uint8_t>> TraceReader::ReadRows(const Table& t, hid_t mem_type, size_t row_bytes, int64_t begin,
+                                                   int64_t count) const {
+  if (begin < 0 || count < 0 || begin > t.rows || count > t.rows - begin) {
+    return Err(Status::InvalidArgument(t.path + ": rows [" + std::to_string(begin) + ", +" + std::to_string(count) +
+                                       ") outside its " + std::to_string(t.rows)));
+  }
+  if (static_cast<double>(count) * static_cast<double>(row_bytes) > static_cast<double>(kMaxReadBytes)) {
+    return Err(Status::InvalidArgument(t.path + ": reading " + std::to_string(count) + " rows needs more than " +
+                                       std::to_string(kMaxReadBytes >> 30) + " GiB; read a range"));
+  }
+  std::vector<uint8_t> out(static_cast<size_t>(count) * row_bytes);
+  auto read_part = [&](const std::string& dpath, int64_t first, int64_t n, uint8_t* dst) -> Status {
+    if (n <= 0) return Status::Ok();
+    const hid_t file = dpath == t.tail ? tails_file_.get() : file_.get();
+    LS_ASSIGN_OR_RETURN(h5::Hid d, h5::OpenDataset(file, dpath));
+    h5::Hid fspace(H5Dget_space(d.get()));
+    const int rank = t.cols > 0 ? 2 : 1;
+    hsize_t start[2] = {static_cast<hsize_t>(first), 0};
+    hsize_t cnt[2] = {static_cast<hsize_t>(n), static_cast<hsize_t>(t.cols)};
+    h5::Hid mspace(H5Screate_simple(rank, cnt, nullptr));
+    if (H5Sselect_hyperslab(fspace.get(), H5S_SELECT_SET, start, nullptr, cnt, nullptr) < 0 ||
+        H5Dread(d.get(), mem_type, mspace.get(), fspace.get(), H5P_DEFAULT, dst) < 0) {
+      return h5::Error(dpath + ": rows [" + std::to_string(first) + ", +" + std::to_string(n) +
+                       ") unreadable (damaged chunk, or the zstd filter missing?)");
+    }
+    return Status::Ok();
+  };
+  const int64_t end = begin + count;
+  const int64_t main_end = std::min(end, t.main_rows);
+  if (t.tail.empty() || end <= t.main_rows) {
+    LS_RETURN_IF_ERROR(Err(read_part(t.path, begin, count, out.data())));
+    return out;
+  }
+  // Main rows first, the rest from the tail (rows from max(begin, main_rows) on).
+  const int64_t from_tail = std::max(begin, t.main_rows);
+  if (main_end > begin) LS_RETURN_IF_ERROR(Err(read_part(t.path, begin, main_end - begin, out.data())));
+  LS_RETURN_IF_ERROR(Err(read_part(t.tail, from_tail - t.tail_base, end - from_tail,
+                                   out.data() + static_cast<size_t>(from_tail - begin) * row_bytes)));
+  return out;
+}
+
+Result<std::vector<SummaryRow>> TraceReader::ReadSummary(const TensorInfo& ti) const {
+  auto it = tables_.find(Join(ti.path, kSummaryDataset));
+  if (it == tables_.end()) return Err(Status::NotFound(ti.path + ": no summary"));
+  h5::Hid type = SummaryType();
+  LS_ASSIGN_OR_RETURN(std::vector<uint8_t> bytes, ReadRows(it->second, type.get(), sizeof(SummaryRow), 0, ti.rows));
+  std::vector<SummaryRow> rows(ti.rows);
+  if (!rows.empty()) std::memcpy(rows.data(), bytes.data(), bytes.size());
+  return rows;
+}
+
+Result<std::vector<uint8_t>> TraceReader::ReadValues(const TensorInfo& ti, int64_t begin, int64_t count) const {
+  if (!ti.has_values) return Err(Status::NotFound(ti.path + ": summary capture, no values stored"));
+  auto it = tables_.find(Join(ti.path, kValuesDataset));
+  if (it == tables_.end()) return Err(Status::NotFound(ti.path + ": no values"));
+  if (begin < 0 || count < 0 || begin > ti.rows || count > ti.rows - begin) {
+    return Err(Status::InvalidArgument(ti.path + ": rows [" + std::to_string(begin) + ", +" + std::to_string(count) +
+                                       ") outside its " + std::to_string(ti.rows)));
+  }
+  return ReadRows(it->second, ValueType(ti.dtype), ti.cols * DTypeSize(ti.dtype), begin, count);
+}
+
+Result<std::vector<SamplingRow>> TraceReader::ReadSampling() const {
+  const Table& t = tables_.at(kSamplingTable);
+  h5::Hid type = SamplingType();
+  LS_ASSIGN_OR_RETURN(std::vector<uint8_t> bytes, ReadRows(t, type.get(), sizeof(SamplingRow), 0, t.rows));
+  std::vector<SamplingRow> rows(t.rows);
+  if (!rows.empty()) std::memcpy(rows.data(), bytes.data(), bytes.size());
+  return rows;
+}
+
+Result<std::vector<StepRow>> TraceReader::ReadSteps() const {
+  const Table& t = tables_.at(kStepsTable);
+  h5::Hid type = StepType();
+  LS_ASSIGN_OR_RETURN(std::vector<uint8_t> bytes, ReadRows(t, type.get(), sizeof(StepRow), 0, t.rows));
+  std::vector<StepRow> rows(t.rows);
+  if (!rows.empty()) std::memcpy(rows.data(), bytes.data(), bytes.size());
+  return rows;
+}
+
+Result<std::vector<int64_t>> TraceReader::ReadStepBatch(int64_t* width) const {
+  const Table& t = tables_.at(kStepBatchTable);
+  *width = t.cols;
+  LS_ASSIGN_OR_RETURN(std::vector<uint8_t> bytes, ReadRows(t, H5T_NATIVE_INT64, 8 * t.cols, 0, t.rows));
+  std::vector<int64_t> ids(t.rows * t.cols);
+  if (!ids.empty()) std::memcpy(ids.data(), bytes.data(), bytes.size());
+  return ids;
+}
+
+}  // namespace lockstep::traces

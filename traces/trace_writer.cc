@@ -1,0 +1,694 @@
+// traces/trace_writer.cc — see trace_writer.h. The writer thread's protocol for crash
+// safety is described in docs/trace-format.md ("Crash safety"); the comments here say
+// which step of it each piece of code is.
+#include "traces/trace_writer.h"
+
+#include <algorithm>
+#include <chrono>
+#include <condition_variable>
+#include <cstring>
+#include <deque>
+#include <mutex>
+#include <thread>
+
+#include <fcntl.h>
+#include <unistd.h>
+
+#include "traces/h5.h"
+#include "traces/trace_types.h"
+#include "traces/zstd_filter.h"
+
+namespace lockstep::traces {
+
+// One unit of work for the writer thread, in call order.
+struct Command {
+  enum class Kind { kMeta, kAddRequest, kFinishRequest, kDefineTensor, kAppend, kFlush, kClose };
+  explicit Command(Kind k = Kind::kMeta) : kind(k) {}
+  Kind kind;
+  int32_t table = -1;   // kAppend: destination table
+  std::vector<uint8_t> bytes;  // kAppend: whole rows
+  std::string key, value;      // kMeta; kFinishRequest: value = text, key = finish reason
+  RequestRecord request;       // kAddRequest; kFinishRequest uses id and prompt (= generated)
+  TensorSpec tensor;           // kDefineTensor
+  int64_t steps = 0;           // kFlush
+};
+
+std::filesystem::path TailsPath(const std::filesystem::path& trace) {
+  std::filesystem::path p = trace;
+  p += kTailsSuffix;
+  return p;
+}
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+// An append-only table: one chunked dataset plus the state of its unfinished chunk.
+struct Table {
+  std::string path;
+  h5::Hid type;          // file (= memory) type of one element
+  size_t element_size = 0;
+  int64_t cols = 0;      // 0: a 1-D table of compound rows; else [rows, cols]
+  size_t row_bytes = 0;
+  int64_t chunk_rows = 0;
+  h5::Hid dset;
+  std::vector<uint8_t> tail;     // rows after the last full chunk
+  int64_t chunks_queued = 0;     // full chunks handed to compression
+  int64_t chunks_written = 0;    // full chunks stored (main extent = chunks_written·chunk_rows)
+  // The tail dataset (/tails/<index>) and what the file says about it as of the last flush.
+  h5::Hid tail_dset;
+  int64_t tail_base = -1, tail_count = 0;
+  bool tail_dirty = false;       // tail changed since the last flush
+  int64_t index = 0;
+
+  int64_t tail_rows() const { return static_cast<int64_t>(tail.size() / row_bytes); }
+  int64_t main_rows() const { return chunks_written * chunk_rows; }
+};
+
+// A full chunk on its way through a worker.
+struct ChunkJob {
+  Table* table = nullptr;
+  int64_t index = 0;  // chunk index along rows
+  std::vector<uint8_t> raw, packed;
+  Status status;
+  bool done = false;
+};
+
+}  // namespace
+
+class TraceWriter::Impl {
+ public:
+  Impl(TraceWriterOptions o) : opts_(std::move(o)) {}
+
+  Status Open(const std::filesystem::path& path);
+  void Start();
+  void Push(Command cmd, int64_t* stall_ns);
+  void Join() {
+    if (thread_.joinable()) thread_.join();
+    {
+      std::lock_guard<std::mutex> l(mu_);
+      stop_workers_ = true;
+    }
+    work_cv_.notify_all();
+    for (auto& w : workers_) w.join();
+    workers_.clear();
+  }
+  Status error() const {
+    std::lock_guard<std::mutex> l(mu_);
+    return error_;
+  }
+
+ private:
+  void Run();
+  void WorkerLoop();
+  Status Process(Command& cmd);
+  Status DoDefineTensor(const TensorSpec& spec);
+  Result<int32_t> MakeTable(const std::string& path, h5::Hid type, int64_t cols, hid_t parent);
+  Status DoAppend(Table& t, const std::vector<uint8_t>& bytes);
+  // `rows`: the extent after the write (default: through the end of the chunk).
+  Status WriteChunk(Table& t, int64_t index, const std::vector<uint8_t>& packed, int64_t rows = -1);
+  Status WriteReadyChunks(bool wait_all);
+  Status DoFlush(int64_t steps);
+  Status WriteTail(Table& t);
+  Status DoClose();
+  Status DoAddRequest(const RequestRecord& r);
+  Status DoFinishRequest(const Command& c);
+  // Records the first error; from then on the file is left as of the last flush.
+  void Fail(const Status& s) {
+    {
+      std::lock_guard<std::mutex> l(mu_);
+      if (!error_.ok()) return;
+      error_ = s;
+    }
+    Detach();
+  }
+  void Detach();
+
+  TraceWriterOptions opts_;
+  std::filesystem::path path_;
+  h5::Hid file_, meta_, requests_;
+  h5::Hid fapl_;
+  h5::Hid tails_file_, tails_;  // the sidecar <trace>.tails, created at the first tail
+  std::vector<std::unique_ptr<Table>> tables_;
+  int32_t sampling_ = -1, steps_ = -1, batch_ = -1;
+
+  mutable std::mutex mu_;
+  std::condition_variable cmd_cv_;    // writer waits: a command or a finished chunk
+  std::condition_variable space_cv_;  // caller waits: queue space
+  std::condition_variable work_cv_;   // workers wait: a chunk to compress
+  std::deque<Command> commands_;
+  std::deque<std::shared_ptr<ChunkJob>> jobs_;     // in submission order (writer's view)
+  std::deque<std::shared_ptr<ChunkJob>> to_compress_;
+  int64_t queued_bytes_ = 0;
+  bool stop_workers_ = false;
+  Status error_;
+  std::thread thread_;
+  std::vector<std::thread> workers_;
+  std::vector<std::function<void()>> defer_;
+};
+
+Status TraceWriter::Impl::Open(const std::filesystem::path& path) {
+  path_ = path;
+  LS_RETURN_IF_ERROR(RegisterZstdFilter());
+  h5::Quiet();
+  // Metadata reaches the file only at H5Fflush/close: with evictions off, the metadata
+  // cache never writes a half-updated index between two flushes (docs/trace-format.md).
+  fapl_ = h5::Hid(H5Pcreate(H5P_FILE_ACCESS));
+  const h5::Hid& fapl = fapl_;
+  H5AC_cache_config_t mdc;
+  mdc.version = H5AC__CURR_CACHE_CONFIG_VERSION;
+  if (H5Pget_mdc_config(fapl.get(), &mdc) >= 0) {
+    mdc.evictions_enabled = false;
+    mdc.incr_mode = H5C_incr__off;
+    mdc.flash_incr_mode = H5C_flash_incr__off;
+    mdc.decr_mode = H5C_decr__off;
+    mdc.set_initial_size = true;
+    mdc.initial_size = 16 << 20;
+    mdc.max_size = 64 << 20;
+    H5Pset_mdc_config(fapl.get(), &mdc);
+  }
+  file_ = h5::Hid(H5Fcreate(path.c_str(), H5F_ACC_TRUNC, H5P_DEFAULT, fapl.get()));
+  if (file_.valid()) {
+    std::error_code ec;
+    std::filesystem::remove(TailsPath(path), ec);  // a crashed earlier run's tails are not ours
+  }
+  if (!file_.valid()) {
+    std::string why = h5::LastError();
+    return Status::IoError(path.string() + ": cannot create the trace" + (why.empty() ? "" : " (" + why + ")"));
+  }
+  const hid_t f = file_.get();
+  LS_RETURN_IF_ERROR(h5::WriteAttr(f, kAttrMagic, std::string(kMagicValue)));
+  LS_RETURN_IF_ERROR(h5::WriteAttrI32s(f, kAttrFormatVersion, {kFormatMajor, kFormatMinor}));
+  LS_RETURN_IF_ERROR(h5::WriteAttrU8(f, kAttrComplete, 0));
+  LS_RETURN_IF_ERROR(h5::WriteAttr(f, kAttrFlushedSteps, int64_t{0}));
+  LS_RETURN_IF_ERROR(h5::WriteAttr(f, kAttrWriter, opts_.writer));
+  LS_ASSIGN_OR_RETURN(meta_, h5::CreateGroup(f, kMetaGroup));
+  LS_ASSIGN_OR_RETURN(requests_, h5::CreateGroup(f, kRequestsGroup));
+  LS_ASSIGN_OR_RETURN(h5::Hid taps, h5::CreateGroup(f, kTapsGroup));
+  LS_ASSIGN_OR_RETURN(h5::Hid kv, h5::CreateGroup(f, kKvGroup));
+  LS_ASSIGN_OR_RETURN(sampling_, MakeTable(kSamplingTable, SamplingType(), 0, f));
+  LS_ASSIGN_OR_RETURN(steps_, MakeTable(kStepsTable, StepType(), 0, f));
+  LS_ASSIGN_OR_RETURN(batch_, MakeTable(kStepBatchTable, h5::Hid(H5Tcopy(H5T_STD_I64LE)),
+                                        std::max<int64_t>(1, opts_.batch_width), f));
+  // A trace that exists on disk is a valid (empty, incomplete) trace from the start.
+  if (H5Fflush(f, H5F_SCOPE_GLOBAL) < 0) return h5::Error(path.string() + ": flush");
+  return Status::Ok();
+}
+
+// After a failure (a full disk, an I/O error) HDF5 would still write its cached metadata
+// when the file closes, over the last flushed, consistent state, and possibly pointing at
+// chunks whose writes failed. HDF5 has no "close without flushing", so the file descriptor
+// of the sec2 driver is pointed at /dev/null: every later write, the close's included, goes
+// nowhere, and the file on disk stays exactly as the last successful flush left it.
+void TraceWriter::Impl::Detach() {
+  if (!file_.valid()) return;
+  void* handle = nullptr;
+  if (H5Fget_vfd_handle(file_.get(), H5P_DEFAULT, &handle) < 0 || !handle) {
+    h5::LastError();
+    return;
+  }
+  const int fd = *static_cast<int*>(handle);
+  const int null_fd = ::open("/dev/null", O_RDWR | O_CLOEXEC);
+  if (null_fd >= 0) {
+    ::dup2(null_fd, fd);
+    ::close(null_fd);
+  }
+}
+
+void TraceWriter::Impl::Start() {
+  for (int i = 0; i < opts_.compression_threads; ++i) workers_.emplace_back([this] { WorkerLoop(); });
+  thread_ = std::thread([this] { Run(); });
+}
+
+void TraceWriter::Impl::Push(Command cmd, int64_t* stall_ns) {
+  const int64_t bytes = static_cast<int64_t>(cmd.bytes.size());
+  std::unique_lock<std::mutex> l(mu_);
+  if (queued_bytes_ > 0 && queued_bytes_ + bytes > opts_.queue_bytes && error_.ok()) {
+    const auto t0 = Clock::now();
+    space_cv_.wait(l, [&] { return queued_bytes_ == 0 || queued_bytes_ + bytes <= opts_.queue_bytes || !error_.ok(); });
+    *stall_ns += std::chrono::duration_cast<std::chrono::nanoseconds>(Clock::now() - t0).count();
+  }
+  queued_bytes_ += bytes;
+  commands_.push_back(std::move(cmd));
+  l.unlock();
+  cmd_cv_.notify_one();
+}
+
+void TraceWriter::Impl::WorkerLoop() {
+  while (true) {
+    std::shared_ptr<ChunkJob> job;
+    {
+      std::unique_lock<std::mutex> l(mu_);
+      work_cv_.wait(l, [&] { return stop_workers_ || !to_compress_.empty(); });
+      if (to_compress_.empty()) return;
+      job = to_compress_.front();
+      to_compress_.pop_front();
+    }
+    Status s = ShuffleCompressChunk(job->raw.data(), job->raw.size(), job->table->element_size, opts_.zstd_level,
+                                    &job->packed);
+    {
+      std::lock_guard<std::mutex> l(mu_);
+      job->status = s;
+      job->done = true;
+    }
+    cmd_cv_.notify_one();
+  }
+}
+
+void TraceWriter::Impl::Run() {
+  h5::Quiet();
+  while (true) {
+    Command cmd;
+    {
+      std::unique_lock<std::mutex> l(mu_);
+      cmd_cv_.wait(l, [&] { return !commands_.empty() || (!jobs_.empty() && jobs_.front()->done); });
+      if (commands_.empty()) {
+        l.unlock();
+        if (error().ok()) {
+          Status s = WriteReadyChunks(false);
+          if (!s.ok()) Fail(s);
+        }
+        continue;
+      }
+      cmd = std::move(commands_.front());
+      commands_.pop_front();
+    }
+    const Command::Kind kind = cmd.kind;
+    const int64_t bytes = static_cast<int64_t>(cmd.bytes.size());
+    if (error().ok()) {
+      Status s = Process(cmd);
+      if (s.ok()) s = WriteReadyChunks(false);
+      if (!s.ok()) Fail(s);
+    }
+    {
+      std::lock_guard<std::mutex> l(mu_);
+      queued_bytes_ -= bytes;
+    }
+    space_cv_.notify_all();
+    if (kind == Command::Kind::kClose) return;
+  }
+}
+
+Status TraceWriter::Impl::Process(Command& c) {
+  switch (c.kind) {
+    case Command::Kind::kMeta: return h5::WriteAttr(meta_.get(), c.key, c.value);
+    case Command::Kind::kAddRequest: return DoAddRequest(c.request);
+    case Command::Kind::kFinishRequest: return DoFinishRequest(c);
+    case Command::Kind::kDefineTensor: return DoDefineTensor(c.tensor);
+    case Command::Kind::kAppend: return DoAppend(*tables_[c.table], c.bytes);
+    case Command::Kind::kFlush: return DoFlush(c.steps);
+    case Command::Kind::kClose: return DoClose();
+  }
+  return Status::Internal("unknown command");
+}
+
+Result<int32_t> TraceWriter::Impl::MakeTable(const std::string& path, h5::Hid type, int64_t cols, hid_t parent) {
+  auto t = std::make_unique<Table>();
+  t->path = path;
+  t->element_size = H5Tget_size(type.get());
+  t->type = std::move(type);
+  t->cols = cols;
+  t->row_bytes = t->element_size * static_cast<size_t>(std::max<int64_t>(cols, 1));
+  // Rows per chunk: a power of two near target_chunk_bytes, at least 8 rows (so decode's
+  // one row per step still fills chunks) and at most 4096.
+  int64_t rows = 8;
+  while (rows < 4096 && static_cast<int64_t>(rows * 2 * t->row_bytes) <= opts_.target_chunk_bytes) rows *= 2;
+  t->chunk_rows = rows;
+  t->index = static_cast<int64_t>(tables_.size());
+
+  const int rank = cols > 0 ? 2 : 1;
+  hsize_t dims[2] = {0, static_cast<hsize_t>(cols)};
+  hsize_t maxdims[2] = {H5S_UNLIMITED, static_cast<hsize_t>(cols)};
+  hsize_t chunk[2] = {static_cast<hsize_t>(rows), static_cast<hsize_t>(cols)};
+  h5::Hid space(H5Screate_simple(rank, dims, maxdims));
+  h5::Hid dcpl(H5Pcreate(H5P_DATASET_CREATE));
+  const unsigned level = static_cast<unsigned>(opts_.zstd_level);
+  if (H5Pset_chunk(dcpl.get(), rank, chunk) < 0 || H5Pset_shuffle(dcpl.get()) < 0 ||
+      H5Pset_filter(dcpl.get(), kZstdFilterId, H5Z_FLAG_MANDATORY, 1, &level) < 0) {
+    return h5::Error(path + ": dataset properties");
+  }
+  t->dset = h5::Hid(H5Dcreate2(parent, path.c_str(), t->type.get(), space.get(), H5P_DEFAULT, dcpl.get(), H5P_DEFAULT));
+  if (!t->dset.valid()) return h5::Error(path_.string() + ": cannot create dataset '" + path + "'");
+  LS_RETURN_IF_ERROR(h5::WriteAttr(t->dset.get(), kAttrChunkRows, rows));
+  tables_.push_back(std::move(t));
+  return static_cast<int32_t>(tables_.size() - 1);
+}
+
+Status TraceWriter::Impl::DoDefineTensor(const TensorSpec& spec) {
+  LS_ASSIGN_OR_RETURN(h5::Hid g, h5::CreateGroup(file_.get(), spec.path));
+  LS_RETURN_IF_ERROR(h5::WriteAttr(g.get(), kAttrDType, std::string(DTypeName(spec.dtype))));
+  LS_RETURN_IF_ERROR(h5::WriteAttr(g.get(), kAttrCols, spec.cols));
+  LS_RETURN_IF_ERROR(h5::WriteAttrU8(g.get(), kAttrHasValues, spec.values ? 1 : 0));
+  for (const auto& [k, v] : spec.attrs) LS_RETURN_IF_ERROR(h5::WriteAttr(g.get(), k, v));
+  // Table ids are handed out by TraceWriter::DefineTensor in the same order: summary, values.
+  LS_RETURN_IF_ERROR(MakeTable(spec.path + "/" + kSummaryDataset, SummaryType(), 0, file_.get()).status());
+  if (spec.values) {
+    LS_ASSIGN_OR_RETURN(int32_t v, MakeTable(spec.path + "/" + kValuesDataset, h5::Hid(H5Tcopy(ValueType(spec.dtype))),
+                                             spec.cols, file_.get()));
+    LS_RETURN_IF_ERROR(h5::WriteAttr(tables_[v]->dset.get(), kAttrDType, std::string(DTypeName(spec.dtype))));
+  }
+  return Status::Ok();
+}
+
+Status TraceWriter::Impl::DoAppend(Table& t, const std::vector<uint8_t>& bytes) {
+  t.tail.insert(t.tail.end(), bytes.begin(), bytes.end());
+  t.tail_dirty = true;
+  const size_t chunk_bytes = t.chunk_rows * t.row_bytes;
+  size_t used = 0;
+  while (t.tail.size() - used >= chunk_bytes) {
+    auto job = std::make_shared<ChunkJob>();
+    job->table = &t;
+    job->index = t.chunks_queued++;
+    job->raw.assign(t.tail.begin() + used, t.tail.begin() + used + chunk_bytes);
+    used += chunk_bytes;
+    if (workers_.empty()) {
+      job->status = ShuffleCompressChunk(job->raw.data(), job->raw.size(), t.element_size, opts_.zstd_level,
+                                         &job->packed);
+      job->done = true;
+      std::lock_guard<std::mutex> l(mu_);
+      jobs_.push_back(job);
+    } else {
+      std::lock_guard<std::mutex> l(mu_);
+      jobs_.push_back(job);
+      to_compress_.push_back(job);
+      work_cv_.notify_one();
+    }
+  }
+  if (used) t.tail.erase(t.tail.begin(), t.tail.begin() + used);
+  return Status::Ok();
+}
+
+// A chunk at a new index: first grow the extent to cover it (H5Dwrite_chunk wants the
+// offset inside the dataset), then store it. The chunk's space is fresh, never reused.
+Status TraceWriter::Impl::WriteChunk(Table& t, int64_t index, const std::vector<uint8_t>& packed, int64_t rows) {
+  if (rows < 0) rows = (index + 1) * t.chunk_rows;
+  hsize_t dims[2] = {static_cast<hsize_t>(rows), static_cast<hsize_t>(t.cols)};
+  hsize_t offset[2] = {static_cast<hsize_t>(index * t.chunk_rows), 0};
+  if (H5Dset_extent(t.dset.get(), dims) < 0) return h5::Error(path_.string() + ": '" + t.path + "': extend");
+  if (H5Dwrite_chunk(t.dset.get(), H5P_DEFAULT, 0, offset, packed.size(), packed.data()) < 0) {
+    return h5::Error(path_.string() + ": '" + t.path + "': write chunk");
+  }
+  return Status::Ok();
+}
+
+Status TraceWriter::Impl::WriteReadyChunks(bool wait_all) {
+  while (true) {
+    std::shared_ptr<ChunkJob> job;
+    {
+      std::unique_lock<std::mutex> l(mu_);
+      if (jobs_.empty()) return Status::Ok();
+      if (!jobs_.front()->done) {
+        if (!wait_all) return Status::Ok();
+        cmd_cv_.wait(l, [&] { return jobs_.front()->done; });
+      }
+      job = jobs_.front();
+      jobs_.pop_front();
+    }
+    LS_RETURN_IF_ERROR(job->status);
+    LS_RETURN_IF_ERROR(WriteChunk(*job->table, job->index, job->packed));
+    job->table->chunks_written = job->index + 1;
+  }
+}
+
+// The tail of a table: rows of its unfinished chunk, padded to a whole chunk, stored
+// uncompressed in /tails/<index>. Same size every time, so HDF5 overwrites it in place.
+Status TraceWriter::Impl::WriteTail(Table& t) {
+  const int rank = t.cols > 0 ? 2 : 1;
+  hsize_t dims[2] = {static_cast<hsize_t>(t.chunk_rows), static_cast<hsize_t>(t.cols)};
+  if (!tails_file_.valid()) {
+    const std::string side = TailsPath(path_).string();
+    tails_file_ = h5::Hid(H5Fcreate(side.c_str(), H5F_ACC_TRUNC, H5P_DEFAULT, fapl_.get()));
+    if (!tails_file_.valid()) return h5::Error(side + ": cannot create the tails file");
+    LS_ASSIGN_OR_RETURN(tails_, h5::CreateGroup(tails_file_.get(), kTailsGroup));
+  }
+  if (!t.tail_dset.valid()) {
+    h5::Hid space(H5Screate_simple(rank, dims, nullptr));
+    h5::Hid dcpl(H5Pcreate(H5P_DATASET_CREATE));
+    H5Pset_chunk(dcpl.get(), rank, dims);
+    const std::string name = std::to_string(t.index);
+    t.tail_dset =
+        h5::Hid(H5Dcreate2(tails_.get(), name.c_str(), t.type.get(), space.get(), H5P_DEFAULT, dcpl.get(), H5P_DEFAULT));
+    if (!t.tail_dset.valid()) return h5::Error(path_.string() + ": cannot create tail of '" + t.path + "'");
+    LS_RETURN_IF_ERROR(h5::WriteAttr(t.tail_dset.get(), kAttrTailTarget, t.path));
+  }
+  std::vector<uint8_t> chunk(t.chunk_rows * t.row_bytes, 0);
+  std::memcpy(chunk.data(), t.tail.data(), t.tail.size());
+  hsize_t offset[2] = {0, 0};
+  if (H5Dwrite_chunk(t.tail_dset.get(), H5P_DEFAULT, 0, offset, chunk.size(), chunk.data()) < 0) {
+    return h5::Error(path_.string() + ": '" + t.path + "': write tail");
+  }
+  // The attributes change after the bytes: they become durable together at the next flush.
+  LS_RETURN_IF_ERROR(h5::WriteAttr(t.tail_dset.get(), kAttrTailBase, t.main_rows()));
+  LS_RETURN_IF_ERROR(h5::WriteAttr(t.tail_dset.get(), kAttrTailCount, t.tail_rows()));
+  t.tail_base = t.main_rows();
+  t.tail_count = t.tail_rows();
+  return Status::Ok();
+}
+
+Status TraceWriter::Impl::DoFlush(int64_t steps) {
+  // 1. Every full chunk queued so far goes to the file (fresh space, main extent grows).
+  LS_RETURN_IF_ERROR(WriteReadyChunks(true));
+  // 2. A tail about to be overwritten with rows of a later chunk still holds rows that only
+  //    the new chunks hold now: make those chunks durable first.
+  bool barrier = false;
+  for (auto& t : tables_) {
+    if (t->tail_dirty && t->tail_rows() > 0 && t->tail_count > 0 && t->tail_base != t->main_rows()) barrier = true;
+  }
+  if (barrier && H5Fflush(file_.get(), H5F_SCOPE_LOCAL) < 0) return h5::Error(path_.string() + ": flush");
+  // 3. Tails in place, in the sidecar file, durable before the main file says more steps.
+  bool tails_written = false;
+  for (auto& t : tables_) {
+    if (!t->tail_dirty) continue;
+    if (t->tail_rows() > 0) {
+      LS_RETURN_IF_ERROR(WriteTail(*t));
+      tails_written = true;
+    }
+    t->tail_dirty = false;
+  }
+  if (tails_written && H5Fflush(tails_file_.get(), H5F_SCOPE_LOCAL) < 0) {
+    return h5::Error(TailsPath(path_).string() + ": flush");
+  }
+  // 4. The new state of the main file.
+  LS_RETURN_IF_ERROR(h5::WriteAttr(file_.get(), kAttrFlushedSteps, steps));
+  if (H5Fflush(file_.get(), H5F_SCOPE_LOCAL) < 0) return h5::Error(path_.string() + ": flush");
+  if (opts_.on_flushed) opts_.on_flushed(steps);
+  return Status::Ok();
+}
+
+Status TraceWriter::Impl::DoClose() {
+  LS_RETURN_IF_ERROR(WriteReadyChunks(true));
+  // The last, partial chunk of each table: padded, compressed, at its own (new) index,
+  // with the extent set to the real row count first. (Shrinking the extent after the write
+  // would make HDF5 rewrite the edge chunk through its pipeline, leaving the old copy as
+  // dead space.)
+  for (auto& t : tables_) {
+    const int64_t rows = t->tail_rows();
+    if (rows == 0) continue;
+    std::vector<uint8_t> chunk(t->chunk_rows * t->row_bytes, 0), packed;
+    std::memcpy(chunk.data(), t->tail.data(), t->tail.size());
+    LS_RETURN_IF_ERROR(ShuffleCompressChunk(chunk.data(), chunk.size(), t->element_size, opts_.zstd_level, &packed));
+    LS_RETURN_IF_ERROR(WriteChunk(*t, t->chunks_written, packed, t->main_rows() + rows));
+    t->tail.clear();
+  }
+  LS_RETURN_IF_ERROR(h5::WriteAttrU8(file_.get(), kAttrComplete, 1));
+  for (auto& t : tables_) t->dset.Reset();
+  meta_.Reset();
+  requests_.Reset();
+  Status s = file_.Close();
+  if (!s.ok()) return s.WithContext(path_.string() + ": ");
+  // The trace is complete and holds every row: the tails are no longer needed (a reader
+  // ignores a sidecar beside a complete trace, so a kill between these steps is harmless).
+  for (auto& t : tables_) t->tail_dset.Reset();
+  tails_.Reset();
+  if (tails_file_.valid()) {
+    (void)tails_file_.Close();
+    std::error_code ec;
+    std::filesystem::remove(TailsPath(path_), ec);
+  }
+  return Status::Ok();
+}
+
+Status TraceWriter::Impl::DoAddRequest(const RequestRecord& r) {
+  const std::string name = std::to_string(r.id);
+  LS_ASSIGN_OR_RETURN(h5::Hid g, h5::CreateGroup(requests_.get(), name));
+  LS_RETURN_IF_ERROR(h5::WriteAttr(g.get(), kAttrName, r.name));
+  LS_RETURN_IF_ERROR(h5::WriteAttr(g.get(), kAttrPromptText, r.prompt_text));
+  LS_RETURN_IF_ERROR(h5::WriteAttr(g.get(), kAttrMaxNewTokens, r.max_new_tokens));
+  LS_RETURN_IF_ERROR(h5::WriteAttr(g.get(), kAttrSeed, static_cast<int64_t>(r.seed)));
+  LS_RETURN_IF_ERROR(h5::WriteAttr(g.get(), kAttrTemperature, r.temperature));
+  LS_RETURN_IF_ERROR(h5::WriteAttr(g.get(), kAttrTopK, r.top_k));
+  LS_RETURN_IF_ERROR(h5::WriteAttr(g.get(), kAttrTopP, r.top_p));
+  LS_RETURN_IF_ERROR(h5::WriteAttr(g.get(), kAttrMinP, r.min_p));
+  const hsize_t n = r.prompt.size();
+  h5::Hid space(H5Screate_simple(1, &n, nullptr));
+  h5::Hid d(H5Dcreate2(g.get(), kPromptDataset, H5T_STD_I32LE, space.get(), H5P_DEFAULT, H5P_DEFAULT, H5P_DEFAULT));
+  if (!d.valid() || (n > 0 && H5Dwrite(d.get(), H5T_NATIVE_INT32, H5S_ALL, H5S_ALL, H5P_DEFAULT, r.prompt.data()) < 0)) {
+    return h5::Error(path_.string() + ": request " + name + ": prompt");
+  }
+  return Status::Ok();
+}
+
+Status TraceWriter::Impl::DoFinishRequest(const Command& c) {
+  const std::string name = std::to_string(c.request.id);
+  LS_ASSIGN_OR_RETURN(h5::Hid g, h5::OpenGroup(requests_.get(), name));
+  const std::vector<int32_t>& gen = c.request.prompt;
+  const hsize_t n = gen.size();
+  h5::Hid space(H5Screate_simple(1, &n, nullptr));
+  h5::Hid d(H5Dcreate2(g.get(), kGeneratedDataset, H5T_STD_I32LE, space.get(), H5P_DEFAULT, H5P_DEFAULT, H5P_DEFAULT));
+  if (!d.valid() || (n > 0 && H5Dwrite(d.get(), H5T_NATIVE_INT32, H5S_ALL, H5S_ALL, H5P_DEFAULT, gen.data()) < 0)) {
+    return h5::Error(path_.string() + ": request " + name + ": generated");
+  }
+  LS_RETURN_IF_ERROR(h5::WriteAttr(g.get(), kAttrGeneratedText, c.value));
+  LS_RETURN_IF_ERROR(h5::WriteAttr(g.get(), kAttrFinishReason, c.key));
+  return Status::Ok();
+}
+
+// ---- TraceWriter: the caller's side ----
+
+Result<std::unique_ptr<TraceWriter>> TraceWriter::Create(const std::filesystem::path& path,
+                                                         TraceWriterOptions options) {
+  if (options.zstd_level < 1 || options.zstd_level > 22) {
+    return Status::InvalidArgument("zstd level " + std::to_string(options.zstd_level) + " outside 1..22");
+  }
+  if (options.compression_threads < 0 || options.compression_threads > 64) {
+    return Status::InvalidArgument("compression threads must be in 0..64");
+  }
+  std::unique_ptr<TraceWriter> w(new TraceWriter());
+  w->batch_width_ = std::max<int64_t>(1, options.batch_width);
+  w->impl_ = std::make_unique<Impl>(std::move(options));
+  LS_RETURN_IF_ERROR(w->impl_->Open(path));
+  w->impl_->Start();
+  return w;
+}
+
+TraceWriter::~TraceWriter() { (void)Close(); }
+
+Status TraceWriter::Enqueue(Command cmd) {
+  if (closed_) return Status::Internal("trace writer already closed");
+  LS_RETURN_IF_ERROR(impl_->error());
+  int64_t stall = 0;
+  bytes_in_ += static_cast<int64_t>(cmd.bytes.size());
+  impl_->Push(std::move(cmd), &stall);
+  if (stall) stall_ns_ += stall;
+  return Status::Ok();
+}
+
+Status TraceWriter::SetMeta(const std::string& key, const std::string& value) {
+  if (key.empty() || key.find('/') != std::string::npos || key == ".") {
+    return Status::InvalidArgument("meta key '" + key + "': must be non-empty without '/'");
+  }
+  Command c(Command::Kind::kMeta);
+  c.key = key;
+  c.value = value;
+  return Enqueue(std::move(c));
+}
+
+Status TraceWriter::AddRequest(const RequestRecord& request) {
+  Command c(Command::Kind::kAddRequest);
+  c.request = request;
+  return Enqueue(std::move(c));
+}
+
+Status TraceWriter::FinishRequest(int32_t id, std::span<const int32_t> generated, const std::string& generated_text,
+                                  const std::string& finish_reason) {
+  Command c(Command::Kind::kFinishRequest);
+  c.request.id = id;
+  c.request.prompt.assign(generated.begin(), generated.end());
+  c.value = generated_text;
+  c.key = finish_reason;
+  return Enqueue(std::move(c));
+}
+
+Result<int32_t> TraceWriter::DefineTensor(const TensorSpec& spec) {
+  if (spec.path.empty() || spec.path.front() == '/' || spec.path.back() == '/' ||
+      spec.path.find("//") != std::string::npos) {
+    return Status::InvalidArgument("tensor path '" + spec.path + "': must be relative like 'taps/name'");
+  }
+  if (spec.cols <= 0 || spec.cols > (1 << 26)) {
+    return Status::InvalidArgument("tensor '" + spec.path + "': cols " + std::to_string(spec.cols) + " out of range");
+  }
+  for (const auto& t : tensors_) {
+    if (t.path == spec.path) return Status::InvalidArgument("tensor '" + spec.path + "' defined twice");
+  }
+  Command c(Command::Kind::kDefineTensor);
+  c.tensor = spec;
+  LS_RETURN_IF_ERROR(Enqueue(std::move(c)));
+  tensors_.push_back(spec);
+  return static_cast<int32_t>(tensors_.size() - 1);
+}
+
+// Table ids follow the order of creation on the writer thread: 0 sampling, 1 steps,
+// 2 step_batch, then per tensor its summary and (when stored) its values.
+namespace {
+int32_t SummaryTable(const std::vector<TensorSpec>& tensors, int32_t tensor) {
+  int32_t id = 3;
+  for (int32_t i = 0; i < tensor; ++i) id += tensors[i].values ? 2 : 1;
+  return id;
+}
+}  // namespace
+
+Status TraceWriter::Append(int32_t tensor, std::span<const SummaryRow> summaries, const void* values) {
+  if (tensor < 0 || tensor >= static_cast<int32_t>(tensors_.size())) {
+    return Status::InvalidArgument("unknown tensor handle " + std::to_string(tensor));
+  }
+  if (summaries.empty()) return Status::Ok();
+  const TensorSpec& spec = tensors_[tensor];
+  const int32_t table = SummaryTable(tensors_, tensor);
+  Command s(Command::Kind::kAppend);
+  s.table = table;
+  const auto* sb = reinterpret_cast<const uint8_t*>(summaries.data());
+  s.bytes.assign(sb, sb + summaries.size_bytes());
+  LS_RETURN_IF_ERROR(Enqueue(std::move(s)));
+  if (spec.values) {
+    if (!values) return Status::InvalidArgument("tensor '" + spec.path + "': values missing");
+    Command v(Command::Kind::kAppend);
+    v.table = table + 1;
+    const auto* vb = static_cast<const uint8_t*>(values);
+    v.bytes.assign(vb, vb + summaries.size() * spec.cols * DTypeSize(spec.dtype));
+    LS_RETURN_IF_ERROR(Enqueue(std::move(v)));
+  }
+  return Status::Ok();
+}
+
+Status TraceWriter::AppendSampling(const SamplingRow& row) {
+  Command c(Command::Kind::kAppend);
+  c.table = 0;
+  const auto* b = reinterpret_cast<const uint8_t*>(&row);
+  c.bytes.assign(b, b + sizeof row);
+  return Enqueue(std::move(c));
+}
+
+Status TraceWriter::AppendStep(const StepRow& row, std::span<const int64_t> batch) {
+  Command c(Command::Kind::kAppend);
+  c.table = 1;
+  const auto* b = reinterpret_cast<const uint8_t*>(&row);
+  c.bytes.assign(b, b + sizeof row);
+  LS_RETURN_IF_ERROR(Enqueue(std::move(c)));
+  Command ids(Command::Kind::kAppend);
+  ids.table = 2;
+  std::vector<int64_t> padded(static_cast<size_t>(batch_width_), -1);
+  for (size_t i = 0; i < batch.size() && i < padded.size(); ++i) padded[i] = batch[i];
+  const auto* pb = reinterpret_cast<const uint8_t*>(padded.data());
+  ids.bytes.assign(pb, pb + padded.size() * sizeof(int64_t));
+  return Enqueue(std::move(ids));
+}
+
+Status TraceWriter::Flush(int64_t flushed_steps) {
+  Command c(Command::Kind::kFlush);
+  c.steps = flushed_steps;
+  return Enqueue(std::move(c));
+}
+
+Status TraceWriter::Close() {
+  if (closed_ || !impl_) return impl_ ? impl_->error() : Status::Ok();
+  Command c(Command::Kind::kClose);
+  int64_t stall = 0;
+  impl_->Push(std::move(c), &stall);
+  impl_->Join();
+  closed_ = true;
+  return impl_->error();
+}
+
+Status TraceWriter::status() const { return impl_->error(); }
+
+}  // namespace lockstep::traces

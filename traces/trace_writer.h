@@ -1,0 +1,126 @@
+// traces/trace_writer.h — writes a lockstep trace (layout: trace_format.h,
+// docs/trace-format.md) without making its caller wait on HDF5 or compression.
+//
+// Threads: the caller (the engine thread) only copies rows into a bounded queue. One
+// writer thread owns the file and every HDF5 call; compression workers shuffle and
+// zstd-compress full chunks, which the writer stores with H5Dwrite_chunk. The caller blocks
+// only when the queue holds more than `queue_bytes`; that time is counted (stall_ns()).
+//
+// Crash safety: Flush() makes everything appended before it durable against the process
+// dying (not against power loss: no fsync). Full chunks are written once and never
+// rewritten; rows of an unfinished chunk go to an uncompressed tail overwritten in place;
+// no freed file space is reused before the flush that unlinks it. A file killed at any
+// moment opens normally and holds every row up to the last completed flush.
+//
+// Errors: the first failure (an unwritable path, a full disk) is kept; every later call
+// returns it and the writer stops touching the file, so what was flushed stays readable.
+//
+// Not thread-safe: call from one thread. The writer must outlive nothing it was given:
+// every call copies its inputs.
+#pragma once
+
+#include <atomic>
+#include <cstdint>
+#include <filesystem>
+#include <functional>
+#include <map>
+#include <memory>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "base/status.h"
+#include "traces/trace_format.h"
+
+namespace lockstep::traces {
+
+struct TraceWriterOptions {
+  int zstd_level = kDefaultZstdLevel;
+  int compression_threads = 1;            // workers besides the writer thread
+  int64_t queue_bytes = 256ll << 20;      // appended but not yet written bytes, at most
+  int64_t target_chunk_bytes = 64 << 10;  // a chunk holds about this many bytes of rows
+  int64_t batch_width = 8;                // columns of /step_batch (the engine's max batch)
+  std::string writer = "lockstep";        // root attribute `writer`
+  // Called on the writer thread after each completed flush with its `flushed_steps`.
+  std::function<void(int64_t)> on_flushed;
+};
+
+// A request as the trace records it (the sampler fields are its defaults; each sampled
+// token's actual parameters are in its SamplingRow).
+struct RequestRecord {
+  int32_t id = 0;
+  std::string name;
+  std::vector<int32_t> prompt;
+  std::string prompt_text;  // empty when the prompt came as ids
+  int64_t max_new_tokens = 0;
+  uint64_t seed = 0;
+  double temperature = 0, top_p = 1, min_p = 0;
+  int64_t top_k = 0;
+};
+
+struct TensorSpec {
+  std::string path;   // "taps/layers.3.attn.out", "kv/layers.0.latent"
+  DType dtype = DType::kF32;
+  int64_t cols = 0;   // values per row
+  bool values = true;  // store the rows' values, not only their summaries
+  std::map<std::string, std::string> attrs;  // extra string attributes on the group
+};
+
+struct Command;  // a queued call, private to trace_writer.cc
+
+// The sidecar that holds unfinished chunks while a trace is being written: <trace>.tails.
+std::filesystem::path TailsPath(const std::filesystem::path& trace);
+
+class TraceWriter {
+ public:
+  // Creates (truncates) `path` and starts the writer thread. Fails with the path in the
+  // message when the file cannot be created.
+  static Result<std::unique_ptr<TraceWriter>> Create(const std::filesystem::path& path,
+                                                     TraceWriterOptions options = {});
+  ~TraceWriter();  // Close(), ignoring its status
+  TraceWriter(const TraceWriter&) = delete;
+  TraceWriter& operator=(const TraceWriter&) = delete;
+
+  // A string attribute of /meta.
+  Status SetMeta(const std::string& key, const std::string& value);
+  Status AddRequest(const RequestRecord& request);
+  Status FinishRequest(int32_t id, std::span<const int32_t> generated, const std::string& generated_text,
+                       const std::string& finish_reason);
+
+  // Declares a tensor; returns its handle for Append. Paths must be unique.
+  Result<int32_t> DefineTensor(const TensorSpec& spec);
+  // Appends rows: `summaries` describes each row; `values` holds rows × cols elements of
+  // the tensor's dtype, row-major (ignored, and may be null, when the tensor stores no values).
+  Status Append(int32_t tensor, std::span<const SummaryRow> summaries, const void* values);
+  Status AppendSampling(const SamplingRow& row);
+  // `batch` holds the request ids of the step (at most batch_width are kept).
+  Status AppendStep(const StepRow& row, std::span<const int64_t> batch);
+
+  // Makes everything appended so far durable; records `flushed_steps` in the file. Returns
+  // at once: the writer thread does the work in order.
+  Status Flush(int64_t flushed_steps);
+  // Writes the last chunks, removes the tails, marks the trace complete, closes the file.
+  // Waits for the writer thread. Idempotent.
+  Status Close();
+
+  // The first error the writer met, or Ok.
+  Status status() const;
+  // Nanoseconds the caller spent blocked on a full queue, in total.
+  int64_t stall_ns() const { return stall_ns_.load(); }
+  // Bytes handed to Append* so far, and the compressed bytes written for full chunks.
+  int64_t bytes_in() const { return bytes_in_.load(); }
+
+  class Impl;
+
+ private:
+  TraceWriter() = default;
+  Status Enqueue(Command cmd);
+  std::unique_ptr<Impl> impl_;
+  std::vector<TensorSpec> tensors_;
+  std::atomic<int64_t> stall_ns_{0};
+  std::atomic<int64_t> bytes_in_{0};
+  int64_t batch_width_ = 1;
+  bool closed_ = false;
+};
+
+}  // namespace lockstep::traces
