@@ -408,20 +408,27 @@ Status Model::Forward(std::span<Segment> segs, PagedKvCache& cache, const kernel
       selected.resize(R);
       const int64_t topk = c.index_topk;
       std::vector<int32_t> topk_tap(tapping ? R * topk : 0, -1);
+      // Each request's index keys, gathered once per layer into [T, di].
+      std::vector<std::vector<float>> keys(segs.size());
+      for (size_t sgi = 0; sgi < segs.size(); ++sgi) {
+        const int64_t Tn = segs[sgi].start_pos + static_cast<int64_t>(segs[sgi].tokens.size());
+        keys[sgi].resize(Tn * di);
+        for (int64_t t = 0; t < Tn; ++t) {
+          std::memcpy(&keys[sgi][t * di], cache.IndexKey(l, *segs[sgi].cache, t), di * sizeof(float));
+        }
+      }
 #pragma omp parallel for schedule(dynamic) if (R * (max_pos + 1) * nhi * di > cpu::kParallelMacs)
       for (int64_t r = 0; r < R; ++r) {
-        const SeqCache& sc = *segs[seg_of[r]].cache;
         int64_t T = pos[r] + 1;
         // The faulty early exit stops at the last full page.
         if (fault_skip_partial) T = (T / cache.page_size()) * cache.page_size();
+        // d[h, t] = q_h · k_t for every head and key; then s_t = Σ_h w_h · ReLU(d[h, t] / √d), h ascending.
+        std::vector<float> d(nhi * T);
+        cpu::MatMulNT(&iq[r * nhi * di], nhi, keys[seg_of[r]].data(), T, di, d.data());
         std::vector<std::pair<float, int32_t>> sc_t(T);
         for (int64_t t = 0; t < T; ++t) {
-          const float* kt = cache.IndexKey(l, sc, t);
           float s = 0;
-          for (int64_t hd = 0; hd < nhi; ++hd) {
-            const float d = cpu::Dot(&iq[(r * nhi + hd) * di], kt, di) * kscale;
-            s += iw[r * nhi + hd] * std::max(d, 0.0f);
-          }
+          for (int64_t hd = 0; hd < nhi; ++hd) s += iw[r * nhi + hd] * std::max(d[hd * T + t] * kscale, 0.0f);
           sc_t[t] = {s, static_cast<int32_t>(t)};
         }
         const int64_t k = std::min(topk, T);
@@ -478,14 +485,25 @@ Status Model::Forward(std::span<Segment> segs, PagedKvCache& cache, const kernel
             keys.resize(p + 1);
             std::iota(keys.begin(), keys.end(), 0);
           }
+          // Keys 0..K-1 in order (dense, or a selection that kept every causal key).
+          bool contiguous = true;
+          for (size_t j = 0; j < keys.size() && contiguous; ++j) contiguous = keys[j] == static_cast<int32_t>(j);
           std::vector<float> sc(keys.size());
           float* oh = &heads[(r * nh + hd) * dv];
           const float* wkv = L.kv_b_proj.row(hd * (dn + dv));  // W_UK rows, then W_UV rows
           if (expanded) {
-            for (size_t j = 0; j < keys.size(); ++j) {
-              const int64_t t = keys[j];
-              sc[j] = (cpu::Dot(qn, &kvx[(t * nh + hd) * (dn + dv)], dn) + cpu::Dot(qr, &kr[t * dr], dr)) * scale;
+            const int64_t K = static_cast<int64_t>(keys.size());
+            std::vector<float> s_nope(K), s_rope(K);
+            if (contiguous) {
+              cpu::MatMulNTStrided(qn, dn, 1, &kvx[hd * (dn + dv)], nh * (dn + dv), K, dn, s_nope.data(), K);
+              cpu::MatMulNT(qr, 1, kr.data(), K, dr, s_rope.data());
+            } else {
+              for (int64_t j = 0; j < K; ++j) {
+                s_nope[j] = cpu::Dot(qn, &kvx[(keys[j] * nh + hd) * (dn + dv)], dn);
+                s_rope[j] = cpu::Dot(qr, &kr[keys[j] * dr], dr);
+              }
             }
+            for (int64_t j = 0; j < K; ++j) sc[j] = (s_nope[j] + s_rope[j]) * scale;
             softmax(sc.data(), static_cast<int64_t>(sc.size()));
             std::fill(oh, oh + dv, 0.0f);
             for (size_t j = 0; j < keys.size(); ++j) {
@@ -495,13 +513,23 @@ Status Model::Forward(std::span<Segment> segs, PagedKvCache& cache, const kernel
             // Absorbed: q_lat = W_UKᵀ q_nope; scores over the latent; o = W_UV (Σ p_t c_t).
             std::vector<float> ql(C, 0.0f), ol(C, 0.0f);
             for (int64_t a = 0; a < dn; ++a) cpu::Axpy(qn[a], wkv + a * C, C, ql.data());
-            for (size_t j = 0; j < keys.size(); ++j) {
-              const int64_t t = keys[j];
-              sc[j] = (cpu::Dot(ql.data(), &lat[t * C], C) + cpu::Dot(qr, &kr[t * dr], dr)) * scale;
+            // Scores over the keys: blocked products, each element exactly Dot's.
+            const int64_t K = static_cast<int64_t>(keys.size());
+            std::vector<float> s_lat(K), s_rope(K);
+            if (contiguous) {
+              cpu::MatMulNT(ql.data(), 1, lat.data(), K, C, s_lat.data());
+              cpu::MatMulNT(qr, 1, kr.data(), K, dr, s_rope.data());
+            } else {
+              for (int64_t j = 0; j < K; ++j) {
+                s_lat[j] = cpu::Dot(ql.data(), &lat[keys[j] * C], C);
+                s_rope[j] = cpu::Dot(qr, &kr[keys[j] * dr], dr);
+              }
             }
+            for (int64_t j = 0; j < K; ++j) sc[j] = (s_lat[j] + s_rope[j]) * scale;
             softmax(sc.data(), static_cast<int64_t>(sc.size()));
             for (size_t j = 0; j < keys.size(); ++j) cpu::Axpy(sc[j], &lat[keys[j] * C], C, ol.data());
-            for (int64_t v = 0; v < dv; ++v) oh[v] = cpu::Dot(wkv + (dn + v) * C, ol.data(), C);
+            // o_h = W_UV ol: dv rows of kv_b_proj after the head's W_UK rows.
+            cpu::MatMulNT(ol.data(), 1, wkv + dn * C, dv, C, oh);
           }
         }
       }

@@ -1,37 +1,111 @@
 // kernels/cpu/ops.cc — see ops.h for the determinism contract.
 #include "kernels/cpu/ops.h"
 
+#if defined(__AVX2__) && defined(__FMA__)
+#include <immintrin.h>
+#endif
+
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <vector>
 
 namespace lockstep::kernels::cpu {
 
-float Dot(const float* a, const float* b, int64_t n) {
-  constexpr int kLanes = 16;
-  float acc[kLanes] = {};
-  int64_t i = 0;
-  for (; i + kLanes <= n; i += kLanes) {
-    for (int l = 0; l < kLanes; ++l) acc[l] = std::fma(a[i + l], b[i + l], acc[l]);
-  }
-  for (int l = 0; i < n; ++i, ++l) acc[l] = std::fma(a[i], b[i], acc[l]);
-  // Fixed pairwise fold: 16 → 8 → 4 → 2 → 1.
+namespace {
+constexpr int kLanes = 16;
+
+// Pairwise fold of one accumulator set: 16 → 8 → 4 → 2 → 1.
+inline float Fold(float* acc) {
   for (int w = kLanes / 2; w >= 1; w /= 2) {
     for (int l = 0; l < w; ++l) acc[l] += acc[l + w];
   }
   return acc[0];
 }
 
-void MatMulNT(const float* x, int64_t rows, const float* w, int64_t out, int64_t in, float* y) {
+// K dot products sharing one operand: out[k] = Dot(a[k], b). Each output's arithmetic is
+// exactly Dot's (lane = i mod 16, one fused multiply-add per element, same fold), so blocking
+// never changes a bit; it only gives the CPU 2K independent FMA chains and reuses b's loads.
+// The AVX2 path and the portable path perform the same IEEE operations in the same order.
+template <int K>
+inline void DotShared(const float* const* a, const float* b, int64_t n, float* out) {
+  alignas(32) float acc[K][kLanes] = {};
+  int64_t i = 0;
+#if defined(__AVX2__) && defined(__FMA__)
+  __m256 lo[K], hi[K];
+  for (int k = 0; k < K; ++k) lo[k] = hi[k] = _mm256_setzero_ps();
+  for (; i + kLanes <= n; i += kLanes) {
+    const __m256 b0 = _mm256_loadu_ps(b + i), b1 = _mm256_loadu_ps(b + i + 8);
+    for (int k = 0; k < K; ++k) {
+      lo[k] = _mm256_fmadd_ps(_mm256_loadu_ps(a[k] + i), b0, lo[k]);
+      hi[k] = _mm256_fmadd_ps(_mm256_loadu_ps(a[k] + i + 8), b1, hi[k]);
+    }
+  }
+  for (int k = 0; k < K; ++k) {
+    _mm256_store_ps(acc[k], lo[k]);
+    _mm256_store_ps(acc[k] + 8, hi[k]);
+  }
+#else
+  for (; i + kLanes <= n; i += kLanes) {
+    for (int k = 0; k < K; ++k) {
+      for (int l = 0; l < kLanes; ++l) acc[k][l] = std::fma(a[k][i + l], b[i + l], acc[k][l]);
+    }
+  }
+#endif
+  for (int l = 0; i < n; ++i, ++l) {
+    for (int k = 0; k < K; ++k) acc[k][l] = std::fma(a[k][i], b[i], acc[k][l]);
+  }
+  for (int k = 0; k < K; ++k) out[k] = Fold(acc[k]);
+}
+}  // namespace
+
+float Dot(const float* a, const float* b, int64_t n) {
+  float out;
+  DotShared<1>(&a, b, n, &out);
+  return out;
+}
+
+void MatMulNTStrided(const float* x, int64_t ldx, int64_t rows, const float* w, int64_t ldw, int64_t out,
+                     int64_t in, float* y, int64_t ldy) {
   // Output columns are split across threads; each weight row is read once and reused for all
   // x rows while it sits in L1. Results are independent of the split (see Dot). Threads only
   // pay off above ~1 ms of work: a fork/join costs microseconds when cores are idle but can
   // cost milliseconds when another process holds them, so small products stay serial.
+  if (rows == 1) {
+    // Decode: four weight rows against the one x row at a time (x is the shared operand).
+#pragma omp parallel for schedule(static) if (out * in > kParallelMacs)
+    for (int64_t j0 = 0; j0 < out; j0 += 4) {
+      const int64_t m = std::min<int64_t>(4, out - j0);
+      const float* ws[4] = {w + j0 * ldw, w + (j0 + 1) * ldw, w + (j0 + 2) * ldw, w + (j0 + 3) * ldw};
+      float r[4];
+      if (m == 4) {
+        DotShared<4>(ws, x, in, r);
+      } else {
+        for (int64_t k = 0; k < m; ++k) DotShared<1>(&ws[k], x, in, &r[k]);
+      }
+      for (int64_t k = 0; k < m; ++k) y[j0 + k] = r[k];
+    }
+    return;
+  }
 #pragma omp parallel for schedule(static) if (out * rows * in > kParallelMacs)
   for (int64_t j = 0; j < out; ++j) {
-    const float* wj = w + j * in;
-    for (int64_t r = 0; r < rows; ++r) y[r * out + j] = Dot(x + r * in, wj, in);
+    const float* wj = w + j * ldw;
+    int64_t r = 0;
+    for (; r + 4 <= rows; r += 4) {
+      const float* xs[4] = {x + r * ldx, x + (r + 1) * ldx, x + (r + 2) * ldx, x + (r + 3) * ldx};
+      float o[4];
+      DotShared<4>(xs, wj, in, o);
+      for (int k = 0; k < 4; ++k) y[(r + k) * ldy + j] = o[k];
+    }
+    for (; r < rows; ++r) {
+      const float* xr = x + r * ldx;
+      DotShared<1>(&xr, wj, in, &y[r * ldy + j]);
+    }
   }
+}
+
+void MatMulNT(const float* x, int64_t rows, const float* w, int64_t out, int64_t in, float* y) {
+  MatMulNTStrided(x, in, rows, w, in, out, in, y, out);
 }
 
 void RmsNorm(const float* x, const float* weight, int64_t rows, int64_t n, double eps, float* y) {

@@ -19,8 +19,12 @@ inline constexpr int64_t kParallelMacs = int64_t{1} << 22;
 float Dot(const float* a, const float* b, int64_t n);
 
 // y[r, j] = Σ_k x[r, k] · w[j, k]   x: [rows, in], w: [out, in] row-major, y: [rows, out].
-// Each y element is Dot(x_r, w_j, in).
+// Each y element is Dot(x_r, w_j, in), bit for bit, however the loops are blocked.
 void MatMulNT(const float* x, int64_t rows, const float* w, int64_t out, int64_t in, float* y);
+// The same with explicit row strides (elements): x rows `ldx` apart, w rows `ldw` apart, y
+// rows `ldy` apart.
+void MatMulNTStrided(const float* x, int64_t ldx, int64_t rows, const float* w, int64_t ldw, int64_t out,
+                     int64_t in, float* y, int64_t ldy);
 
 // y = x · rsqrt(mean(x²) + eps) · weight, per row of length n (sum of squares in fp64).
 void RmsNorm(const float* x, const float* weight, int64_t rows, int64_t n, double eps, float* y);
