@@ -67,6 +67,8 @@ void EngineFlags::Register(CLI::App* app) {
   app->add_option("--kv-cache-tokens", kv_cache_tokens, "KV-cache capacity in tokens, across all requests")
       ->check(CLI::PositiveNumber);
   app->add_flag("--ignore-eos", ignore_eos, "Keep generating past the end-of-sequence token");
+  app->add_flag("--no-special-tokens", no_special_tokens,
+                "Encode prompts without the tokenizer's template (no BOS); by default it is applied, as transformers does");
   app->add_option("--fault", fault,
                   "Enable one deliberately wrong kernel, a test instrument (docs/fault-zoo.md; `lockstep kernels "
                   "--faults` lists them)");

@@ -44,6 +44,7 @@ struct EngineFlags {
   int64_t page_size = 64;
   int64_t kv_cache_tokens = 1 << 16;
   bool ignore_eos = false;
+  bool no_special_tokens = false;  // encode prompts without the tokenizer's template (BOS)
   std::string fault;
   std::vector<CLI::Option*> sampling_options_;  // temperature, top_p, top_k, min_p: were they given?
 

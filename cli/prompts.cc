@@ -104,7 +104,7 @@ Result<engine::Request> MakeRequest(PromptSpec& p, size_t index, const EngineFla
     if (!m.tokenizer) {
       return Status::NotFound(m.dir.string() + ": no tokenizer.json, so prompts must be given as --prompt-ids");
     }
-    p.ids = m.tokenizer->Encode(p.text);
+    p.ids = m.tokenizer->Encode(p.text, /*add_special_tokens=*/!flags.no_special_tokens);
   }
   engine::Request r;
   r.name = p.name;

@@ -1,7 +1,7 @@
 // cli/prompts.h — the prompts a run takes: --prompt TEXT, --prompt-ids 1,2,3 and --prompts
 // FILE.jsonl ({"prompt": "…"} or {"prompt_ids": […]}, optionally with id, max_tokens,
 // temperature, top_p, top_k, min_p, seed), turned into engine requests. Used by `record`
-// (and meant for every command that runs prompts; `generate` still has its own copy).
+// and every other command that runs prompts.
 #pragma once
 
 #include <cstdint>

@@ -159,7 +159,7 @@ class Progress {
   Clock::time_point t0_ = Clock::now(), last_{};
 };
 
-Status RunRecord(const RecordArgs& a) {
+Status RunRecord(RecordArgs& a) {
   recorder::CapturePolicy policy;
   LS_ASSIGN_OR_RETURN(policy.mode, recorder::CapturePolicy::ParseMode(a.capture));
   policy.taps = a.taps;
@@ -178,6 +178,8 @@ Status RunRecord(const RecordArgs& a) {
   policy.logits_topk = a.logits_topk;
 
   LS_ASSIGN_OR_RETURN(LoadedModel m, LoadModel(a.model.empty() ? DefaultModelDir() : std::filesystem::path(a.model), a.quiet));
+  const std::string note = a.flags.ApplyGenerationConfig(m.dir);
+  if (!note.empty() && !a.quiet) std::cerr << "lockstep: " << note << "\n";
   LS_ASSIGN_OR_RETURN(std::vector<PromptSpec> specs, CollectPrompts(a.prompts_file, a.prompt, a.prompt_ids));
   LS_ASSIGN_OR_RETURN(engine::EngineOptions opts, a.flags.ToOptions());
   LS_ASSIGN_OR_RETURN(auto eng, engine::Engine::Create(m.model, opts));
