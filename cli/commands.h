@@ -18,5 +18,6 @@ void RegisterKernels(CLI::App& app, SetAction set_action);
 void RegisterRecord(CLI::App& app, SetAction set_action);
 void RegisterInspect(CLI::App& app, SetAction set_action);
 void RegisterExport(CLI::App& app, SetAction set_action);
+void RegisterDegen(CLI::App& app, SetAction set_action);
 
 }  // namespace lockstep::cli

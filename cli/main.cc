@@ -22,6 +22,7 @@ int main(int argc, char** argv) {
   cli::RegisterRecord(app, set_action);
   cli::RegisterInspect(app, set_action);
   cli::RegisterExport(app, set_action);
+  cli::RegisterDegen(app, set_action);
   try {
     app.parse(argc, argv);
   } catch (const CLI::CallForHelp& e) {

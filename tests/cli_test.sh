@@ -57,4 +57,17 @@ if [ "$n" -ne 2 ]; then echo "FAIL json output: $out"; fail=1; else echo "ok   -
 "$LS" model info "$FIX/v32_sparse" --json | grep -q '"topk": 16' && echo "ok   model info --json" || { echo "FAIL model info --json"; fail=1; }
 "$LS" kernels | grep -q "attn_decode" && echo "ok   kernels" || { echo "FAIL kernels"; fail=1; }
 "$LS" generate --help | grep -q -- "--kv-cache" && echo "ok   generate --help" || { echo "FAIL help"; fail=1; }
+# degen on the embedded model: greedy on the HTML prompt loops (docs/models.md), and the JSON
+# report carries one entry per setting with per-sample verdicts.
+out=$("$LS" degen -p $'<!DOCTYPE html>\n<html>\n<head>\n<title>Counter</title>' --samples 2 -n 160 --temperatures 0,1.0 --ignore-eos --json 2>/dev/null)
+if printf '%s' "$out" | /usr/bin/python3 -c '
+import json, sys
+r = json.load(sys.stdin)
+s = r["settings"]
+assert [x["temperature"] for x in s] == [0.0, 1.0], s
+assert s[0]["samples"] == 2 and len(s[0]["per_sample"]) == 2
+assert s[0]["loop_rate"] == 1.0, "greedy decoding of the HTML prompt loops"
+'; then echo "ok   degen --json"; else echo "FAIL degen --json: $out" | head -c 2000; fail=1; fi
+expect_error "degen bad temperatures" "--temperatures" "$LS" degen -p x --temperatures 0,hot -q
+
 exit $fail
