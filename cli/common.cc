@@ -1,6 +1,10 @@
 // cli/common.cc — see common.h.
 #include "cli/common.h"
 
+#include <sstream>
+
+#include "recorder/fingerprint.h"
+
 #include <chrono>
 #include <fstream>
 #include <iostream>
@@ -44,6 +48,21 @@ Result<LoadedModel> LoadModel(const std::filesystem::path& dir, bool quiet) {
     }
   }
   return m;
+}
+
+Result<std::map<std::string, std::string>> ModelMeta(const LoadedModel& m) {
+  LS_ASSIGN_OR_RETURN(std::string fingerprint, recorder::ModelFingerprint(m.dir));
+  std::string tok_hash = "none";
+  if (std::filesystem::exists(m.dir / "tokenizer.json")) {
+    LS_ASSIGN_OR_RETURN(tok_hash, recorder::FileFingerprint(m.dir / "tokenizer.json"));
+  }
+  std::ifstream in(m.dir / "config.json", std::ios::binary);
+  std::stringstream config;
+  config << in.rdbuf();
+  return std::map<std::string, std::string>{{"model_dir", std::filesystem::absolute(m.dir).string()},
+                                            {"model_config", config.str()},
+                                            {"model_fingerprint", fingerprint},
+                                            {"tokenizer_hash", tok_hash}};
 }
 
 void EngineFlags::Register(CLI::App* app) {

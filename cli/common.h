@@ -5,6 +5,7 @@
 #include <CLI/CLI.hpp>
 
 #include <filesystem>
+#include <map>
 #include <memory>
 #include <optional>
 #include <string>
@@ -29,6 +30,9 @@ struct LoadedModel {
 
 // Loads config, weights and (if present) tokenizer.json; prints progress on stderr unless quiet.
 Result<LoadedModel> LoadModel(const std::filesystem::path& dir, bool quiet);
+
+// The model part of a trace's /meta: model_dir, model_config, model_fingerprint, tokenizer_hash.
+Result<std::map<std::string, std::string>> ModelMeta(const LoadedModel& m);
 
 // Flags shared by generate, record, replay, degen: sampling, cache, kernels.
 struct EngineFlags {

@@ -16,6 +16,7 @@
 #include "cli/common.h"
 #include "cli/prompts.h"
 #include "recorder/fingerprint.h"
+#include "recorder/record_session.h"
 #include "recorder/recorder.h"
 #include "traces/trace_writer.h"
 
@@ -41,97 +42,6 @@ struct RecordArgs {
   bool quiet = false;
   EngineFlags flags;
 };
-
-std::string ReadFile(const std::filesystem::path& p) {
-  std::ifstream in(p, std::ios::binary);
-  std::stringstream ss;
-  ss << in.rdbuf();
-  return ss.str();
-}
-
-std::string CpuName() {
-  std::ifstream in("/proc/cpuinfo");
-  std::string line;
-  while (std::getline(in, line)) {
-    if (line.rfind("model name", 0) == 0) {
-      const size_t colon = line.find(':');
-      if (colon != std::string::npos) return line.substr(colon + 2);
-    }
-  }
-  return "unknown CPU";
-}
-
-// This process's command line, shell-quoted where needed (from /proc, so main need not pass it).
-std::string CommandLine() {
-  const std::string raw = ReadFile("/proc/self/cmdline");
-  std::string out;
-  size_t start = 0;
-  while (start < raw.size()) {
-    size_t end = raw.find('\0', start);
-    if (end == std::string::npos) end = raw.size();
-    std::string arg = raw.substr(start, end - start);
-    if (!out.empty()) out += ' ';
-    if (arg.find_first_of(" \t'\"\\$`") != std::string::npos || arg.empty()) {
-      std::string q = "'";
-      for (char c : arg) q += c == '\'' ? std::string("'\\''") : std::string(1, c);
-      arg = q + "'";
-    }
-    out += arg;
-    start = end + 1;
-  }
-  return out;
-}
-
-std::string UtcNow() {
-  const std::time_t t = std::time(nullptr);
-  std::tm tm{};
-  gmtime_r(&t, &tm);
-  char buf[32];
-  std::strftime(buf, sizeof buf, "%Y-%m-%dT%H:%M:%SZ", &tm);
-  return buf;
-}
-
-// Everything /meta holds (docs/trace-format.md lists the keys).
-Status WriteMeta(traces::TraceWriter& w, const RecordArgs& a, const LoadedModel& m, const engine::Engine& eng,
-                 const recorder::CapturePolicy& policy) {
-  LS_ASSIGN_OR_RETURN(std::string fingerprint, recorder::ModelFingerprint(m.dir));
-  std::string tok_hash = "none";
-  if (std::filesystem::exists(m.dir / "tokenizer.json")) {
-    LS_ASSIGN_OR_RETURN(tok_hash, recorder::FileFingerprint(m.dir / "tokenizer.json"));
-  }
-  json kernels = eng.kernels();
-  const engine::EngineOptions& o = eng.options();
-  json engine_options = {{"kv_cache", std::string(engine::KvFormatName(o.kv_format))},
-                         {"page_size", o.page_size},
-                         {"kv_cache_tokens", o.kv_cache_tokens},
-                         {"max_batch", o.max_batch},
-                         {"kernels", o.kernels},
-                         {"fault", o.fault}};
-  char host[256] = {0};
-  gethostname(host, sizeof host - 1);
-  const std::pair<const char*, std::string> kv[] = {
-      {"model_dir", std::filesystem::absolute(m.dir).string()},
-      {"model_config", ReadFile(m.dir / "config.json")},
-      {"model_fingerprint", fingerprint},
-      {"tokenizer_hash", tok_hash},
-      {"lockstep_version", kVersion},
-      {"git_revision", kGitRevision},
-      {"build_type", kBuildType},
-      {"backend", "cpu"},
-      {"device", CpuName()},
-      {"kernels", kernels.dump()},
-      {"kv_cache_format", std::string(engine::KvFormatName(o.kv_format))},
-      {"engine_options", engine_options.dump()},
-      {"capture_policy", policy.ToJson()},
-      {"command_line", CommandLine()},
-      {"host", host},
-      {"time", UtcNow()},
-      {"zstd_level", std::to_string(a.zstd_level)},
-      {"flush_interval_s", std::to_string(a.flush_interval)},
-  };
-  for (const auto& [k, v] : kv) LS_RETURN_IF_ERROR(w.SetMeta(k, v));
-  return Status::Ok();
-}
 
 // One line on stderr, redrawn at most 10 times a second, when stderr is a terminal.
 class Progress {
@@ -191,60 +101,34 @@ Status RunRecord(RecordArgs& a) {
     requests.push_back(std::move(r));
   }
 
-  traces::TraceWriterOptions wo;
-  wo.zstd_level = a.zstd_level;
-  wo.compression_threads = a.compression_threads;
-  wo.queue_bytes = a.queue_mb << 20;
-  wo.batch_width = opts.max_batch;
-  wo.writer = std::string("lockstep ") + kVersion + " (" + kGitRevision + ")";
-  LS_ASSIGN_OR_RETURN(auto writer, traces::TraceWriter::Create(a.output, wo));
-  LS_RETURN_IF_ERROR(WriteMeta(*writer, a, m, *eng, policy));
-
-  recorder::RecorderOptions ro;
-  ro.policy = policy;
-  ro.flush_interval_s = a.flush_interval;
-  if (m.tokenizer) ro.detokenize = [&m](const std::vector<int32_t>& ids) { return m.tokenizer->Decode(ids); };
-  recorder::Recorder rec(eng.get(), writer.get(), ro);
-  rec.Attach();
-  for (size_t i = 0; i < requests.size(); ++i) {
-    LS_ASSIGN_OR_RETURN(int64_t id, eng->AddRequest(requests[i]));
-    LS_RETURN_IF_ERROR(rec.AddRequest(id, specs[i].text));
-  }
-
+  recorder::RecordSessionOptions so;
+  so.output = a.output;
+  so.policy = policy;
+  so.writer.zstd_level = a.zstd_level;
+  so.writer.compression_threads = a.compression_threads;
+  so.writer.queue_bytes = a.queue_mb << 20;
+  so.writer.batch_width = opts.max_batch;
+  so.writer.writer = std::string("lockstep ") + kVersion + " (" + kGitRevision + ")";
+  so.flush_interval_s = a.flush_interval;
+  if (m.tokenizer) so.detokenize = [&m](const std::vector<int32_t>& ids) { return m.tokenizer->Decode(ids); };
+  LS_ASSIGN_OR_RETURN(so.meta, ModelMeta(m));
+  std::vector<recorder::RecordedRequest> recorded;
+  for (size_t i = 0; i < requests.size(); ++i) recorded.push_back({requests[i], specs[i].text});
   Progress progress(!a.quiet, budget);
-  const auto t0 = Clock::now();
-  auto fail = [&](const Status& s) {
-    progress.Done();
-    (void)writer->Close();  // keeps what was flushed; the file is marked incomplete
-    return Status(s).WithContext(a.output + ": recording stopped after " + std::to_string(rec.steps()) +
-                                 " steps (the trace keeps what was flushed before): ");
+  so.on_step = [&](const recorder::Recorder& rec, const traces::TraceWriter& w) {
+    progress.Update(rec.tokens(), w.bytes_in());
   };
-  while (true) {
-    auto more = eng->Step();
-    if (!more.ok()) return fail(more.status());
-    if (!*more) break;
-    Status s = rec.EndStep();
-    if (!s.ok()) return fail(s);
-    progress.Update(rec.tokens(), writer->bytes_in());
-  }
-  Status s = rec.Finish();
-  if (!s.ok()) return fail(s);
-  progress.Update(rec.tokens(), writer->bytes_in(), true);
+  auto res = recorder::RecordRun(*eng, recorded, so);
   progress.Done();
-  const double run_s = std::chrono::duration<double>(Clock::now() - t0).count();
-  s = writer->Close();
-  if (!s.ok()) return fail(s);
-  const double total_s = std::chrono::duration<double>(Clock::now() - t0).count();
+  if (!res.ok()) return res.status();
   if (!a.quiet) {
-    std::error_code ec;
-    const auto bytes = std::filesystem::file_size(a.output, ec);
+    const auto bytes = res->file_bytes;
     std::fprintf(stderr,
                  "lockstep: recorded %lld requests, %lld tokens in %lld steps to %s (%s capture): %.2f s run + %.2f s "
                  "to close, %.1f MB (%.0f bytes/token), engine stalled %.3f s on the trace queue\n",
-                 static_cast<long long>(requests.size()), static_cast<long long>(rec.tokens()),
-                 static_cast<long long>(rec.steps()), a.output.c_str(), a.capture.c_str(), run_s, total_s - run_s,
-                 bytes / 1e6, rec.tokens() ? static_cast<double>(bytes) / rec.tokens() : 0.0,
-                 writer->stall_ns() / 1e9);
+                 static_cast<long long>(requests.size()), static_cast<long long>(res->tokens),
+                 static_cast<long long>(res->steps), a.output.c_str(), a.capture.c_str(), res->run_s, res->close_s,
+                 bytes / 1e6, res->tokens ? static_cast<double>(bytes) / res->tokens : 0.0, res->stall_ns / 1e9);
   }
   return Status::Ok();
 }

@@ -1,0 +1,146 @@
+// recorder/record_session.cc — see record_session.h.
+#include "recorder/record_session.h"
+
+#include <unistd.h>
+
+#include <chrono>
+#include <ctime>
+#include <fstream>
+#include <sstream>
+
+#include <nlohmann/json.hpp>
+
+#include "base/version.h"
+
+namespace lockstep::recorder {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+using json = nlohmann::json;
+
+std::string ReadFile(const std::filesystem::path& p) {
+  std::ifstream in(p, std::ios::binary);
+  std::stringstream ss;
+  ss << in.rdbuf();
+  return ss.str();
+}
+
+}  // namespace
+
+std::string CpuName() {
+  std::ifstream in("/proc/cpuinfo");
+  std::string line;
+  while (std::getline(in, line)) {
+    if (line.rfind("model name", 0) == 0) {
+      const size_t colon = line.find(':');
+      if (colon != std::string::npos) return line.substr(colon + 2);
+    }
+  }
+  return "unknown CPU";
+}
+
+std::string CommandLine() {
+  const std::string raw = ReadFile("/proc/self/cmdline");
+  std::string out;
+  size_t start = 0;
+  while (start < raw.size()) {
+    size_t end = raw.find('\0', start);
+    if (end == std::string::npos) end = raw.size();
+    std::string arg = raw.substr(start, end - start);
+    if (!out.empty()) out += ' ';
+    if (arg.find_first_of(" \t\n'\"\\$`") != std::string::npos || arg.empty()) {
+      std::string q = "'";
+      for (char c : arg) q += c == '\'' ? std::string("'\\''") : std::string(1, c);
+      arg = q + "'";
+    }
+    out += arg;
+    start = end + 1;
+  }
+  return out;
+}
+
+std::string UtcNow() {
+  const std::time_t t = std::time(nullptr);
+  std::tm tm{};
+  gmtime_r(&t, &tm);
+  char buf[32];
+  std::strftime(buf, sizeof buf, "%Y-%m-%dT%H:%M:%SZ", &tm);
+  return buf;
+}
+
+Result<RecordSessionResult> RecordRun(engine::Engine& eng, const std::vector<RecordedRequest>& requests,
+                                      const RecordSessionOptions& o) {
+  const std::string out = o.output.string();
+  LS_ASSIGN_OR_RETURN(auto writer, traces::TraceWriter::Create(o.output, o.writer));
+
+  // /meta: what the engine knows, then the caller's keys (which win).
+  const engine::EngineOptions& eo = eng.options();
+  json engine_options = {{"kv_cache", std::string(engine::KvFormatName(eo.kv_format))},
+                         {"page_size", eo.page_size},
+                         {"kv_cache_tokens", eo.kv_cache_tokens},
+                         {"max_batch", eo.max_batch},
+                         {"kernels", eo.kernels},
+                         {"fault", eo.fault}};
+  char host[256] = {0};
+  gethostname(host, sizeof host - 1);
+  std::map<std::string, std::string> meta = {
+      {"lockstep_version", kVersion},
+      {"git_revision", kGitRevision},
+      {"build_type", kBuildType},
+      {"backend", "cpu"},
+      {"device", CpuName()},
+      {"kernels", json(eng.kernels()).dump()},
+      {"kv_cache_format", std::string(engine::KvFormatName(eo.kv_format))},
+      {"engine_options", engine_options.dump()},
+      {"capture_policy", o.policy.ToJson()},
+      {"command_line", CommandLine()},
+      {"host", host},
+      {"time", UtcNow()},
+      {"zstd_level", std::to_string(o.writer.zstd_level)},
+      {"flush_interval_s", std::to_string(o.flush_interval_s)},
+  };
+  for (const auto& [k, v] : o.meta) meta[k] = v;
+  for (const auto& [k, v] : meta) LS_RETURN_IF_ERROR(writer->SetMeta(k, v));
+
+  RecorderOptions ro;
+  ro.policy = o.policy;
+  ro.flush_interval_s = o.flush_interval_s;
+  ro.detokenize = o.detokenize;
+  Recorder rec(&eng, writer.get(), ro);
+  rec.Attach();
+  if (o.wrap) eng.SetTapHook(o.wrap(&rec));
+  for (const auto& r : requests) {
+    LS_ASSIGN_OR_RETURN(int64_t id, eng.AddRequest(r.request));
+    LS_RETURN_IF_ERROR(rec.AddRequest(id, r.prompt_text));
+  }
+
+  RecordSessionResult res;
+  const auto t0 = Clock::now();
+  auto fail = [&](const Status& s) {
+    (void)writer->Close();  // keeps what was flushed; the file stays marked incomplete
+    return Status(s).WithContext(out + ": recording stopped after " + std::to_string(rec.steps()) +
+                                 " steps (the trace keeps what was flushed before): ");
+  };
+  while (true) {
+    auto more = eng.Step();
+    if (!more.ok()) return fail(more.status());
+    if (!*more) break;
+    Status s = rec.EndStep();
+    if (!s.ok()) return fail(s);
+    if (o.on_step) o.on_step(rec, *writer);
+  }
+  Status s = rec.Finish();
+  if (!s.ok()) return fail(s);
+  res.run_s = std::chrono::duration<double>(Clock::now() - t0).count();
+  res.stall_ns = writer->stall_ns();
+  s = writer->Close();
+  if (!s.ok()) return fail(s);
+  res.close_s = std::chrono::duration<double>(Clock::now() - t0).count() - res.run_s;
+  res.steps = rec.steps();
+  res.tokens = rec.tokens();
+  std::error_code ec;
+  res.file_bytes = std::filesystem::file_size(o.output, ec);
+  return res;
+}
+
+}  // namespace lockstep::recorder

@@ -1,0 +1,62 @@
+// recorder/record_session.h — one recorded run: an Engine driven to completion with a
+// Recorder attached, writing one trace. The one loop that `record`, `replay`, `bisect` and
+// `degen --record-failures` share, so every trace is written the same way.
+//
+// The caller builds the Engine (model + options) and the requests; RecordRun adds the
+// requests, writes /meta (the caller's keys plus what the engine knows: kernels, engine
+// options, KV format, capture policy, version, host, time, command line), steps the engine,
+// flushes per the policy and closes the file. On failure the trace keeps what was flushed and
+// the error says after how many steps it stopped.
+#pragma once
+
+#include <cstdint>
+#include <filesystem>
+#include <functional>
+#include <map>
+#include <string>
+#include <vector>
+
+#include "base/status.h"
+#include "engine/engine.h"
+#include "engine/tap.h"
+#include "recorder/capture_policy.h"
+#include "recorder/recorder.h"
+#include "traces/trace_writer.h"
+
+namespace lockstep::recorder {
+
+struct RecordSessionOptions {
+  std::filesystem::path output;
+  CapturePolicy policy;
+  traces::TraceWriterOptions writer;
+  double flush_interval_s = 1.0;
+  std::function<std::string(const std::vector<int32_t>&)> detokenize;  // may be empty
+  std::map<std::string, std::string> meta;  // model_dir, model_fingerprint, … (merged into /meta)
+  // Taps the recorder sees go through this hook first when set (replay: grafting, verifying).
+  // It must forward OnTap to the Recorder it is given via `wrap`.
+  std::function<engine::TapHook*(Recorder*)> wrap;
+  std::function<void(const Recorder&, const traces::TraceWriter&)> on_step;  // progress
+};
+
+struct RecordSessionResult {
+  int64_t steps = 0, tokens = 0;
+  double run_s = 0, close_s = 0;
+  uint64_t file_bytes = 0;
+  int64_t stall_ns = 0;
+};
+
+struct RecordedRequest {
+  engine::Request request;
+  std::string prompt_text;  // empty when the prompt came as ids
+};
+
+// Adds `requests` to `engine` (ids 0, 1, … in order) and records the run.
+Result<RecordSessionResult> RecordRun(engine::Engine& engine, const std::vector<RecordedRequest>& requests,
+                                      const RecordSessionOptions& options);
+
+// Meta values every trace carries, exposed for tests and `inspect`.
+std::string CpuName();
+std::string CommandLine();  // this process's, shell-quoted
+std::string UtcNow();
+
+}  // namespace lockstep::recorder
