@@ -1,0 +1,140 @@
+// kernels/cuda/device_math.cuh — device twins of the CPU's scalar numerics.
+//
+// Each function here is a line-by-line port of its CPU counterpart (kernels/cpu/numerics.h,
+// kernels/cpu/ops.cc's Dot, engine/kv_cache.cc's Fp8TileScale) using correctly rounded
+// intrinsics, so the GPU produces the CPU's bits. The library is compiled with --fmad=false;
+// the __f*_rn intrinsics make the intent explicit and survive a change of that flag.
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+namespace lockstep::kernels::cuda::dev {
+
+// --- bf16 (kernels/cpu/numerics.h Bf16ToF32 / F32ToBf16) ---------------------------------
+__device__ __forceinline__ float Bf16ToF32(uint16_t h) { return __uint_as_float(static_cast<uint32_t>(h) << 16); }
+
+__device__ __forceinline__ uint16_t F32ToBf16(float f) {
+  uint32_t u = __float_as_uint(f);
+  if ((u & 0x7fffffffu) > 0x7f800000u) return static_cast<uint16_t>((u >> 16) | 0x0040u);
+  const uint32_t lsb = (u >> 16) & 1u;
+  u += 0x7fffu + lsb;
+  return static_cast<uint16_t>(u >> 16);
+}
+
+// --- FP8 E4M3 "fn" (kernels/cpu/numerics.h) ---------------------------------------------
+__device__ __forceinline__ float Fp8E4m3ToF32(uint8_t b) {
+  const uint32_t sign = static_cast<uint32_t>(b & 0x80u) << 24;
+  const uint32_t exp = (b >> 3) & 0xfu;
+  const uint32_t man = b & 0x7u;
+  if (exp == 0xf && man == 0x7) return __uint_as_float(0x7fc00000u);  // NaN (the CPU's nanf(""))
+  if (exp == 0) {
+    // m/8 · 2^-6 = m · 2^-9, exact in fp32.
+    return __uint_as_float(sign | __float_as_uint(static_cast<float>(man) * 0.001953125f));
+  }
+  return __uint_as_float(sign | ((exp - 7u + 127u) << 23) | (man << 20));
+}
+
+// Round to nearest even with saturation to ±448; NaN → 0x7f. The CPU's algorithm, step by step.
+__device__ __forceinline__ uint8_t F32ToFp8E4m3(float f) {
+  if (isnan(f)) return 0x7f;
+  const uint8_t sign = signbit(f) ? 0x80 : 0x00;
+  const float a = fabsf(f);
+  if (a >= 448.0f) return sign | 0x7e;
+  if (a < 0.015625f) {
+    const float q = rintf(__fmul_rn(a, 512.0f));
+    return sign | static_cast<uint8_t>(q);
+  }
+  int e;
+  const float m = frexpf(a, &e);
+  float scaled = rintf(__fmul_rn(__fsub_rn(__fmul_rn(m, 2.0f), 1.0f), 8.0f));
+  int exp = e - 1 + 7;
+  if (scaled >= 8.0f) {
+    scaled = 0.0f;
+    exp += 1;
+  }
+  if (exp > 15 || (exp == 15 && scaled > 6.0f)) return sign | 0x7e;
+  return sign | static_cast<uint8_t>((exp << 3) | static_cast<int>(scaled));
+}
+
+// engine/kv_cache.cc Fp8TileScale from a tile's amax (max of |x| ignoring NaN, as fmax does):
+// 2^ceil(log2(amax/448)), 1 when amax is 0 or not finite. ceil(log2(r)) is computed exactly
+// from frexp (r = m·2^e, m ∈ [0.5, 1): e − 1 when m = 0.5, else e); it equals the CPU's
+// ceil(std::log2(r)) because r = amax/448 (fp32 amax, so r is within 2^-24 relative of a
+// power of two only when it is one) is never close enough to an integer exponent for log2's
+// rounding to matter.
+__device__ __forceinline__ float Fp8ScaleFromAmax(float amax) {
+  if (!(amax > 0.0f) || !isfinite(amax)) return 1.0f;
+  const double r = static_cast<double>(amax) / 448.0;
+  int e;
+  const double m = frexp(r, &e);
+  if (m == 0.5) e -= 1;
+  return ldexpf(1.0f, e);
+}
+
+// --- cpu::Dot: 16 interleaved FMA lanes (lane = i mod 16), pairwise fold 16→8→4→2→1 ------
+// NH dot products sharing `b` (one key against NH query heads). a[h] and b may live in any
+// memory space. Register arrays are indexed by compile-time constants only.
+template <int NH>
+__device__ __forceinline__ void Dot16(const float* const (&a)[NH], const float* b, int n, float (&out)[NH]) {
+  float acc[NH][16];
+#pragma unroll
+  for (int h = 0; h < NH; ++h) {
+#pragma unroll
+    for (int l = 0; l < 16; ++l) acc[h][l] = 0.0f;
+  }
+  int i = 0;
+  for (; i + 16 <= n; i += 16) {
+#pragma unroll
+    for (int l = 0; l < 16; ++l) {
+      const float bv = b[i + l];
+#pragma unroll
+      for (int h = 0; h < NH; ++h) acc[h][l] = __fmaf_rn(a[h][i + l], bv, acc[h][l]);
+    }
+  }
+  // Tail: element i + l goes to lane l (the CPU's `for (l = 0; i < n; ++i, ++l)`).
+#pragma unroll
+  for (int l = 0; l < 16; ++l) {
+    if (i + l < n) {
+      const float bv = b[i + l];
+#pragma unroll
+      for (int h = 0; h < NH; ++h) acc[h][l] = __fmaf_rn(a[h][i + l], bv, acc[h][l]);
+    }
+  }
+#pragma unroll
+  for (int h = 0; h < NH; ++h) {
+    // Spelled out: nvcc does not fully unroll a `w /= 2` loop, which would put acc in local memory.
+#pragma unroll
+    for (int l = 0; l < 8; ++l) acc[h][l] = __fadd_rn(acc[h][l], acc[h][l + 8]);
+#pragma unroll
+    for (int l = 0; l < 4; ++l) acc[h][l] = __fadd_rn(acc[h][l], acc[h][l + 4]);
+#pragma unroll
+    for (int l = 0; l < 2; ++l) acc[h][l] = __fadd_rn(acc[h][l], acc[h][l + 2]);
+    out[h] = __fadd_rn(acc[h][0], acc[h][1]);
+  }
+}
+
+// --- order-preserving float bits ---------------------------------------------------------
+// Larger float ⇔ larger key for non-NaN values; −0 and +0 share a key (the CPU compares
+// them equal); NaN maps to 0, below −∞ (0x007fffff).
+__device__ __forceinline__ uint32_t OrderedKey(float f) {
+  if (isnan(f)) return 0u;
+  if (f == 0.0f) f = 0.0f;
+  const uint32_t u = __float_as_uint(f);
+  return (u & 0x80000000u) ? ~u : (u | 0x80000000u);
+}
+
+// --- warp reductions with a fixed butterfly (every lane ends with the same bits) ---------
+__device__ __forceinline__ float WarpMax(float v) {
+#pragma unroll
+  for (int o = 16; o >= 1; o /= 2) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
+  return v;
+}
+__device__ __forceinline__ float WarpSum(float v) {
+#pragma unroll
+  for (int o = 16; o >= 1; o /= 2) v = __fadd_rn(v, __shfl_xor_sync(0xffffffffu, v, o));
+  return v;
+}
+
+}  // namespace lockstep::kernels::cuda::dev

@@ -1,0 +1,395 @@
+// kernels/cuda/mla_decode.cu — MLA absorbed decode over the paged latent cache, dense and
+// sparse (top-k slots), fp32 accumulation, one fixed reduction order (ops.h).
+//
+// Work decomposition (all of it a function of a request's own key count n):
+//   splits   n keys cut into ceil(n / MlaSplitKeys(n)) splits (≤ 64), ascending;
+//   split CTA  (split, 16-head group, request): q for its 16 heads in shared memory, keys in
+//            tiles of 32 dequantised into shared memory, online softmax per head over the
+//            tiles in ascending order; writes its unnormalised o, running max m, and sum l;
+//   combine  one CTA per (request, head) merges the splits in ascending order:
+//            M = max m_s, f_s = exp(m_s − M), L = Σ l_s f_s, o = (Σ o_s f_s) / L,
+//            lse = M + log L.
+// Thread roles inside a split CTA (256 threads = 8 warps):
+//   scores   warp w owns heads w and w + 8 of the group, lane = key of the tile; each score
+//            is cpu::Dot over the latent plus cpu::Dot over the rope part, then × scale —
+//            bitwise the CPU's score; the tile max and Σp are warp butterflies;
+//   P·V      thread owns heads 4·(tid/64)…+3 and latent columns c ≡ tid (mod 64) (8 of
+//            them for kv_lora 512); o[h][c] = fma(p[h][t], c_t[c], o[h][c]) for t ascending.
+#include <cuda_runtime.h>
+
+#include <cmath>
+
+#include "kernels/cuda/check.cuh"
+#include "kernels/cuda/device_math.cuh"
+#include "kernels/cuda/ops.h"
+
+namespace lockstep::kernels::cuda {
+namespace {
+
+constexpr int kThreads = 256;
+constexpr int kWarps = kThreads / 32;
+constexpr int kHeadsPerCta = 16;
+constexpr int kTileKeys = 32;  // = warp width: lane ↔ key in the score phase
+constexpr int kMaxLora = 512;
+constexpr int kMaxRope = 64;
+constexpr int kColGroups = 64;                                       // P·V column groups
+constexpr int kColsPerThread = kMaxLora / kColGroups;                // 8
+constexpr int kPvHeads = kHeadsPerCta / (kThreads / kColGroups);     // 4 heads per thread
+constexpr int kMaxSplits = 64;
+constexpr int kBaseSplitKeys = 256;
+constexpr int kCombineThreads = 128;
+static_assert(kHeadsPerCta == 2 * kWarps, "score phase: two heads per warp");
+static_assert(kBaseSplitKeys % kTileKeys == 0);
+
+__host__ __device__ inline int64_t SplitKeys(int64_t n) {
+  if (n <= int64_t{kBaseSplitKeys} * kMaxSplits) return kBaseSplitKeys;
+  const int64_t per = (n + kMaxSplits - 1) / kMaxSplits;
+  return (per + kTileKeys - 1) / kTileKeys * kTileKeys;
+}
+__host__ __device__ inline int64_t NumSplits(int64_t n) { return n <= 0 ? 0 : (n + SplitKeys(n) - 1) / SplitKeys(n); }
+// Splits the grid must cover for any n ≤ max_keys (NumSplits is not monotone above 16384).
+inline int64_t SplitsToAllocate(int64_t max_keys) {
+  return max_keys > int64_t{kBaseSplitKeys} * kMaxSplits ? kMaxSplits : NumSplits(max_keys);
+}
+
+inline size_t Align256(size_t x) { return (x + 255) / 256 * 256; }
+
+struct Workspace {
+  float* o_part;  // [batch, heads, splits, kv_lora]
+  float* m_part;  // [batch, heads, splits]
+  float* l_part;  // [batch, heads, splits]
+  int64_t splits;
+};
+
+struct WorkspaceLayout {
+  size_t o_bytes, ml_bytes, total;
+};
+WorkspaceLayout Layout(const MlaDecodeParams& p, int64_t splits) {
+  WorkspaceLayout w;
+  const size_t bhs = static_cast<size_t>(p.batch) * p.heads * splits;
+  w.o_bytes = Align256(bhs * p.kv_lora * sizeof(float));
+  w.ml_bytes = Align256(bhs * sizeof(float));
+  w.total = w.o_bytes + 2 * w.ml_bytes;
+  return w;
+}
+
+template <bool kSparse>
+__device__ __forceinline__ int64_t KeyCount(const MlaDecodeParams& p, int b, bool report) {
+  if constexpr (kSparse) {
+    return p.topk;
+  } else {
+    const int64_t n = p.seq_lens[b];
+    if (n < 0 || n > p.max_seq_len || n > p.page_table_stride * p.page_size) {
+      if (report && p.error_flag != nullptr) atomicOr(p.error_flag, kErrSeqLen);
+      return 0;
+    }
+    return n;
+  }
+}
+
+// Global slot of key `key` of request b, or −1 when masked or invalid (invalid is flagged).
+template <bool kSparse>
+__device__ __forceinline__ int64_t KeySlot(const MlaDecodeParams& p, int b, int64_t key) {
+  if constexpr (kSparse) {
+    const int32_t idx = p.indices[b * p.indices_stride + key];
+    if (idx == -1) return -1;
+    if (idx < -1 || idx >= p.num_pages * p.page_size) {
+      if (p.error_flag != nullptr) atomicOr(p.error_flag, kErrSlot);
+      return -1;
+    }
+    return idx;
+  } else {
+    const int32_t page = p.page_table[b * p.page_table_stride + key / p.page_size];
+    if (page < 0 || page >= p.num_pages) {
+      if (p.error_flag != nullptr) atomicOr(p.error_flag, kErrPageId);
+      return -1;
+    }
+    return static_cast<int64_t>(page) * p.page_size + key % p.page_size;
+  }
+}
+
+// One token's bytes → fp32 [kv_lora + rope_dim] in shared memory, by the 32 lanes of a warp.
+// The dequantisation is engine::PagedKvCache::ReadLatent's (fp8 value × tile scale in fp32).
+__device__ __forceinline__ void DequantRow(LatentFormat format, const uint8_t* src, int C, int R, float* dst,
+                                           int lane) {
+  switch (format) {
+    case LatentFormat::kFp32: {
+      const float* f = reinterpret_cast<const float*>(src);
+      for (int j = lane; j < C + R; j += 32) dst[j] = f[j];
+      break;
+    }
+    case LatentFormat::kBf16: {
+      const uint16_t* h = reinterpret_cast<const uint16_t*>(src);
+      for (int j = lane; j < C + R; j += 32) dst[j] = dev::Bf16ToF32(h[j]);
+      break;
+    }
+    case LatentFormat::kFp8E4m3: {
+      const uint8_t* scales = src + C;
+      const bool aligned = (reinterpret_cast<uintptr_t>(scales) & 3u) == 0;
+      for (int j = lane; j < C; j += 32) {
+        const uint8_t* sp = scales + 4 * (j / kFp8TileValues);
+        float s;
+        if (aligned) {
+          s = *reinterpret_cast<const float*>(sp);
+        } else {
+          s = __uint_as_float(static_cast<uint32_t>(sp[0]) | (static_cast<uint32_t>(sp[1]) << 8) |
+                              (static_cast<uint32_t>(sp[2]) << 16) | (static_cast<uint32_t>(sp[3]) << 24));
+        }
+        dst[j] = __fmul_rn(dev::Fp8E4m3ToF32(src[j]), s);
+      }
+      const uint8_t* rope = scales + 4 * ((C + kFp8TileValues - 1) / kFp8TileValues);
+      for (int j = lane; j < R; j += 32) {
+        const uint16_t h = static_cast<uint16_t>(rope[2 * j] | (rope[2 * j + 1] << 8));
+        dst[C + j] = dev::Bf16ToF32(h);
+      }
+      break;
+    }
+  }
+}
+
+template <bool kSparse>
+__global__ void __launch_bounds__(kThreads) MlaSplitKernel(MlaDecodeParams p, int64_t bytes_per_token, Workspace ws) {
+  extern __shared__ float smem[];
+  const int b = blockIdx.z, group = blockIdx.y, split = blockIdx.x;
+  const int C = static_cast<int>(p.kv_lora), R = static_cast<int>(p.rope_dim), D = C + R;
+  const int H = static_cast<int>(p.heads);
+  const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
+  const int head0 = group * kHeadsPerCta;
+
+  const int64_t n_keys = KeyCount<kSparse>(p, b, group == 0 && split == 0 && tid == 0);
+  const int64_t split_keys = SplitKeys(n_keys);
+  const int64_t key_begin = split * split_keys;
+  if (key_begin >= n_keys) return;
+  const int64_t key_end = min(n_keys, key_begin + split_keys);
+
+  float* q_s = smem;                                   // [16][D]
+  float* k_s = q_s + kHeadsPerCta * D;                 // [32][D + 1] (+1: lane ↔ key reads hit 32 banks)
+  float* p_s = k_s + kTileKeys * (D + 1);              // [16][32]
+  float* alpha_s = p_s + kHeadsPerCta * kTileKeys;     // [16]
+  int* valid_s = reinterpret_cast<int*>(alpha_s + kHeadsPerCta);  // [32]
+  const int k_stride = D + 1;
+
+  for (int idx = tid; idx < kHeadsPerCta * D; idx += kThreads) {
+    const int h = idx / D, j = idx - h * D, head = head0 + h;
+    float v = 0.0f;
+    if (head < H) {
+      v = j < C ? p.q_latent[b * p.q_latent_batch_stride + head * p.q_latent_head_stride + j]
+                : p.q_rope[b * p.q_rope_batch_stride + head * p.q_rope_head_stride + (j - C)];
+    }
+    q_s[idx] = v;
+  }
+
+  // Score role: heads sh[0] = warp, sh[1] = warp + 8; state replicated across the warp's lanes.
+  const int sh[2] = {warp, warp + kWarps};
+  float m_run[2] = {-INFINITY, -INFINITY}, l_run[2] = {0.0f, 0.0f};
+  // P·V role.
+  const int cg = tid % kColGroups, hq = (tid / kColGroups) * kPvHeads;
+  float o[kPvHeads][kColsPerThread];
+#pragma unroll
+  for (int hh = 0; hh < kPvHeads; ++hh) {
+#pragma unroll
+    for (int m = 0; m < kColsPerThread; ++m) o[hh][m] = 0.0f;
+  }
+
+  for (int64_t t0 = key_begin; t0 < key_end; t0 += kTileKeys) {
+    __syncthreads();  // q_s written (first tile) / the last tile's P·V done with k_s, p_s
+    for (int row = warp; row < kTileKeys; row += kWarps) {
+      const int64_t key = t0 + row;
+      const int64_t slot = key < key_end ? KeySlot<kSparse>(p, b, key) : -1;
+      float* krow = k_s + row * k_stride;
+      if (slot < 0) {
+        for (int j = lane; j < D; j += 32) krow[j] = 0.0f;  // p = 0 must meet finite values
+      } else {
+        DequantRow(p.format, p.cache + slot * bytes_per_token, C, R, krow, lane);
+      }
+      if (lane == 0) valid_s[row] = slot >= 0;
+    }
+    __syncthreads();
+
+    // Scores and the online softmax update, per head of this warp.
+    const float* krow = k_s + lane * k_stride;
+    const float* ql[2] = {q_s + sh[0] * D, q_s + sh[1] * D};
+    const float* qr[2] = {ql[0] + C, ql[1] + C};
+    float dot_l[2], dot_r[2];
+    dev::Dot16<2>(ql, krow, C, dot_l);
+    dev::Dot16<2>(qr, krow + C, R, dot_r);
+    const bool valid = valid_s[lane] != 0;
+#pragma unroll
+    for (int i = 0; i < 2; ++i) {
+      // (Dot(q_lat, c) + Dot(q_rope, k_rope)) · scale — engine/model.cc's expression.
+      const float s = valid ? __fmul_rn(__fadd_rn(dot_l[i], dot_r[i]), p.softmax_scale) : -INFINITY;
+      const float m_new = fmaxf(m_run[i], dev::WarpMax(s));
+      const float pr = s == -INFINITY ? 0.0f : expf(__fsub_rn(s, m_new));
+      const float alpha = m_run[i] == -INFINITY ? 0.0f : expf(__fsub_rn(m_run[i], m_new));
+      l_run[i] = __fadd_rn(__fmul_rn(l_run[i], alpha), dev::WarpSum(pr));
+      m_run[i] = m_new;
+      p_s[sh[i] * kTileKeys + lane] = pr;
+      if (lane == 0) alpha_s[sh[i]] = alpha;
+    }
+    __syncthreads();
+
+    // o = o · alpha + Σ_t p_t · c_t, t ascending.
+#pragma unroll
+    for (int hh = 0; hh < kPvHeads; ++hh) {
+      const float a = alpha_s[hq + hh];
+#pragma unroll
+      for (int m = 0; m < kColsPerThread; ++m) o[hh][m] = __fmul_rn(o[hh][m], a);
+    }
+    for (int t = 0; t < kTileKeys; ++t) {
+      float kv[kColsPerThread];
+#pragma unroll
+      for (int m = 0; m < kColsPerThread; ++m) {
+        const int c = cg + m * kColGroups;
+        kv[m] = c < C ? k_s[t * k_stride + c] : 0.0f;
+      }
+#pragma unroll
+      for (int hh = 0; hh < kPvHeads; ++hh) {
+        const float pv = p_s[(hq + hh) * kTileKeys + t];
+#pragma unroll
+        for (int m = 0; m < kColsPerThread; ++m) o[hh][m] = __fmaf_rn(pv, kv[m], o[hh][m]);
+      }
+    }
+  }
+
+  // Partials of this split.
+#pragma unroll
+  for (int hh = 0; hh < kPvHeads; ++hh) {
+    const int head = head0 + hq + hh;
+    if (head >= H) continue;
+    float* dst = ws.o_part + ((static_cast<int64_t>(b) * H + head) * ws.splits + split) * C;
+#pragma unroll
+    for (int m = 0; m < kColsPerThread; ++m) {
+      const int c = cg + m * kColGroups;
+      if (c < C) dst[c] = o[hh][m];
+    }
+  }
+  if (lane == 0) {
+#pragma unroll
+    for (int i = 0; i < 2; ++i) {
+      const int head = head0 + sh[i];
+      if (head >= H) continue;
+      const int64_t at = (static_cast<int64_t>(b) * H + head) * ws.splits + split;
+      ws.m_part[at] = m_run[i];
+      ws.l_part[at] = l_run[i];
+    }
+  }
+}
+
+template <bool kSparse>
+__global__ void __launch_bounds__(kCombineThreads) MlaCombineKernel(MlaDecodeParams p, Workspace ws) {
+  __shared__ float f_s[kMaxSplits];
+  const int H = static_cast<int>(p.heads), C = static_cast<int>(p.kv_lora);
+  const int b = blockIdx.x / H, h = blockIdx.x % H;
+  const int64_t n_keys = KeyCount<kSparse>(p, b, false);
+  const int S = static_cast<int>(NumSplits(n_keys));
+  const int64_t base = (static_cast<int64_t>(b) * H + h) * ws.splits;
+  // Every thread computes M and L itself, in the same order: identical bits, no broadcast.
+  float M = -INFINITY;
+  for (int s = 0; s < S; ++s) M = fmaxf(M, ws.m_part[base + s]);
+  for (int s = threadIdx.x; s < S; s += kCombineThreads) {
+    const float m = ws.m_part[base + s];
+    f_s[s] = m == -INFINITY ? 0.0f : expf(__fsub_rn(m, M));
+  }
+  __syncthreads();
+  float L = 0.0f;
+  for (int s = 0; s < S; ++s) L = __fadd_rn(L, __fmul_rn(ws.l_part[base + s], f_s[s]));
+  float* out = p.o_latent + b * p.o_batch_stride + h * p.o_head_stride;
+  for (int c = threadIdx.x; c < C; c += kCombineThreads) {
+    float acc = 0.0f;
+    for (int s = 0; s < S; ++s) acc = __fmaf_rn(ws.o_part[(base + s) * C + c], f_s[s], acc);
+    out[c] = L == 0.0f ? 0.0f : __fdiv_rn(acc, L);
+  }
+  if (threadIdx.x == 0 && p.lse != nullptr) {
+    p.lse[static_cast<int64_t>(b) * H + h] = L == 0.0f ? -INFINITY : __fadd_rn(M, logf(L));
+  }
+}
+
+Status Validate(const MlaDecodeParams& p, bool sparse, const char* op) {
+  LS_CHECK_ARG(p.batch >= 0 && p.batch <= 65535, op, "batch", p.batch);
+  LS_CHECK_ARG(p.heads > 0 && p.heads <= 65535 * int64_t{kHeadsPerCta}, op, "heads", p.heads);
+  LS_CHECK_ARG(p.batch * p.heads < (int64_t{1} << 31), op, "batch·heads", p.batch * p.heads);
+  LS_CHECK_ARG(p.kv_lora > 0 && p.kv_lora <= kMaxLora, op, "kv_lora", p.kv_lora);
+  LS_CHECK_ARG(p.rope_dim >= 0 && p.rope_dim <= kMaxRope, op, "rope_dim", p.rope_dim);
+  LS_CHECK_ARG(p.format == LatentFormat::kFp32 || p.format == LatentFormat::kBf16 ||
+                   p.format == LatentFormat::kFp8E4m3,
+               op, "format", static_cast<int>(p.format));
+  LS_CHECK_ARG(std::isfinite(p.softmax_scale), op, "softmax_scale", p.softmax_scale);
+  LS_CHECK_ARG(p.q_latent != nullptr, op, "q_latent", p.q_latent);
+  LS_CHECK_ARG(p.q_latent_head_stride >= p.kv_lora, op, "q_latent_head_stride", p.q_latent_head_stride);
+  LS_CHECK_ARG(p.q_latent_batch_stride >= (p.heads - 1) * p.q_latent_head_stride + p.kv_lora, op,
+               "q_latent_batch_stride", p.q_latent_batch_stride);
+  if (p.rope_dim > 0) {
+    LS_CHECK_ARG(p.q_rope != nullptr, op, "q_rope", p.q_rope);
+    LS_CHECK_ARG(p.q_rope_head_stride >= p.rope_dim, op, "q_rope_head_stride", p.q_rope_head_stride);
+    LS_CHECK_ARG(p.q_rope_batch_stride >= (p.heads - 1) * p.q_rope_head_stride + p.rope_dim, op,
+                 "q_rope_batch_stride", p.q_rope_batch_stride);
+  }
+  LS_CHECK_ARG(p.cache != nullptr, op, "cache", p.cache);
+  LS_CHECK_ARG(p.page_size > 0, op, "page_size", p.page_size);
+  LS_CHECK_ARG(p.num_pages > 0 && p.num_pages * p.page_size <= (int64_t{1} << 31), op, "num_pages", p.num_pages);
+  if (sparse) {
+    LS_CHECK_ARG(p.indices != nullptr, op, "indices", p.indices);
+    LS_CHECK_ARG(p.topk > 0 && p.topk < (int64_t{1} << 31), op, "topk", p.topk);
+    LS_CHECK_ARG(p.indices_stride >= p.topk, op, "indices_stride", p.indices_stride);
+  } else {
+    LS_CHECK_ARG(p.indices == nullptr, op, "indices (set: call MlaSparseDecode)", p.indices);
+    LS_CHECK_ARG(p.page_table != nullptr, op, "page_table", p.page_table);
+    LS_CHECK_ARG(p.seq_lens != nullptr, op, "seq_lens", p.seq_lens);
+    LS_CHECK_ARG(p.page_table_stride > 0, op, "page_table_stride", p.page_table_stride);
+    LS_CHECK_ARG(p.max_seq_len >= 0 && p.max_seq_len <= p.page_table_stride * p.page_size, op, "max_seq_len",
+                 p.max_seq_len);
+  }
+  LS_CHECK_ARG(p.o_latent != nullptr, op, "o_latent", p.o_latent);
+  LS_CHECK_ARG(p.o_head_stride >= p.kv_lora, op, "o_head_stride", p.o_head_stride);
+  LS_CHECK_ARG(p.o_batch_stride >= (p.heads - 1) * p.o_head_stride + p.kv_lora, op, "o_batch_stride",
+               p.o_batch_stride);
+  const size_t need = MlaDecodeWorkspaceBytes(p);
+  LS_CHECK_ARG(p.workspace_bytes >= need, op, "workspace_bytes (need MlaDecodeWorkspaceBytes)", p.workspace_bytes);
+  LS_CHECK_ARG(p.workspace != nullptr || need == 0, op, "workspace", p.workspace);
+  LS_CHECK_ARG(reinterpret_cast<uintptr_t>(p.workspace) % 256 == 0, op, "workspace (256-byte aligned)",
+               p.workspace);
+  return Status::Ok();
+}
+
+template <bool kSparse>
+Status Launch(const MlaDecodeParams& p, Stream stream) {
+  const char* op = kSparse ? "MlaSparseDecode" : "MlaDecode";
+  LS_RETURN_IF_ERROR(Validate(p, kSparse, op));
+  if (p.batch == 0) return Status::Ok();
+  const int64_t splits = SplitsToAllocate(kSparse ? p.topk : p.max_seq_len);
+  const WorkspaceLayout layout = Layout(p, splits);
+  char* w = static_cast<char*>(p.workspace);
+  Workspace ws{reinterpret_cast<float*>(w), reinterpret_cast<float*>(w + layout.o_bytes),
+               reinterpret_cast<float*>(w + layout.o_bytes + layout.ml_bytes), splits};
+  const int64_t D = p.kv_lora + p.rope_dim;
+  const size_t smem =
+      sizeof(float) * (kHeadsPerCta * D + kTileKeys * (D + 1) + kHeadsPerCta * kTileKeys + kHeadsPerCta) +
+      sizeof(int) * kTileKeys;
+  if (splits > 0) {
+    LS_CUDA_RETURN_IF_ERROR(cudaFuncSetAttribute(MlaSplitKernel<kSparse>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                                 static_cast<int>(smem)));
+    const dim3 grid(static_cast<unsigned>(splits), static_cast<unsigned>((p.heads + kHeadsPerCta - 1) / kHeadsPerCta),
+                    static_cast<unsigned>(p.batch));
+    MlaSplitKernel<kSparse><<<grid, kThreads, smem, stream>>>(p, LatentBytesPerToken(p.format, p.kv_lora, p.rope_dim),
+                                                               ws);
+    LS_CUDA_LAUNCH_CHECK();
+  }
+  MlaCombineKernel<kSparse><<<static_cast<unsigned>(p.batch * p.heads), kCombineThreads, 0, stream>>>(p, ws);
+  LS_CUDA_LAUNCH_CHECK();
+  return Status::Ok();
+}
+
+}  // namespace
+
+int64_t MlaSplitKeys(int64_t n_keys) { return SplitKeys(n_keys); }
+
+size_t MlaDecodeWorkspaceBytes(const MlaDecodeParams& p) {
+  if (p.batch <= 0 || p.heads <= 0 || p.kv_lora <= 0) return 0;
+  const int64_t max_keys = p.indices != nullptr ? p.topk : p.max_seq_len;
+  return Layout(p, SplitsToAllocate(max_keys)).total;
+}
+
+Status MlaDecode(const MlaDecodeParams& p, Stream stream) { return Launch<false>(p, stream); }
+Status MlaSparseDecode(const MlaDecodeParams& p, Stream stream) { return Launch<true>(p, stream); }
+
+}  // namespace lockstep::kernels::cuda

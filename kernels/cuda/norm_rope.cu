@@ -1,0 +1,203 @@
+// kernels/cuda/norm_rope.cu — RMSNorm, RoPE and the latent-cache write (quantise on write).
+// See ops.h for the contracts; device_math.cuh for the CPU-exact scalar conversions.
+#include <cuda_runtime.h>
+
+#include "kernels/cuda/check.cuh"
+#include "kernels/cuda/device_math.cuh"
+#include "kernels/cuda/ops.h"
+
+namespace lockstep::kernels::cuda {
+namespace {
+
+constexpr int kNormThreads = 256;  // part of RMSNorm's reduction order: do not tune without a new variant name
+
+// One CTA per row. The sum of squares: thread t accumulates x[i]² for i ≡ t (mod 256) in
+// ascending i by FMA; lanes fold by butterfly (16, 8, 4, 2, 1); every thread then folds the
+// 8 warp sums as ((w0+w1)+(w2+w3))+((w4+w5)+(w6+w7)).
+__global__ void __launch_bounds__(kNormThreads) RmsNormKernel(RmsNormParams p) {
+  const int64_t r = blockIdx.x;
+  const float* x = p.x + r * p.x_stride;
+  float* y = p.y + r * p.y_stride;
+  float acc = 0.0f;
+  for (int64_t i = threadIdx.x; i < p.n; i += kNormThreads) acc = __fmaf_rn(x[i], x[i], acc);
+  acc = dev::WarpSum(acc);
+  __shared__ float warp_sums[kNormThreads / 32];
+  if ((threadIdx.x & 31) == 0) warp_sums[threadIdx.x / 32] = acc;
+  __syncthreads();
+  const float* w = warp_sums;
+  const float s = __fadd_rn(__fadd_rn(__fadd_rn(w[0], w[1]), __fadd_rn(w[2], w[3])),
+                            __fadd_rn(__fadd_rn(w[4], w[5]), __fadd_rn(w[6], w[7])));
+  const float inv = __fdiv_rn(1.0f, __fsqrt_rn(__fadd_rn(__fdiv_rn(s, static_cast<float>(p.n)), p.eps)));
+  // y = weight · (x · inv), the CPU's expression order.
+  for (int64_t i = threadIdx.x; i < p.n; i += kNormThreads) y[i] = __fmul_rn(p.weight[i], __fmul_rn(x[i], inv));
+}
+
+// One CTA per (row, head); thread i owns frequency i.
+__global__ void RopeKernel(RopeParams p) {
+  const int64_t r = blockIdx.x / p.heads, h = blockIdx.x % p.heads;
+  const int32_t pos = p.positions[r];
+  if (pos < 0 || pos >= p.max_position) {  // uniform over the CTA
+    if (threadIdx.x == 0 && p.error_flag != nullptr) atomicOr(p.error_flag, kErrPosition);
+    return;
+  }
+  const int64_t half = p.dim / 2;
+  const int64_t i = threadIdx.x;
+  float* x = p.x + r * p.row_stride + h * p.head_stride;
+  const bool active = i < half;
+  float a = 0.0f, b = 0.0f, cs = 0.0f, sn = 0.0f;
+  if (active) {
+    cs = p.cos[pos * half + i];
+    sn = p.sin[pos * half + i];
+    if (p.style == RopeStyle::kHalves) {
+      a = x[i];
+      b = x[half + i];
+    } else {
+      a = x[2 * i];
+      b = x[2 * i + 1];
+    }
+  }
+  __syncthreads();  // PairsToHalves writes slots that other threads read
+  if (!active) return;
+  const float o0 = __fsub_rn(__fmul_rn(a, cs), __fmul_rn(b, sn));  // a·cos − b·sin
+  const float o1 = __fadd_rn(__fmul_rn(b, cs), __fmul_rn(a, sn));  // b·cos + a·sin
+  switch (p.style) {
+    case RopeStyle::kPairsAdjacent:
+      x[2 * i] = o0;
+      x[2 * i + 1] = o1;
+      break;
+    case RopeStyle::kPairsToHalves:
+    case RopeStyle::kHalves:
+      x[i] = o0;
+      x[half + i] = o1;
+      break;
+  }
+}
+
+constexpr int kWriteThreads = 128;  // = kFp8TileValues: one value of a tile per thread
+static_assert(kWriteThreads == kFp8TileValues);
+
+__device__ __forceinline__ void StoreBytes(uint8_t* dst, const void* src, int n) {
+  const uint8_t* s = static_cast<const uint8_t*>(src);
+  for (int i = 0; i < n; ++i) dst[i] = s[i];
+}
+
+// One CTA per row: engine::PagedKvCache::WriteLatent.
+__global__ void __launch_bounds__(kWriteThreads) LatentWriteKernel(LatentWriteParams p, int64_t bytes_per_token) {
+  const int64_t r = blockIdx.x;
+  const int32_t slot = p.slots[r];
+  if (slot == -1) return;
+  if (slot < -1 || slot >= p.num_slots) {
+    if (threadIdx.x == 0 && p.error_flag != nullptr) atomicOr(p.error_flag, kErrSlot);
+    return;
+  }
+  const float* latent = p.latent + r * p.latent_stride;
+  const float* rope = p.rope + r * p.rope_stride;
+  uint8_t* b = p.cache + static_cast<int64_t>(slot) * bytes_per_token;
+  const int t = threadIdx.x;
+  switch (p.format) {
+    case LatentFormat::kFp32: {
+      float* f = reinterpret_cast<float*>(b);  // 4-byte aligned: bytes_per_token is a multiple of 4
+      for (int64_t i = t; i < p.kv_lora; i += kWriteThreads) f[i] = latent[i];
+      for (int64_t i = t; i < p.rope_dim; i += kWriteThreads) f[p.kv_lora + i] = rope[i];
+      break;
+    }
+    case LatentFormat::kBf16: {
+      uint16_t* h = reinterpret_cast<uint16_t*>(b);
+      for (int64_t i = t; i < p.kv_lora; i += kWriteThreads) h[i] = dev::F32ToBf16(latent[i]);
+      for (int64_t i = t; i < p.rope_dim; i += kWriteThreads) h[p.kv_lora + i] = dev::F32ToBf16(rope[i]);
+      break;
+    }
+    case LatentFormat::kFp8E4m3: {
+      const int64_t tiles = (p.kv_lora + kFp8TileValues - 1) / kFp8TileValues;
+      uint8_t* scales = b + p.kv_lora;
+      __shared__ float warp_max[kWriteThreads / 32];
+      for (int64_t tile = 0; tile < tiles; ++tile) {
+        const int64_t lo = tile * kFp8TileValues;
+        const int64_t n = min(static_cast<int64_t>(kFp8TileValues), p.kv_lora - lo);
+        const float v = t < n ? latent[lo + t] : 0.0f;
+        // amax = max |x| with NaN ignored (fmaxf, like the CPU's std::fmax); max is exact, so
+        // the reduction order does not matter.
+        float m = dev::WarpMax(fabsf(v));
+        if ((t & 31) == 0) warp_max[t / 32] = m;
+        __syncthreads();
+        const float amax = fmaxf(fmaxf(warp_max[0], warp_max[1]), fmaxf(warp_max[2], warp_max[3]));
+        __syncthreads();  // warp_max is reused by the next tile
+        const float s = dev::Fp8ScaleFromAmax(amax);
+        if (t == 0) StoreBytes(scales + 4 * tile, &s, 4);
+        if (t < n) b[lo + t] = dev::F32ToFp8E4m3(__fdiv_rn(v, s));
+      }
+      uint8_t* rb = scales + 4 * tiles;  // may be odd-aligned for odd kv_lora: byte stores
+      for (int64_t i = t; i < p.rope_dim; i += kWriteThreads) {
+        const uint16_t h = dev::F32ToBf16(rope[i]);
+        StoreBytes(rb + 2 * i, &h, 2);
+      }
+      break;
+    }
+  }
+}
+
+}  // namespace
+
+Status RmsNorm(const RmsNormParams& p, Stream stream) {
+  constexpr const char* op = "RmsNorm";
+  LS_CHECK_ARG(p.x != nullptr, op, "x", p.x);
+  LS_CHECK_ARG(p.weight != nullptr, op, "weight", p.weight);
+  LS_CHECK_ARG(p.y != nullptr, op, "y", p.y);
+  LS_CHECK_ARG(p.rows >= 0 && p.rows < (int64_t{1} << 31), op, "rows", p.rows);
+  LS_CHECK_ARG(p.n > 0 && p.n < (int64_t{1} << 24), op, "n", p.n);  // n exact in fp32
+  LS_CHECK_ARG(p.x_stride >= p.n, op, "x_stride", p.x_stride);
+  LS_CHECK_ARG(p.y_stride >= p.n, op, "y_stride", p.y_stride);
+  LS_CHECK_ARG(p.x != p.y || p.x_stride == p.y_stride, op, "y_stride (in place needs x_stride)", p.y_stride);
+  LS_CHECK_ARG(p.eps >= 0.0f, op, "eps", p.eps);
+  if (p.rows == 0) return Status::Ok();
+  RmsNormKernel<<<static_cast<unsigned>(p.rows), kNormThreads, 0, stream>>>(p);
+  LS_CUDA_LAUNCH_CHECK();
+  return Status::Ok();
+}
+
+Status Rope(const RopeParams& p, Stream stream) {
+  constexpr const char* op = "Rope";
+  LS_CHECK_ARG(p.x != nullptr, op, "x", p.x);
+  LS_CHECK_ARG(p.positions != nullptr, op, "positions", p.positions);
+  LS_CHECK_ARG(p.cos != nullptr, op, "cos", p.cos);
+  LS_CHECK_ARG(p.sin != nullptr, op, "sin", p.sin);
+  LS_CHECK_ARG(p.rows >= 0, op, "rows", p.rows);
+  LS_CHECK_ARG(p.heads > 0, op, "heads", p.heads);
+  LS_CHECK_ARG(p.rows * p.heads < (int64_t{1} << 31), op, "rows·heads", p.rows * p.heads);
+  LS_CHECK_ARG(p.dim > 0 && p.dim % 2 == 0 && p.dim <= 2048, op, "dim", p.dim);
+  LS_CHECK_ARG(p.head_stride >= p.dim, op, "head_stride", p.head_stride);
+  LS_CHECK_ARG(p.row_stride >= (p.heads - 1) * p.head_stride + p.dim, op, "row_stride", p.row_stride);
+  LS_CHECK_ARG(p.max_position > 0 && p.max_position < (int64_t{1} << 31), op, "max_position", p.max_position);
+  LS_CHECK_ARG(p.style == RopeStyle::kPairsAdjacent || p.style == RopeStyle::kPairsToHalves ||
+                   p.style == RopeStyle::kHalves,
+               op, "style", static_cast<int>(p.style));
+  if (p.rows == 0) return Status::Ok();
+  const int threads = static_cast<int>((p.dim / 2 + 31) / 32 * 32);
+  RopeKernel<<<static_cast<unsigned>(p.rows * p.heads), threads, 0, stream>>>(p);
+  LS_CUDA_LAUNCH_CHECK();
+  return Status::Ok();
+}
+
+Status WriteLatent(const LatentWriteParams& p, Stream stream) {
+  constexpr const char* op = "WriteLatent";
+  LS_CHECK_ARG(p.latent != nullptr, op, "latent", p.latent);
+  LS_CHECK_ARG(p.rope != nullptr || p.rope_dim == 0, op, "rope", p.rope);
+  LS_CHECK_ARG(p.slots != nullptr, op, "slots", p.slots);
+  LS_CHECK_ARG(p.cache != nullptr, op, "cache", p.cache);
+  LS_CHECK_ARG(p.rows >= 0 && p.rows < (int64_t{1} << 31), op, "rows", p.rows);
+  LS_CHECK_ARG(p.kv_lora > 0, op, "kv_lora", p.kv_lora);
+  LS_CHECK_ARG(p.rope_dim >= 0, op, "rope_dim", p.rope_dim);
+  LS_CHECK_ARG(p.latent_stride >= p.kv_lora, op, "latent_stride", p.latent_stride);
+  LS_CHECK_ARG(p.rope_stride >= p.rope_dim, op, "rope_stride", p.rope_stride);
+  LS_CHECK_ARG(p.num_slots > 0 && p.num_slots <= (int64_t{1} << 31), op, "num_slots", p.num_slots);
+  LS_CHECK_ARG(p.format == LatentFormat::kFp32 || p.format == LatentFormat::kBf16 ||
+                   p.format == LatentFormat::kFp8E4m3,
+               op, "format", static_cast<int>(p.format));
+  if (p.rows == 0) return Status::Ok();
+  const int64_t bpt = LatentBytesPerToken(p.format, p.kv_lora, p.rope_dim);
+  LatentWriteKernel<<<static_cast<unsigned>(p.rows), kWriteThreads, 0, stream>>>(p, bpt);
+  LS_CUDA_LAUNCH_CHECK();
+  return Status::Ok();
+}
+
+}  // namespace lockstep::kernels::cuda

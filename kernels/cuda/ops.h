@@ -1,0 +1,328 @@
+// kernels/cuda/ops.h — the CUDA kernels of lockstep, callable from plain C++.
+//
+// This header includes no CUDA header, so CPU-only code (the engine, the CLI, tests built
+// without a GPU) can include it; the definitions live in kernels/cuda/*.cu and exist only
+// when the build found a CUDA toolkit (LOCKSTEP_HAVE_CUDA).
+//
+// Every launcher takes one flat params struct (FlashMLA's csrc/params.h style): raw device
+// pointers, a shape comment on each tensor and explicit strides in elements. Launchers
+// validate every host-visible field before the launch and name the one at fault; they are
+// asynchronous on `stream` (nullptr = the legacy default stream) and return launch errors
+// only. Facts that live in device memory (page ids, sequence lengths, positions, slots)
+// cannot be checked on the host: kernels that read them report a violation by OR-ing a
+// KernelError bit into `error_flag` (optional, a device int32 the caller zeroes) and treat
+// the offending key/row as absent; tests read the flag back.
+//
+// Numerics (docs/determinism.md): each kernel has one fixed reduction order that depends
+// on the operand lengths only — never on the batch, the grid, the device's SM count or the
+// timing — so a request's output bits are the same at batch 1 and batch 64 and from run to
+// run. Where a kernel names its CPU twin as "bitwise", it reproduces the CPU reference's
+// exact fp32 operation sequence (explicit FMAs, no contraction: the library is built with
+// --fmad=false, like the CPU's -ffp-contract=off).
+//
+// Thread-safety: launchers are stateless and may be called from any thread. A Gemm object
+// holds a cuBLASLt handle and workspace and must be used by one thread at a time.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <string>
+
+#include "base/status.h"
+
+struct CUstream_st;  // cudaStream_t is CUstream_st*
+
+namespace lockstep::kernels::cuda {
+
+using Stream = CUstream_st*;
+
+// ---------------------------------------------------------------------------------------
+// Device, memory
+
+// Number of usable CUDA devices; 0 when there is no driver or no device (never fails).
+int DeviceCount();
+// "NVIDIA H200 (sm_90, 132 SMs)" for device 0, or the reason there is none.
+std::string DeviceDescription();
+
+// A device allocation, freed on destruction. Move-only. Not thread-safe.
+class DeviceBuffer {
+ public:
+  DeviceBuffer() = default;
+  ~DeviceBuffer();
+  DeviceBuffer(DeviceBuffer&& o) noexcept;
+  DeviceBuffer& operator=(DeviceBuffer&& o) noexcept;
+  DeviceBuffer(const DeviceBuffer&) = delete;
+  DeviceBuffer& operator=(const DeviceBuffer&) = delete;
+
+  // cudaMalloc of `bytes` (0 gives an empty buffer).
+  static Result<DeviceBuffer> Allocate(size_t bytes);
+
+  void* data() const { return ptr_; }
+  size_t size() const { return bytes_; }
+  template <typename T>
+  T* as() const {
+    return static_cast<T*>(ptr_);
+  }
+
+  // Synchronous copies; offsets and sizes in bytes, checked against size().
+  Status CopyFromHost(const void* src, size_t bytes, size_t offset = 0);
+  Status CopyToHost(void* dst, size_t bytes, size_t offset = 0) const;
+  Status Fill(uint8_t byte);  // cudaMemset of the whole buffer
+
+ private:
+  void* ptr_ = nullptr;
+  size_t bytes_ = 0;
+};
+
+// cudaDeviceSynchronize, reporting any error a kernel left behind.
+Status Synchronize();
+// cudaStreamSynchronize(stream).
+Status SynchronizeStream(Stream stream);
+
+// Bits kernels OR into `error_flag` when device-resident arguments break their contract.
+enum KernelError : int32_t {
+  kErrSeqLen = 1,     // seq_lens[b] < 0, > max_seq_len, or beyond the page table
+  kErrPageId = 2,     // a page-table entry outside [0, num_pages)
+  kErrSlot = 4,       // a global slot outside [-1, num_pages·page_size)
+  kErrPosition = 8,   // a RoPE position outside [0, max_position)
+};
+
+// ---------------------------------------------------------------------------------------
+// Formats: the latent cache's bytes per token, as engine/kv_cache.h (docs/kv-cache.md):
+//   fp32     (kv_lora + rope) fp32
+//   bf16     (kv_lora + rope) bf16, round to nearest even
+//   fp8_e4m3 kv_lora e4m3 | ceil(kv_lora/128) fp32 power-of-two scales | rope bf16
+//            (FlashMLA's V3.2 layout: 656 bytes for 512 + 64)
+// The enumerators are in engine::KvFormat's order.
+enum class LatentFormat : int32_t { kFp32 = 0, kBf16 = 1, kFp8E4m3 = 2 };
+inline constexpr int64_t kFp8TileValues = 128;  // latent values per fp32 scale
+int64_t LatentBytesPerToken(LatentFormat f, int64_t kv_lora, int64_t rope_dim);
+
+// ---------------------------------------------------------------------------------------
+// RMSNorm: y = weight · (x · 1/sqrt(mean(x²) + eps)), one CTA per row.
+// Sum of squares in fp32 (no fp64): 256 threads each accumulate x[i]² by FMA over
+// i ≡ thread (mod 256), then a fixed butterfly tree over lanes and warps. The order depends
+// on n only. Twin: cpu::RmsNorm (which sums in fp64) within a bound derived from that tree.
+struct RmsNormParams {
+  const float* x = nullptr;       // [rows, n], row stride x_stride
+  int64_t x_stride = 0;
+  const float* weight = nullptr;  // [n]
+  float* y = nullptr;             // [rows, n], row stride y_stride (may alias x when equal strides)
+  int64_t y_stride = 0;
+  int64_t rows = 0, n = 0;
+  float eps = 1e-6f;
+};
+Status RmsNorm(const RmsNormParams& p, Stream stream = nullptr);
+
+// ---------------------------------------------------------------------------------------
+// RoPE in place over [rows, heads, dim] vectors at per-row positions. The three styles are
+// engine/config.h's RopeStyle. Bitwise twin: cpu::RopePairsAdjacent / RopePairsToHalves /
+// RopeHalves (each output is a·cos − b·sin or b·cos + a·sin with separate roundings).
+enum class RopeStyle : int32_t { kPairsAdjacent = 0, kPairsToHalves = 1, kHalves = 2 };
+struct RopeParams {
+  float* x = nullptr;                // [rows, heads, dim]: (r, h, i) at x[r·row_stride + h·head_stride + i]
+  int64_t row_stride = 0, head_stride = 0;
+  int64_t rows = 0, heads = 0, dim = 0;  // dim even, ≤ 2048
+  const int32_t* positions = nullptr;    // [rows] device
+  const float* cos = nullptr;            // [max_position, dim/2] (attention factor applied)
+  const float* sin = nullptr;            // [max_position, dim/2]
+  int64_t max_position = 0;
+  RopeStyle style = RopeStyle::kPairsAdjacent;
+  int32_t* error_flag = nullptr;  // optional; kErrPosition
+};
+Status Rope(const RopeParams& p, Stream stream = nullptr);
+
+// ---------------------------------------------------------------------------------------
+// Latent-cache write (quantise on write). Row r goes to global slot slots[r]
+// (= page · page_size + offset) of a pool of `num_slots` tokens. The bytes are identical to
+// engine::PagedKvCache::WriteLatent's for every format, NaN/Inf/subnormals included.
+struct LatentWriteParams {
+  const float* latent = nullptr;  // [rows, kv_lora], row stride latent_stride
+  int64_t latent_stride = 0;
+  const float* rope = nullptr;    // [rows, rope_dim], row stride rope_stride (already RoPE'd)
+  int64_t rope_stride = 0;
+  const int32_t* slots = nullptr; // [rows] device; −1 skips the row
+  uint8_t* cache = nullptr;       // [num_slots, LatentBytesPerToken(format, kv_lora, rope_dim)]
+  int64_t num_slots = 0;
+  int64_t rows = 0, kv_lora = 0, rope_dim = 0;
+  LatentFormat format = LatentFormat::kFp8E4m3;
+  int32_t* error_flag = nullptr;  // optional; kErrSlot
+};
+Status WriteLatent(const LatentWriteParams& p, Stream stream = nullptr);
+
+// ---------------------------------------------------------------------------------------
+// MLA absorbed decode over the paged latent cache (one query token per request).
+//   score_t = (q_latent·c_t + q_rope·k_rope_t) · softmax_scale    (c_t, k_rope_t dequantised)
+//   o_latent = Σ_t softmax(score)_t · c_t,   lse = log Σ_t exp(score_t)
+// The caller applies W_UV and o_proj afterwards. Dense: keys 0..seq_lens[b]−1 through the
+// page table. Sparse (MlaSparseDecode): keys are global slots indices[b][0..topk), −1 = none.
+//
+// Fixed order: score dot products are cpu::Dot's (16 FMA lanes, pairwise fold; bitwise the
+// CPU's scores). Each request's keys are cut into splits whose length depends on the
+// request's own key count only (MlaSplitKeys); a CTA runs one split for 16 heads with an
+// online softmax over 32-key tiles in ascending order; a combine kernel merges the splits in
+// ascending order. Nothing depends on the batch or on the hardware, hence batch-invariant.
+// fp32 throughout (exp via expf); limits: kv_lora ≤ 512, rope_dim ≤ 64.
+struct MlaDecodeParams {
+  int64_t batch = 0, heads = 0, kv_lora = 0, rope_dim = 0;
+  LatentFormat format = LatentFormat::kFp8E4m3;
+  float softmax_scale = 0.0f;
+
+  const float* q_latent = nullptr;  // [batch, heads, kv_lora]: (b, h, i) at b·q_latent_batch_stride + h·q_latent_head_stride + i
+  int64_t q_latent_batch_stride = 0, q_latent_head_stride = 0;
+  const float* q_rope = nullptr;    // [batch, heads, rope_dim], RoPE applied
+  int64_t q_rope_batch_stride = 0, q_rope_head_stride = 0;
+
+  const uint8_t* cache = nullptr;   // [num_pages, page_size, LatentBytesPerToken(...)]
+  int64_t num_pages = 0, page_size = 0;
+
+  // Dense keys (MlaDecode).
+  const int32_t* page_table = nullptr;  // [batch, page_table_stride] physical page ids
+  int64_t page_table_stride = 0;
+  const int32_t* seq_lens = nullptr;    // [batch] keys per request (device)
+  int64_t max_seq_len = 0;              // host upper bound on seq_lens (sizes the grid)
+
+  // Sparse keys (MlaSparseDecode).
+  const int32_t* indices = nullptr;     // [batch, indices_stride ≥ topk] global slots, −1 = none
+  int64_t indices_stride = 0, topk = 0;
+
+  float* o_latent = nullptr;  // [batch, heads, kv_lora]: (b, h, i) at b·o_batch_stride + h·o_head_stride + i
+  int64_t o_batch_stride = 0, o_head_stride = 0;
+  float* lse = nullptr;       // [batch, heads] contiguous, natural log; optional (−inf when no key)
+
+  void* workspace = nullptr;  // MlaDecodeWorkspaceBytes(*this) bytes, 256-byte aligned
+  size_t workspace_bytes = 0;
+  int32_t* error_flag = nullptr;  // optional; kErrSeqLen | kErrPageId | kErrSlot
+};
+// Keys per split for a request with n keys: 256 up to 16384 keys, then the smallest
+// multiple of 32 that keeps the request at ≤ 64 splits. A function of n alone.
+int64_t MlaSplitKeys(int64_t n_keys);
+size_t MlaDecodeWorkspaceBytes(const MlaDecodeParams& p);  // dense or sparse, by indices != nullptr
+Status MlaDecode(const MlaDecodeParams& p, Stream stream = nullptr);
+Status MlaSparseDecode(const MlaDecodeParams& p, Stream stream = nullptr);
+
+// ---------------------------------------------------------------------------------------
+// V3.2 lightning indexer, reference variant (engine/model.cc):
+//   score[b, t] = Σ_h w[b,h] · ReLU(Dot(q[b,h], k_t) · key_scale),  t < seq_lens[b]
+// with h summed in ascending order and Dot = cpu::Dot: bitwise the CPU's scores.
+// Positions ≥ seq_lens[b] (up to max_seq_len) get −inf.
+struct IndexerScoreParams {
+  int64_t batch = 0, heads = 0, head_dim = 0;  // heads·head_dim ≤ 16384, head_dim ≤ 256
+  const float* q = nullptr;        // [batch, heads, head_dim]: (b, h, i) at b·q_batch_stride + h·q_head_stride + i
+  int64_t q_batch_stride = 0, q_head_stride = 0;
+  const float* weights = nullptr;  // [batch, heads] (already × heads^-0.5), row stride weights_stride
+  int64_t weights_stride = 0;
+  float key_scale = 0.0f;          // head_dim^-0.5
+  const float* keys = nullptr;     // [num_pages, page_size, head_dim] indexer keys, fp32
+  int64_t num_pages = 0, page_size = 0;
+  const int32_t* page_table = nullptr;  // [batch, page_table_stride]
+  int64_t page_table_stride = 0;
+  const int32_t* seq_lens = nullptr;    // [batch] causal key counts (position + 1)
+  int64_t max_seq_len = 0;
+  float* scores = nullptr;              // [batch, scores_stride ≥ max_seq_len]
+  int64_t scores_stride = 0;
+  int32_t* error_flag = nullptr;        // optional; kErrSeqLen | kErrPageId
+};
+Status IndexerScores(const IndexerScoreParams& p, Stream stream = nullptr);
+
+// Deterministic top-k per row: the k = min(topk, seq_lens[b]) best positions by
+// (score descending, position ascending) — −0 equals +0; NaN ranks below −∞ (the CPU
+// reference leaves NaN order unspecified) — written in ascending position order, −1 after.
+// Exact radix select on the scores' order-preserving bit patterns; one CTA per row.
+struct TopKParams {
+  int64_t batch = 0, topk = 0;
+  const float* scores = nullptr;   // [batch, scores_stride]
+  int64_t scores_stride = 0;
+  const int32_t* seq_lens = nullptr;  // [batch] valid scores per row (device)
+  int64_t max_seq_len = 0;
+  int32_t* positions = nullptr;    // [batch, topk] ascending, −1 padding
+  // Optional: also write global slots (page·page_size + offset) for MlaSparseDecode.
+  int32_t* slots = nullptr;        // [batch, topk], −1 padding
+  const int32_t* page_table = nullptr;  // [batch, page_table_stride]; needed with slots
+  int64_t page_table_stride = 0, page_size = 0, num_pages = 0;
+  int32_t* error_flag = nullptr;   // optional; kErrSeqLen | kErrPageId
+};
+Status TopK(const TopKParams& p, Stream stream = nullptr);
+
+// ---------------------------------------------------------------------------------------
+// Sampler: engine/sampler.cc's algorithm (docs/sampling.md) on the GPU, one CTA per request.
+// Greedy rows: argmax, lowest id on ties, NaN = −∞. Other rows: ids sorted by (logit desc,
+// id asc) with a stable segmented radix sort; fp64 weights exp((l − l0)/T); the fp64 running
+// sums of the CPU taken by one thread in the CPU's left-to-right order (so every prefix sum
+// is bitwise the CPU's); top-p / min-p / inverse-CDF cut points found as "first index
+// satisfying", exactly the CPU loops' answers; the draw is kernels/philox.h's PhiloxUniform.
+// The only possible divergence is CUDA's double exp vs glibc's (≤ 1 ulp), which can change
+// a token only when u·S lies within ~1e-16 relative of a cumulative boundary.
+struct SampleRequest {  // mirrors engine::SamplingParams plus the step
+  double temperature = 0.0;
+  int64_t top_k = 0;
+  double top_p = 1.0;
+  double min_p = 0.0;
+  uint64_t seed = 0;
+  uint64_t step = 0;
+};
+struct SampleOutput {  // mirrors engine::SampleResult
+  int32_t token = -1;
+  int32_t reserved = 0;
+  double probability = 1.0;
+  double uniform = -1.0;
+  uint64_t counter = 0;
+  int64_t candidates = 0;
+};
+struct SamplerParams {
+  int64_t batch = 0, vocab = 0;            // batch ≤ 65535, batch·vocab < 2^31
+  const float* logits = nullptr;           // [batch, vocab], row stride logits_stride
+  int64_t logits_stride = 0;
+  const SampleRequest* requests = nullptr; // [batch] device
+  SampleOutput* out = nullptr;             // [batch] device
+  void* workspace = nullptr;               // SamplerWorkspaceBytes(batch, vocab)
+  size_t workspace_bytes = 0;
+};
+size_t SamplerWorkspaceBytes(int64_t batch, int64_t vocab);
+Status Sample(const SamplerParams& p, Stream stream = nullptr);
+
+// ---------------------------------------------------------------------------------------
+// GEMM through cuBLASLt: y[rows, out] = x[rows, in] · w[out, in]ᵀ (row-major, fp32 out).
+//   kFp32Pedantic — fp32 inputs, CUBLAS_COMPUTE_32F_PEDANTIC (no TF32, no reduced
+//                   precision): the reference-compatible variant.
+//   kBf16         — bf16 inputs (raw uint16 bits), fp32 accumulation (CUBLAS_COMPUTE_32F):
+//                   the fast variant.
+// Determinism: cuBLAS is deterministic for a fixed shape, algorithm and device. Batch
+// invariance is not free: its heuristics pick a kernel (tile, split-K, stream-K) per shape,
+// so one row's reduction order can change with the number of rows. With pin_algorithm the
+// algorithm for an (out, in) pair is chosen once, from the heuristic at a fixed reference
+// row count (kGemmPinRows) with split-K excluded (reduction-scheme mask NONE, SPLITK_NUM 1),
+// and reused for every row count, so a row's output no longer depends on its batch.
+enum class GemmVariant : int32_t { kFp32Pedantic = 0, kBf16 = 1 };
+inline constexpr int64_t kGemmPinRows = 256;
+struct GemmOptions {
+  GemmVariant variant = GemmVariant::kFp32Pedantic;
+  bool pin_algorithm = true;  // false: cuBLASLt's heuristic per shape (deterministic, not batch-invariant)
+  size_t workspace_bytes = size_t{32} << 20;
+};
+struct GemmParams {
+  int64_t rows = 0, out = 0, in = 0;
+  const void* x = nullptr;  // [rows, in] fp32 or bf16 per variant, row stride x_stride (elements)
+  int64_t x_stride = 0;
+  const void* w = nullptr;  // [out, in], row stride w_stride
+  int64_t w_stride = 0;
+  float* y = nullptr;       // [rows, out], row stride y_stride
+  int64_t y_stride = 0;
+};
+class Gemm {
+ public:
+  static Result<std::unique_ptr<Gemm>> Create(const GemmOptions& options);
+  ~Gemm();
+  Status Run(const GemmParams& p, Stream stream = nullptr);
+  // The algorithm Run would use for (rows, out, in), e.g. "algo 21 tile 15 stages 8 splitK 1".
+  Result<std::string> Describe(int64_t rows, int64_t out, int64_t in);
+
+  struct Impl;
+
+ private:
+  explicit Gemm(std::unique_ptr<Impl> impl);
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace lockstep::kernels::cuda

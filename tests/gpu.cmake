@@ -1,0 +1,26 @@
+# tests/gpu.cmake — the CUDA kernels' tests (tests/gpu/), labelled `gpu`.
+#
+# Each kernel is compared with its CPU twin on seeded random inputs. Without a CUDA device
+# the tests skip (GTEST_SKIP), so `ctest` stays green on CI machines that have nvcc but no
+# GPU; `ctest -L gpu` selects them on a GPU machine. One binary per kernel family, so a
+# crash in one leaves the others' results standing.
+if(NOT LOCKSTEP_HAVE_CUDA)
+  return()
+endif()
+
+function(lockstep_gpu_test name)
+  add_executable(${name} gpu/${name}.cc)
+  target_link_libraries(${name} PRIVATE lockstep_cuda lockstep_engine GTest::gtest_main)
+  # Only what a binary uses: without this every test would need libcublasLt to start.
+  target_link_options(${name} PRIVATE -Wl,--as-needed)
+  target_compile_definitions(${name} PRIVATE LOCKSTEP_SOURCE_DIR="${CMAKE_SOURCE_DIR}")
+  gtest_discover_tests(${name} WORKING_DIRECTORY ${CMAKE_SOURCE_DIR} DISCOVERY_TIMEOUT 60
+                       PROPERTIES LABELS gpu)
+endfunction()
+
+lockstep_gpu_test(gpu_norm_rope_test)
+lockstep_gpu_test(gpu_latent_write_test)
+lockstep_gpu_test(gpu_mla_decode_test)
+lockstep_gpu_test(gpu_indexer_test)
+lockstep_gpu_test(gpu_sampler_test)
+lockstep_gpu_test(gpu_gemm_test)

@@ -1,0 +1,217 @@
+// tests/gpu/gpu_latent_write_test.cc — the CUDA quantise-on-write of latent rows must produce
+// exactly the bytes of engine::PagedKvCache::WriteLatent, in every format, for ordinary
+// values and for the edges of the formats (NaN, ±Inf, ±0, subnormals, saturation, rounding
+// ties, tile amax exactly 448·2^k), and must write nowhere else.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstring>
+#include <random>
+#include <vector>
+
+#include "engine/config.h"
+#include "engine/kv_cache.h"
+#include "kernels/cuda/ops.h"
+#include "tests/gpu/gpu_test_util.h"
+
+namespace lockstep {
+namespace {
+
+using namespace gpu_testing;  // NOLINT
+
+engine::ModelConfig Shapes(int64_t kv_lora, int64_t rope) {
+  auto c = engine::ModelConfig::FromJson(R"({"model_type":"deepseek_v3","num_hidden_layers":1,"kv_lora_rank":)" +
+                                             std::to_string(kv_lora) + R"(,"qk_rope_head_dim":)" +
+                                             std::to_string(rope) + "}",
+                                         "config.json");
+  EXPECT_TRUE(c.ok()) << c.status().message();
+  return *c;
+}
+
+// Row kinds: 0 ordinary, 1..n edge patterns.
+void FillRow(int kind, std::mt19937_64& rng, std::vector<float>& lat, std::vector<float>& rope) {
+  std::normal_distribution<float> g(0.0f, 1.0f);
+  std::uniform_real_distribution<float> e(-20.0f, 20.0f);
+  const float s = std::exp2(e(rng));
+  for (auto& v : lat) v = g(rng) * s;
+  for (auto& v : rope) v = g(rng) * s;
+  const size_t C = lat.size();
+  auto put = [&](size_t i, float v) {
+    if (i < C) lat[i] = v;
+  };
+  switch (kind % 8) {
+    case 0: break;
+    case 1:  // tile 0 amax exactly 448·2^-3: scale 2^-3 exactly, 56 maps to 448
+      for (size_t i = 0; i < std::min<size_t>(C, 128); ++i) lat[i] = std::fmod(lat[i], 50.0f);
+      put(5, 56.0f);
+      break;
+    case 2:  // specials
+      put(0, NAN);
+      put(1, INFINITY);  // amax inf → scale 1 → saturates to 448
+      put(2, -0.0f);
+      put(130, -INFINITY);
+      if (!rope.empty()) rope[0] = NAN;
+      if (rope.size() > 1) rope[1] = -INFINITY;
+      break;
+    case 3:  // a whole tile of zeros (scale 1) and one of NaN (amax ignores NaN → 0 → scale 1)
+      for (size_t i = 0; i < std::min<size_t>(C, 128); ++i) lat[i] = 0.0f;
+      for (size_t i = 128; i < std::min<size_t>(C, 256); ++i) lat[i] = NAN;
+      break;
+    case 4:  // subnormals and the smallest amax: scale underflows to 0 in fp32 → x/0
+      for (size_t i = 0; i < std::min<size_t>(C, 128); ++i) lat[i] = std::ldexp(1.0f, -149) * static_cast<float>(i % 3);
+      for (size_t i = 128; i < std::min<size_t>(C, 256); ++i) lat[i] = std::ldexp(g(rng), -130);
+      break;
+    case 5:  // huge values near FLT_MAX
+      for (size_t i = 0; i < std::min<size_t>(C, 128); ++i) lat[i] = 3.0e38f * (g(rng) > 0 ? 1.0f : -0.9f);
+      break;
+    case 6:  // e4m3 rounding ties: with amax 448 (scale 1) values at half steps
+      for (size_t i = 0; i < std::min<size_t>(C, 128); ++i) {
+        const float ties[] = {1.0625f, 1.1875f, 17.0f, 19.0f, 0.0009765625f, 0.0029296875f, 240.0f, 464.0f};
+        lat[i] = ties[i % 8] * ((i / 8) % 2 ? -1.0f : 1.0f);
+      }
+      put(0, 448.0f);
+      // bf16 ties in the rope: 1 + 2^-8 (tie → even, down) and 1 + 3·2^-8 (tie → even, up)
+      if (!rope.empty()) rope[0] = 1.00390625f;
+      if (rope.size() > 1) rope[1] = 1.01171875f;
+      break;
+    case 7:  // amax just above 448·2^k (scale doubles) and the fp8 subnormal range
+      for (size_t i = 0; i < std::min<size_t>(C, 128); ++i) lat[i] = std::ldexp(static_cast<float>(i % 9), -9);
+      put(3, std::nextafter(448.0f, 1000.0f));
+      break;
+  }
+}
+
+void RunCase(int64_t C, int64_t R, engine::KvFormat format, uint64_t seed) {
+  SCOPED_TRACE("kv_lora " + std::to_string(C) + " rope " + std::to_string(R) + " " +
+               std::string(engine::KvFormatName(format)));
+  const engine::ModelConfig cfg = Shapes(C, R);
+  const int64_t page_size = 16, max_pages = 12, tokens = 150;
+  engine::PagedKvCache cache(cfg, format, page_size, max_pages);
+  engine::SeqCache filler, seq;
+  ASSERT_TRUE(cache.Reserve(&filler, 20).ok());  // so seq's pages are not 0, 1, 2, …
+  ASSERT_TRUE(cache.Reserve(&seq, tokens).ok());
+  const int64_t bpt = cache.latent_bytes_per_token();
+  ASSERT_EQ(bpt, cu::LatentBytesPerToken(static_cast<cu::LatentFormat>(format), C, R));
+
+  std::mt19937_64 rng(seed);
+  std::vector<float> lat(tokens * C), rope(tokens * R);
+  std::vector<int32_t> slots(tokens);
+  for (int64_t t = 0; t < tokens; ++t) {
+    std::vector<float> l(C), r(R);
+    FillRow(static_cast<int>(t), rng, l, r);
+    std::copy(l.begin(), l.end(), lat.begin() + t * C);
+    std::copy(r.begin(), r.end(), rope.begin() + t * R);
+    cache.WriteLatent(0, seq, t, l.data(), r.data());
+    slots[t] = seq.pages[t / page_size] * page_size + t % page_size;
+  }
+  slots[tokens - 1] = -1;  // −1 = skip: the pool keeps its poison there
+
+  const int64_t num_slots = max_pages * page_size;
+  std::vector<uint8_t> pool(num_slots * bpt, 0xA5);
+  auto dpool = Upload(pool), dlat = Upload(lat), drope = Upload(rope), dslots = Upload(slots);
+  auto flag = Zeros<int32_t>(1);
+  cu::LatentWriteParams p;
+  p.latent = dlat.as<float>();
+  p.latent_stride = C;
+  p.rope = drope.as<float>();
+  p.rope_stride = R;
+  p.slots = dslots.as<int32_t>();
+  p.cache = dpool.as<uint8_t>();
+  p.num_slots = num_slots;
+  p.rows = tokens;
+  p.kv_lora = C;
+  p.rope_dim = R;
+  p.format = static_cast<cu::LatentFormat>(format);
+  p.error_flag = flag.as<int32_t>();
+  LS_ASSERT_OK(cu::WriteLatent(p));
+  LS_ASSERT_OK(cu::Synchronize());
+  const std::vector<uint8_t> got = Download<uint8_t>(dpool, pool.size());
+  EXPECT_EQ(Download<int32_t>(flag, 1)[0], 0);
+
+  std::vector<bool> written(num_slots, false);
+  int64_t mismatched_tokens = 0;
+  for (int64_t t = 0; t < tokens; ++t) {
+    if (slots[t] < 0) continue;
+    written[slots[t]] = true;
+    const uint8_t* want = cache.TokenBytes(0, 0, seq, t);
+    const uint8_t* have = got.data() + static_cast<int64_t>(slots[t]) * bpt;
+    if (std::memcmp(want, have, bpt) != 0) {
+      int64_t i = 0;
+      while (want[i] == have[i]) ++i;
+      if (mismatched_tokens++ < 5) {
+        ADD_FAILURE() << "token " << t << " (row kind " << t % 8 << "): first differing byte " << i << " of " << bpt
+                      << ": got 0x" << std::hex << int{have[i]} << ", want 0x" << int{want[i]} << std::dec;
+      }
+    }
+  }
+  EXPECT_EQ(mismatched_tokens, 0);
+  for (int64_t s = 0; s < num_slots; ++s) {
+    if (written[s]) continue;
+    for (int64_t i = 0; i < bpt; ++i) {
+      if (got[s * bpt + i] != 0xA5) {
+        ADD_FAILURE() << "slot " << s << " was not a target but byte " << i << " changed";
+        return;
+      }
+    }
+  }
+}
+
+TEST(CudaLatentWrite, BytesEqualPagedKvCacheWriteLatent) {
+  LS_REQUIRE_GPU();
+  uint64_t seed = 1;
+  for (engine::KvFormat f : {engine::KvFormat::kFp8E4m3, engine::KvFormat::kBf16, engine::KvFormat::kFp32}) {
+    RunCase(512, 64, f, seed++);  // DeepSeek V3: 656 bytes per token in fp8
+    RunCase(32, 8, f, seed++);    // the tiny test models
+    RunCase(197, 5, f, seed++);   // a partial tile; scales and rope at odd offsets
+  }
+}
+
+TEST(CudaLatentWrite, BadSlotIsFlaggedAndSkipped) {
+  LS_REQUIRE_GPU();
+  const int64_t C = 32, R = 8;
+  const int64_t bpt = cu::LatentBytesPerToken(cu::LatentFormat::kFp8E4m3, C, R);
+  std::vector<float> lat(2 * C, 1.0f), rope(2 * R, 1.0f);
+  std::vector<int32_t> slots = {4, 0};  // 4 == num_slots
+  std::vector<uint8_t> pool(4 * bpt, 0x11);
+  auto dpool = Upload(pool), dlat = Upload(lat), drope = Upload(rope), dslots = Upload(slots);
+  auto flag = Zeros<int32_t>(1);
+  cu::LatentWriteParams p;
+  p.latent = dlat.as<float>();
+  p.latent_stride = C;
+  p.rope = drope.as<float>();
+  p.rope_stride = R;
+  p.slots = dslots.as<int32_t>();
+  p.cache = dpool.as<uint8_t>();
+  p.num_slots = 4;
+  p.rows = 2;
+  p.kv_lora = C;
+  p.rope_dim = R;
+  p.error_flag = flag.as<int32_t>();
+  LS_ASSERT_OK(cu::WriteLatent(p));
+  LS_ASSERT_OK(cu::Synchronize());
+  EXPECT_EQ(Download<int32_t>(flag, 1)[0], cu::kErrSlot);
+  const auto got = Download<uint8_t>(dpool, pool.size());
+  for (int64_t i = bpt; i < 4 * bpt; ++i) ASSERT_EQ(got[i], 0x11) << i;
+}
+
+TEST(CudaLatentWrite, ValidationNamesTheField) {
+  cu::LatentWriteParams p;
+  float f = 0;
+  int32_t s = 0;
+  uint8_t b = 0;
+  p.latent = p.rope = &f;
+  p.slots = &s;
+  p.cache = &b;
+  p.rows = 1;
+  p.kv_lora = 4;
+  p.rope_dim = 2;
+  p.latent_stride = 4;
+  p.rope_stride = 1;
+  p.num_slots = 1;
+  Status st = cu::WriteLatent(p);
+  EXPECT_EQ(st.code(), Status::Code::kInvalidArgument);
+  EXPECT_NE(st.message().find("rope_stride"), std::string::npos) << st.message();
+}
+
+}  // namespace
+}  // namespace lockstep

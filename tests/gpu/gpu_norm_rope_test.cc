@@ -1,0 +1,245 @@
+// tests/gpu/gpu_norm_rope_test.cc — CUDA RMSNorm and RoPE against their CPU twins
+// (kernels/cpu/ops.h) on fresh seeded inputs, NaN/Inf positions, determinism, batch
+// invariance, argument validation and the device-side error flag.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <random>
+#include <vector>
+
+#include "kernels/cpu/ops.h"
+#include "kernels/cuda/ops.h"
+#include "tests/gpu/gpu_test_util.h"
+
+namespace lockstep {
+namespace {
+
+using namespace gpu_testing;  // NOLINT
+
+std::vector<float> RandomRows(int64_t rows, int64_t n, uint64_t seed) {
+  std::mt19937_64 rng(seed);
+  std::normal_distribution<float> g(0.0f, 1.0f);
+  std::uniform_real_distribution<float> scale(-6.0f, 6.0f);
+  std::vector<float> x(rows * n);
+  for (int64_t r = 0; r < rows; ++r) {
+    const float s = std::exp2(scale(rng));  // rows from 2^-6 to 2^6 in magnitude
+    for (int64_t i = 0; i < n; ++i) x[r * n + i] = g(rng) * s;
+  }
+  return x;
+}
+
+struct NormRun {
+  std::vector<float> y;
+  Status status;
+};
+
+NormRun GpuRmsNorm(const std::vector<float>& x, const std::vector<float>& w, int64_t rows, int64_t n, float eps) {
+  auto dx = Upload(x), dw = Upload(w);
+  auto dy = Zeros<float>(rows * n);
+  cu::RmsNormParams p;
+  p.x = dx.as<float>();
+  p.x_stride = n;
+  p.weight = dw.as<float>();
+  p.y = dy.as<float>();
+  p.y_stride = n;
+  p.rows = rows;
+  p.n = n;
+  p.eps = eps;
+  NormRun r;
+  r.status = cu::RmsNorm(p);
+  if (r.status.ok()) r.status = cu::Synchronize();
+  r.y = Download<float>(dy, rows * n);
+  return r;
+}
+
+// Error bound of the GPU RMSNorm against cpu::RmsNorm (fp64 sum), relative to |y|:
+// the fp32 sum of squares runs a chain of ceil(n/256) FMAs per thread then 8 butterfly
+// levels, d = ceil(n/256) + 8 additions deep: relative error ≤ d·u. Then /n, +eps, sqrt, 1/
+// add 4 roundings, the sqrt halves the sum's error: inv ≤ (d/2 + 4)·u; the eps conversion
+// to fp32 adds ≤ u; the CPU's inv has ≤ u; each side's two products w·(x·inv) ≤ 2u.
+double RmsNormRelTol(int64_t n) {
+  const double d = std::ceil(n / 256.0) + 8;
+  return (d / 2 + 4 + 1 + 1 + 4) * kU32;
+}
+
+TEST(CudaRmsNorm, MatchesCpuWithinDerivedBound) {
+  LS_REQUIRE_GPU();
+  const float eps = 1e-6f;
+  for (auto [rows, n] : std::vector<std::pair<int64_t, int64_t>>{{37, 7168}, {5, 1}, {3, 513}, {64, 512}, {2, 1536}}) {
+    std::vector<float> x = RandomRows(rows, n, 100 + n), w = RandomRows(1, n, 200 + n);
+    std::vector<float> want(rows * n);
+    kernels::cpu::RmsNorm(x.data(), w.data(), rows, n, eps, want.data());
+    NormRun got = GpuRmsNorm(x, w, rows, n, eps);
+    LS_ASSERT_OK(got.status);
+    const double rel = RmsNormRelTol(n);
+    EXPECT_TRUE(AllClose(
+        got.y, want, [&](size_t i) { return rel * std::fabs(want[i]); },
+        "rmsnorm rows=" + std::to_string(rows) + " n=" + std::to_string(n)));
+  }
+}
+
+TEST(CudaRmsNorm, NanAndInfPositionsMatchCpu) {
+  LS_REQUIRE_GPU();
+  const int64_t rows = 6, n = 700;
+  std::vector<float> x = RandomRows(rows, n, 7), w = RandomRows(1, n, 8);
+  x[1 * n + 10] = NAN;        // a NaN poisons its whole row (the sum)
+  x[2 * n + 3] = INFINITY;    // inv = 0: the row is 0 except inf·0 = NaN at the inf
+  x[3 * n + 5] = -INFINITY;
+  w[17] = NAN;                // column 17 NaN in every row
+  x[4 * n + 0] = -0.0f;
+  std::vector<float> want(rows * n);
+  kernels::cpu::RmsNorm(x.data(), w.data(), rows, n, 1e-6, want.data());
+  NormRun got = GpuRmsNorm(x, w, rows, n, 1e-6f);
+  LS_ASSERT_OK(got.status);
+  const double rel = RmsNormRelTol(n);
+  EXPECT_TRUE(AllClose(got.y, want, [&](size_t i) { return rel * std::fabs(want[i]); }, "rmsnorm special values"));
+}
+
+TEST(CudaRmsNorm, DeterministicAndBatchInvariant) {
+  LS_REQUIRE_GPU();
+  const int64_t rows = 16, n = 7168;
+  std::vector<float> x = RandomRows(rows, n, 11), w = RandomRows(1, n, 12);
+  NormRun a = GpuRmsNorm(x, w, rows, n, 1e-6f), b = GpuRmsNorm(x, w, rows, n, 1e-6f);
+  LS_ASSERT_OK(a.status);
+  EXPECT_TRUE(BitwiseEqual(a.y, b.y, "rmsnorm run twice"));
+  for (int64_t r : {0, 7, 15}) {
+    std::vector<float> one(x.begin() + r * n, x.begin() + (r + 1) * n);
+    NormRun s = GpuRmsNorm(one, w, 1, n, 1e-6f);
+    LS_ASSERT_OK(s.status);
+    EXPECT_TRUE(BitwiseEqual(s.y, std::vector<float>(a.y.begin() + r * n, a.y.begin() + (r + 1) * n),
+                             "rmsnorm row " + std::to_string(r) + " alone vs in a batch of 16"));
+  }
+}
+
+TEST(CudaRmsNorm, ValidationNamesTheField) {  // runs without a GPU: nothing is launched
+  cu::RmsNormParams p;
+  float dummy = 0;
+  p.x = p.y = &dummy;
+  p.weight = &dummy;
+  p.rows = 1;
+  p.n = 8;
+  p.x_stride = 8;
+  p.y_stride = 4;
+  Status s = cu::RmsNorm(p);
+  EXPECT_EQ(s.code(), Status::Code::kInvalidArgument);
+  EXPECT_NE(s.message().find("y_stride"), std::string::npos) << s.message();
+}
+
+// --- RoPE -----------------------------------------------------------------------------
+
+struct RopeCase {
+  cu::RopeStyle style;
+  int64_t rows, heads, nope, dim, max_pos;
+};
+
+void RunRopeCase(const RopeCase& c, uint64_t seed) {
+  std::mt19937_64 rng(seed);
+  std::normal_distribution<float> g(0.0f, 2.0f);
+  std::uniform_real_distribution<double> angle(-40.0, 40.0);
+  const int64_t half = c.dim / 2, head_stride = c.nope + c.dim, row_stride = c.heads * head_stride;
+  std::vector<float> q(c.rows * row_stride);
+  for (auto& v : q) v = g(rng);
+  q[0 * row_stride + c.nope + 1] = NAN;  // NaN rides through: positions must match
+  std::vector<float> cs(c.max_pos * half), sn(c.max_pos * half);
+  for (int64_t i = 0; i < c.max_pos * half; ++i) {
+    const double a = angle(rng);
+    cs[i] = static_cast<float>(std::cos(a) * 1.1);  // a YaRN-like attention factor
+    sn[i] = static_cast<float>(std::sin(a) * 1.1);
+  }
+  std::vector<int32_t> pos(c.rows);
+  for (auto& p : pos) p = static_cast<int32_t>(rng() % c.max_pos);
+
+  std::vector<float> want = q;
+  for (int64_t r = 0; r < c.rows; ++r) {
+    for (int64_t h = 0; h < c.heads; ++h) {
+      float* v = &want[r * row_stride + h * head_stride + c.nope];
+      const float* cp = &cs[pos[r] * half];
+      const float* sp = &sn[pos[r] * half];
+      switch (c.style) {
+        case cu::RopeStyle::kPairsAdjacent: kernels::cpu::RopePairsAdjacent(v, cp, sp, c.dim); break;
+        case cu::RopeStyle::kPairsToHalves: kernels::cpu::RopePairsToHalves(v, cp, sp, c.dim); break;
+        case cu::RopeStyle::kHalves: kernels::cpu::RopeHalves(v, cp, sp, c.dim); break;
+      }
+    }
+  }
+  auto dq = Upload(q), dc = Upload(cs), ds = Upload(sn), dp = Upload(pos);
+  auto flag = Zeros<int32_t>(1);
+  cu::RopeParams p;
+  p.x = dq.as<float>() + c.nope;
+  p.row_stride = row_stride;
+  p.head_stride = head_stride;
+  p.rows = c.rows;
+  p.heads = c.heads;
+  p.dim = c.dim;
+  p.positions = dp.as<int32_t>();
+  p.cos = dc.as<float>();
+  p.sin = ds.as<float>();
+  p.max_position = c.max_pos;
+  p.style = c.style;
+  p.error_flag = flag.as<int32_t>();
+  LS_ASSERT_OK(cu::Rope(p));
+  LS_ASSERT_OK(cu::Synchronize());
+  const std::vector<float> got = Download<float>(dq, q.size());
+  // Bitwise: the kernel performs the CPU's operations with the same roundings; the nope
+  // part must be untouched; the planted NaN must come out at the same positions.
+  EXPECT_TRUE(SameBitsOrBothNan(got, want,
+                           "rope style " + std::to_string(static_cast<int>(c.style)) + " dim " + std::to_string(c.dim)));
+  EXPECT_EQ(Download<int32_t>(flag, 1)[0], 0);
+}
+
+TEST(CudaRope, AllStylesBitwiseEqualToCpu) {
+  LS_REQUIRE_GPU();
+  for (cu::RopeStyle s : {cu::RopeStyle::kPairsAdjacent, cu::RopeStyle::kPairsToHalves, cu::RopeStyle::kHalves}) {
+    RunRopeCase({s, 9, 5, 128, 64, 300}, 1 + static_cast<int>(s));  // DeepSeek q: nope 128 then rope 64
+    RunRopeCase({s, 3, 2, 16, 8, 20}, 10 + static_cast<int>(s));    // the tiny test models
+    RunRopeCase({s, 2, 1, 0, 2048, 4}, 20 + static_cast<int>(s));   // 1024 threads
+  }
+}
+
+TEST(CudaRope, OutOfRangePositionIsFlaggedAndLeftAlone) {
+  LS_REQUIRE_GPU();
+  const int64_t dim = 8, half = 4;
+  std::vector<float> x(2 * dim, 1.5f), cs(3 * half, 0.5f), sn(3 * half, 0.25f);
+  std::vector<int32_t> pos = {1, 3};  // 3 == max_position
+  auto dx = Upload(x), dc = Upload(cs), ds = Upload(sn), dp = Upload(pos);
+  auto flag = Zeros<int32_t>(1);
+  cu::RopeParams p;
+  p.x = dx.as<float>();
+  p.row_stride = dim;
+  p.head_stride = dim;
+  p.rows = 2;
+  p.heads = 1;
+  p.dim = dim;
+  p.positions = dp.as<int32_t>();
+  p.cos = dc.as<float>();
+  p.sin = ds.as<float>();
+  p.max_position = 3;
+  p.style = cu::RopeStyle::kHalves;
+  p.error_flag = flag.as<int32_t>();
+  LS_ASSERT_OK(cu::Rope(p));
+  LS_ASSERT_OK(cu::Synchronize());
+  EXPECT_EQ(Download<int32_t>(flag, 1)[0], cu::kErrPosition);
+  const auto got = Download<float>(dx, x.size());
+  for (int64_t i = dim; i < 2 * dim; ++i) EXPECT_EQ(got[i], 1.5f) << i;
+  EXPECT_EQ(got[0], 1.5f * 0.5f - 1.5f * 0.25f);
+}
+
+TEST(CudaRope, ValidationNamesTheField) {
+  cu::RopeParams p;
+  float f = 0;
+  int32_t i = 0;
+  p.x = &f;
+  p.positions = &i;
+  p.cos = p.sin = &f;
+  p.rows = 1;
+  p.heads = 1;
+  p.dim = 7;
+  p.head_stride = p.row_stride = 8;
+  p.max_position = 1;
+  Status s = cu::Rope(p);
+  EXPECT_EQ(s.code(), Status::Code::kInvalidArgument);
+  EXPECT_NE(s.message().find("dim"), std::string::npos) << s.message();
+}
+
+}  // namespace
+}  // namespace lockstep
