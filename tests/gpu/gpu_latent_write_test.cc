@@ -19,13 +19,11 @@ namespace {
 
 using namespace gpu_testing;  // NOLINT
 
-engine::ModelConfig Shapes(int64_t kv_lora, int64_t rope) {
-  auto c = engine::ModelConfig::FromJson(R"({"model_type":"deepseek_v3","num_hidden_layers":1,"kv_lora_rank":)" +
-                                             std::to_string(kv_lora) + R"(,"qk_rope_head_dim":)" +
-                                             std::to_string(rope) + "}",
-                                         "config.json");
-  EXPECT_TRUE(c.ok()) << c.status().message();
-  return *c;
+Result<engine::ModelConfig> Shapes(int64_t kv_lora, int64_t rope) {
+  return engine::ModelConfig::FromJson(R"({"model_type":"deepseek_v3","num_hidden_layers":1,"kv_lora_rank":)" +
+                                           std::to_string(kv_lora) + R"(,"qk_rope_head_dim":)" +
+                                           std::to_string(rope) + "}",
+                                       "config.json");
 }
 
 // Row kinds: 0 ordinary, 1..n edge patterns.
@@ -84,9 +82,10 @@ void FillRow(int kind, std::mt19937_64& rng, std::vector<float>& lat, std::vecto
 void RunCase(int64_t C, int64_t R, engine::KvFormat format, uint64_t seed) {
   SCOPED_TRACE("kv_lora " + std::to_string(C) + " rope " + std::to_string(R) + " " +
                std::string(engine::KvFormatName(format)));
-  const engine::ModelConfig cfg = Shapes(C, R);
+  const Result<engine::ModelConfig> cfg = Shapes(C, R);
+  ASSERT_TRUE(cfg.ok()) << cfg.status().message();  // returns from this case only
   const int64_t page_size = 16, max_pages = 12, tokens = 150;
-  engine::PagedKvCache cache(cfg, format, page_size, max_pages);
+  engine::PagedKvCache cache(*cfg, format, page_size, max_pages);
   engine::SeqCache filler, seq;
   ASSERT_TRUE(cache.Reserve(&filler, 20).ok());  // so seq's pages are not 0, 1, 2, …
   ASSERT_TRUE(cache.Reserve(&seq, tokens).ok());
@@ -162,7 +161,19 @@ TEST(CudaLatentWrite, BytesEqualPagedKvCacheWriteLatent) {
   for (engine::KvFormat f : {engine::KvFormat::kFp8E4m3, engine::KvFormat::kBf16, engine::KvFormat::kFp32}) {
     RunCase(512, 64, f, seed++);  // DeepSeek V3: 656 bytes per token in fp8
     RunCase(32, 8, f, seed++);    // the tiny test models
-    RunCase(197, 5, f, seed++);   // a partial tile; scales and rope at odd offsets
+    RunCase(197, 6, f, seed++);   // a partial tile; scales and rope at odd offsets (rope must be even)
+  }
+}
+
+TEST(CudaLatentWrite, BytesPerTokenAgreeWithPagedKvCache) {  // no GPU needed
+  for (auto [C, R] : std::vector<std::pair<int64_t, int64_t>>{{512, 64}, {32, 8}, {197, 6}, {128, 2}, {129, 2}}) {
+    const Result<engine::ModelConfig> cfg = Shapes(C, R);
+    ASSERT_TRUE(cfg.ok()) << cfg.status().message();
+    for (engine::KvFormat f : {engine::KvFormat::kFp32, engine::KvFormat::kBf16, engine::KvFormat::kFp8E4m3}) {
+      EXPECT_EQ(engine::PagedKvCache(*cfg, f, 1, 1).latent_bytes_per_token(),
+                cu::LatentBytesPerToken(static_cast<cu::LatentFormat>(f), C, R))
+          << engine::KvFormatName(f) << " " << C << "+" << R;
+    }
   }
 }
 
