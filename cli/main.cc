@@ -7,6 +7,13 @@
 #include "cli/commands.h"
 #include "cli/common.h"
 
+namespace lockstep::cli {
+int& ExitCode() {
+  static int code = 0;
+  return code;
+}
+}  // namespace lockstep::cli
+
 int main(int argc, char** argv) {
   using namespace lockstep;
   CLI::App app{
@@ -23,6 +30,8 @@ int main(int argc, char** argv) {
   cli::RegisterInspect(app, set_action);
   cli::RegisterExport(app, set_action);
   cli::RegisterDegen(app, set_action);
+  cli::RegisterDiff(app, set_action);
+  cli::RegisterReplay(app, set_action);
   try {
     app.parse(argc, argv);
   } catch (const CLI::CallForHelp& e) {
@@ -37,5 +46,6 @@ int main(int argc, char** argv) {
     return 2;
   }
   if (!action) return 0;
-  return cli::Report(action());
+  const int rc = cli::Report(action());
+  return rc != 0 ? rc : cli::ExitCode();
 }

@@ -1,0 +1,418 @@
+// diff/trace_diff.cc — see trace_diff.h.
+#include "diff/trace_diff.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <set>
+#include <tuple>
+
+#include "traces/row_summary.h"
+
+namespace lockstep::diff {
+namespace {
+
+using traces::DType;
+
+constexpr int64_t kAfterLayers = int64_t{1} << 40;  // final_norm and logits come after every layer
+
+// Tap suffix → place in the layer (the order engine/model.cc computes them in).
+const std::pair<const char*, int> kRanks[] = {
+    {"attn_norm", 0},  {"attn.q", 1},     {"attn.latent", 2},   {"attn.k_rope", 3},          {"indexer.topk", 5},
+    {"attn.heads", 6}, {"attn.out", 7},   {"resid_mid", 8},     {"ffn_norm", 9},             {"ffn.router.topk_ids", 10},
+    {"ffn.router.topk_weights", 11},      {"ffn.out", 12},      {"resid_out", 13}};
+
+std::string NameOf(const std::string& path) {
+  const size_t slash = path.find('/');
+  return slash == std::string::npos ? path : path.substr(slash + 1);
+}
+
+std::vector<float> RowAsFloat(DType d, const uint8_t* p, int64_t cols) {
+  std::vector<float> out(cols);
+  for (int64_t i = 0; i < cols; ++i) {
+    switch (d) {
+      case DType::kF32: std::memcpy(&out[i], p + 4 * i, 4); break;
+      case DType::kI32: {
+        int32_t v;
+        std::memcpy(&v, p + 4 * i, 4);
+        out[i] = static_cast<float>(v);
+        break;
+      }
+      case DType::kBf16: {
+        uint16_t v;
+        std::memcpy(&v, p + 2 * i, 2);
+        out[i] = traces::Bf16ToFloat(v);
+        break;
+      }
+      case DType::kFp8E4m3: out[i] = traces::Fp8E4m3ToFloat(p[i]); break;
+      case DType::kU8: out[i] = p[i]; break;
+    }
+  }
+  return out;
+}
+
+bool StatsDiverge(const traces::SummaryRow& a, const traces::SummaryRow& b, double tol, std::string* how) {
+  if (a.nan_count != b.nan_count || a.inf_count != b.inf_count) {
+    *how = "NaN/Inf count " + std::to_string(a.nan_count + a.inf_count) + " → " + std::to_string(b.nan_count + b.inf_count);
+    return true;
+  }
+  const double den = std::max<double>(std::fabs(a.rms), 1e-30);
+  const double rel = std::fabs(static_cast<double>(b.rms) - a.rms) / den;
+  char buf[96];
+  std::snprintf(buf, sizeof buf, "hash differs; rms changes by %.3g (summary only)", rel);
+  *how = buf;
+  return rel > tol;
+}
+
+struct Key {
+  int32_t request;
+  int64_t position;
+  bool operator<(const Key& o) const { return std::tie(request, position) < std::tie(o.request, o.position); }
+};
+
+// Causal order within a request: position, then layer, then place in the layer.
+bool CausallyBefore(const RowDiff& x, const RowDiff& y) {
+  const int64_t lx = x.layer < 0 && x.tensor.find("layers.") == std::string::npos ? (x.tensor == "taps/embed" ? -1 : kAfterLayers) : x.layer;
+  const int64_t ly = y.layer < 0 && y.tensor.find("layers.") == std::string::npos ? (y.tensor == "taps/embed" ? -1 : kAfterLayers) : y.layer;
+  return std::make_tuple(x.position, lx, TapRank(x.tensor), x.tensor) <
+         std::make_tuple(y.position, ly, TapRank(y.tensor), y.tensor);
+}
+
+char* Fmt(char* buf, size_t n, const char* f, double v) {
+  std::snprintf(buf, n, f, v);
+  return buf;
+}
+
+}  // namespace
+
+int64_t LayerOfTensor(const std::string& path) {
+  const std::string name = NameOf(path);
+  if (name.rfind("layers.", 0) != 0) return -1;
+  return std::atoll(name.c_str() + 7);
+}
+
+int TapRank(const std::string& path) {
+  const std::string name = NameOf(path);
+  if (path.rfind("kv/", 0) == 0) return 4;  // the cache is written right after k_rope
+  if (name == "embed") return 0;
+  if (name == "final_norm") return 0;
+  if (name.rfind("logits", 0) == 0) return 1;
+  const size_t dot = name.find('.', 7);
+  if (dot == std::string::npos) return 99;
+  const std::string suffix = name.substr(dot + 1);
+  for (const auto& [s, r] : kRanks) {
+    if (suffix == s) return r;
+  }
+  return 99;
+}
+
+Result<TraceDiffReport> CompareTraces(const traces::TraceReader& a, const traces::TraceReader& b,
+                                      const DiffOptions& opt) {
+  TraceDiffReport rep;
+  rep.path_a = a.path().string();
+  rep.path_b = b.path().string();
+  auto meta = [](const traces::TraceReader& t, const char* k) {
+    auto it = t.meta().find(k);
+    return it == t.meta().end() ? std::string() : it->second;
+  };
+  for (const char* k : {"model_fingerprint", "tokenizer_hash"}) {
+    if (meta(a, k) != meta(b, k)) {
+      const std::string msg = std::string("the traces are of different ") +
+                              (std::string(k) == "model_fingerprint" ? "models" : "tokenizers") + ": meta." + k + " " +
+                              meta(a, k) + " in " + rep.path_a + " vs " + meta(b, k) + " in " + rep.path_b;
+      if (!opt.allow_model_mismatch) return Status::InvalidArgument(msg);
+      rep.notes.push_back(msg);
+    }
+  }
+  if (meta(a, "capture_policy") != meta(b, "capture_policy")) {
+    rep.notes.push_back("capture policies differ; only rows captured in both are compared");
+  }
+
+  // Requests and their tokens.
+  std::map<int32_t, const traces::RequestInfo*> rb;
+  for (const auto& r : b.requests()) rb[r.id] = &r;
+  for (const auto& ra : a.requests()) {
+    RequestReport rr;
+    rr.id = ra.id;
+    rr.name = ra.name;
+    rr.prompt = ra.prompt;
+    rr.tokens_a = ra.generated;
+    auto it = rb.find(ra.id);
+    if (it == rb.end()) {
+      rep.notes.push_back("request " + std::to_string(ra.id) + " is only in " + rep.path_a);
+      continue;
+    }
+    if (it->second->prompt != ra.prompt) {
+      rep.notes.push_back("request " + std::to_string(ra.id) + ": the prompts differ");
+    }
+    rr.tokens_b = it->second->generated;
+    const size_t n = std::min(rr.tokens_a.size(), rr.tokens_b.size());
+    for (size_t i = 0; i < n && rr.first_token_diff < 0; ++i) {
+      if (rr.tokens_a[i] != rr.tokens_b[i]) rr.first_token_diff = static_cast<int64_t>(i);
+    }
+    if (rr.first_token_diff < 0 && rr.tokens_a.size() != rr.tokens_b.size()) rr.first_token_diff = static_cast<int64_t>(n);
+    if (rr.first_token_diff >= 0) rep.identical = false;
+    rep.requests.push_back(std::move(rr));
+  }
+  std::map<int32_t, RequestReport*> req_by_id;
+  for (auto& r : rep.requests) req_by_id[r.id] = &r;
+
+  // Tensors.
+  std::map<std::string, const traces::TensorInfo*> tb;
+  for (const auto& t : b.tensors()) tb[t.path] = &t;
+  std::set<std::string> in_a;
+  for (const auto& t : a.tensors()) in_a.insert(t.path);
+  for (const auto& t : b.tensors()) {
+    if (!in_a.count(t.path)) rep.only_in_b.push_back(t.path);
+  }
+  const Thresholds& th = opt.thresholds;
+  std::map<int32_t, std::vector<RowDiff>> resid_rows;  // per request: layers.*.resid_out rows
+  std::map<int32_t, std::vector<RowDiff>> logit_rows;
+  bool kv_format_noted = false;
+
+  for (const auto& ta : a.tensors()) {
+    auto it = tb.find(ta.path);
+    if (it == tb.end()) {
+      rep.only_in_a.push_back(ta.path);
+      continue;
+    }
+    const traces::TensorInfo& tbi = *it->second;
+    if (ta.path.rfind("taps/logits.", 0) == 0) continue;  // used through taps/logits below
+    if (ta.dtype != tbi.dtype || ta.cols != tbi.cols) {
+      // Different cache formats store different bytes by design; the taps that read the cache
+      // (attn.heads, …) show what the format changed.
+      if (ta.path.rfind("kv/", 0) == 0) {
+        if (!kv_format_noted) {
+          rep.notes.push_back("the KV-cache formats differ (" + std::string(traces::DTypeName(ta.dtype)) + " vs " +
+                              traces::DTypeName(tbi.dtype) + "): cache bytes are not compared, the taps reading them are");
+          kv_format_noted = true;
+        }
+      } else {
+        rep.notes.push_back(ta.path + ": stored as " + traces::DTypeName(ta.dtype) + " × " + std::to_string(ta.cols) +
+                            " in a but " + traces::DTypeName(tbi.dtype) + " × " + std::to_string(tbi.cols) + " in b; not compared");
+      }
+      continue;
+    }
+    LS_ASSIGN_OR_RETURN(auto sa, a.ReadSummary(ta));
+    LS_ASSIGN_OR_RETURN(auto sb, b.ReadSummary(tbi));
+    std::map<Key, size_t> index_b;
+    for (size_t i = 0; i < sb.size(); ++i) index_b[{sb[i].request, sb[i].position}] = i;
+    const bool values = ta.has_values && tbi.has_values && ta.dtype == tbi.dtype && ta.cols == tbi.cols;
+    std::vector<uint8_t> va, vb;
+    if (values) {
+      LS_ASSIGN_OR_RETURN(va, a.ReadValues(ta, 0, static_cast<int64_t>(sa.size())));
+      LS_ASSIGN_OR_RETURN(vb, b.ReadValues(tbi, 0, static_cast<int64_t>(sb.size())));
+    }
+    const bool is_logits = ta.path == "taps/logits";
+    const size_t esize = traces::DTypeSize(ta.dtype);
+    const size_t row_bytes = esize * ta.cols;
+    TensorReport tr;
+    tr.tensor = ta.path;
+    for (size_t i = 0; i < sa.size(); ++i) {
+      auto jt = index_b.find({sa[i].request, sa[i].position});
+      if (jt == index_b.end()) continue;
+      const size_t j = jt->second;
+      RowDiff d;
+      d.tensor = ta.path;
+      d.request = sa[i].request;
+      d.position = sa[i].position;
+      d.step = sa[i].step;
+      d.layer = LayerOfTensor(ta.path);
+      d.hash_equal = sa[i].hash == sb[j].hash;
+      d.is_logits = is_logits;
+      tr.rows++;
+      if (d.hash_equal) {
+        tr.equal_rows++;
+      } else {
+        rep.identical = false;
+      }
+      char buf[128];
+      if (values && !d.hash_equal) {
+        d.compared_values = true;
+        auto fa = RowAsFloat(ta.dtype, va.data() + i * row_bytes, ta.cols);
+        auto fb = RowAsFloat(ta.dtype, vb.data() + j * row_bytes, ta.cols);
+        d.values = CompareRows(fb, fa);  // b is the candidate, a the reference
+        if (is_logits) {
+          int32_t chosen = -1;
+          auto rq = req_by_id.find(d.request);
+          if (rq != req_by_id.end()) {
+            const int64_t gi = d.position + 1 - static_cast<int64_t>(rq->second->prompt.size());
+            if (gi >= 0 && gi < static_cast<int64_t>(rq->second->tokens_a.size())) chosen = rq->second->tokens_a[gi];
+          }
+          d.logits = CompareLogits(fb, fa, chosen);
+          d.diverges = Diverges(d.logits, th);
+          std::snprintf(buf, sizeof buf, "KL %.3g, top-1 %s", d.logits.kl, d.logits.top1_agree ? "agrees" : "differs");
+          d.how = buf;
+          tr.max_kl = std::max(tr.max_kl, d.logits.kl);
+        } else if (ta.dtype == DType::kI32) {
+          int64_t differ = 0;
+          for (int64_t c = 0; c < ta.cols; ++c) differ += fa[c] != fb[c];
+          d.diverges = differ > 0;
+          d.how = std::to_string(differ) + " of " + std::to_string(ta.cols) + " entries differ";
+        } else {
+          d.diverges = Diverges(d.values, th);
+          if (d.values.nonfinite_mismatch > 0) {
+            d.how = std::to_string(d.values.nonfinite_mismatch) + " NaN/Inf where the other trace is finite";
+          } else {
+            d.how = std::string("rel L2 ") + Fmt(buf, sizeof buf, "%.3g", d.values.rel_l2);
+          }
+        }
+        tr.worst_rel_l2 = std::max(tr.worst_rel_l2, d.values.rel_l2);
+        if (d.values.rel_l2 >= tr.worst_rel_l2) tr.worst_position = d.position;
+      } else if (!d.hash_equal) {
+        d.diverges = th.exact ? true : StatsDiverge(sa[i], sb[j], th.rel_l2, &d.how);
+        if (th.exact) d.how = "content hash differs";
+      }
+      if (d.diverges) {
+        tr.diverging_rows++;
+        auto rq = req_by_id.find(d.request);
+        if (rq != req_by_id.end()) {
+          RequestReport& R = *rq->second;
+          if (!R.has_divergence || CausallyBefore(d, R.first)) {
+            R.first = d;
+            R.has_divergence = true;
+          }
+        }
+      }
+      if (NameOf(ta.path).size() > 10 && ta.path.size() >= 9 &&
+          ta.path.compare(ta.path.size() - 9, 9, "resid_out") == 0) {
+        resid_rows[d.request].push_back(d);
+      }
+      if (is_logits) logit_rows[d.request].push_back(d);
+    }
+    rep.tensors.push_back(tr);
+  }
+
+  // Large vocabularies keep only the top-k logits (+ logsumexp): compare those as
+  // distributions restricted to the reference's top-k (tokens missing from the candidate's
+  // top-k get at most its k-th value), when the full rows were not compared above.
+  auto find = [](const traces::TraceReader& t, const char* n) { return t.FindTensor(std::string("taps/") + n); };
+  const traces::TensorInfo *ia = find(a, "logits.topk_ids"), *va_ = find(a, "logits.topk_values"),
+                           *la = find(a, "logits.logsumexp");
+  const traces::TensorInfo *ib = find(b, "logits.topk_ids"), *vb_ = find(b, "logits.topk_values"),
+                           *lb = find(b, "logits.logsumexp");
+  if (ia && va_ && la && ib && vb_ && lb && ia->cols == ib->cols) {
+    const int64_t k = ia->cols;
+    LS_ASSIGN_OR_RETURN(auto sa, a.ReadSummary(*ia));
+    LS_ASSIGN_OR_RETURN(auto sb, b.ReadSummary(*ib));
+    LS_ASSIGN_OR_RETURN(auto ida, a.ReadValues(*ia, 0, static_cast<int64_t>(sa.size())));
+    LS_ASSIGN_OR_RETURN(auto vda, a.ReadValues(*va_, 0, static_cast<int64_t>(sa.size())));
+    LS_ASSIGN_OR_RETURN(auto lda, a.ReadValues(*la, 0, static_cast<int64_t>(sa.size())));
+    LS_ASSIGN_OR_RETURN(auto idb, b.ReadValues(*ib, 0, static_cast<int64_t>(sb.size())));
+    LS_ASSIGN_OR_RETURN(auto vdb, b.ReadValues(*vb_, 0, static_cast<int64_t>(sb.size())));
+    LS_ASSIGN_OR_RETURN(auto ldb, b.ReadValues(*lb, 0, static_cast<int64_t>(sb.size())));
+    std::map<Key, size_t> index_b;
+    for (size_t i = 0; i < sb.size(); ++i) index_b[{sb[i].request, sb[i].position}] = i;
+    auto i32 = [](const std::vector<uint8_t>& v, size_t i) {
+      int32_t x;
+      std::memcpy(&x, v.data() + 4 * i, 4);
+      return x;
+    };
+    auto f32 = [](const std::vector<uint8_t>& v, size_t i) {
+      float x;
+      std::memcpy(&x, v.data() + 4 * i, 4);
+      return x;
+    };
+    TensorReport tr;
+    tr.tensor = "taps/logits (top-k)";
+    for (size_t i = 0; i < sa.size(); ++i) {
+      auto jt = index_b.find({sa[i].request, sa[i].position});
+      if (jt == index_b.end()) continue;
+      const size_t j = jt->second;
+      // Skip rows whose full logits were already compared (hash-equal rows included).
+      bool done = false;
+      for (const auto& r : logit_rows[sa[i].request]) done |= r.position == sa[i].position && r.compared_values;
+      if (done) continue;
+      RowDiff d;
+      d.tensor = "taps/logits";
+      d.request = sa[i].request;
+      d.position = sa[i].position;
+      d.step = sa[i].step;
+      d.is_logits = true;
+      const double lse_a = f32(lda, i), lse_b = f32(ldb, j);
+      std::map<int32_t, double> qb;
+      double kth_b = INFINITY;
+      for (int64_t c = 0; c < k; ++c) {
+        qb[i32(idb, j * k + c)] = f32(vdb, j * k + c) - lse_b;
+        kth_b = std::min<double>(kth_b, f32(vdb, j * k + c) - lse_b);
+      }
+      double kl = 0;
+      for (int64_t c = 0; c < k; ++c) {
+        const double lp = f32(vda, i * k + c) - lse_a;
+        auto q = qb.find(i32(ida, i * k + c));
+        const double lq = q != qb.end() ? q->second : kth_b;
+        kl += std::exp(lp) * (lp - lq);
+      }
+      d.logits.kl = std::max(0.0, kl);
+      d.logits.top1_ref = i32(ida, i * k);
+      d.logits.top1_cand = i32(idb, j * k);
+      d.logits.top1_agree = d.logits.top1_ref == d.logits.top1_cand;
+      d.hash_equal = sa[i].hash == sb[j].hash;
+      d.diverges = !d.hash_equal && Diverges(d.logits, th);
+      char buf[96];
+      std::snprintf(buf, sizeof buf, "KL %.3g (top-%lld), top-1 %s", d.logits.kl, static_cast<long long>(k),
+                    d.logits.top1_agree ? "agrees" : "differs");
+      d.how = buf;
+      tr.rows++;
+      tr.equal_rows += d.hash_equal;
+      tr.max_kl = std::max(tr.max_kl, d.logits.kl);
+      if (d.diverges) {
+        tr.diverging_rows++;
+        auto rq = req_by_id.find(d.request);
+        if (rq != req_by_id.end() && (!rq->second->has_divergence || CausallyBefore(d, rq->second->first))) {
+          rq->second->first = d;
+          rq->second->has_divergence = true;
+        }
+      }
+      logit_rows[d.request].push_back(d);
+    }
+    rep.tensors.push_back(tr);
+  }
+
+  // The earliest divergence over requests: the lowest engine step, then causal order.
+  for (const auto& r : rep.requests) {
+    if (!r.has_divergence) continue;
+    if (!rep.has_divergence || r.first.step < rep.first.step ||
+        (r.first.step == rep.first.step && CausallyBefore(r.first, rep.first))) {
+      rep.first = r.first;
+      rep.has_divergence = true;
+    }
+  }
+  // Tokens that differ without any captured tensor diverging (capture none) still count.
+  if (!rep.has_divergence) {
+    for (const auto& r : rep.requests) {
+      if (r.first_token_diff >= 0) {
+        rep.notes.push_back("request " + std::to_string(r.id) + ": generated tokens differ from index " +
+                            std::to_string(r.first_token_diff) + " but no captured tensor diverges");
+      }
+    }
+  }
+
+  // Error growth and heatmap for the request of the first divergence (else request 0).
+  const int32_t hr = rep.has_divergence ? rep.first.request : (rep.requests.empty() ? 0 : rep.requests[0].id);
+  rep.heatmap_request = hr;
+  int64_t layers = 0, positions = 0;
+  for (const auto& d : resid_rows[hr]) {
+    layers = std::max(layers, d.layer + 1);
+    positions = std::max(positions, d.position + 1);
+  }
+  rep.heatmap.assign(layers, std::vector<double>(positions, -1.0));
+  std::vector<std::vector<double>> per_layer(layers);
+  for (const auto& d : resid_rows[hr]) {
+    const double e = d.hash_equal ? 0.0 : (d.compared_values ? d.values.rel_l2 : -1.0);
+    rep.heatmap[d.layer][d.position] = e;
+    if (e >= 0 && (!rep.has_divergence || d.position >= rep.first.position)) per_layer[d.layer].push_back(e);
+  }
+  rep.layer_growth.assign(layers, -1.0);
+  for (int64_t l = 0; l < layers; ++l) {
+    auto& v = per_layer[l];
+    if (v.empty()) continue;
+    std::nth_element(v.begin(), v.begin() + v.size() / 2, v.end());
+    rep.layer_growth[l] = v[v.size() / 2];
+  }
+  rep.logits = logit_rows[hr];
+  std::sort(rep.logits.begin(), rep.logits.end(), [](const RowDiff& x, const RowDiff& y) { return x.position < y.position; });
+  return rep;
+}
+
+}  // namespace lockstep::diff

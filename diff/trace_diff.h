@@ -1,0 +1,90 @@
+// diff/trace_diff.h — compare two traces layer by layer and token by token, and name where
+// they part: the first divergence in causal order (engine step, then layer, then the tap's
+// place in the layer), how the error grows layer by layer, and the tokens around it.
+//
+// Rows are aligned by (request id, position) per tensor path. Where both traces hold a
+// row's values the metrics of diff/metrics.h apply (logits: KL, top-1, chosen-token
+// probability); where one holds only summaries, rows are compared by content hash (exact)
+// or by their statistics (relative rms change, NaN/Inf counts). The thresholds decide what
+// counts as divergence (docs/diff.md).
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <string>
+#include <vector>
+
+#include "base/status.h"
+#include "diff/metrics.h"
+#include "traces/trace_reader.h"
+
+namespace lockstep::diff {
+
+struct DiffOptions {
+  Thresholds thresholds;
+  bool allow_model_mismatch = false;  // compare traces of different models anyway
+};
+
+// One (tensor, request, position) row compared.
+struct RowDiff {
+  std::string tensor;    // "taps/layers.3.attn.out"
+  int32_t request = 0;
+  int64_t position = 0;
+  int64_t step = 0;      // the engine step that produced the row (in trace a)
+  int64_t layer = -1;    // -1: not a layer tensor (embed, final_norm, logits)
+  bool hash_equal = true;
+  bool compared_values = false;
+  TensorDiff values;     // when compared_values
+  LogitDiff logits;      // for taps/logits rows
+  bool is_logits = false;
+  bool diverges = false;
+  std::string how;       // one phrase: "rel L2 3.1e-2", "hash differs (summary only)", "NaN appears", …
+};
+
+struct TensorReport {
+  std::string tensor;
+  int64_t rows = 0, equal_rows = 0, diverging_rows = 0;
+  double worst_rel_l2 = 0;
+  int64_t worst_position = -1;
+  double max_kl = 0;  // logits only
+};
+
+struct RequestReport {
+  int32_t id = 0;
+  std::string name;
+  std::vector<int32_t> prompt;
+  std::vector<int32_t> tokens_a, tokens_b;
+  int64_t first_token_diff = -1;  // index into the generated tokens, −1 when equal
+  bool has_divergence = false;
+  RowDiff first;                  // first divergent row of this request, in causal order
+};
+
+struct TraceDiffReport {
+  std::string path_a, path_b;
+  bool identical = true;                   // every common row hash-equal and tokens equal
+  std::vector<std::string> only_in_a, only_in_b;
+  std::vector<std::string> notes;          // e.g. capture policies differ
+  std::vector<TensorReport> tensors;
+  std::vector<RequestReport> requests;
+  bool has_divergence = false;
+  RowDiff first;                           // the earliest divergent row over all requests
+  // Error growth: per layer, the median rel L2 of layers.L.resid_out over the rows of the
+  // first divergent request at or after the first divergent position (−1: no data).
+  std::vector<double> layer_growth;
+  // Heatmap for reports: rel L2 of layers.L.resid_out, [layer][position], request = first's.
+  std::vector<std::vector<double>> heatmap;
+  int64_t heatmap_request = -1;
+  std::vector<RowDiff> logits;             // every compared logits row of heatmap_request
+};
+
+// Fails (with the mismatch named) when the traces are of different models or tokenizers,
+// unless allowed; or when a trace cannot be read.
+Result<TraceDiffReport> CompareTraces(const traces::TraceReader& a, const traces::TraceReader& b,
+                                      const DiffOptions& options = {});
+
+// The position of a tap within a layer in the engine's causal order (lower = earlier), and the
+// layer of a tensor path ("taps/layers.3.attn.out" → 3, "kv/layers.2.latent" → 2), or −1.
+int TapRank(const std::string& tensor_path);
+int64_t LayerOfTensor(const std::string& tensor_path);
+
+}  // namespace lockstep::diff

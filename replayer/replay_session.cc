@@ -1,0 +1,322 @@
+// replayer/replay_session.cc — see replay_session.h.
+#include "replayer/replay_session.h"
+
+#include <cstring>
+#include <map>
+#include <sstream>
+
+#include <nlohmann/json.hpp>
+
+#include "engine/tokenizer.h"
+#include "recorder/fingerprint.h"
+
+namespace lockstep::replayer {
+namespace {
+
+using json = nlohmann::json;
+
+std::string MetaOr(const traces::TraceReader& t, const char* key, const std::string& dflt = "") {
+  auto it = t.meta().find(key);
+  return it == t.meta().end() ? dflt : it->second;
+}
+
+Result<recorder::CapturePolicy> PolicyFromTrace(const traces::TraceReader& t) {
+  const std::string text = MetaOr(t, "capture_policy");
+  json j = json::parse(text, nullptr, /*allow_exceptions=*/false);
+  if (!j.is_object()) {
+    return Status::Corruption(t.path().string() + ": meta.capture_policy is missing or not JSON");
+  }
+  recorder::CapturePolicy p;
+  try {
+    LS_ASSIGN_OR_RETURN(p.mode, recorder::CapturePolicy::ParseMode(j.value("mode", "full")));
+    p.taps = j.value("taps", std::vector<std::string>{});
+    auto layers = j.value("layers", std::vector<int64_t>{0, p.layer_last});
+    auto positions = j.value("positions", std::vector<int64_t>{0, p.pos_last});
+    if (layers.size() == 2) p.layer_first = layers[0], p.layer_last = layers[1];
+    if (positions.size() == 2) p.pos_first = positions[0], p.pos_last = positions[1];
+    p.pos_stride = std::max<int64_t>(1, j.value("position_stride", int64_t{1}));
+    p.kv = j.value("kv", true);
+    const std::string lg = j.value("logits", "auto");
+    p.logits = lg == "full"   ? recorder::CapturePolicy::Logits::kFull
+               : lg == "topk" ? recorder::CapturePolicy::Logits::kTopK
+                              : recorder::CapturePolicy::Logits::kAuto;
+    p.logits_topk = j.value("logits_topk", p.logits_topk);
+    p.full_logits_max_vocab = j.value("full_logits_max_vocab", p.full_logits_max_vocab);
+  } catch (const json::exception& e) {
+    return Status::Corruption(t.path().string() + ": meta.capture_policy: " + e.what());
+  }
+  return p;
+}
+
+// Grafting: overwrites each layer's input with the recorded one (embed, layers.L.resid_out).
+class GraftHook : public engine::TapHook {
+ public:
+  GraftHook(engine::TapHook* inner, std::map<std::string, std::map<std::pair<int32_t, int64_t>, std::vector<float>>> rows)
+      : inner_(inner), rows_(std::move(rows)) {}
+  void OnTap(const engine::TapEvent& e) override { inner_->OnTap(e); }
+  bool WantsOverride() const override { return true; }
+  bool Override(const engine::TapEvent& e, void* data) override {
+    auto it = rows_.find(std::string(e.name));
+    if (it == rows_.end()) return false;
+    bool any = false;
+    for (int64_t r = 0; r < e.rows; ++r) {
+      auto jt = it->second.find({static_cast<int32_t>(e.request_id), e.position + r});
+      if (jt == it->second.end() || static_cast<int64_t>(jt->second.size()) != e.cols) continue;
+      std::memcpy(static_cast<float*>(data) + r * e.cols, jt->second.data(), e.cols * sizeof(float));
+      any = true;
+    }
+    return any;
+  }
+
+ private:
+  engine::TapHook* inner_;
+  std::map<std::string, std::map<std::pair<int32_t, int64_t>, std::vector<float>>> rows_;
+};
+
+Result<std::map<std::string, std::map<std::pair<int32_t, int64_t>, std::vector<float>>>> LoadGraftRows(
+    const traces::TraceReader& t, int64_t layers) {
+  std::map<std::string, std::map<std::pair<int32_t, int64_t>, std::vector<float>>> out;
+  std::vector<std::string> names = {"embed"};
+  for (int64_t l = 0; l + 1 < layers; ++l) names.push_back("layers." + std::to_string(l) + ".resid_out");
+  for (const auto& n : names) {
+    const traces::TensorInfo* ti = t.FindTensor("taps/" + n);
+    if (ti == nullptr || !ti->has_values || ti->dtype != traces::DType::kF32) {
+      return Status::InvalidArgument("--graft needs the recorded values of taps/" + n + " in " + t.path().string() +
+                                     " (record with --capture full and taps embed, layers.*.resid_out)");
+    }
+    LS_ASSIGN_OR_RETURN(auto sum, t.ReadSummary(*ti));
+    LS_ASSIGN_OR_RETURN(auto vals, t.ReadValues(*ti, 0, static_cast<int64_t>(sum.size())));
+    auto& m = out[n];
+    for (size_t i = 0; i < sum.size(); ++i) {
+      std::vector<float> row(ti->cols);
+      std::memcpy(row.data(), vals.data() + i * ti->cols * 4, ti->cols * 4);
+      m[{sum[i].request, sum[i].position}] = std::move(row);
+    }
+  }
+  return out;
+}
+
+std::string Join(const std::vector<int32_t>& v, size_t from, size_t to) {
+  std::string s;
+  for (size_t i = from; i < to && i < v.size(); ++i) s += (s.empty() ? "" : " ") + std::to_string(v[i]);
+  return s;
+}
+
+}  // namespace
+
+std::string_view ReplayModeName(ReplayMode m) {
+  switch (m) {
+    case ReplayMode::kExact: return "exact";
+    case ReplayMode::kForced: return "forced";
+    case ReplayMode::kFree: return "free";
+  }
+  return "?";
+}
+
+Result<ReplayMode> ParseReplayMode(std::string_view s) {
+  if (s == "exact") return ReplayMode::kExact;
+  if (s == "forced") return ReplayMode::kForced;
+  if (s == "free") return ReplayMode::kFree;
+  return Status::InvalidArgument("--mode: '" + std::string(s) + "' is not one of exact, forced, free");
+}
+
+bool Overrides::empty() const {
+  return !kv_cache && kernels.empty() && !fault && !temperature && !top_p && !min_p && !top_k && !max_batch;
+}
+
+std::string Overrides::Describe() const {
+  std::ostringstream os;
+  if (kv_cache) os << "kv_cache=" << engine::KvFormatName(*kv_cache) << " ";
+  for (const auto& [op, v] : kernels) os << op << "=" << v << " ";
+  if (fault) os << "fault=" << (fault->empty() ? "none" : *fault) << " ";
+  if (temperature) os << "temperature=" << *temperature << " ";
+  if (top_p) os << "top_p=" << *top_p << " ";
+  if (top_k) os << "top_k=" << *top_k << " ";
+  if (min_p) os << "min_p=" << *min_p << " ";
+  if (max_batch) os << "max_batch=" << *max_batch << " ";
+  std::string s = os.str();
+  if (s.empty()) return "none";
+  s.pop_back();
+  return s;
+}
+
+Result<engine::EngineOptions> RecordedEngineOptions(const traces::TraceReader& t) {
+  const std::string where = t.path().string() + ": meta.engine_options";
+  json j = json::parse(MetaOr(t, "engine_options"), nullptr, /*allow_exceptions=*/false);
+  if (!j.is_object()) return Status::Corruption(where + " is missing or not JSON");
+  engine::EngineOptions o;
+  try {
+    LS_ASSIGN_OR_RETURN(o.kv_format, engine::ParseKvFormat(j.value("kv_cache", "fp32")));
+    o.page_size = j.value("page_size", o.page_size);
+    o.kv_cache_tokens = j.value("kv_cache_tokens", o.kv_cache_tokens);
+    o.max_batch = j.value("max_batch", o.max_batch);
+    o.kernels = j.value("kernels", kernels::KernelChoice{});
+    o.fault = j.value("fault", std::string());
+  } catch (const json::exception& e) {
+    return Status::Corruption(where + ": " + e.what());
+  }
+  return o;
+}
+
+Result<ReplayResult> Replay(const traces::TraceReader& trace, const ReplayOptions& opt) {
+  ReplayResult res;
+  // The model: the recorded one unless told otherwise, and it must be the same weights.
+  std::filesystem::path model_dir = opt.model_dir.empty() ? std::filesystem::path(MetaOr(trace, "model_dir")) : opt.model_dir;
+  if (model_dir.empty()) return Status::InvalidArgument(trace.path().string() + ": meta.model_dir is missing; pass --model");
+  LS_ASSIGN_OR_RETURN(std::string fingerprint, recorder::ModelFingerprint(model_dir));
+  if (fingerprint != MetaOr(trace, "model_fingerprint") && !opt.allow_model_mismatch) {
+    return Status::InvalidArgument(model_dir.string() + ": model fingerprint " + fingerprint +
+                                   " differs from the trace's " + MetaOr(trace, "model_fingerprint") +
+                                   " (meta.model_fingerprint); pass the recorded model with --model");
+  }
+  LS_ASSIGN_OR_RETURN(auto model, engine::Model::Load(model_dir));
+  std::shared_ptr<const engine::Tokenizer> tok;
+  if (std::filesystem::exists(model_dir / "tokenizer.json")) {
+    LS_ASSIGN_OR_RETURN(tok, engine::Tokenizer::Load(model_dir / "tokenizer.json"));
+  }
+
+  // The engine as recorded, then the overrides.
+  LS_ASSIGN_OR_RETURN(engine::EngineOptions eo, RecordedEngineOptions(trace));
+  const Overrides& ov = opt.overrides;
+  if (ov.kv_cache) eo.kv_format = *ov.kv_cache;
+  for (const auto& [op, v] : ov.kernels) eo.kernels[op] = v;
+  if (ov.fault) eo.fault = *ov.fault;
+  if (ov.max_batch) eo.max_batch = *ov.max_batch;
+  // Kernel choices that were defaults when recorded are recorded as such; a fault that was
+  // replaced must not linger as the op's choice.
+  if (ov.fault && ov.fault->empty()) {
+    for (auto it = eo.kernels.begin(); it != eo.kernels.end();) {
+      it = it->second.rfind("fault_", 0) == 0 ? eo.kernels.erase(it) : std::next(it);
+    }
+  }
+  LS_ASSIGN_OR_RETURN(auto eng, engine::Engine::Create(model, eo));
+  res.engine_options = eo;
+
+  // The requests, in recorded id order (so ids match).
+  std::vector<recorder::RecordedRequest> reqs;
+  int64_t total = 0;
+  std::vector<int32_t> eos;
+  for (int64_t e : model->config().eos_token_ids) eos.push_back(static_cast<int32_t>(e));
+  for (const auto& ri : trace.requests()) {
+    engine::Request r;
+    r.name = ri.name;
+    r.prompt = ri.prompt;
+    r.sampling.seed = ri.seed;
+    r.sampling.temperature = ov.temperature.value_or(ri.temperature);
+    r.sampling.top_p = ov.top_p.value_or(ri.top_p);
+    r.sampling.top_k = ov.top_k.value_or(ri.top_k);
+    r.sampling.min_p = ov.min_p.value_or(ri.min_p);
+    switch (opt.mode) {
+      case ReplayMode::kExact:
+        r.max_new_tokens = static_cast<int64_t>(ri.generated.size());
+        break;
+      case ReplayMode::kForced:
+        r.max_new_tokens = static_cast<int64_t>(ri.generated.size());
+        r.forced_tokens = ri.generated;
+        break;
+      case ReplayMode::kFree: {
+        r.max_new_tokens = ri.max_new_tokens;
+        // Stop at EOS unless the recording generated through one (it ran with --ignore-eos).
+        bool through_eos = false;
+        for (size_t i = 0; i + 1 < ri.generated.size(); ++i) {
+          through_eos |= std::find(eos.begin(), eos.end(), ri.generated[i]) != eos.end();
+        }
+        if (!through_eos) r.stop_tokens = eos;
+        break;
+      }
+    }
+    total += r.max_new_tokens;
+    reqs.push_back({r, ri.prompt_text});
+  }
+
+  recorder::RecordSessionOptions so;
+  so.output = opt.output;
+  LS_ASSIGN_OR_RETURN(so.policy, PolicyFromTrace(trace));
+  so.writer.batch_width = eo.max_batch;
+  so.writer.writer = "lockstep replay";
+  so.flush_interval_s = 5.0;
+  if (tok) so.detokenize = [tok](const std::vector<int32_t>& ids) { return tok->Decode(ids); };
+  so.meta = {{"model_dir", std::filesystem::absolute(model_dir).string()},
+             {"model_config", MetaOr(trace, "model_config")},
+             {"model_fingerprint", fingerprint},
+             {"tokenizer_hash", MetaOr(trace, "tokenizer_hash")},
+             {"replay_of", std::filesystem::absolute(trace.path()).string()},
+             {"replay_mode", std::string(ReplayModeName(opt.mode))},
+             {"replay_overrides", ov.Describe()},
+             {"replay_graft", opt.graft ? "1" : "0"}};
+  std::unique_ptr<GraftHook> graft;
+  if (opt.graft) {
+    LS_ASSIGN_OR_RETURN(auto rows, LoadGraftRows(trace, model->config().num_hidden_layers));
+    so.wrap = [&graft, rows = std::move(rows)](recorder::Recorder* rec) mutable -> engine::TapHook* {
+      graft = std::make_unique<GraftHook>(rec, std::move(rows));
+      return graft.get();
+    };
+  }
+  if (opt.progress) {
+    so.on_step = [&](const recorder::Recorder& rec, const traces::TraceWriter&) { opt.progress(rec.tokens(), total); };
+  }
+  LS_ASSIGN_OR_RETURN(res.run, recorder::RecordRun(*eng, reqs, so));
+
+  // Compare with the one oracle.
+  LS_ASSIGN_OR_RETURN(auto replayed, traces::TraceReader::Open(opt.output));
+  diff::DiffOptions dopt;
+  dopt.thresholds = opt.thresholds;
+  if (opt.mode == ReplayMode::kExact) dopt.thresholds.exact = true;
+  dopt.allow_model_mismatch = opt.allow_model_mismatch;
+  LS_ASSIGN_OR_RETURN(res.diff, diff::CompareTraces(trace, *replayed, dopt));
+  const diff::TraceDiffReport& d = res.diff;
+
+  std::ostringstream v;
+  auto where = [&](const diff::RowDiff& r) {
+    std::ostringstream w;
+    const auto& reqs_info = trace.requests();
+    std::string name = std::to_string(r.request);
+    for (const auto& ri : reqs_info) {
+      if (ri.id == r.request && !ri.name.empty() && ri.name != name) name += " ('" + ri.name + "')";
+    }
+    w << "request " << name << ", position " << r.position << ", " << r.tensor.substr(r.tensor.find('/') + 1)
+      << " (" << r.how << ")";
+    return w.str();
+  };
+  int64_t rows = 0;
+  for (const auto& t : d.tensors) rows += t.rows;
+  switch (opt.mode) {
+    case ReplayMode::kExact:
+      res.deterministic = d.identical && !d.has_divergence;
+      if (res.deterministic) {
+        v << "deterministic: " << trace.requests().size() << " request(s), " << res.run.tokens << " tokens, "
+          << rows << " captured rows in " << d.tensors.size() << " tensors are bit-identical to the recording";
+        if (!ov.empty()) v << " under " << ov.Describe();
+      } else if (d.has_divergence) {
+        v << "NOT deterministic: the first difference is at " << where(d.first);
+      } else {
+        v << "NOT deterministic: generated tokens differ although no captured tensor does";
+      }
+      break;
+    case ReplayMode::kForced:
+      if (d.has_divergence) {
+        v << "with " << ov.Describe() << (opt.graft ? " (grafted)" : "") << ", the first divergence is at "
+          << where(d.first);
+      } else {
+        v << "with " << ov.Describe() << (opt.graft ? " (grafted)" : "") << ", no captured tensor diverges above the thresholds";
+      }
+      break;
+    case ReplayMode::kFree: {
+      bool any = false;
+      for (const auto& r : d.requests) {
+        if (r.first_token_diff < 0) continue;
+        any = true;
+        v << "request " << r.id << ": the generated tokens first differ at token " << r.first_token_diff << " (recorded ["
+          << Join(r.tokens_a, r.first_token_diff, r.first_token_diff + 5) << "], replayed ["
+          << Join(r.tokens_b, r.first_token_diff, r.first_token_diff + 5) << "]); ";
+      }
+      if (!any) v << "with " << ov.Describe() << ", every request generated the recorded tokens";
+      if (d.has_divergence) v << (any ? "the " : "; the ") << "first numeric divergence is at " << where(d.first);
+      break;
+    }
+  }
+  res.verdict = v.str();
+  return res;
+}
+
+}  // namespace lockstep::replayer
