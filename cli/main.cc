@@ -32,6 +32,7 @@ int main(int argc, char** argv) {
   cli::RegisterDegen(app, set_action);
   cli::RegisterDiff(app, set_action);
   cli::RegisterReplay(app, set_action);
+  cli::RegisterBisect(app, set_action);
   try {
     app.parse(argc, argv);
   } catch (const CLI::CallForHelp& e) {

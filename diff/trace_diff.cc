@@ -244,6 +244,7 @@ Result<TraceDiffReport> CompareTraces(const traces::TraceReader& a, const traces
           std::snprintf(buf, sizeof buf, "KL %.3g, top-1 %s", d.logits.kl, d.logits.top1_agree ? "agrees" : "differs");
           d.how = buf;
           tr.max_kl = std::max(tr.max_kl, d.logits.kl);
+          tr.sum_kl += std::isfinite(d.logits.kl) ? d.logits.kl : 1e3;
         } else if (ta.dtype == DType::kI32) {
           int64_t differ = 0;
           for (int64_t c = 0; c < ta.cols; ++c) differ += fa[c] != fb[c];
@@ -356,6 +357,7 @@ Result<TraceDiffReport> CompareTraces(const traces::TraceReader& a, const traces
       tr.rows++;
       tr.equal_rows += d.hash_equal;
       tr.max_kl = std::max(tr.max_kl, d.logits.kl);
+      tr.sum_kl += d.hash_equal ? 0.0 : (std::isfinite(d.logits.kl) ? d.logits.kl : 1e3);
       if (d.diverges) {
         tr.diverging_rows++;
         auto rq = req_by_id.find(d.request);
@@ -367,6 +369,18 @@ Result<TraceDiffReport> CompareTraces(const traces::TraceReader& a, const traces
       logit_rows[d.request].push_back(d);
     }
     rep.tensors.push_back(tr);
+  }
+
+  // Mean logit KL: full-logit rows where stored, else the top-k estimate.
+  for (const auto& t : rep.tensors) {
+    if (t.tensor == "taps/logits (top-k)" && t.rows > 0) rep.mean_logit_kl = t.sum_kl / t.rows;
+  }
+  for (const auto& t : rep.tensors) {
+    if (t.tensor == "taps/logits" && t.rows > 0 && rep.mean_logit_kl < 0) {
+      const traces::TensorInfo* ta = a.FindTensor("taps/logits");
+      const traces::TensorInfo* tb2 = b.FindTensor("taps/logits");
+      if (ta && tb2 && ta->has_values && tb2->has_values) rep.mean_logit_kl = t.sum_kl / t.rows;
+    }
   }
 
   // The earliest divergence over requests: the lowest engine step, then causal order.

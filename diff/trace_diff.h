@@ -47,6 +47,7 @@ struct TensorReport {
   double worst_rel_l2 = 0;
   int64_t worst_position = -1;
   double max_kl = 0;  // logits only
+  double sum_kl = 0;  // logits only: Σ KL over compared rows (hash-equal rows count 0)
 };
 
 struct RequestReport {
@@ -75,6 +76,9 @@ struct TraceDiffReport {
   std::vector<std::vector<double>> heatmap;
   int64_t heatmap_request = -1;
   std::vector<RowDiff> logits;             // every compared logits row of heatmap_request
+  // Mean KL(a ‖ b) of the logits over every row both traces hold (full or top-k); 0 when
+  // identical, −1 when no logits were captured.
+  double mean_logit_kl = -1;
 };
 
 // Fails (with the mismatch named) when the traces are of different models or tokenizers,

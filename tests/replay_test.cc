@@ -224,3 +224,52 @@ INSTANTIATE_TEST_SUITE_P(
 
 }  // namespace
 }  // namespace lockstep
+
+#include "replayer/bisect.h"
+
+namespace lockstep {
+namespace {
+
+TEST_F(ReplayTest, BisectNamesTheFaultyComponentLayerAndPosition) {
+  engine::EngineOptions eo;
+  eo.kv_format = engine::KvFormat::kFp8E4m3;
+  eo.fault = "fault_decode_wrong_interleave";
+  auto t = Record("v3_basic", "run.h5", {Prompt(12, 21)}, eo, 0.0, 10);
+  auto tr = traces::TraceReader::Open(t);
+  ASSERT_TRUE(tr.ok());
+  replayer::BisectOptions o;
+  o.work_dir = dir_ / "bisect";
+  auto r = replayer::Bisect(**tr, o);
+  ASSERT_TRUE(r.ok()) << r.status().message();
+  EXPECT_TRUE(r->reproducible);
+  ASSERT_FALSE(r->components.empty());
+  const auto& top = r->components[0];
+  EXPECT_EQ(top.component, "rope") << r->verdict;
+  EXPECT_GT(top.explained, 0.9) << r->verdict;
+  ASSERT_TRUE(top.has_divergence);
+  EXPECT_EQ(top.first.layer, 0);
+  EXPECT_EQ(top.first.position, 12);
+  EXPECT_EQ(top.first.tensor, "taps/layers.0.attn.q");
+  EXPECT_NE(r->verdict.find("layer 0, position 12"), std::string::npos) << r->verdict;
+}
+
+TEST_F(ReplayTest, BisectSaysARequestReadAnotherRequestsData) {
+  engine::EngineOptions eo;
+  eo.page_size = 8;
+  eo.fault = "fault_cross_request";
+  auto t = Record("v3_basic", "run.h5", {Prompt(20, 31), Prompt(20, 32)}, eo, 0.0, 4);
+  auto tr = traces::TraceReader::Open(t);
+  ASSERT_TRUE(tr.ok());
+  replayer::BisectOptions o;
+  o.work_dir = dir_ / "bisect";
+  auto r = replayer::Bisect(**tr, o);
+  ASSERT_TRUE(r.ok()) << r.status().message();
+  EXPECT_TRUE(r->batch_dependent);
+  EXPECT_NE(r->verdict.find("read another request's data"), std::string::npos) << r->verdict;
+  ASSERT_FALSE(r->components.empty());
+  EXPECT_EQ(r->components[0].component, "page_table") << r->verdict;
+  EXPECT_EQ(r->components[0].first.position, 8) << r->verdict;
+}
+
+}  // namespace
+}  // namespace lockstep
