@@ -73,6 +73,18 @@ LogitDiff CompareLogits(std::span<const float> cand, std::span<const float> ref,
     d.top1_agree = false;
     return d;
   }
+  // NaN on either side: the distributions cannot be compared, and that is as far apart as
+  // two runs get (a NaN row is never "close").
+  bool nan_ref = false, nan_cand = false;
+  for (float x : ref) nan_ref |= std::isnan(x);
+  for (float x : cand) nan_cand |= std::isnan(x);
+  if (nan_ref || nan_cand) {
+    d.kl = INFINITY;
+    d.top1_ref = Argmax(ref);
+    d.top1_cand = Argmax(cand);
+    d.top1_agree = false;
+    return d;
+  }
   auto lp = LogSoftmax(ref), lq = LogSoftmax(cand);
   double kl = 0;
   for (size_t i = 0; i < ref.size(); ++i) {

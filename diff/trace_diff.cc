@@ -344,7 +344,7 @@ Result<TraceDiffReport> CompareTraces(const traces::TraceReader& a, const traces
         const double lq = q != qb.end() ? q->second : kth_b;
         kl += std::exp(lp) * (lp - lq);
       }
-      d.logits.kl = std::max(0.0, kl);
+      d.logits.kl = std::isfinite(kl) ? std::max(0.0, kl) : INFINITY;  // NaN logits: infinitely far
       d.logits.top1_ref = i32(ida, i * k);
       d.logits.top1_cand = i32(idb, j * k);
       d.logits.top1_agree = d.logits.top1_ref == d.logits.top1_cand;

@@ -2,6 +2,7 @@
 #include "replayer/bisect.h"
 
 #include <algorithm>
+#include <cmath>
 #include <cstdio>
 #include <sstream>
 
@@ -129,8 +130,17 @@ Result<BisectResult> Bisect(const traces::TraceReader& trace, const BisectOption
       c.explained = total > 0 ? std::clamp(1.0 - c.kl_to_reference / total, 0.0, 1.0) : 0.0;
       res.components.push_back(c);
     }
-    std::stable_sort(res.components.begin(), res.components.end(),
-                     [](const ComponentResult& a, const ComponentResult& b) { return a.explained > b.explained; });
+    // Most explanatory first. Swaps that explain about as much (within 0.05) are ranked by
+    // how narrow they are: a recorded fault, then a kernel, then the cache format — switching
+    // the cache to fp32 also disables every fp8-only code path, so it "explains" their bugs too.
+    auto breadth = [](const ComponentResult& c) {
+      if (c.recorded.rfind("fault_", 0) == 0) return 0;
+      return c.component == "kv_cache" ? 2 : 1;
+    };
+    std::stable_sort(res.components.begin(), res.components.end(), [&](const ComponentResult& a, const ComponentResult& b) {
+      if (std::fabs(a.explained - b.explained) > 0.05) return a.explained > b.explained;
+      return breadth(a) < breadth(b);
+    });
   }
 
   // 5. Sampling, when the recording was greedy.

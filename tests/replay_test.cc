@@ -273,3 +273,55 @@ TEST_F(ReplayTest, BisectSaysARequestReadAnotherRequestsData) {
 
 }  // namespace
 }  // namespace lockstep
+
+namespace lockstep {
+namespace {
+
+// Every fault of the zoo, recorded and bisected: bisect must rank the faulty op first and
+// place the divergence where diff places it.
+struct BisectCase {
+  const char* fault;
+  const char* op;
+  const char* fixture;
+  int prompt_len, requests;
+  int64_t page_size;
+  engine::KvFormat kv;
+  int64_t position;  // −1: not checked
+};
+
+class FaultZooBisect : public ReplayTest, public ::testing::WithParamInterface<BisectCase> {};
+
+TEST_P(FaultZooBisect, BisectNamesTheFaultyComponent) {
+  const BisectCase& c = GetParam();
+  engine::EngineOptions eo;
+  eo.page_size = c.page_size;
+  eo.kv_format = c.kv;
+  eo.fault = c.fault;
+  std::vector<std::vector<int32_t>> prompts;
+  for (int i = 0; i < c.requests; ++i) prompts.push_back(Prompt(c.prompt_len, 40 + i));
+  auto t = Record(c.fixture, "run.h5", prompts, eo, 0.0, 6);
+  auto tr = traces::TraceReader::Open(t);
+  ASSERT_TRUE(tr.ok());
+  replayer::BisectOptions o;
+  o.work_dir = dir_ / "bisect";
+  auto r = replayer::Bisect(**tr, o);
+  ASSERT_TRUE(r.ok()) << r.status().message();
+  ASSERT_FALSE(r->components.empty()) << r->verdict;
+  EXPECT_EQ(r->components[0].component, c.op) << r->verdict;
+  EXPECT_GT(r->components[0].explained, 0.5) << r->verdict;
+  if (c.position >= 0) EXPECT_EQ(r->components[0].first.position, c.position) << r->verdict;
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Zoo, FaultZooBisect,
+    ::testing::Values(
+        BisectCase{"fault_decode_wrong_interleave", "rope", "v3_basic", 12, 1, 64, engine::KvFormat::kFp32, 12},
+        BisectCase{"fault_neg1_as_token0", "attn_sparse", "v32_sparse", 30, 1, 64, engine::KvFormat::kFp32, 1},
+        BisectCase{"fault_skip_partial_page", "indexer", "v32_sparse", 30, 1, 16, engine::KvFormat::kFp32, 0},
+        BisectCase{"fault_fp8_no_clamp", "kv_quant", "v3_basic", 40, 1, 64, engine::KvFormat::kFp8E4m3, -1},
+        BisectCase{"fault_cross_request", "page_table", "v3_basic", 20, 2, 8, engine::KvFormat::kFp32, 8},
+        BisectCase{"fault_no_max_fp16_sum", "softmax", "v3_basic", 60, 1, 64, engine::KvFormat::kFp32, -1}),
+    [](const auto& info) { return std::string(info.param.fault); });
+
+}  // namespace
+}  // namespace lockstep
