@@ -16,6 +16,7 @@
 #include "cli/common.h"
 #include "cli/prompts.h"
 #include "diff/degeneration.h"
+#include "recorder/record_session.h"
 
 namespace lockstep::cli {
 namespace {
@@ -28,11 +29,13 @@ struct DegenArgs {
   std::string temperatures = "0,0.6,1.0";
   bool json = false;
   bool quiet = false;
+  std::string record_failures;
   EngineFlags flags;
 };
 
 struct Judged {
   std::string prompt_name;
+  size_t prompt_index = 0;
   int64_t sample = 0;
   uint64_t seed = 0;
   std::vector<int32_t> tokens;
@@ -90,6 +93,7 @@ Status RunDegen(DegenArgs& a) {
         r.sampling.seed = a.flags.seed + static_cast<uint64_t>(p * a.samples + s);
         Judged j;
         j.prompt_name = specs[p].name;
+        j.prompt_index = p;
         j.sample = s;
         j.seed = r.sampling.seed;
         judged.push_back(j);
@@ -152,6 +156,38 @@ Status RunDegen(DegenArgs& a) {
                     {"kv_cache", a.flags.kv_cache},
                     {"kernels", eng->kernels()},
                     {"per_sample", samples}};
+    // Traces of the degenerate samples: each is re-run alone with a recorder. Runs are
+    // batch-invariant and sampling is a pure function of (seed, step), so the re-run must
+    // reproduce the sample; a mismatch is reported, never silently kept.
+    if (!a.record_failures.empty()) {
+      std::filesystem::create_directories(a.record_failures);
+      json files = json::array();
+      for (size_t i = 0; i < judged.size(); ++i) {
+        const Judged& j = judged[i];
+        if (!j.degenerate) continue;
+        LS_ASSIGN_OR_RETURN(auto reng, engine::Engine::Create(m.model, opts));
+        engine::Request r = eng->request(static_cast<int64_t>(i)).request;
+        recorder::RecordSessionOptions so;
+        char name[128];
+        std::snprintf(name, sizeof name, "degen-T%g-p%zu-s%lld.h5", temp, j.prompt_index, static_cast<long long>(j.sample));
+        so.output = std::filesystem::path(a.record_failures) / name;
+        so.policy.mode = recorder::CapturePolicy::Mode::kFull;
+        so.flush_interval_s = 5.0;
+        if (m.tokenizer) so.detokenize = [&m](const std::vector<int32_t>& ids) { return m.tokenizer->Decode(ids); };
+        LS_ASSIGN_OR_RETURN(so.meta, ModelMeta(m));
+        LS_RETURN_IF_ERROR(recorder::RecordRun(*reng, {{r, specs[j.prompt_index].text}}, so).status());
+        const bool same = reng->request(0).generated == j.tokens;
+        if (!same) {
+          std::fprintf(stderr, "lockstep: WARNING: the re-run of %s did not reproduce the sample's tokens\n", name);
+        }
+        files.push_back({{"file", so.output.string()}, {"reproduced", same}});
+      }
+      setting["recorded_failures"] = files;
+      if (!a.json && !files.empty()) {
+        std::fprintf(stderr, "lockstep: wrote %zu trace(s) of degenerate samples at T=%g to %s\n", files.size(), temp,
+                     a.record_failures.c_str());
+      }
+    }
     report.push_back(setting);
     if (!a.json) {
       std::printf("T=%-6g %7lld %9.1f%% %5.1f%% %7.1f%% %5.1f%% %7.1f%% %14.3f %12.3f\n", temp,
@@ -185,6 +221,8 @@ void RegisterDegen(CLI::App& app, SetAction set_action) {
   cmd->add_option("--temperatures", args->temperatures, "Comma-separated temperatures to compare");
   cmd->add_flag("--json", args->json, "Machine-readable report with every sample");
   cmd->add_flag("--quiet,-q", args->quiet, "No progress on stderr");
+  cmd->add_option("--record-failures", args->record_failures,
+                  "Write a full trace of every degenerate sample into this directory (re-run alone, verified)");
   args->flags.Register(cmd);
   cmd->callback([args, set_action] { set_action([args] { return RunDegen(*args); }); });
 }

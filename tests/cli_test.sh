@@ -68,6 +68,23 @@ assert [x["temperature"] for x in s] == [0.0, 1.0], s
 assert s[0]["samples"] == 2 and len(s[0]["per_sample"]) == 2
 assert s[0]["loop_rate"] == 1.0, "greedy decoding of the HTML prompt loops"
 '; then echo "ok   degen --json"; else echo "FAIL degen --json: $out" | head -c 2000; fail=1; fi
+# record → degen failures → replay → diff, through the binary as a user runs it.
+"$LS" degen -p $'<!DOCTYPE html>\n<html>\n<head>\n<title>Counter</title>' --samples 1 -n 200 --temperatures 0 --ignore-eos -q --record-failures "$TMP/fails" >/dev/null 2>&1
+if ls "$TMP"/fails/degen-T0-p0-s0.h5 >/dev/null 2>&1; then echo "ok   degen --record-failures wrote a trace"; else echo "FAIL degen --record-failures"; fail=1; fi
+if "$LS" replay "$TMP/fails/degen-T0-p0-s0.h5" -o "$TMP/rep.h5" -q | grep -q "^deterministic"; then echo "ok   exact replay of the failure is deterministic"; else echo "FAIL exact replay"; fail=1; fi
+"$LS" replay "$TMP/fails/degen-T0-p0-s0.h5" --kv-cache bf16 -q >/dev/null 2>&1
+[ $? -eq 2 ] && echo "ok   exact mode refuses overrides" || { echo "FAIL exact mode accepted an override"; fail=1; }
+"$LS" replay "$TMP/fails/degen-T0-p0-s0.h5" --mode forced --kv-cache fp8_e4m3 -o "$TMP/fp8.h5" -q --json >"$TMP/rep.json"
+if /usr/bin/python3 -c '
+import json, sys
+r = json.load(open(sys.argv[1]))
+f = r["first_divergence"]
+assert f["tensor"] == "taps/layers.0.attn.heads" and f["position"] == 0, f
+' "$TMP/rep.json"; then echo "ok   forced replay with fp8 names layers.0.attn.heads"; else echo "FAIL forced replay json"; fail=1; fi
+"$LS" diff "$TMP/fails/degen-T0-p0-s0.h5" "$TMP/rep.h5" >/dev/null; rc1=$?
+"$LS" diff "$TMP/fails/degen-T0-p0-s0.h5" "$TMP/fp8.h5" --html "$TMP/report.html" >/dev/null; rc2=$?
+if [ $rc1 -eq 0 ] && [ $rc2 -eq 3 ] && grep -q 'id="heatmap"' "$TMP/report.html"; then echo "ok   diff exit codes and HTML report"; else echo "FAIL diff rc=$rc1/$rc2"; fail=1; fi
+expect_error "diff of a non-trace" "" "$LS" diff "$TMP/fails/degen-T0-p0-s0.h5" "$FIX/v3_basic/config.json"
 expect_error "degen bad temperatures" "--temperatures" "$LS" degen -p x --temperatures 0,hot -q
 
 exit $fail
