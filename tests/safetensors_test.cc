@@ -6,6 +6,7 @@
 
 #include "engine/model.h"
 #include "engine/safetensors.h"
+#include "kernels/cpu/numerics.h"
 #include "test_util.h"
 
 namespace lockstep::engine {
@@ -148,6 +149,65 @@ TEST_F(ModelDirTest, MissingAndMisshapenTensors) {
   ASSERT_TRUE(r.ok()) << r.status().message();
   EXPECT_EQ((*r)->weights().mtp_tensors, 1);
   EXPECT_EQ((*r)->weights().skipped, std::vector<std::string>{"model.layers.3.eh_proj.weight"});
+}
+
+// F16 checkpoints load: the fp32 fixture rewritten as F16 (round to nearest, by hand) gives
+// the logits of the fp32 model run on the F16-rounded weights — exactly.
+uint16_t F32ToF16(float f) {
+  // Hand-rolled round-to-nearest-even, subnormals included (no overflow in the fixture).
+  uint32_t u;
+  std::memcpy(&u, &f, 4);
+  const uint32_t sign = (u >> 16) & 0x8000u;
+  int32_t exp = static_cast<int32_t>((u >> 23) & 0xff) - 127 + 15;
+  uint32_t man = u & 0x7fffffu;
+  if (exp <= 0) {  // subnormal: units of 2^-24
+    if (exp < -10) return static_cast<uint16_t>(sign);
+    const uint32_t m = man | 0x800000u;
+    const int shift = 14 - exp;
+    uint32_t h = m >> shift;
+    const uint32_t r = m & ((1u << shift) - 1), halfway = 1u << (shift - 1);
+    if (r > halfway || (r == halfway && (h & 1u))) ++h;
+    return static_cast<uint16_t>(sign | h);
+  }
+  uint32_t half = (static_cast<uint32_t>(exp) << 10) | (man >> 13);
+  const uint32_t rest = man & 0x1fffu;
+  if (rest > 0x1000u || (rest == 0x1000u && (half & 1u))) ++half;
+  return static_cast<uint16_t>(sign | half);
+}
+
+TEST_F(ModelDirTest, F16CheckpointsLoad) {
+  auto f = SafetensorsFile::Open(src_ / "model.safetensors");
+  ASSERT_TRUE(f.ok());
+  std::string header = "{", data;
+  for (const auto& [name, t] : (*f)->tensors()) {
+    ASSERT_EQ(t.dtype, DType::kF32) << name;
+    std::string sh;
+    for (auto d : t.shape) sh += (sh.empty() ? "" : ",") + std::to_string(d);
+    const size_t begin = data.size();
+    for (int64_t i = 0; i < t.numel(); ++i) {
+      float v;
+      std::memcpy(&v, t.data + 4 * i, 4);
+      const uint16_t h = F32ToF16(v);
+      data.append(reinterpret_cast<const char*>(&h), 2);
+    }
+    header += std::string(header.size() > 1 ? "," : "") + "\"" + name + "\":{\"dtype\":\"F16\",\"shape\":[" + sh +
+              "],\"data_offsets\":[" + std::to_string(begin) + "," + std::to_string(data.size()) + "]}";
+  }
+  Write("config.json", Read(src_ / "config.json"));
+  Write("model.safetensors", Build(header + "}", data));
+  auto m16 = Model::Load(dir_);
+  ASSERT_TRUE(m16.ok()) << m16.status().message();
+  EXPECT_EQ((*m16)->weights().dtype_counts.at("F16"), static_cast<int64_t>((*f)->tensors().size()));
+  // Every loaded weight equals the F16 rounding of the fp32 original.
+  auto m32 = Model::Load(src_);
+  ASSERT_TRUE(m32.ok());
+  const auto& a = (*m32)->weights().layers[0].kv_b_proj.data;
+  const auto& b = (*m16)->weights().layers[0].kv_b_proj.data;
+  ASSERT_EQ(a.size(), b.size());
+  for (size_t i = 0; i < a.size(); ++i) {
+    ASSERT_EQ(b[i], kernels::F16ToF32(F32ToF16(a[i]))) << i;
+    ASSERT_NEAR(b[i], a[i], std::fabs(a[i]) * 1e-3 + 6e-8) << i;  // half an ulp; 2^-25 absolute below 2^-14
+  }
 }
 
 TEST_F(ModelDirTest, ShardedCheckpointsAndLyingIndexes) {
