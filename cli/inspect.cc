@@ -135,6 +135,7 @@ Status RunInspect(const InspectArgs& a) {
     j["tensor_raw_bytes"] = raw;
     j["tensor_stored_bytes"] = stored;
     if (verified >= 0) j["verified_rows"] = verified;
+    j["notes"] = r.notes();
     std::cout << j.dump(1) << "\n";
     return Status::Ok();
   }
@@ -146,6 +147,7 @@ Status RunInspect(const InspectArgs& a) {
                               std::to_string(r.flushed_steps()) + " steps flushed before)")
                                  .c_str(),
               r.file_bytes() / 1e6, r.writer().c_str());
+  for (const auto& n : r.notes()) std::printf("note: %s\n", n.c_str());
   std::printf("capture: %s\n", policy.empty() ? "(not recorded)" : policy.c_str());
   std::printf("meta:\n");
   for (const auto& [k, v] : r.meta()) {

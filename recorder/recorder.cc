@@ -237,7 +237,7 @@ void Recorder::OnStep(const engine::StepEvent& ev) {
   row.top_p = sp.top_p;
   row.min_p = sp.min_p;
   row.batch_size = static_cast<int32_t>(ev.batch_size);
-  row.finished = ev.finished ? 1 : 0;
+  row.finished = !ev.finished ? 0 : ev.finish_reason == "length" ? 1 : ev.finish_reason == "stop" ? 2 : 3;
   row.sampled = ev.sample.token;
   row.forced = ev.forced ? 1 : 0;
   ++tokens_;

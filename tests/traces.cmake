@@ -16,3 +16,35 @@ target_link_libraries(trace_capture_driver PRIVATE lockstep_recorder nlohmann_js
 add_test(NAME traces_h5py_check
          COMMAND bash ${CMAKE_CURRENT_SOURCE_DIR}/traces/h5py_check.sh $<TARGET_FILE:trace_capture_driver>
                  ${LOCKSTEP_HDF5_PLUGIN_DIR} ${CMAKE_CURRENT_BINARY_DIR}/traces_h5py ${CMAKE_SOURCE_DIR})
+
+# Crash safety: SIGKILL the recorder at 20 random moments; each trace must open with our
+# reader and with h5py and hold every step up to the last flush.
+add_test(NAME traces_sigkill
+         COMMAND /usr/bin/python3 ${CMAKE_CURRENT_SOURCE_DIR}/traces/crash_test.py $<TARGET_FILE:trace_capture_driver>
+                 $<TARGET_FILE:lockstep> ${LOCKSTEP_HDF5_PLUGIN_DIR} ${CMAKE_CURRENT_BINARY_DIR}/traces_sigkill
+                 ${CMAKE_SOURCE_DIR}/tests/fixtures/models/v32_sparse 20)
+
+# Bad input: truncated, not HDF5, newer version, missing datasets, petabyte shapes → one
+# line, non-zero exit (in-process and through `lockstep inspect`).
+lockstep_traces_test(trace_bad_input_test traces/trace_bad_input_test.cc)
+add_dependencies(trace_bad_input_test lockstep)
+target_compile_definitions(trace_bad_input_test PRIVATE LOCKSTEP_BINARY="$<TARGET_FILE:lockstep>")
+
+# Fuzz target for the reader, wired like lockstep_fuzz() in tests/CMakeLists.txt: libFuzzer
+# with LOCKSTEP_FUZZ, else the replay driver over mutants of seed traces that a fixture test
+# records first.
+if(LOCKSTEP_FUZZ)
+  add_executable(fuzz_trace_reader fuzz/fuzz_trace_reader.cc)
+  target_compile_options(fuzz_trace_reader PRIVATE -g -fsanitize=fuzzer,address,undefined)
+  target_link_options(fuzz_trace_reader PRIVATE -fsanitize=fuzzer,address,undefined)
+else()
+  add_executable(fuzz_trace_reader fuzz/fuzz_trace_reader.cc fuzz/replay_main.cc)
+  set(_trace_seeds ${CMAKE_CURRENT_BINARY_DIR}/fuzz_trace_seeds)
+  add_test(NAME fuzz_trace_reader_seeds
+           COMMAND bash -c "mkdir -p ${_trace_seeds} && $<TARGET_FILE:trace_capture_driver> --model ${CMAKE_SOURCE_DIR}/tests/fixtures/models/v32_sparse --capture summary --max-tokens 4 --out ${_trace_seeds}/summary.h5 && $<TARGET_FILE:trace_capture_driver> --model ${CMAKE_SOURCE_DIR}/tests/fixtures/models/v2_lite_like --kv bf16 --max-tokens 3 --requests 1 --out ${_trace_seeds}/full.h5")
+  set_tests_properties(fuzz_trace_reader_seeds PROPERTIES FIXTURES_SETUP trace_seeds)
+  add_test(NAME fuzz_trace_reader_replay
+           COMMAND fuzz_trace_reader --mutations 400 ${_trace_seeds}/summary.h5 ${_trace_seeds}/full.h5)
+  set_tests_properties(fuzz_trace_reader_replay PROPERTIES FIXTURES_REQUIRED trace_seeds)
+endif()
+target_link_libraries(fuzz_trace_reader PRIVATE lockstep_traces)

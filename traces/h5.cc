@@ -79,8 +79,16 @@ Result<Hid> OpenGroup(hid_t loc, const std::string& path) {
   return g;
 }
 
+Hid CreationProps(hid_t cls) {
+  Hid p(H5Pcreate(cls));
+  // No modification times in object headers: the same run writes the same bytes.
+  H5Pset_obj_track_times(p.get(), false);
+  return p;
+}
+
 Result<Hid> CreateGroup(hid_t loc, const std::string& path) {
-  Hid g(H5Gcreate2(loc, path.c_str(), H5P_DEFAULT, H5P_DEFAULT, H5P_DEFAULT));
+  Hid gcpl = CreationProps(H5P_GROUP_CREATE);
+  Hid g(H5Gcreate2(loc, path.c_str(), H5P_DEFAULT, gcpl.get(), H5P_DEFAULT));
   if (!g.valid()) return Error("cannot create group '" + path + "'");
   return g;
 }
@@ -101,8 +109,18 @@ Result<Hid> OpenDataset(hid_t loc, const std::string& path) {
 namespace {
 
 Status WriteScalarAttr(hid_t obj, const std::string& name, hid_t file_type, hid_t mem_type, const void* value) {
-  if (H5Aexists(obj, name.c_str()) > 0 && H5Adelete(obj, name.c_str()) < 0) {
-    return Error("cannot replace attribute '" + name + "'");
+  // An existing scalar number is overwritten in place: the object header keeps its size and
+  // layout, so the update is a single write of that header at the next flush (the per-flush
+  // counters depend on it; docs/trace-format.md, "Crash safety").
+  if (H5Aexists(obj, name.c_str()) > 0) {
+    Hid a(H5Aopen(obj, name.c_str(), H5P_DEFAULT));
+    Hid t(a.valid() ? H5Aget_type(a.get()) : H5I_INVALID_HID);
+    if (t.valid() && H5Tequal(t.get(), file_type) > 0 && H5Tis_variable_str(file_type) <= 0) {
+      if (H5Awrite(a.get(), mem_type, value) < 0) return Error("cannot write attribute '" + name + "'");
+      return a.Close();
+    }
+    a.Reset();
+    if (H5Adelete(obj, name.c_str()) < 0) return Error("cannot replace attribute '" + name + "'");
   }
   Hid space(H5Screate(H5S_SCALAR));
   Hid a(H5Acreate2(obj, name.c_str(), file_type, space.get(), H5P_DEFAULT, H5P_DEFAULT));
@@ -132,12 +150,54 @@ Result<hssize_t> AttrElements(hid_t a, const std::string& name, hssize_t max) {
 
 }  // namespace
 
-Status WriteAttr(hid_t obj, const std::string& name, const std::string& value) {
+Hid StringType(size_t bytes) {
   Hid t(H5Tcopy(H5T_C_S1));
-  H5Tset_size(t.get(), H5T_VARIABLE);
+  H5Tset_size(t.get(), std::max<size_t>(bytes, 1));
+  H5Tset_strpad(t.get(), H5T_STR_NULLPAD);
   H5Tset_cset(t.get(), H5T_CSET_UTF8);
-  const char* p = value.c_str();
-  return WriteScalarAttr(obj, name, t.get(), t.get(), &p);
+  return t;
+}
+
+Status WriteAttr(hid_t obj, const std::string& name, const std::string& value) {
+  if (value.size() > kMaxStringAttr) {
+    return Status::InvalidArgument("attribute '" + name + "': " + std::to_string(value.size()) +
+                                   " bytes, more than an attribute holds (" + std::to_string(kMaxStringAttr) + ")");
+  }
+  Hid t = StringType(value.size());
+  std::string padded = value;
+  padded.resize(std::max<size_t>(value.size(), 1), '\0');
+  return WriteScalarAttr(obj, name, t.get(), t.get(), padded.data());
+}
+
+Status WriteStringDataset(hid_t loc, const std::string& name, const std::string& value) {
+  Hid t = StringType(value.size());
+  std::string padded = value;
+  padded.resize(std::max<size_t>(value.size(), 1), '\0');
+  Hid space(H5Screate(H5S_SCALAR));
+  Hid dcpl = CreationProps(H5P_DATASET_CREATE);
+  Hid d(H5Dcreate2(loc, name.c_str(), t.get(), space.get(), H5P_DEFAULT, dcpl.get(), H5P_DEFAULT));
+  if (!d.valid() || H5Dwrite(d.get(), t.get(), H5S_ALL, H5S_ALL, H5P_DEFAULT, padded.data()) < 0) {
+    return Error("cannot write '" + name + "'");
+  }
+  return d.Close();
+}
+
+Result<std::string> ReadStringDataset(hid_t loc, const std::string& path, size_t max_bytes) {
+  LS_ASSIGN_OR_RETURN(Hid d, OpenDataset(loc, path));
+  Hid ft(H5Dget_type(d.get()));
+  Hid space(H5Dget_space(d.get()));
+  if (!ft.valid() || H5Tget_class(ft.get()) != H5T_STRING || H5Tis_variable_str(ft.get()) != 0 || !space.valid() ||
+      H5Sget_simple_extent_type(space.get()) != H5S_SCALAR) {
+    H5Eclear2(H5E_DEFAULT);
+    return Status::Corruption("'" + path + "': not a fixed-length string");
+  }
+  const size_t size = H5Tget_size(ft.get());
+  if (size == 0 || size > max_bytes) return Status::Corruption("'" + path + "': " + std::to_string(size) + " bytes");
+  std::string s(size, '\0');
+  Hid mt(H5Tcopy(ft.get()));
+  if (H5Dread(d.get(), mt.get(), H5S_ALL, H5S_ALL, H5P_DEFAULT, s.data()) < 0) return Error("'" + path + "'");
+  s.resize(std::min(s.size(), s.find('\0')));
+  return s;
 }
 
 Status WriteAttr(hid_t obj, const std::string& name, int64_t value) {
@@ -179,17 +239,9 @@ Result<std::string> ReadStringAttr(hid_t obj, const std::string& name) {
   }
   LS_ASSIGN_OR_RETURN(hssize_t n, AttrElements(a.get(), name, 1));
   if (n != 1) return Status::Corruption("attribute '" + name + "': not a scalar string");
-  if (H5Tis_variable_str(ft.get()) > 0) {
-    Hid mt(H5Tcopy(H5T_C_S1));
-    H5Tset_size(mt.get(), H5T_VARIABLE);
-    H5Tset_cset(mt.get(), H5Tget_cset(ft.get()));
-    char* p = nullptr;
-    if (H5Aread(a.get(), mt.get(), &p) < 0) return Error("attribute '" + name + "'");
-    std::string s = p ? p : "";
-    Hid space(H5Aget_space(a.get()));
-    H5Dvlen_reclaim(mt.get(), space.get(), H5P_DEFAULT, &p);
-    return s;
-  }
+  // Only fixed-length strings: variable-length ones live in HDF5's global heap, which this
+  // format never uses and whose parser loops forever on some damaged files.
+  if (H5Tis_variable_str(ft.get()) != 0) return Status::Corruption("attribute '" + name + "': not a fixed-length string");
   const size_t size = H5Tget_size(ft.get());
   if (size == 0 || size > (64u << 20)) return Status::Corruption("attribute '" + name + "': bad string size");
   std::string s(size, '\0');

@@ -53,18 +53,28 @@ std::string LastError();
 // Status for a failed call: "<what>: <HDF5's message>".
 Status Error(const std::string& what);
 
+// Creation property list of class `cls` (H5P_DATASET_CREATE, H5P_GROUP_CREATE) for our
+// objects: without modification times, so files are byte-for-byte reproducible.
+Hid CreationProps(hid_t cls);
+
 bool Exists(hid_t loc, const std::string& path);
 Result<Hid> OpenGroup(hid_t loc, const std::string& path);
 Result<Hid> CreateGroup(hid_t loc, const std::string& path);
 Result<Hid> OpenDataset(hid_t loc, const std::string& path);
 
-// Attributes. Strings are variable-length UTF-8 (h5py reads them as str).
+// Attributes. Strings are fixed-length UTF-8, null-padded, stored inline (h5py reads them
+// as bytes; .decode()). Attributes live in the object header, so a string attribute holds
+// at most kMaxStringAttr bytes; longer texts go to string datasets.
+inline constexpr size_t kMaxStringAttr = 48 << 10;
 Status WriteAttr(hid_t obj, const std::string& name, const std::string& value);
 Status WriteAttr(hid_t obj, const std::string& name, int64_t value);
 Status WriteAttr(hid_t obj, const std::string& name, double value);
 Status WriteAttrU8(hid_t obj, const std::string& name, uint8_t value);
 Status WriteAttrI32s(hid_t obj, const std::string& name, const std::vector<int32_t>& values);
 bool HasAttr(hid_t obj, const std::string& name);
+// A scalar fixed-length string dataset (for texts of any length).
+Status WriteStringDataset(hid_t loc, const std::string& name, const std::string& value);
+Result<std::string> ReadStringDataset(hid_t loc, const std::string& path, size_t max_bytes);
 Result<std::string> ReadStringAttr(hid_t obj, const std::string& name);
 Result<int64_t> ReadIntAttr(hid_t obj, const std::string& name);
 Result<double> ReadDoubleAttr(hid_t obj, const std::string& name);

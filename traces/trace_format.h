@@ -7,9 +7,10 @@
 //   /                      attrs: lockstep_trace, format_version [major, minor], complete,
 //                                 flushed_steps, writer
 //   /meta                  attrs: one string per key (model config JSON, fingerprint, …)
-//   /requests/<id>         attrs: name, prompt_text, max_new_tokens, seed, temperature, top_k,
-//                                 top_p, min_p; when finished: generated_text, finish_reason
-//                          datasets: prompt int32 [P]; when finished: generated int32 [G]
+//   /requests/<id>         attrs: name, max_new_tokens, seed, temperature, top_k, top_p, min_p;
+//                                 when finished: finish_reason
+//                          datasets: prompt int32 [P], prompt_text; when finished (written
+//                                 at close): generated int32 [G], generated_text
 //   /sampling              SamplingRow [N]: one row per generated token, any request
 //   /steps                 StepRow [N]: one row per engine step
 //   /step_batch            int64 [N, batch_width]: the request ids of each step, −1 padded
@@ -77,8 +78,8 @@ inline constexpr char kAttrTailCount[] = "count";    // int64: valid rows in the
 inline constexpr char kPromptDataset[] = "prompt";
 inline constexpr char kGeneratedDataset[] = "generated";
 inline constexpr char kAttrName[] = "name";
-inline constexpr char kAttrPromptText[] = "prompt_text";
-inline constexpr char kAttrGeneratedText[] = "generated_text";
+inline constexpr char kPromptTextDataset[] = "prompt_text";        // scalar UTF-8 string
+inline constexpr char kGeneratedTextDataset[] = "generated_text";  // scalar UTF-8 string
 inline constexpr char kAttrFinishReason[] = "finish_reason";
 inline constexpr char kAttrMaxNewTokens[] = "max_new_tokens";
 inline constexpr char kAttrSeed[] = "seed";
@@ -151,7 +152,7 @@ struct SamplingRow {
   double top_p = 1;
   double min_p = 0;
   int32_t batch_size = 0;
-  int32_t finished = 0;     // 1 on the request's last token
+  int32_t finished = 0;     // on the request's last token: 1 "length", 2 "stop", 3 other; else 0
   int32_t sampled = -1;     // the sampler's own choice (differs from token when forced)
   int32_t forced = 0;       // 1 when the token was teacher-forced (replay), not sampled
 };

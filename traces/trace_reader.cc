@@ -46,6 +46,39 @@ Result<std::unique_ptr<TraceReader>> TraceReader::Open(const std::filesystem::pa
   return r;
 }
 
+// The tails of an incomplete trace. Best effort by design: a sidecar that cannot be read
+// costs only the rows after the last full chunk, never the trace.
+void TraceReader::LoadTails(const std::filesystem::path& side) {
+  tails_file_ = h5::Hid(H5Fopen(side.c_str(), H5F_ACC_RDONLY, H5P_DEFAULT));
+  if (!tails_file_.valid()) {
+    h5::LastError();
+    notes_.push_back(side.string() + ": unreadable, rows after the last full chunk are lost");
+    return;
+  }
+  const hid_t tf = tails_file_.get();
+  auto tails = h5::OpenGroup(tf, kTailsGroup);
+  auto names = tails.ok() ? h5::LinkNames(tails->get()) : Result<std::vector<std::string>>(tails.status());
+  if (!names.ok()) {
+    notes_.push_back(side.string() + ": " + names.status().message());
+    return;
+  }
+  for (const auto& n : *names) {
+    const std::string p = Join(kTailsGroup, n);
+    auto d = h5::OpenDataset(tf, p);
+    if (!d.ok()) continue;
+    auto target = h5::ReadStringAttr(d->get(), kAttrTailTarget);
+    auto base = h5::ReadIntAttr(d->get(), kAttrTailBase);
+    auto count = h5::ReadIntAttr(d->get(), kAttrTailCount);
+    auto dims = h5::Dims(d->get(), 2);
+    if (!target.ok() || !base.ok() || !count.ok() || !dims.ok() || dims->empty() || *count <= 0) continue;
+    if (*base < 0 || *base > kMaxRows || *count > static_cast<int64_t>((*dims)[0])) {
+      notes_.push_back(side.string() + ": " + p + ": base/count outside the tail, ignored");
+      continue;
+    }
+    tails_[*target] = {p, {*base, *count}};
+  }
+}
+
 Status TraceReader::Load() {
   const hid_t f = file_.get();
   auto magic = h5::ReadStringAttr(f, kAttrMagic);
@@ -89,39 +122,16 @@ Status TraceReader::Load() {
   // The sidecar <trace>.tails: the unfinished chunks of a trace that did not close.
   const std::filesystem::path side = TailsPath(path_);
   std::error_code ec;
-  if (!complete_ && std::filesystem::exists(side, ec)) {
-    tails_file_ = h5::Hid(H5Fopen(side.c_str(), H5F_ACC_RDONLY, H5P_DEFAULT));
-    if (!tails_file_.valid()) {
-      return Status::Corruption(side.string() + ": cannot open the tails of this incomplete trace: " + h5::LastError() +
-                                " (move it away to read the trace without its last rows)");
-    }
-    const hid_t tf = tails_file_.get();
-    LS_ASSIGN_OR_RETURN(h5::Hid tails, h5::OpenGroup(tf, kTailsGroup));
-    LS_ASSIGN_OR_RETURN(std::vector<std::string> names, h5::LinkNames(tails.get()));
-    for (const auto& n : names) {
-      const std::string p = Join(kTailsGroup, n);
-      LS_ASSIGN_OR_RETURN(h5::Hid d, h5::OpenDataset(tf, p));
-      auto target = h5::ReadStringAttr(d.get(), kAttrTailTarget);
-      auto base = h5::ReadIntAttr(d.get(), kAttrTailBase);
-      auto count = h5::ReadIntAttr(d.get(), kAttrTailCount);
-      // A tail created but never described (killed inside its first flush) holds nothing.
-      if (!target.ok() || !base.ok() || !count.ok()) continue;
-      LS_ASSIGN_OR_RETURN(std::vector<hsize_t> dims, h5::Dims(d.get(), 2));
-      if (dims.empty() || *base < 0 || *base > kMaxRows || *count < 0 || *count > static_cast<int64_t>(dims[0])) {
-        return Status::Corruption(side.string() + ": " + p + ": base/count outside the tail");
-      }
-      tails_[*target] = {p, {*base, *count}};
-    }
-  }
+  if (!complete_ && std::filesystem::exists(side, ec)) LoadTails(side);
 
   LS_RETURN_IF_ERROR(LoadTensors(kTapsGroup));
   LS_RETURN_IF_ERROR(LoadTensors(kKvGroup));
   {
-    LS_ASSIGN_OR_RETURN(Table t, InspectTable(kSamplingTable, 0, true, sizeof(SamplingRow)));
+    LS_ASSIGN_OR_RETURN(Table t, InspectTable(kSamplingTable, 0, SamplingType().get()));
     tables_[t.path] = t;
   }
   {
-    LS_ASSIGN_OR_RETURN(Table t, InspectTable(kStepsTable, 0, true, sizeof(StepRow)));
+    LS_ASSIGN_OR_RETURN(Table t, InspectTable(kStepsTable, 0, StepType().get()));
     tables_[t.path] = t;
   }
   {
@@ -130,7 +140,7 @@ Status TraceReader::Load() {
     if (dims.size() != 2 || dims[1] == 0 || dims[1] > 4096) {
       return Status::Corruption(std::string(kStepBatchTable) + ": expected [steps, batch width ≤ 4096]");
     }
-    LS_ASSIGN_OR_RETURN(Table t, InspectTable(kStepBatchTable, static_cast<int64_t>(dims[1]), false, 8));
+    LS_ASSIGN_OR_RETURN(Table t, InspectTable(kStepBatchTable, static_cast<int64_t>(dims[1]), H5T_STD_I64LE));
     tables_[t.path] = t;
   }
   return LoadRequests();
@@ -138,8 +148,8 @@ Status TraceReader::Load() {
 
 // Checks one table against what it claims: rank, element type, row count versus the chunks
 // actually stored (a shape of petabytes with a few chunks behind it is refused here).
-Result<TraceReader::Table> TraceReader::InspectTable(const std::string& path, int64_t cols, bool compound,
-                                                     size_t element_size) {
+Result<TraceReader::Table> TraceReader::InspectTable(const std::string& path, int64_t cols, hid_t expected_type) {
+  const size_t element_size = H5Tget_size(expected_type);
   const hid_t f = file_.get();
   LS_ASSIGN_OR_RETURN(h5::Hid d, h5::OpenDataset(f, path));
   Table t;
@@ -153,12 +163,15 @@ Result<TraceReader::Table> TraceReader::InspectTable(const std::string& path, in
   if (dims.size() != want_rank || (cols > 0 && dims[1] != static_cast<hsize_t>(cols))) {
     return Status::Corruption(path + ": shape does not match " + (cols > 0 ? "[rows, " + std::to_string(cols) + "]" : "[rows]"));
   }
+  // The stored type must be exactly the one this format writes (the same members at the same
+  // offsets): reads then need no conversion, and a damaged type description never reaches
+  // HDF5's converters (which trust it).
   h5::Hid type(H5Dget_type(d.get()));
-  const H5T_class_t cls = type.valid() ? H5Tget_class(type.get()) : H5T_NO_CLASS;
-  if ((compound && cls != H5T_COMPOUND) || (!compound && cls != H5T_INTEGER && cls != H5T_FLOAT) ||
-      H5Tget_size(type.get()) != element_size) {
+  if (!type.valid() || H5Tequal(type.get(), expected_type) <= 0) {
+    h5::LastError();
     return Status::Corruption(path + ": element type is not the one this format stores (" +
-                              std::to_string(element_size) + "-byte " + (compound ? "compound" : "number") + ")");
+                              std::to_string(element_size) + "-byte " +
+                              (H5Tget_class(expected_type) == H5T_COMPOUND ? "record" : "number") + ")");
   }
   h5::Hid dcpl(H5Dget_create_plist(d.get()));
   hsize_t chunk[2] = {0, 0};
@@ -176,7 +189,11 @@ Result<TraceReader::Table> TraceReader::InspectTable(const std::string& path, in
   h5::Hid space(H5Dget_space(d.get()));
   if (H5Dget_num_chunks(d.get(), space.get(), &nchunks) < 0) return h5::Error(path + ": chunk index");
   const int64_t backed = static_cast<int64_t>(nchunks) * t.chunk_rows;
-  if (t.main_rows > backed) {
+  if (t.main_rows > backed && !complete_) {
+    // A kill inside a flush can leave a new extent written before the chunk index that
+    // backs it; the rows of the previous flush are all backed. Read what is backed.
+    t.main_rows = backed;
+  } else if (t.main_rows > backed) {
     return Status::Corruption(path + ": claims " + std::to_string(t.main_rows) + " rows but stores " +
                               std::to_string(nchunks) + " chunks of " + std::to_string(t.chunk_rows) +
                               " (at most " + std::to_string(backed) + " rows)");
@@ -229,14 +246,14 @@ Status TraceReader::LoadTensors(const char* group) {
       auto v = h5::ReadStringAttr(tg.get(), a);
       if (v.ok()) ti.attrs[a] = *v;
     }
-    auto summary = InspectTable(Join(ti.path, kSummaryDataset), 0, true, sizeof(SummaryRow));
+    auto summary = InspectTable(Join(ti.path, kSummaryDataset), 0, SummaryType().get());
     if (!summary.ok()) return summary.status();
     ti.rows = summary->rows;
     ti.stored_bytes = summary->stored_bytes;
     ti.raw_bytes = summary->main_rows * static_cast<int64_t>(sizeof(SummaryRow));
     tables_[summary->path] = *summary;
     if (ti.has_values) {
-      auto values = InspectTable(Join(ti.path, kValuesDataset), ti.cols, false, DTypeSize(ti.dtype));
+      auto values = InspectTable(Join(ti.path, kValuesDataset), ti.cols, ValueType(ti.dtype));
       if (!values.ok()) return values.status();
       // Values and summary grow together; a crash can leave one a flush ahead only if the
       // file is not ours. Read the rows both have.
@@ -273,10 +290,16 @@ Status TraceReader::LoadRequests() {
       return Status::Ok();
     };
     LS_RETURN_IF_ERROR(str(kAttrName, &r.name));
-    LS_RETURN_IF_ERROR(str(kAttrPromptText, &r.prompt_text));
+    {
+      auto t = h5::ReadStringDataset(f, Join(p, kPromptTextDataset), 1u << 30);
+      if (!t.ok()) return t.status().WithContext(p + ": ");
+      r.prompt_text = *t;
+    }
     if (h5::HasAttr(rg.get(), kAttrFinishReason)) {
       LS_RETURN_IF_ERROR(str(kAttrFinishReason, &r.finish_reason));
-      LS_RETURN_IF_ERROR(str(kAttrGeneratedText, &r.generated_text));
+      auto t = h5::ReadStringDataset(f, Join(p, kGeneratedTextDataset), 1u << 30);
+      if (!t.ok()) return t.status().WithContext(p + ": ");
+      r.generated_text = *t;
     }
     auto num = [&](const char* k, auto* out) -> Status {
       auto v = h5::ReadDoubleAttr(rg.get(), k);
@@ -321,6 +344,9 @@ Status TraceReader::LoadRequests() {
       }
       std::sort(toks.begin(), toks.end());
       for (const auto& [i, t] : toks) r.generated.push_back(t);
+      for (const auto& s : sampling) {
+        if (s.request == r.id && s.finished) r.finish_reason = s.finished == 1 ? "length" : s.finished == 2 ? "stop" : "other";
+      }
     }
     requests_.push_back(std::move(r));
   }
@@ -353,8 +379,18 @@ Result<std::vector<uint8_t>> TraceReader::ReadRows(const Table& t, hid_t mem_typ
   std::vector<uint8_t> out(static_cast<size_t>(count) * row_bytes);
   auto read_part = [&](const std::string& dpath, int64_t first, int64_t n, uint8_t* dst) -> Status {
     if (n <= 0) return Status::Ok();
-    const hid_t file = dpath == t.tail ? tails_file_.get() : file_.get();
-    LS_ASSIGN_OR_RETURN(h5::Hid d, h5::OpenDataset(file, dpath));
+    const bool tail = dpath == t.tail;
+    LS_ASSIGN_OR_RETURN(h5::Hid d, h5::OpenDataset(tail ? tails_file_.get() : file_.get(), dpath));
+    if (tail) {  // the sidecar was not validated at open: the same type and shape as its table
+      h5::Hid type(H5Dget_type(d.get()));
+      auto dims = h5::Dims(d.get(), 2);
+      if (!type.valid() || H5Tequal(type.get(), mem_type) <= 0 || !dims.ok() ||
+          dims->size() != (t.cols > 0 ? 2u : 1u) || (*dims)[0] < static_cast<hsize_t>(first + n) ||
+          (t.cols > 0 && (*dims)[1] != static_cast<hsize_t>(t.cols))) {
+        h5::LastError();
+        return Status::Corruption(TailsPath(path_).string() + ": " + dpath + " does not match " + t.path);
+      }
+    }
     h5::Hid fspace(H5Dget_space(d.get()));
     const int rank = t.cols > 0 ? 2 : 1;
     hsize_t start[2] = {static_cast<hsize_t>(first), 0};

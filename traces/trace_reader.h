@@ -67,6 +67,8 @@ class TraceReader {
   const std::map<std::string, std::string>& meta() const { return meta_; }
   const std::vector<RequestInfo>& requests() const { return requests_; }
   const std::vector<TensorInfo>& tensors() const { return tensors_; }
+  // What an incomplete trace lost beyond its last flush, when anything (one line each).
+  const std::vector<std::string>& notes() const { return notes_; }
   // By path ("taps/x") or by name within taps/ then kv/ ("x"); null when absent.
   const TensorInfo* FindTensor(const std::string& path_or_name) const;
 
@@ -94,10 +96,11 @@ class TraceReader {
  private:
   TraceReader() = default;
   Status Load();
-  Result<Table> InspectTable(const std::string& path, int64_t cols, bool compound, size_t element_size);
+  Result<Table> InspectTable(const std::string& path, int64_t cols, hid_t expected_type);
   Result<std::vector<uint8_t>> ReadRows(const Table& t, hid_t mem_type, size_t row_bytes, int64_t begin,
                                         int64_t count) const;
   Status LoadRequests();
+  void LoadTails(const std::filesystem::path& side);
   Status LoadTensors(const char* group);
   Status Err(const Status& s) const;
 
@@ -114,6 +117,7 @@ class TraceReader {
   std::map<std::string, Table> tables_;
   std::vector<RequestInfo> requests_;
   std::vector<TensorInfo> tensors_;
+  std::vector<std::string> notes_;
 };
 
 }  // namespace lockstep::traces

@@ -39,6 +39,12 @@ std::filesystem::path TailsPath(const std::filesystem::path& trace) {
   return p;
 }
 
+std::filesystem::path PartialPath(const std::filesystem::path& file) {
+  std::filesystem::path p = file;
+  p += ".partial";
+  return p;
+}
+
 namespace {
 
 using Clock = std::chrono::steady_clock;
@@ -129,6 +135,11 @@ class TraceWriter::Impl {
   h5::Hid file_, meta_, requests_;
   h5::Hid fapl_;
   h5::Hid tails_file_, tails_;  // the sidecar <trace>.tails, created at the first tail
+  bool main_published_ = false, tails_published_ = false;  // renamed from *.partial yet?
+  std::vector<Command> finished_;  // FinishRequest calls, applied at close (see DoFinishRequest)
+  Status Publish(const std::filesystem::path& final_path, bool* published);
+  Status CreateTails();
+  Status EnsureTailDataset(Table& t);
   std::vector<std::unique_ptr<Table>> tables_;
   int32_t sampling_ = -1, steps_ = -1, batch_ = -1;
 
@@ -167,11 +178,15 @@ Status TraceWriter::Impl::Open(const std::filesystem::path& path) {
     mdc.max_size = 64 << 20;
     H5Pset_mdc_config(fapl.get(), &mdc);
   }
-  file_ = h5::Hid(H5Fcreate(path.c_str(), H5F_ACC_TRUNC, H5P_DEFAULT, fapl.get()));
-  if (file_.valid()) {
+  // The trace is built under <trace>.partial and renamed into place by the first flush, so
+  // the file at `path` appears whole: its creation (every group and dataset of the first
+  // step) is never caught half-written by a kill. An older trace at `path` goes first.
+  {
     std::error_code ec;
+    std::filesystem::remove(path, ec);
     std::filesystem::remove(TailsPath(path), ec);  // a crashed earlier run's tails are not ours
   }
+  file_ = h5::Hid(H5Fcreate(PartialPath(path).c_str(), H5F_ACC_TRUNC, H5P_DEFAULT, fapl.get()));
   if (!file_.valid()) {
     std::string why = h5::LastError();
     return Status::IoError(path.string() + ": cannot create the trace" + (why.empty() ? "" : " (" + why + ")"));
@@ -190,7 +205,6 @@ Status TraceWriter::Impl::Open(const std::filesystem::path& path) {
   LS_ASSIGN_OR_RETURN(steps_, MakeTable(kStepsTable, StepType(), 0, f));
   LS_ASSIGN_OR_RETURN(batch_, MakeTable(kStepBatchTable, h5::Hid(H5Tcopy(H5T_STD_I64LE)),
                                         std::max<int64_t>(1, opts_.batch_width), f));
-  // A trace that exists on disk is a valid (empty, incomplete) trace from the start.
   if (H5Fflush(f, H5F_SCOPE_GLOBAL) < 0) return h5::Error(path.string() + ": flush");
   return Status::Ok();
 }
@@ -293,7 +307,12 @@ Status TraceWriter::Impl::Process(Command& c) {
   switch (c.kind) {
     case Command::Kind::kMeta: return h5::WriteAttr(meta_.get(), c.key, c.value);
     case Command::Kind::kAddRequest: return DoAddRequest(c.request);
-    case Command::Kind::kFinishRequest: return DoFinishRequest(c);
+    case Command::Kind::kFinishRequest:
+      // New datasets and strings mid-run would change the file's structure at a flush,
+      // which a kill could catch half-written; the sampler rows already say when and why
+      // each request finished, so the tokens and text are written once, at close.
+      finished_.push_back(std::move(c));
+      return Status::Ok();
     case Command::Kind::kDefineTensor: return DoDefineTensor(c.tensor);
     case Command::Kind::kAppend: return DoAppend(*tables_[c.table], c.bytes);
     case Command::Kind::kFlush: return DoFlush(c.steps);
@@ -321,7 +340,7 @@ Result<int32_t> TraceWriter::Impl::MakeTable(const std::string& path, h5::Hid ty
   hsize_t maxdims[2] = {H5S_UNLIMITED, static_cast<hsize_t>(cols)};
   hsize_t chunk[2] = {static_cast<hsize_t>(rows), static_cast<hsize_t>(cols)};
   h5::Hid space(H5Screate_simple(rank, dims, maxdims));
-  h5::Hid dcpl(H5Pcreate(H5P_DATASET_CREATE));
+  h5::Hid dcpl = h5::CreationProps(H5P_DATASET_CREATE);
   const unsigned level = static_cast<unsigned>(opts_.zstd_level);
   if (H5Pset_chunk(dcpl.get(), rank, chunk) < 0 || H5Pset_shuffle(dcpl.get()) < 0 ||
       H5Pset_filter(dcpl.get(), kZstdFilterId, H5Z_FLAG_MANDATORY, 1, &level) < 0) {
@@ -412,25 +431,26 @@ Status TraceWriter::Impl::WriteReadyChunks(bool wait_all) {
 
 // The tail of a table: rows of its unfinished chunk, padded to a whole chunk, stored
 // uncompressed in /tails/<index>. Same size every time, so HDF5 overwrites it in place.
-Status TraceWriter::Impl::WriteTail(Table& t) {
+Status TraceWriter::Impl::EnsureTailDataset(Table& t) {
+  if (t.tail_dset.valid()) return Status::Ok();
   const int rank = t.cols > 0 ? 2 : 1;
   hsize_t dims[2] = {static_cast<hsize_t>(t.chunk_rows), static_cast<hsize_t>(t.cols)};
-  if (!tails_file_.valid()) {
-    const std::string side = TailsPath(path_).string();
-    tails_file_ = h5::Hid(H5Fcreate(side.c_str(), H5F_ACC_TRUNC, H5P_DEFAULT, fapl_.get()));
-    if (!tails_file_.valid()) return h5::Error(side + ": cannot create the tails file");
-    LS_ASSIGN_OR_RETURN(tails_, h5::CreateGroup(tails_file_.get(), kTailsGroup));
-  }
-  if (!t.tail_dset.valid()) {
-    h5::Hid space(H5Screate_simple(rank, dims, nullptr));
-    h5::Hid dcpl(H5Pcreate(H5P_DATASET_CREATE));
-    H5Pset_chunk(dcpl.get(), rank, dims);
-    const std::string name = std::to_string(t.index);
-    t.tail_dset =
-        h5::Hid(H5Dcreate2(tails_.get(), name.c_str(), t.type.get(), space.get(), H5P_DEFAULT, dcpl.get(), H5P_DEFAULT));
-    if (!t.tail_dset.valid()) return h5::Error(path_.string() + ": cannot create tail of '" + t.path + "'");
-    LS_RETURN_IF_ERROR(h5::WriteAttr(t.tail_dset.get(), kAttrTailTarget, t.path));
-  }
+  h5::Hid space(H5Screate_simple(rank, dims, nullptr));
+  h5::Hid dcpl = h5::CreationProps(H5P_DATASET_CREATE);
+  H5Pset_chunk(dcpl.get(), rank, dims);
+  const std::string name = std::to_string(t.index);
+  t.tail_dset =
+      h5::Hid(H5Dcreate2(tails_.get(), name.c_str(), t.type.get(), space.get(), H5P_DEFAULT, dcpl.get(), H5P_DEFAULT));
+  if (!t.tail_dset.valid()) return h5::Error(path_.string() + ": cannot create tail of '" + t.path + "'");
+  // All three attributes exist from the start, so later flushes rewrite them in place.
+  LS_RETURN_IF_ERROR(h5::WriteAttr(t.tail_dset.get(), kAttrTailTarget, t.path));
+  LS_RETURN_IF_ERROR(h5::WriteAttr(t.tail_dset.get(), kAttrTailBase, int64_t{0}));
+  LS_RETURN_IF_ERROR(h5::WriteAttr(t.tail_dset.get(), kAttrTailCount, int64_t{0}));
+  return Status::Ok();
+}
+
+Status TraceWriter::Impl::WriteTail(Table& t) {
+  LS_RETURN_IF_ERROR(EnsureTailDataset(t));
   std::vector<uint8_t> chunk(t.chunk_rows * t.row_bytes, 0);
   std::memcpy(chunk.data(), t.tail.data(), t.tail.size());
   hsize_t offset[2] = {0, 0};
@@ -442,6 +462,27 @@ Status TraceWriter::Impl::WriteTail(Table& t) {
   LS_RETURN_IF_ERROR(h5::WriteAttr(t.tail_dset.get(), kAttrTailCount, t.tail_rows()));
   t.tail_base = t.main_rows();
   t.tail_count = t.tail_rows();
+  return Status::Ok();
+}
+
+// Moves <file>.partial to <file> once its first flush made it consistent (rename is atomic).
+Status TraceWriter::Impl::Publish(const std::filesystem::path& final_path, bool* published) {
+  if (*published) return Status::Ok();
+  std::error_code ec;
+  std::filesystem::rename(PartialPath(final_path), final_path, ec);
+  if (ec) return Status::IoError(final_path.string() + ": cannot rename the new trace into place: " + ec.message());
+  *published = true;
+  return Status::Ok();
+}
+
+// The sidecar, with a tail dataset for every table that exists now, so that later flushes
+// only overwrite what is there (tables defined later add theirs when they first need one).
+Status TraceWriter::Impl::CreateTails() {
+  const std::filesystem::path side = TailsPath(path_);
+  tails_file_ = h5::Hid(H5Fcreate(PartialPath(side).c_str(), H5F_ACC_TRUNC, H5P_DEFAULT, fapl_.get()));
+  if (!tails_file_.valid()) return h5::Error(side.string() + ": cannot create the tails file");
+  LS_ASSIGN_OR_RETURN(tails_, h5::CreateGroup(tails_file_.get(), kTailsGroup));
+  for (auto& t : tables_) LS_RETURN_IF_ERROR(EnsureTailDataset(*t));
   return Status::Ok();
 }
 
@@ -460,17 +501,20 @@ Status TraceWriter::Impl::DoFlush(int64_t steps) {
   for (auto& t : tables_) {
     if (!t->tail_dirty) continue;
     if (t->tail_rows() > 0) {
+      if (!tails_file_.valid()) LS_RETURN_IF_ERROR(CreateTails());
       LS_RETURN_IF_ERROR(WriteTail(*t));
       tails_written = true;
     }
     t->tail_dirty = false;
   }
-  if (tails_written && H5Fflush(tails_file_.get(), H5F_SCOPE_LOCAL) < 0) {
-    return h5::Error(TailsPath(path_).string() + ": flush");
+  if (tails_written) {
+    if (H5Fflush(tails_file_.get(), H5F_SCOPE_LOCAL) < 0) return h5::Error(TailsPath(path_).string() + ": flush");
+    LS_RETURN_IF_ERROR(Publish(TailsPath(path_), &tails_published_));
   }
   // 4. The new state of the main file.
   LS_RETURN_IF_ERROR(h5::WriteAttr(file_.get(), kAttrFlushedSteps, steps));
   if (H5Fflush(file_.get(), H5F_SCOPE_LOCAL) < 0) return h5::Error(path_.string() + ": flush");
+  LS_RETURN_IF_ERROR(Publish(path_, &main_published_));
   if (opts_.on_flushed) opts_.on_flushed(steps);
   return Status::Ok();
 }
@@ -490,12 +534,14 @@ Status TraceWriter::Impl::DoClose() {
     LS_RETURN_IF_ERROR(WriteChunk(*t, t->chunks_written, packed, t->main_rows() + rows));
     t->tail.clear();
   }
+  for (const Command& c : finished_) LS_RETURN_IF_ERROR(DoFinishRequest(c));
   LS_RETURN_IF_ERROR(h5::WriteAttrU8(file_.get(), kAttrComplete, 1));
   for (auto& t : tables_) t->dset.Reset();
   meta_.Reset();
   requests_.Reset();
   Status s = file_.Close();
   if (!s.ok()) return s.WithContext(path_.string() + ": ");
+  LS_RETURN_IF_ERROR(Publish(path_, &main_published_));
   // The trace is complete and holds every row: the tails are no longer needed (a reader
   // ignores a sidecar beside a complete trace, so a kill between these steps is harmless).
   for (auto& t : tables_) t->tail_dset.Reset();
@@ -504,6 +550,7 @@ Status TraceWriter::Impl::DoClose() {
     (void)tails_file_.Close();
     std::error_code ec;
     std::filesystem::remove(TailsPath(path_), ec);
+    std::filesystem::remove(PartialPath(TailsPath(path_)), ec);
   }
   return Status::Ok();
 }
@@ -512,7 +559,7 @@ Status TraceWriter::Impl::DoAddRequest(const RequestRecord& r) {
   const std::string name = std::to_string(r.id);
   LS_ASSIGN_OR_RETURN(h5::Hid g, h5::CreateGroup(requests_.get(), name));
   LS_RETURN_IF_ERROR(h5::WriteAttr(g.get(), kAttrName, r.name));
-  LS_RETURN_IF_ERROR(h5::WriteAttr(g.get(), kAttrPromptText, r.prompt_text));
+  LS_RETURN_IF_ERROR(h5::WriteStringDataset(g.get(), kPromptTextDataset, r.prompt_text));
   LS_RETURN_IF_ERROR(h5::WriteAttr(g.get(), kAttrMaxNewTokens, r.max_new_tokens));
   LS_RETURN_IF_ERROR(h5::WriteAttr(g.get(), kAttrSeed, static_cast<int64_t>(r.seed)));
   LS_RETURN_IF_ERROR(h5::WriteAttr(g.get(), kAttrTemperature, r.temperature));
@@ -521,7 +568,8 @@ Status TraceWriter::Impl::DoAddRequest(const RequestRecord& r) {
   LS_RETURN_IF_ERROR(h5::WriteAttr(g.get(), kAttrMinP, r.min_p));
   const hsize_t n = r.prompt.size();
   h5::Hid space(H5Screate_simple(1, &n, nullptr));
-  h5::Hid d(H5Dcreate2(g.get(), kPromptDataset, H5T_STD_I32LE, space.get(), H5P_DEFAULT, H5P_DEFAULT, H5P_DEFAULT));
+  h5::Hid dcpl = h5::CreationProps(H5P_DATASET_CREATE);
+  h5::Hid d(H5Dcreate2(g.get(), kPromptDataset, H5T_STD_I32LE, space.get(), H5P_DEFAULT, dcpl.get(), H5P_DEFAULT));
   if (!d.valid() || (n > 0 && H5Dwrite(d.get(), H5T_NATIVE_INT32, H5S_ALL, H5S_ALL, H5P_DEFAULT, r.prompt.data()) < 0)) {
     return h5::Error(path_.string() + ": request " + name + ": prompt");
   }
@@ -534,11 +582,12 @@ Status TraceWriter::Impl::DoFinishRequest(const Command& c) {
   const std::vector<int32_t>& gen = c.request.prompt;
   const hsize_t n = gen.size();
   h5::Hid space(H5Screate_simple(1, &n, nullptr));
-  h5::Hid d(H5Dcreate2(g.get(), kGeneratedDataset, H5T_STD_I32LE, space.get(), H5P_DEFAULT, H5P_DEFAULT, H5P_DEFAULT));
+  h5::Hid dcpl = h5::CreationProps(H5P_DATASET_CREATE);
+  h5::Hid d(H5Dcreate2(g.get(), kGeneratedDataset, H5T_STD_I32LE, space.get(), H5P_DEFAULT, dcpl.get(), H5P_DEFAULT));
   if (!d.valid() || (n > 0 && H5Dwrite(d.get(), H5T_NATIVE_INT32, H5S_ALL, H5S_ALL, H5P_DEFAULT, gen.data()) < 0)) {
     return h5::Error(path_.string() + ": request " + name + ": generated");
   }
-  LS_RETURN_IF_ERROR(h5::WriteAttr(g.get(), kAttrGeneratedText, c.value));
+  LS_RETURN_IF_ERROR(h5::WriteStringDataset(g.get(), kGeneratedTextDataset, c.value));
   LS_RETURN_IF_ERROR(h5::WriteAttr(g.get(), kAttrFinishReason, c.key));
   return Status::Ok();
 }

@@ -24,13 +24,18 @@ import numpy as np
 import xxhash
 
 
+def text(v):
+    """A string attribute: fixed-length UTF-8, which h5py returns as bytes."""
+    return v.decode() if isinstance(v, (bytes, np.bytes_)) else str(v)
+
+
 def read_table(f, side, path):
     """Rows of table `path` of trace `f`, with the sidecar's tail merged (docs/trace-format.md)."""
     main = f[path][...]
     if side is None or int(f.attrs["complete"]) == 1:
         return main
     for name, tail in side["tails"].items():
-        if "count" not in tail.attrs or tail.attrs["target"] != path:
+        if "count" not in tail.attrs or text(tail.attrs["target"]) != path:
             continue
         base, count = int(tail.attrs["base"]), int(tail.attrs["count"])
         n = len(main)
@@ -57,9 +62,12 @@ def check_summaries(f, side, group):
         if int(g.attrs["has_values"]) != 1:
             continue
         vals = read_table(f, side, f"{group}/{name}/values")
+        # A kill inside a flush may leave one of the pair a few rows ahead (rows past the last
+        # completed flush); the tensor's rows are those both hold. A complete trace: equal.
         n = min(len(vals), len(summ))
-        assert n == len(summ), f"{group}/{name}: {len(vals)} value rows, {len(summ)} summary rows"
-        dtype = g.attrs["dtype"]
+        if int(f.attrs["complete"]) == 1:
+            assert n == len(summ) == len(vals), f"{group}/{name}: {len(vals)} value rows, {len(summ)} summary rows"
+        dtype = text(g.attrs["dtype"])
         for i in range(n):
             assert h(vals[i]) == int(summ["hash"][i]), f"{group}/{name} row {i}: hash differs from its summary"
             if dtype in ("f32", "bf16"):
@@ -88,7 +96,7 @@ def main():
     trace, expect_path = sys.argv[1], sys.argv[2]
     exp = json.load(open(expect_path))
     f, side = open_trace(trace)
-    assert f.attrs["lockstep_trace"] == "lockstep trace"
+    assert text(f.attrs["lockstep_trace"]) == "lockstep trace"
     assert list(f.attrs["format_version"]) == [1, 0]
     assert int(f.attrs["complete"]) == 1
     full = exp["capture"] == "full"
@@ -123,7 +131,7 @@ def main():
             parts += [read_table(f, side, path + ".scales/values"), read_table(f, side, path + ".rope/values")]
             assert parts[0].dtype == np.uint8 and parts[1].dtype == np.float32 and parts[2].dtype == np.uint16
         elif name.endswith(".latent") and fmt == "bf16":
-            assert parts[0].dtype == np.uint16 and f[path].attrs["dtype"] == "bf16"
+            assert parts[0].dtype == np.uint16 and text(f[path].attrs["dtype"]) == "bf16"
         for req, pos, want in rows:
             i = key[(req, pos)]
             token = b"".join(np.ascontiguousarray(p[i]).tobytes() for p in parts)
@@ -147,7 +155,7 @@ def main():
         g = f[f"requests/{rid}"]
         assert list(g["prompt"][...]) == want["prompt"]
         assert list(g["generated"][...]) == want["generated"], f"request {rid}: generated tokens"
-        assert g.attrs["finish_reason"] == want["finish_reason"]
+        assert text(g.attrs["finish_reason"]) == want["finish_reason"]
         mine = samp[samp["request"] == rid]
         assert list(mine["token"][np.argsort(mine["token_index"])]) == want["generated"]
         assert np.all(mine["counter"] == mine["token_index"])  # Philox counter = token index
