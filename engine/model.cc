@@ -11,6 +11,7 @@
 #include <cstring>
 #include <numeric>
 
+#include "kernels/cpu/numerics.h"
 #include "kernels/cpu/ops.h"
 
 namespace lockstep::engine {
@@ -80,6 +81,22 @@ void SoftmaxNoMaxFp16Sum(float* x, int64_t n) {
   for (int64_t i = 0; i < n; ++i) x[i] *= inv;
 }
 
+// Products with a weight matrix. gemm=fp32: as is. gemm=bf16: the activations are rounded to
+// bf16 here and the weights were rounded at load (Model::Bf16Weights), accumulation stays fp32
+// — the precision of a bf16 GPU GEMM, on the reference's fixed summation order.
+struct Gemm {
+  bool bf16 = false;
+  void operator()(const float* x, int64_t rows, const float* w, int64_t out, int64_t in, float* y) const {
+    if (!bf16) {
+      cpu::MatMulNT(x, rows, w, out, in, y);
+      return;
+    }
+    std::vector<float> xr(rows * in);
+    for (int64_t i = 0; i < rows * in; ++i) xr[i] = kernels::Bf16ToF32(kernels::F32ToBf16(x[i]));
+    cpu::MatMulNT(xr.data(), rows, w, out, in, y);
+  }
+};
+
 RopeStyle OtherRopeStyle(RopeStyle s) {
   return s == RopeStyle::kHalves ? RopeStyle::kPairsToHalves : RopeStyle::kHalves;
 }
@@ -126,6 +143,34 @@ Model::Model(ModelConfig c, ModelWeights w) : config_(std::move(c)), weights_(st
   for (int64_t l = 0; l < config_.num_hidden_layers; ++l) {
     for (int t = 0; t < kTapCount; ++t) tap_names_[l].push_back("layers." + std::to_string(l) + "." + kTapSuffix[t]);
   }
+}
+
+const ModelWeights& Model::Bf16Weights() {
+  if (!bf16_weights_) {
+    auto w = std::make_unique<ModelWeights>(weights_);
+    auto round = [](Matrix& m) {
+      for (float& v : m.data) v = kernels::Bf16ToF32(kernels::F32ToBf16(v));
+    };
+    auto mlp = [&](MlpWeights& m) {
+      round(m.gate);
+      round(m.up);
+      round(m.down);
+    };
+    // Only the matrices of products (GEMMs): embeddings, norms and the router stay fp32, as
+    // inference stacks keep them.
+    round(w->lm_head);
+    for (auto& L : w->layers) {
+      for (Matrix* m : {&L.q_proj, &L.q_a_proj, &L.q_b_proj, &L.kv_a_proj, &L.kv_b_proj, &L.o_proj, &L.indexer.wq_b,
+                        &L.indexer.wk, &L.indexer.weights_proj}) {
+        round(*m);
+      }
+      mlp(L.mlp);
+      mlp(L.shared);
+      for (auto& e : L.experts) mlp(e);
+    }
+    bf16_weights_ = std::move(w);
+  }
+  return *bf16_weights_;
 }
 
 void Model::EnsureRope(int64_t positions) {
@@ -243,13 +288,13 @@ struct Model::Impl {
     for (int64_t i = 0; i < k; ++i) w[i] *= static_cast<float>(c.routed_scaling_factor);
   }
 
-  static void Mlp(const MlpWeights& m, const float* x, int64_t rows, int64_t hidden, float* y) {
+  static void Mlp(const Gemm& gemm, const MlpWeights& m, const float* x, int64_t rows, int64_t hidden, float* y) {
     const int64_t inter = m.gate.rows;
     std::vector<float> g(rows * inter), u(rows * inter);
-    cpu::MatMulNT(x, rows, m.gate.ptr(), inter, hidden, g.data());
-    cpu::MatMulNT(x, rows, m.up.ptr(), inter, hidden, u.data());
+    gemm(x, rows, m.gate.ptr(), inter, hidden, g.data());
+    gemm(x, rows, m.up.ptr(), inter, hidden, u.data());
     cpu::SwiGlu(g.data(), u.data(), rows * inter, g.data());
-    cpu::MatMulNT(g.data(), rows, m.down.ptr(), hidden, inter, y);
+    gemm(g.data(), rows, m.down.ptr(), hidden, inter, y);
   }
 };
 
@@ -266,6 +311,8 @@ Status Model::Forward(std::span<Segment> segs, PagedKvCache& cache, const kernel
   const bool prefill_absorbed = kernel("attn_prefill") == "absorbed";
   const bool decode_expanded = kernel("attn_decode") == "expanded";
   const bool indexer_hadamard = kernel("indexer") == "hadamard";
+  const Gemm gemm{kernel("gemm") == "bf16"};
+  const ModelWeights& W = gemm.bf16 ? Bf16Weights() : weights_;
   // Fault zoo (docs/fault-zoo.md); all false unless --fault chose one.
   const bool fault_skip_partial = kernel("indexer") == "fault_skip_partial_page";
   const bool fault_neg1 = kernel("attn_sparse") == "fault_neg1_as_token0";
@@ -316,7 +363,7 @@ Status Model::Forward(std::span<Segment> segs, PagedKvCache& cache, const kernel
   std::vector<float> x(R * H);
   for (size_t s = 0; s < segs.size(); ++s) {
     for (size_t i = 0; i < segs[s].tokens.size(); ++i) {
-      std::memcpy(&x[(row0[s] + i) * H], weights_.embed.row(segs[s].tokens[i]), H * sizeof(float));
+      std::memcpy(&x[(row0[s] + i) * H], W.embed.row(segs[s].tokens[i]), H * sizeof(float));
     }
   }
   if (tapping) {
@@ -327,7 +374,7 @@ Status Model::Forward(std::span<Segment> segs, PagedKvCache& cache, const kernel
   std::vector<float> h(R * H), q(R * nh * dqk), kv(R * (C + dr)), latent(R * C), krope(R * dr);
   std::vector<float> heads(R * nh * dv), o(R * H);
   for (int64_t l = 0; l < c.num_hidden_layers; ++l) {
-    const LayerWeights& L = weights_.layers[l];
+    const LayerWeights& L = W.layers[l];
     const auto& names = tap_names_[l];
 
     // h = RMSNorm(x)                                       [R, H]
@@ -339,15 +386,15 @@ Status Model::Forward(std::span<Segment> segs, PagedKvCache& cache, const kernel
     if (c.q_lora_rank > 0) {
       q_resid.resize(R * c.q_lora_rank);
       std::vector<float> qa(R * c.q_lora_rank);
-      cpu::MatMulNT(h.data(), R, L.q_a_proj.ptr(), c.q_lora_rank, H, qa.data());
+      gemm(h.data(), R, L.q_a_proj.ptr(), c.q_lora_rank, H, qa.data());
       cpu::RmsNorm(qa.data(), L.q_a_norm.ptr(), R, c.q_lora_rank, 1e-6, q_resid.data());  // default eps, as HF
-      cpu::MatMulNT(q_resid.data(), R, L.q_b_proj.ptr(), nh * dqk, c.q_lora_rank, q.data());
+      gemm(q_resid.data(), R, L.q_b_proj.ptr(), nh * dqk, c.q_lora_rank, q.data());
     } else {
-      cpu::MatMulNT(h.data(), R, L.q_proj.ptr(), nh * dqk, H, q.data());
+      gemm(h.data(), R, L.q_proj.ptr(), nh * dqk, H, q.data());
     }
 
     // [c_kv | k_rope] = kv_a(h); latent = RMSNorm(c_kv)      [R, C], [R, dr]
-    cpu::MatMulNT(h.data(), R, L.kv_a_proj.ptr(), C + dr, H, kv.data());
+    gemm(h.data(), R, L.kv_a_proj.ptr(), C + dr, H, kv.data());
     for (int64_t r = 0; r < R; ++r) {
       cpu::RmsNorm(&kv[r * (C + dr)], L.kv_a_norm.ptr(), 1, C, 1e-6, &latent[r * C]);
       std::memcpy(&krope[r * dr], &kv[r * (C + dr) + C], dr * sizeof(float));
@@ -387,10 +434,10 @@ Status Model::Forward(std::span<Segment> segs, PagedKvCache& cache, const kernel
     if (sparse) {
       const int64_t nhi = c.index_n_heads, di = c.index_head_dim;
       std::vector<float> iq(R * nhi * di), ik(R * di), ikn(R * di), iw(R * nhi);
-      cpu::MatMulNT(q_resid.data(), R, L.indexer.wq_b.ptr(), nhi * di, c.q_lora_rank, iq.data());
-      cpu::MatMulNT(h.data(), R, L.indexer.wk.ptr(), di, H, ik.data());
+      gemm(q_resid.data(), R, L.indexer.wq_b.ptr(), nhi * di, c.q_lora_rank, iq.data());
+      gemm(h.data(), R, L.indexer.wk.ptr(), di, H, ik.data());
       cpu::LayerNorm(ik.data(), L.indexer.k_norm_w.ptr(), L.indexer.k_norm_b.ptr(), R, di, 1e-6, ikn.data());
-      cpu::MatMulNT(h.data(), R, L.indexer.weights_proj.ptr(), nhi, H, iw.data());
+      gemm(h.data(), R, L.indexer.weights_proj.ptr(), nhi, H, iw.data());
       const float wscale = 1.0f / std::sqrt(static_cast<float>(nhi));
       for (int64_t r = 0; r < R; ++r) {
         const float* cs = &rope_cos_[pos[r] * half];
@@ -466,7 +513,7 @@ Status Model::Forward(std::span<Segment> segs, PagedKvCache& cache, const kernel
       std::vector<float> kvx;  // [T, nh, dn + dv] when expanded
       if (expanded) {
         kvx.resize(T * nh * (dn + dv));
-        cpu::MatMulNT(lat.data(), T, L.kv_b_proj.ptr(), nh * (dn + dv), C, kvx.data());
+        gemm(lat.data(), T, L.kv_b_proj.ptr(), nh * (dn + dv), C, kvx.data());
       }
 #pragma omp parallel for collapse(2) schedule(static) if (n * nh * T * (C + dr) > cpu::kParallelMacs)
       for (int64_t i = 0; i < n; ++i) {
@@ -537,7 +584,7 @@ Status Model::Forward(std::span<Segment> segs, PagedKvCache& cache, const kernel
     if (tapping) tap.Emit(names[kTapHeads], heads.data(), nh * dv);
 
     // x = x + o_proj(heads)
-    cpu::MatMulNT(heads.data(), R, L.o_proj.ptr(), H, nh * dv, o.data());
+    gemm(heads.data(), R, L.o_proj.ptr(), H, nh * dv, o.data());
     if (tapping) tap.Emit(names[kTapAttnOut], o.data(), H);
     for (int64_t i = 0; i < R * H; ++i) x[i] += o[i];
     if (tapping) tap.Emit(names[kTapResidMid], x.data(), H);
@@ -546,7 +593,7 @@ Status Model::Forward(std::span<Segment> segs, PagedKvCache& cache, const kernel
     cpu::RmsNorm(x.data(), L.post_attn_norm.ptr(), R, H, c.rms_norm_eps, h.data());
     if (tapping) tap.Emit(names[kTapFfnNorm], h.data(), H);
     if (c.layers[l].ffn == FfnKind::kDense) {
-      Impl::Mlp(L.mlp, h.data(), R, H, o.data());
+      Impl::Mlp(gemm, L.mlp, h.data(), R, H, o.data());
     } else {
       const int64_t k = c.num_experts_per_tok, E = c.n_routed_experts;
       std::vector<int32_t> ids(R * k);
@@ -569,11 +616,11 @@ Status Model::Forward(std::span<Segment> segs, PagedKvCache& cache, const kernel
         if (rows.empty()) continue;
         std::vector<float> xin(rows.size() * H), yout(rows.size() * H);
         for (size_t i = 0; i < rows.size(); ++i) std::memcpy(&xin[i * H], &h[(rows[i] / k) * H], H * sizeof(float));
-        Impl::Mlp(L.experts[e], xin.data(), static_cast<int64_t>(rows.size()), H, yout.data());
+        Impl::Mlp(gemm, L.experts[e], xin.data(), static_cast<int64_t>(rows.size()), H, yout.data());
         for (size_t i = 0; i < rows.size(); ++i) std::memcpy(&slot[rows[i] * H], &yout[i * H], H * sizeof(float));
       }
       std::vector<float> shared(R * H, 0.0f);
-      if (c.n_shared_experts > 0) Impl::Mlp(L.shared, h.data(), R, H, shared.data());
+      if (c.n_shared_experts > 0) Impl::Mlp(gemm, L.shared, h.data(), R, H, shared.data());
       for (int64_t r = 0; r < R; ++r) {
         float* orow = &o[r * H];
         std::fill(orow, orow + H, 0.0f);
@@ -594,7 +641,7 @@ Status Model::Forward(std::span<Segment> segs, PagedKvCache& cache, const kernel
   }
 
   // Final norm, then logits for the rows that need them.
-  cpu::RmsNorm(x.data(), weights_.final_norm.ptr(), R, H, c.rms_norm_eps, h.data());
+  cpu::RmsNorm(x.data(), W.final_norm.ptr(), R, H, c.rms_norm_eps, h.data());
   if (tapping) tap.Emit("final_norm", h.data(), H);
   out->logits.assign(segs.size(), {});
   for (size_t s = 0; s < segs.size(); ++s) {
@@ -603,7 +650,7 @@ Status Model::Forward(std::span<Segment> segs, PagedKvCache& cache, const kernel
     const int64_t rows = n - first;
     auto& lg = out->logits[s];
     lg.resize(rows * c.vocab_size);
-    cpu::MatMulNT(&h[(row0[s] + first) * H], rows, weights_.lm_head.ptr(), c.vocab_size, H, lg.data());
+    gemm(&h[(row0[s] + first) * H], rows, W.lm_head.ptr(), c.vocab_size, H, lg.data());
     if (hook != nullptr) {
       TapEvent e;
       e.name = "logits";

@@ -60,6 +60,9 @@ class Model {
  private:
   Model(ModelConfig c, ModelWeights w);
   void EnsureRope(int64_t positions);
+  // gemm=bf16: the product weights rounded to bf16 (made on first use, kept).
+  const ModelWeights& Bf16Weights();
+  std::unique_ptr<ModelWeights> bf16_weights_;
   struct Impl;
   ModelConfig config_;
   ModelWeights weights_;

@@ -23,6 +23,8 @@ Registry::Registry() {
        "V3.2 indexer with the official Hadamard rotation of q and k (orthogonal: same scores up to rounding)", true,
        true, false},
       {"gemm", "fp32", "cpu", "fp32 GEMM, 16-lane FMA dot products in a fixed order", true, true, true},
+      {"gemm", "bf16", "cpu", "bf16 weights and activations, fp32 accumulation (a bf16 GPU GEMM's precision)", true,
+       true, false},
       {"attn_sparse", "reference", "cpu", "sparse attention reads exactly the indexer's selected keys", true, true,
        true},
       {"softmax", "reference", "cpu", "attention softmax: max-subtracted, fp32 exp, fp64 sum", true, true, true},

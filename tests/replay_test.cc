@@ -325,3 +325,35 @@ INSTANTIATE_TEST_SUITE_P(
 
 }  // namespace
 }  // namespace lockstep
+
+namespace lockstep {
+namespace {
+
+TEST_F(ReplayTest, Bf16GemmIsCloseToFp32AndBisectNamesIt) {
+  engine::EngineOptions eo;
+  eo.kernels = {{"gemm", "bf16"}};
+  auto t = Record("v3_basic", "run.h5", {Prompt(16, 51)}, eo, 0.0, 6);
+  auto ref = Record("v3_basic", "ref.h5", {Prompt(16, 51)}, {}, 0.0, 6);
+  diff::TraceDiffReport d = Diff(ref, t);
+  ASSERT_TRUE(d.has_divergence);
+  // bf16 has 8 significant bits: ~0.4% per rounding, a few roundings deep.
+  for (const auto& tr : d.tensors) {
+    if (tr.tensor == "taps/layers.0.attn.q") {
+      EXPECT_GT(tr.worst_rel_l2, 1e-4);
+      EXPECT_LT(tr.worst_rel_l2, 5e-2);
+    }
+  }
+  auto tr = traces::TraceReader::Open(t);
+  replayer::BisectOptions o;
+  o.work_dir = dir_ / "bisect";
+  auto r = replayer::Bisect(**tr, o);
+  ASSERT_TRUE(r.ok()) << r.status().message();
+  ASSERT_FALSE(r->components.empty());
+  EXPECT_EQ(r->components[0].component, "gemm") << r->verdict;
+  EXPECT_GT(r->components[0].explained, 0.99) << r->verdict;
+  EXPECT_EQ(r->components[0].first.position, 0);
+  EXPECT_EQ(r->components[0].first.layer, 0);
+}
+
+}  // namespace
+}  // namespace lockstep
