@@ -152,6 +152,18 @@ Result<bool> Engine::Step() {
   return true;
 }
 
+Status Engine::Cancel(int64_t id) {
+  if (id < 0 || id >= num_requests()) return Status::InvalidArgument("Cancel: no request " + std::to_string(id));
+  RequestState& r = *requests_[id];
+  if (r.finished) return Status::Ok();
+  std::erase(waiting_, id);
+  std::erase(running_, id);
+  cache_->Release(&r.cache);
+  r.finished = true;
+  r.finish_reason = "abort";
+  return Status::Ok();
+}
+
 Status Engine::RunToCompletion() {
   while (true) {
     LS_ASSIGN_OR_RETURN(bool more, Step());

@@ -81,6 +81,10 @@ class Engine {
   Result<bool> Step();
   // Runs until every request finished.
   Status RunToCompletion();
+  // Ends a request between steps (a server's client went away, or a stop string matched):
+  // it leaves the queue or the batch, gives its cache pages back and finishes with reason
+  // "abort". Its neighbours are unaffected (batch invariance). No-op when already finished.
+  Status Cancel(int64_t id);
 
   void SetTapHook(TapHook* hook) { hook_ = hook; }
   void SetStepCallback(std::function<void(const StepEvent&)> cb) { on_step_ = std::move(cb); }
