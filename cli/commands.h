@@ -22,6 +22,7 @@ void RegisterDegen(CLI::App& app, SetAction set_action);
 void RegisterDiff(CLI::App& app, SetAction set_action);
 void RegisterReplay(CLI::App& app, SetAction set_action);
 void RegisterBisect(CLI::App& app, SetAction set_action);
+void RegisterServe(CLI::App& app, SetAction set_action);
 
 // The process exit code when the command succeeds (a command may set 3: "different").
 int& ExitCode();

@@ -1,0 +1,279 @@
+// tests/server/server_test.cc — `lockstep serve` end to end: one in-process server on
+// ephemeral loopback ports, driven with cpp-httplib's client, on the embedded tiny model.
+#include <gtest/gtest.h>
+#include <httplib.h>
+#include <sys/stat.h>
+
+#include <chrono>
+#include <cstdlib>
+#include <fstream>
+#include <thread>
+
+#include <nlohmann/json.hpp>
+
+#include "recorder/fingerprint.h"
+#include "replayer/replay_session.h"
+#include "server/http_server.h"
+#include "test_util.h"
+#include "traces/trace_reader.h"
+
+namespace lockstep::server {
+namespace {
+
+using json = nlohmann::json;
+constexpr const char* kToken = "test-admin-token";
+constexpr const char* kLoopPrompt = "<!DOCTYPE html>\n<html>\n<head>\n<title>Counter</title>";
+
+class ServerTest : public ::testing::Test {
+ protected:
+  static void SetUpTestSuite() {
+    const auto dir = testing::SourceDir() / "models" / "lockstep-tiny-v32";
+    auto model = engine::Model::Load(dir);
+    ASSERT_TRUE(model.ok()) << model.status().message();
+    auto tok = engine::Tokenizer::Load(dir / "tokenizer.json");
+    ASSERT_TRUE(tok.ok()) << tok.status().message();
+    capture_dir_ = new std::filesystem::path(std::filesystem::temp_directory_path() /
+                                             ("lockstep-serve-test-" + std::to_string(::getpid())) / "caps");
+    std::filesystem::remove_all(capture_dir_->parent_path());
+    ServerOptions o;
+    o.port = 0;
+    o.admin_port = 0;
+    o.model = *model;
+    o.tokenizer = *tok;
+    for (int64_t e : (*model)->config().eos_token_ids) o.eos_ids.push_back(static_cast<int32_t>(e));
+    o.engine.max_batch = 8;
+    o.engine.kv_cache_tokens = 1 << 14;
+    o.capture_dir = *capture_dir_;
+    o.admin_token = kToken;
+    o.quiet = true;
+    auto fp = recorder::ModelFingerprint(dir);
+    ASSERT_TRUE(fp.ok());
+    o.trace_meta = {{"model_dir", std::filesystem::absolute(dir).string()}, {"model_fingerprint", *fp}};
+    auto s = Server::Start(std::move(o));
+    ASSERT_TRUE(s.ok()) << s.status().message();
+    server_ = s->release();
+  }
+  static void TearDownTestSuite() {
+    delete server_;
+    std::filesystem::remove_all(capture_dir_->parent_path());
+    delete capture_dir_;
+  }
+  static httplib::Client Api() {
+    httplib::Client c("127.0.0.1", server_->port());
+    c.set_read_timeout(60, 0);
+    return c;
+  }
+  static httplib::Client Admin() {
+    httplib::Client c("127.0.0.1", server_->admin_port());
+    c.set_read_timeout(60, 0);
+    return c;
+  }
+  static json Complete(json body, httplib::Headers h = {}, std::string* request_id = nullptr) {
+    auto r = Api().Post("/v1/completions", h, body.dump(), "application/json");
+    EXPECT_TRUE(r) << "no response";
+    if (!r) return {};
+    EXPECT_EQ(r->status, 200) << r->body;
+    if (request_id) *request_id = r->get_header_value("x-request-id");
+    return json::parse(r->body);
+  }
+  static std::string Text(const json& j) { return j["choices"][0]["text"].get<std::string>(); }
+  static Server* server_;
+  static std::filesystem::path* capture_dir_;
+};
+Server* ServerTest::server_ = nullptr;
+std::filesystem::path* ServerTest::capture_dir_ = nullptr;
+
+TEST_F(ServerTest, HealthAndModelsOnBothListeners) {
+  auto h = Admin().Get("/health");
+  ASSERT_TRUE(h);
+  EXPECT_EQ(h->status, 200);
+  auto m = Api().Get("/v1/models");
+  ASSERT_TRUE(m);
+  EXPECT_EQ(m->status, 200);
+  EXPECT_EQ(json::parse(m->body)["data"][0]["object"], "model");
+  EXPECT_FALSE(m->get_header_value("x-request-id").empty());
+}
+
+TEST_F(ServerTest, CompletionNonStreamingHasUsageAndRequestId) {
+  std::string rid;
+  json j = Complete({{"prompt", "<!DOCTYPE html>"}, {"max_tokens", 12}, {"temperature", 0}}, {}, &rid);
+  EXPECT_EQ(j["object"], "text_completion");
+  EXPECT_FALSE(Text(j).empty());
+  EXPECT_EQ(j["usage"]["completion_tokens"], 12);
+  EXPECT_EQ(j["choices"][0]["finish_reason"], "length");
+  EXPECT_EQ(rid.rfind("req-", 0), 0u) << rid;
+  // A caller's id is kept.
+  std::string mine;
+  Complete({{"prompt", "a"}, {"max_tokens", 2}}, {{"x-request-id", "my-id-1"}}, &mine);
+  EXPECT_EQ(mine, "my-id-1");
+}
+
+TEST_F(ServerTest, StreamingEqualsNonStreamingAndEndsWithDone) {
+  json body = {{"prompt", "<html>"}, {"max_tokens", 16}, {"temperature", 0.7}, {"seed", 3}};
+  const std::string whole = Text(Complete(body));
+  body["stream"] = true;
+  body["stream_options"] = {{"include_usage", true}};
+  auto r = Api().Post("/v1/completions", body.dump(), "application/json");
+  ASSERT_TRUE(r);
+  ASSERT_EQ(r->status, 200);
+  std::string streamed;
+  bool done = false, usage = false;
+  std::istringstream in(r->body);
+  for (std::string line; std::getline(in, line);) {
+    if (line.rfind("data: ", 0) != 0) continue;
+    const std::string data = line.substr(6);
+    if (data == "[DONE]") {
+      done = true;
+      continue;
+    }
+    json c = json::parse(data);
+    if (c.contains("usage")) usage = true;
+    for (const auto& ch : c["choices"]) streamed += ch["text"].get<std::string>();
+  }
+  EXPECT_TRUE(done);
+  EXPECT_TRUE(usage);
+  EXPECT_EQ(streamed, whole);
+}
+
+TEST_F(ServerTest, ChatCompletion) {
+  json body = {{"messages", json::array({{{"role", "user"}, {"content", "Write a page."}}})}, {"max_completion_tokens", 8}};
+  auto r = Api().Post("/v1/chat/completions", body.dump(), "application/json");
+  ASSERT_TRUE(r);
+  ASSERT_EQ(r->status, 200) << r->body;
+  json j = json::parse(r->body);
+  EXPECT_EQ(j["object"], "chat.completion");
+  EXPECT_EQ(j["choices"][0]["message"]["role"], "assistant");
+}
+
+TEST_F(ServerTest, SameSeedSameText) {
+  json body = {{"prompt", "<!DOCTYPE html>"}, {"max_tokens", 24}, {"temperature", 0.9}, {"seed", 11}};
+  EXPECT_EQ(Text(Complete(body)), Text(Complete(body)));
+}
+
+// The engine is batch-invariant: a request's text does not depend on who shares its steps.
+TEST_F(ServerTest, BatchInvariantThroughTheServer) {
+  json body = {{"prompt", "<html>\n<body>"}, {"max_tokens", 24}, {"temperature", 0.8}, {"seed", 5}};
+  const std::string alone = Text(Complete(body));
+  std::vector<std::thread> others;
+  for (int i = 0; i < 7; ++i) {
+    others.emplace_back([i] {
+      Complete({{"prompt", std::string(i + 1, 'x') + " <div>"}, {"max_tokens", 20 + i}, {"temperature", 1.0}, {"seed", 100 + i}});
+    });
+  }
+  const std::string together = Text(Complete(body));
+  for (auto& t : others) t.join();
+  EXPECT_EQ(alone, together);
+}
+
+TEST_F(ServerTest, MalformedJsonIs400WithEnvelope) {
+  auto r = Api().Post("/v1/completions", "{not json", "application/json");
+  ASSERT_TRUE(r);
+  EXPECT_EQ(r->status, 400);
+  json j = json::parse(r->body);
+  EXPECT_TRUE(j["error"]["message"].is_string());
+  EXPECT_EQ(j["error"]["type"], "invalid_request_error");
+  EXPECT_TRUE(j["error"].contains("param"));
+  EXPECT_TRUE(j["error"].contains("code"));
+  EXPECT_FALSE(r->get_header_value("x-request-id").empty());
+  auto bad = Api().Post("/v1/completions", json{{"prompt", "a"}, {"temperature", "hot"}}.dump(), "application/json");
+  ASSERT_TRUE(bad);
+  EXPECT_EQ(bad->status, 400);
+  EXPECT_EQ(json::parse(bad->body)["error"]["param"], "temperature");
+}
+
+TEST_F(ServerTest, CaptureNeedsTheToken) {
+  auto r = Api().Post("/v1/completions", {{"X-Lockstep-Capture", "full"}}, json{{"prompt", "a"}, {"max_tokens", 2}}.dump(),
+                      "application/json");
+  ASSERT_TRUE(r);
+  EXPECT_EQ(r->status, 401);
+  auto a = Admin().Post("/admin/capture/whatever");
+  ASSERT_TRUE(a);
+  EXPECT_EQ(a->status, 401);
+}
+
+TEST_F(ServerTest, CaptureHeaderWritesAVerifiedTraceThatReplaysExactly) {
+  std::string rid;
+  json j = Complete({{"prompt", "<html>"}, {"max_tokens", 10}, {"temperature", 0.8}, {"seed", 9}},
+                    {{"X-Lockstep-Capture", "full"}, {"X-Lockstep-Token", kToken}, {"x-request-id", "cap-1"}}, &rid);
+  ASSERT_EQ(rid, "cap-1");
+  const json& cap = j["lockstep"]["captures"][0];
+  ASSERT_TRUE(cap["verified"].get<bool>()) << cap.dump();
+  const std::filesystem::path trace = cap["trace"].get<std::string>();
+  EXPECT_EQ(trace.filename(), "cap-1.h5");
+  struct stat st {};
+  ASSERT_EQ(::stat(capture_dir_->c_str(), &st), 0);
+  EXPECT_EQ(st.st_mode & 0777, 0700);
+
+  auto reader = traces::TraceReader::Open(trace);
+  ASSERT_TRUE(reader.ok()) << reader.status().message();
+  ASSERT_EQ((*reader)->requests().size(), 1u);
+  EXPECT_EQ((*reader)->requests()[0].name, "cap-1");  // the trace carries the request's id
+  EXPECT_EQ((*reader)->requests()[0].generated_text, Text(j));
+  replayer::ReplayOptions ro;
+  ro.mode = replayer::ReplayMode::kExact;
+  ro.output = trace.parent_path() / "cap-1.replay.h5";
+  auto rep = replayer::Replay(**reader, ro);
+  ASSERT_TRUE(rep.ok()) << rep.status().message();
+  EXPECT_TRUE(rep->deterministic) << rep->verdict;
+
+  // The admin call captures a request still in the ring.
+  std::string later;
+  Complete({{"prompt", "<div>"}, {"max_tokens", 6}}, {}, &later);
+  auto a = Admin().Post("/admin/capture/" + later + "?mode=summary", {{"Authorization", std::string("Bearer ") + kToken}},
+                        "", "application/json");
+  ASSERT_TRUE(a);
+  ASSERT_EQ(a->status, 200) << a->body;
+  EXPECT_TRUE(json::parse(a->body)["verified"].get<bool>());
+  auto missing = Admin().Post("/admin/capture/nope", {{"Authorization", std::string("Bearer ") + kToken}}, "", "application/json");
+  ASSERT_TRUE(missing);
+  EXPECT_EQ(missing->status, 404);
+}
+
+TEST_F(ServerTest, DegenerationTriggerFiresOnALoopNotOnSampling) {
+  const int64_t before = server_->metrics().degenerations.load();
+  std::string loop_id, sampled_id;
+  Complete({{"prompt", kLoopPrompt}, {"max_tokens", 256}, {"temperature", 0}, {"ignore_eos", true}}, {}, &loop_id);
+  Complete({{"prompt", kLoopPrompt}, {"max_tokens", 256}, {"temperature", 0.6}, {"seed", 1}, {"ignore_eos", true}}, {},
+           &sampled_id);
+  EXPECT_EQ(server_->metrics().degenerations.load(), before + 1);
+  const auto live = *capture_dir_ / (loop_id + ".live.json");
+  for (int i = 0; i < 200 && !std::filesystem::exists(live); ++i) std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  ASSERT_TRUE(std::filesystem::exists(live));
+  std::ifstream in(live);
+  json j = json::parse(in);
+  EXPECT_EQ(j["trigger"], "degeneration");
+  EXPECT_TRUE(j["verified"].get<bool>()) << j["detail"];
+  EXPECT_FALSE(std::filesystem::exists(*capture_dir_ / (sampled_id + ".live.json")));
+}
+
+TEST_F(ServerTest, MetricsExposition) {
+  Complete({{"prompt", "a"}, {"max_tokens", 3}});
+  auto r = Admin().Get("/metrics");
+  ASSERT_TRUE(r);
+  ASSERT_EQ(r->status, 200);
+  for (const char* name : {"lockstep:num_requests_running", "lockstep:num_requests_waiting", "lockstep:kv_cache_usage_perc",
+                           "lockstep:prompt_tokens_total", "lockstep:generation_tokens_total",
+                           "lockstep:time_to_first_token_seconds_bucket", "lockstep:inter_token_latency_seconds_count",
+                           "lockstep:e2e_request_latency_seconds_sum", "lockstep:request_success_total{finished_reason=\"length\"}",
+                           "lockstep:captures_total{trigger=\"request\"}", "lockstep:capture_verify_failures_total 0",
+                           "lockstep:degenerations_detected_total", "lockstep:capture_bytes"}) {
+    EXPECT_NE(r->body.find(name), std::string::npos) << name;
+  }
+#ifdef LOCKSTEP_PROMTOOL
+  const auto file = capture_dir_->parent_path() / "metrics.txt";
+  std::ofstream(file) << r->body;
+  const std::string cmd = std::string(LOCKSTEP_PROMTOOL) + " check metrics < " + file.string() + " 2>&1";
+  FILE* p = ::popen(cmd.c_str(), "r");
+  ASSERT_NE(p, nullptr);
+  std::string out;
+  char buf[512];
+  while (std::fgets(buf, sizeof buf, p)) out += buf;
+  const int rc = ::pclose(p);
+  EXPECT_EQ(rc, 0) << out;
+#else
+  GTEST_SKIP() << "promtool not installed (Debian `prometheus`): the exposition was not linted";
+#endif
+}
+
+}  // namespace
+}  // namespace lockstep::server
