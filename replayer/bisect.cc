@@ -145,6 +145,7 @@ Result<BisectResult> Bisect(const traces::TraceReader& trace, const BisectOption
 
   // 5. Sampling, when the recording was greedy.
   bool greedy = !trace.requests().empty();
+  bool sampled_fixes = false;  // greedy degenerates, sampling at 0.6 does not
   for (const auto& q : trace.requests()) greedy &= q.temperature == 0.0;
   if (greedy) {
     int64_t rec_deg = 0, new_deg = 0;
@@ -155,6 +156,7 @@ Result<BisectResult> Bisect(const traces::TraceReader& trace, const BisectOption
     o.overrides.top_p = 0.95;
     LS_ASSIGN_OR_RETURN(auto r, run(o, "sampling at temperature 0.6 instead of greedy"));
     for (const auto& q : r.diff.requests) new_deg += diff::DetectDegeneration(q.tokens_b).degenerate;
+    sampled_fixes = rec_deg > 0 && new_deg < rec_deg;
     res.sampling_note = "the recording is greedy; " + std::to_string(rec_deg) + " of " +
                         std::to_string(trace.requests().size()) + " request(s) degenerate as recorded, " +
                         std::to_string(new_deg) + " when sampled at temperature 0.6 (top_p 0.95)";
@@ -164,12 +166,22 @@ Result<BisectResult> Bisect(const traces::TraceReader& trace, const BisectOption
   std::ostringstream v;
   if (!res.reproducible) v << "The run is not reproducible: " << res.reproducible_detail << ". ";
   if (res.batch_dependent) v << "Batch dependence: " << res.batch_detail;
+  // Below this mean logit KL the configurations agree to within what reduced precision
+  // normally costs; the numerics are then not what went wrong.
+  constexpr double kSmallKl = 0.01;
   if (!res.components.empty() && res.components[0].explained > 0) {
     const ComponentResult& c = res.components[0];
-    v << "Divergence starts at " << (c.has_divergence ? Where(c.first) : std::string("no captured tensor")) << " when "
-      << c.component << "=" << c.recorded << "; with " << c.component << "=" << c.swapped_to << " the logit KL "
-      << "against the reference configuration falls by " << Fmt("%.0f", 100 * c.explained) << "% (from "
-      << Fmt("%.3g", total) << " to " << Fmt("%.3g", c.kl_to_reference) << " nats).";
+    if (total < kSmallKl) {
+      v << "Numerically the recording is close to the reference configuration (" << res.reference
+        << "): mean logit KL " << Fmt("%.3g", total) << " nats, of which " << c.component << "=" << c.recorded
+        << " accounts for " << Fmt("%.0f", 100 * c.explained) << "% (first visible at "
+        << (c.has_divergence ? Where(c.first) : std::string("no captured tensor")) << ").";
+    } else {
+      v << "Divergence starts at " << (c.has_divergence ? Where(c.first) : std::string("no captured tensor")) << " when "
+        << c.component << "=" << c.recorded << "; with " << c.component << "=" << c.swapped_to << " the logit KL "
+        << "against the reference configuration falls by " << Fmt("%.0f", 100 * c.explained) << "% (from "
+        << Fmt("%.3g", total) << " to " << Fmt("%.3g", c.kl_to_reference) << " nats).";
+    }
     for (size_t i = 1; i < res.components.size(); ++i) {
       const auto& o = res.components[i];
       v << " " << o.component << " (" << o.recorded << " → " << o.swapped_to << ") explains "
@@ -181,7 +193,11 @@ Result<BisectResult> Bisect(const traces::TraceReader& trace, const BisectOption
   } else {
     v << "No single component explains the divergence from the reference configuration (" << res.reference << ").";
   }
-  if (!res.sampling_note.empty()) v << " Sampling: " << res.sampling_note << ".";
+  if (greedy && sampled_fixes && (total < kSmallKl || ref.empty())) {
+    v << " The degeneration comes from greedy decoding, not from the numerics: " << res.sampling_note << ".";
+  } else if (!res.sampling_note.empty()) {
+    v << " Sampling: " << res.sampling_note << ".";
+  }
   res.verdict = v.str();
   return res;
 }

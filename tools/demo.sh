@@ -1,8 +1,10 @@
 #!/usr/bin/env bash
 # tools/demo.sh — the main job on the embedded default model: installs what is missing,
-# builds the `lockstep` binary, prints what the model is, then generates from an HTML prompt
-# at temperature 0.6 and greedily (where small models tend to loop). About 3–5 minutes on a
-# fresh 2-core machine, nearly all of it compiling.
+# builds the `lockstep` binary, prints what the model is, generates from an HTML prompt at
+# temperature 0.6 and greedily (where the model loops), then debugs the loop the way lockstep
+# is meant to be used: degeneration rates per setting, a trace of the greedy run with an FP8
+# KV cache, an exact replay (is it reproducible?) and a bisect (which component explains it?).
+# About 4–6 minutes on a fresh 2-core machine, nearly all of it compiling.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash tools/install-deps.sh
@@ -16,3 +18,11 @@ echo; echo "=== temperature 0.6, seed 1 ==="
 "$LS" generate --prompt "$PROMPT" --echo --max-tokens 200 --temperature 0.6 --top-p 0.95 --seed 1
 echo; echo "=== greedy (temperature 0) ==="
 "$LS" generate --prompt "$PROMPT" --echo --max-tokens 200 --temperature 0
+OUT=${DEMO_DIR:-$(mktemp -d)}
+echo; echo "=== how often does it degenerate? (lockstep degen) ==="
+"$LS" degen --prompt "$PROMPT" --samples 8 --temperatures 0,0.6,1.0 --max-tokens 256 --ignore-eos -q
+echo; echo "=== record the greedy run with an FP8 cache, replay it, bisect it (traces in $OUT) ==="
+"$LS" record --prompt "$PROMPT" --max-tokens 256 --temperature 0 --ignore-eos --kv-cache fp8_e4m3 -o "$OUT/run.h5"
+"$LS" inspect "$OUT/run.h5" | sed -n "1,3p;/^requests/,/^tensors/p"
+"$LS" replay "$OUT/run.h5" -o "$OUT/replay.h5" -q
+"$LS" bisect "$OUT/run.h5" --work-dir "$OUT/bisect" -q
