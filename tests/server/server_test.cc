@@ -7,6 +7,7 @@
 #include <chrono>
 #include <cstdlib>
 #include <fstream>
+#include <sstream>
 #include <thread>
 
 #include <nlohmann/json.hpp>
@@ -14,7 +15,7 @@
 #include "recorder/fingerprint.h"
 #include "replayer/replay_session.h"
 #include "server/http_server.h"
-#include "test_util.h"
+#include "tests/test_util.h"
 #include "traces/trace_reader.h"
 
 namespace lockstep::server {
@@ -269,7 +270,13 @@ TEST_F(ServerTest, MetricsExposition) {
   char buf[512];
   while (std::fgets(buf, sizeof buf, p)) out += buf;
   const int rc = ::pclose(p);
-  EXPECT_EQ(rc, 0) << out;
+  // The issue names the metrics vLLM-style (`lockstep:…`), which promtool's lint flags as
+  // reserved for recording rules; every other finding (a format error included) fails.
+  std::istringstream lines(out);
+  for (std::string line; std::getline(lines, line);) {
+    if (!line.empty()) EXPECT_NE(line.find("metric names should not contain ':'"), std::string::npos) << line;
+  }
+  EXPECT_TRUE(rc == 0 || WEXITSTATUS(rc) == 3) << "promtool exit " << rc << "\n" << out;
 #else
   GTEST_SKIP() << "promtool not installed (Debian `prometheus`): the exposition was not linted";
 #endif
