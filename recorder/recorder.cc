@@ -70,47 +70,51 @@ void Recorder::Capture(const Tensor& t, int64_t request, int64_t position, int64
   const CapturePolicy& p = opts_.policy;
   const size_t row_bytes = static_cast<size_t>(t.cols) * traces::DTypeSize(t.dtype);
   const auto* base = static_cast<const uint8_t*>(data);
-  rows_.clear();
+  positions_.clear();
   for (int64_t i = 0; i < rows; ++i) {
-    if (!p.WantsPosition(position + i)) continue;
-    traces::SummaryRow s;
-    s.position = position + i;
-    s.request = static_cast<int32_t>(request);
-    s.step = static_cast<int32_t>(steps_);
-    traces::Summarize(t.dtype, base + i * row_stride_bytes, t.cols, &s);
-    rows_.push_back(s);
+    if (p.WantsPosition(position + i)) positions_.push_back(position + i);
   }
-  if (rows_.empty()) return;
-  const void* values = nullptr;
-  if (t.values) {
-    if (static_cast<int64_t>(rows_.size()) == rows && row_stride_bytes == static_cast<int64_t>(row_bytes)) {
-      values = data;  // every row kept and contiguous: no copy here (the writer copies once)
-    } else {
-      gather_.resize(rows_.size() * row_bytes);
-      for (size_t k = 0; k < rows_.size(); ++k) {
-        std::memcpy(gather_.data() + k * row_bytes, base + (rows_[k].position - position) * row_stride_bytes,
-                    row_bytes);
-      }
-      values = gather_.data();
+  if (positions_.empty()) return;
+  const void* values = data;
+  if (static_cast<int64_t>(positions_.size()) != rows || row_stride_bytes != static_cast<int64_t>(row_bytes)) {
+    gather_.resize(positions_.size() * row_bytes);
+    for (size_t k = 0; k < positions_.size(); ++k) {
+      std::memcpy(gather_.data() + k * row_bytes, base + (positions_[k] - position) * row_stride_bytes, row_bytes);
     }
+    values = gather_.data();
   }
-  Status s = writer_->Append(t.handle, rows_, values);
+  // The statistics and the hash are computed on the writer's thread, not here.
+  Status s = writer_->AppendToSummarize(t.handle, static_cast<int32_t>(request), static_cast<int32_t>(steps_),
+                                        positions_, values);
   if (!s.ok()) Fail(s);
 }
 
 void Recorder::OnTap(const engine::TapEvent& e) {
   if (!status_.ok() || opts_.policy.mode == CapturePolicy::Mode::kNone) return;
-  auto w = wanted_.find(e.name);
-  if (w == wanted_.end()) w = wanted_.emplace(std::string(e.name), opts_.policy.WantsTap(e.name)).first;
-  if (!w->second) return;
-  if (e.name == "logits") {
+  // The engine's tap names live as long as the model, so their address identifies them;
+  // the name check guards against an engine that builds names on the fly.
+  TapEntry* entry = nullptr;
+  auto hit = by_address_.find(e.name.data());
+  if (hit != by_address_.end() && hit->second.name == e.name) {
+    entry = &hit->second;
+  } else {
+    TapEntry fresh;
+    fresh.name = std::string(e.name);
+    fresh.wanted = opts_.policy.WantsTap(e.name);
+    if (fresh.wanted && e.name != "logits") {
+      const DType dtype = e.dtype == engine::TapDType::kI32 ? DType::kI32 : DType::kF32;
+      const bool full = opts_.policy.mode == CapturePolicy::Mode::kFull;
+      fresh.tensor = Define(std::string(traces::kTapsGroup) + "/" + fresh.name, dtype, e.cols, full);
+      if (!fresh.tensor) return;
+    }
+    entry = &(by_address_[e.name.data()] = std::move(fresh));
+  }
+  if (!entry->wanted) return;
+  if (!entry->tensor) {
     CaptureLogits(e);
     return;
   }
-  const DType dtype = e.dtype == engine::TapDType::kI32 ? DType::kI32 : DType::kF32;
-  const bool full = opts_.policy.mode == CapturePolicy::Mode::kFull;
-  const Tensor* t = Define(std::string(traces::kTapsGroup) + "/" + std::string(e.name), dtype, e.cols, full);
-  if (t) Capture(*t, e.request_id, e.position, e.rows, e.data, e.cols * 4);
+  Capture(*entry->tensor, e.request_id, e.position, e.rows, e.data, e.cols * 4);
 }
 
 // Logits: the summary of every row always; the values themselves in full capture when the
@@ -169,17 +173,33 @@ void Recorder::OnForward(std::span<const engine::Segment> segs, const engine::Pa
   }
   const CapturePolicy& p = opts_.policy;
   if (!status_.ok() || p.mode == CapturePolicy::Mode::kNone || !p.kv) return;
-  const bool full = p.mode == CapturePolicy::Mode::kFull;
+  if (kv_parts_.empty()) DefineKvTensors(cache);
+  for (const KvPart& part : kv_parts_) {
+    const int64_t pb = part.tensor->cols * static_cast<int64_t>(traces::DTypeSize(part.tensor->dtype));
+    for (const auto& s : segs) {
+      const int64_t n = static_cast<int64_t>(s.tokens.size());
+      kv_buf_.resize(n * pb);
+      for (int64_t i = 0; i < n; ++i) {
+        std::memcpy(kv_buf_.data() + i * pb, cache.TokenBytes(part.layer, part.stream, *s.cache, s.start_pos + i) + part.offset,
+                    pb);
+      }
+      Capture(*part.tensor, s.request_id, s.start_pos, n, kv_buf_.data(), pb);
+    }
+  }
+}
+
+// The KV tensors, once: per kept layer and stream, the parts of a token's bytes.
+void Recorder::DefineKvTensors(const engine::PagedKvCache& cache) {
+  const bool full = opts_.policy.mode == CapturePolicy::Mode::kFull;
   const engine::ModelConfig& c = engine_->model().config();
   const std::string fmt(engine::KvFormatName(cache.format()));
-  std::vector<uint8_t> buf;
   for (int64_t l = 0; l < c.num_hidden_layers; ++l) {
-    if (!p.WantsKvLayer(l)) continue;
+    if (!opts_.policy.WantsKvLayer(l)) continue;
     const auto& streams = cache.streams(l);
     for (size_t si = 0; si < streams.size(); ++si) {
       const engine::StreamSpec& st = streams[si];
       const int64_t tb = st.bytes_per_token;
-      // (suffix, dtype, byte offset in the token, cols) of each part of the stream.
+      // (suffix, what, dtype, byte offset in the token, cols) of each part of the stream.
       struct Part {
         std::string suffix, what;
         DType dtype;
@@ -197,7 +217,8 @@ void Recorder::OnForward(std::span<const engine::Segment> segs, const engine::Pa
         parts.push_back({"", st.kind == engine::StreamKind::kMlaLatent ? "latent" : "key", DType::kF32, 0, tb / 4});
       }
       for (const Part& part : parts) {
-        const std::string path = std::string(traces::kKvGroup) + "/layers." + std::to_string(l) + "." + st.name + part.suffix;
+        const std::string path =
+            std::string(traces::kKvGroup) + "/layers." + std::to_string(l) + "." + st.name + part.suffix;
         const Tensor* t = Define(path, part.dtype, part.cols, full,
                                  {{"kv_format", fmt},
                                   {"stream", st.name},
@@ -205,15 +226,7 @@ void Recorder::OnForward(std::span<const engine::Segment> segs, const engine::Pa
                                   {"token_bytes", std::to_string(tb)},
                                   {"byte_offset", std::to_string(part.offset)}});
         if (!t) return;
-        const int64_t pb = part.cols * static_cast<int64_t>(traces::DTypeSize(part.dtype));
-        for (const auto& s : segs) {
-          const int64_t n = static_cast<int64_t>(s.tokens.size());
-          buf.resize(n * pb);
-          for (int64_t i = 0; i < n; ++i) {
-            std::memcpy(buf.data() + i * pb, cache.TokenBytes(l, si, *s.cache, s.start_pos + i) + part.offset, pb);
-          }
-          Capture(*t, s.request_id, s.start_pos, n, buf.data(), pb);
-        }
+        kv_parts_.push_back({l, si, part.offset, t});
       }
     }
   }
@@ -266,6 +279,8 @@ Status Recorder::EndStep() {
       (opts_.flush_interval_s <= 0 || std::chrono::duration<double>(now - last_flush_).count() >= opts_.flush_interval_s)) {
     Fail(writer_->Flush(steps_));
     last_flush_ = now;
+  } else {
+    writer_->Submit();  // the step's rows go to the writer thread in one hand-over
   }
   step_start_ = Clock::now();
   if (status_.ok()) Fail(writer_->status());

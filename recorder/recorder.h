@@ -20,6 +20,7 @@
 #include <map>
 #include <span>
 #include <string>
+#include <unordered_map>
 #include <vector>
 
 #include "base/status.h"
@@ -75,6 +76,7 @@ class Recorder : public engine::TapHook {
   void Capture(const Tensor& t, int64_t request, int64_t position, int64_t rows, const void* data,
                int64_t row_stride_bytes);
   void CaptureLogits(const engine::TapEvent& e);
+  void DefineKvTensors(const engine::PagedKvCache& cache);
   void Fail(const Status& s) {
     if (status_.ok()) status_ = s;
   }
@@ -83,7 +85,12 @@ class Recorder : public engine::TapHook {
   traces::TraceWriter* writer_;
   RecorderOptions opts_;
   std::map<std::string, Tensor, std::less<>> tensors_;
-  std::map<std::string, bool, std::less<>> wanted_;  // tap name → policy decision
+  struct TapEntry {
+    std::string name;
+    bool wanted = false;
+    const Tensor* tensor = nullptr;  // null for logits (CaptureLogits defines its tensors)
+  };
+  std::unordered_map<const void*, TapEntry> by_address_;  // tap name's address → decision
   Status status_;
   int64_t steps_ = 0, tokens_ = 0;
   int64_t step_tokens_ = 0;
@@ -91,8 +98,15 @@ class Recorder : public engine::TapHook {
   std::chrono::steady_clock::time_point step_start_, last_flush_;
   int64_t stall_at_step_start_ = 0;
   // Scratch buffers reused across calls (no allocation per tap in the steady state).
-  std::vector<traces::SummaryRow> rows_;
-  std::vector<uint8_t> gather_;
+  std::vector<int64_t> positions_;
+  std::vector<uint8_t> gather_, kv_buf_;
+  struct KvPart {
+    int64_t layer;
+    size_t stream;
+    int64_t offset;  // of the part within a token's bytes
+    const Tensor* tensor;
+  };
+  std::vector<KvPart> kv_parts_;
 };
 
 }  // namespace lockstep::recorder

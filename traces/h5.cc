@@ -44,6 +44,14 @@ std::string LastError() {
   H5Eclear2(H5E_DEFAULT);
   // HDF5 messages sometimes span lines; a Status is one line.
   std::replace(msg.begin(), msg.end(), '\n', ' ');
+  // I/O failures come as "file write failed: time = …, filename = …, errno = 28, error
+  // message = 'No space left on device', …": keep what a user can act on.
+  const size_t em = msg.find("error message = '");
+  if (em != std::string::npos) {
+    const size_t b = em + 17, e = msg.find('\'', b);
+    const size_t colon = msg.find(':');
+    msg = msg.substr(0, colon) + ": " + msg.substr(b, e == std::string::npos ? std::string::npos : e - b);
+  }
   return msg;
 }
 

@@ -58,10 +58,36 @@ void Summarize(DType dtype, const void* row, int64_t cols, SummaryRow* out) {
   Acc a;
   switch (dtype) {
     case DType::kF32: {
-      // The hot path (every activation row): a single pass with float compares, since
-      // NaN/Inf are rare; doubles only for the sum of squares.
+      // The hot path (every activation row). Four independent double accumulators and float
+      // min/max, no branches: a NaN or ±Inf makes the sum non-finite (a float squared never
+      // overflows a double), and only then does the careful loop below run.
       const float* p = static_cast<const float*>(row);
-      for (int64_t i = 0; i < cols; ++i) a.Add(p[i]);
+      double s[4] = {0, 0, 0, 0};
+      float lo = std::numeric_limits<float>::infinity(), hi = -lo;
+      int64_t i = 0;
+      for (; i + 4 <= cols; i += 4) {
+        for (int k = 0; k < 4; ++k) {
+          const float v = p[i + k];
+          s[k] += static_cast<double>(v) * v;
+          lo = v < lo ? v : lo;
+          hi = v > hi ? v : hi;
+        }
+      }
+      for (; i < cols; ++i) {
+        s[i & 3] += static_cast<double>(p[i]) * p[i];
+        lo = p[i] < lo ? p[i] : lo;
+        hi = p[i] > hi ? p[i] : hi;
+      }
+      const double sumsq = (s[0] + s[1]) + (s[2] + s[3]);
+      if (std::isfinite(sumsq) && cols > 0) {
+        a.sumsq = sumsq;
+        a.lo = lo;
+        a.hi = hi;
+        a.absmax = std::fmax(std::fabs(lo), std::fabs(hi));
+        a.finite = cols;
+        break;
+      }
+      for (int64_t j = 0; j < cols; ++j) a.Add(p[j]);
       break;
     }
     case DType::kI32: {

@@ -15,6 +15,7 @@
 #include <unistd.h>
 
 #include "traces/h5.h"
+#include "traces/row_summary.h"
 #include "traces/trace_types.h"
 #include "traces/zstd_filter.h"
 
@@ -25,8 +26,18 @@ struct Command {
   enum class Kind { kMeta, kAddRequest, kFinishRequest, kDefineTensor, kAppend, kFlush, kClose };
   explicit Command(Kind k = Kind::kMeta) : kind(k) {}
   Kind kind;
-  int32_t table = -1;   // kAppend: destination table
-  std::vector<uint8_t> bytes;  // kAppend: whole rows
+  // kAppend: rows for several tables, concatenated in `bytes`; entries say whose rows, in
+  // order (one command, so one allocation, for a whole step's rows).
+  struct Entry {
+    int32_t table;     // destination (for kSummarize: the summary table; values go to table + 1)
+    size_t bytes;      // of this entry in `bytes`
+    bool summarize = false;  // rows to summarize here (see TraceWriter::AppendToSummarize)
+    bool store_values = false;
+    DType dtype = DType::kF32;
+    int64_t cols = 0;
+  };
+  std::vector<Entry> entries;
+  std::vector<uint8_t> bytes;
   std::string key, value;      // kMeta; kFinishRequest: value = text, key = finish reason
   RequestRecord request;       // kAddRequest; kFinishRequest uses id and prompt (= generated)
   TensorSpec tensor;           // kDefineTensor
@@ -89,6 +100,17 @@ class TraceWriter::Impl {
   Status Open(const std::filesystem::path& path);
   void Start();
   void Push(Command cmd, int64_t* stall_ns);
+  void Submit(int64_t* stall_ns);
+  // The caller's side: commands not yet handed over (touched by the caller thread only).
+  std::vector<Command> pending;
+  int64_t pending_bytes = 0;
+  std::atomic<bool> failed{false};  // error_ is set (read without the lock)
+  static constexpr std::chrono::milliseconds kWriterPoll{20};
+  // Row buffers travel caller → writer → back: a fresh multi-100-KB buffer per step would
+  // cost page faults (zeroed pages) on the engine thread every step.
+  std::vector<std::vector<uint8_t>> spare_;  // guarded by mu_
+  std::vector<uint8_t> fresh;                // caller's next buffer
+  std::chrono::steady_clock::time_point last_wake_{};
   void Join() {
     if (thread_.joinable()) thread_.join();
     {
@@ -110,7 +132,9 @@ class TraceWriter::Impl {
   Status Process(Command& cmd);
   Status DoDefineTensor(const TensorSpec& spec);
   Result<int32_t> MakeTable(const std::string& path, h5::Hid type, int64_t cols, hid_t parent);
-  Status DoAppend(Table& t, const std::vector<uint8_t>& bytes);
+  Status DoAppend(Table& t, const uint8_t* data, size_t bytes);
+  Status DoSummarizeAppend(const struct Command::Entry& e, const uint8_t* data);
+  std::vector<SummaryRow> summaries_;  // scratch of DoSummarizeAppend
   // `rows`: the extent after the write (default: through the end of the chunk).
   Status WriteChunk(Table& t, int64_t index, const std::vector<uint8_t>& packed, int64_t rows = -1);
   Status WriteReadyChunks(bool wait_all);
@@ -125,6 +149,7 @@ class TraceWriter::Impl {
       std::lock_guard<std::mutex> l(mu_);
       if (!error_.ok()) return;
       error_ = s;
+      failed = true;
     }
     Detach();
   }
@@ -235,7 +260,15 @@ void TraceWriter::Impl::Start() {
 }
 
 void TraceWriter::Impl::Push(Command cmd, int64_t* stall_ns) {
-  const int64_t bytes = static_cast<int64_t>(cmd.bytes.size());
+  pending.push_back(std::move(cmd));
+  Submit(stall_ns);
+}
+
+// Hands the caller's pending commands to the writer thread: one lock and one wake-up per
+// batch (per engine step, typically), not per tensor.
+void TraceWriter::Impl::Submit(int64_t* stall_ns) {
+  if (pending.empty()) return;
+  const int64_t bytes = pending_bytes;
   std::unique_lock<std::mutex> l(mu_);
   if (queued_bytes_ > 0 && queued_bytes_ + bytes > opts_.queue_bytes && error_.ok()) {
     const auto t0 = Clock::now();
@@ -243,9 +276,25 @@ void TraceWriter::Impl::Push(Command cmd, int64_t* stall_ns) {
     *stall_ns += std::chrono::duration_cast<std::chrono::nanoseconds>(Clock::now() - t0).count();
   }
   queued_bytes_ += bytes;
-  commands_.push_back(std::move(cmd));
+  bool urgent = queued_bytes_ > (1 << 20);
+  for (auto& c : pending) {
+    urgent |= c.kind != Command::Kind::kAppend;
+    commands_.push_back(std::move(c));
+  }
+  if (fresh.capacity() == 0 && !spare_.empty()) {
+    fresh = std::move(spare_.back());
+    spare_.pop_back();
+  }
   l.unlock();
-  cmd_cv_.notify_one();
+  // Waking the writer is a system call; a batch of rows can wait for its periodic look
+  // (kWriterPoll) unless a flush, a close or a large backlog is in the queue.
+  const auto now = Clock::now();
+  if (urgent || now - last_wake_ > kWriterPoll) {
+    cmd_cv_.notify_one();
+    last_wake_ = now;
+  }
+  pending.clear();
+  pending_bytes = 0;
 }
 
 void TraceWriter::Impl::WorkerLoop() {
@@ -275,7 +324,8 @@ void TraceWriter::Impl::Run() {
     Command cmd;
     {
       std::unique_lock<std::mutex> l(mu_);
-      cmd_cv_.wait(l, [&] { return !commands_.empty() || (!jobs_.empty() && jobs_.front()->done); });
+      cmd_cv_.wait_for(l, kWriterPoll, [&] { return !commands_.empty() || (!jobs_.empty() && jobs_.front()->done); });
+      if (commands_.empty() && (jobs_.empty() || !jobs_.front()->done)) continue;
       if (commands_.empty()) {
         l.unlock();
         if (error().ok()) {
@@ -297,6 +347,10 @@ void TraceWriter::Impl::Run() {
     {
       std::lock_guard<std::mutex> l(mu_);
       queued_bytes_ -= bytes;
+      if (kind == Command::Kind::kAppend && spare_.size() < 4) {
+        cmd.bytes.clear();
+        spare_.push_back(std::move(cmd.bytes));
+      }
     }
     space_cv_.notify_all();
     if (kind == Command::Kind::kClose) return;
@@ -314,7 +368,18 @@ Status TraceWriter::Impl::Process(Command& c) {
       finished_.push_back(std::move(c));
       return Status::Ok();
     case Command::Kind::kDefineTensor: return DoDefineTensor(c.tensor);
-    case Command::Kind::kAppend: return DoAppend(*tables_[c.table], c.bytes);
+    case Command::Kind::kAppend: {
+      size_t at = 0;
+      for (const auto& e : c.entries) {
+        if (e.summarize) {
+          LS_RETURN_IF_ERROR(DoSummarizeAppend(e, c.bytes.data() + at));
+        } else {
+          LS_RETURN_IF_ERROR(DoAppend(*tables_[e.table], c.bytes.data() + at, e.bytes));
+        }
+        at += e.bytes;
+      }
+      return Status::Ok();
+    }
     case Command::Kind::kFlush: return DoFlush(c.steps);
     case Command::Kind::kClose: return DoClose();
   }
@@ -369,8 +434,34 @@ Status TraceWriter::Impl::DoDefineTensor(const TensorSpec& spec) {
   return Status::Ok();
 }
 
-Status TraceWriter::Impl::DoAppend(Table& t, const std::vector<uint8_t>& bytes) {
-  t.tail.insert(t.tail.end(), bytes.begin(), bytes.end());
+// Layout of a summarize entry: request i32, step i32, rows i64, positions i64 × rows, then
+// the rows' values (rows × cols × dtype size).
+Status TraceWriter::Impl::DoSummarizeAppend(const Command::Entry& e, const uint8_t* data) {
+  int32_t request, step;
+  int64_t rows;
+  std::memcpy(&request, data, 4);
+  std::memcpy(&step, data + 4, 4);
+  std::memcpy(&rows, data + 8, 8);
+  const uint8_t* positions = data + 16;
+  const uint8_t* values = positions + 8 * rows;
+  const size_t row_bytes = static_cast<size_t>(e.cols) * DTypeSize(e.dtype);
+  summaries_.resize(rows);
+  for (int64_t i = 0; i < rows; ++i) {
+    SummaryRow& s = summaries_[i];
+    s = SummaryRow();
+    std::memcpy(&s.position, positions + 8 * i, 8);
+    s.request = request;
+    s.step = step;
+    Summarize(e.dtype, values + i * row_bytes, e.cols, &s);
+  }
+  LS_RETURN_IF_ERROR(DoAppend(*tables_[e.table], reinterpret_cast<const uint8_t*>(summaries_.data()),
+                              summaries_.size() * sizeof(SummaryRow)));
+  if (e.store_values) LS_RETURN_IF_ERROR(DoAppend(*tables_[e.table + 1], values, rows * row_bytes));
+  return Status::Ok();
+}
+
+Status TraceWriter::Impl::DoAppend(Table& t, const uint8_t* data, size_t bytes) {
+  t.tail.insert(t.tail.end(), data, data + bytes);
   t.tail_dirty = true;
   const size_t chunk_bytes = t.chunk_rows * t.row_bytes;
   size_t used = 0;
@@ -614,12 +705,21 @@ TraceWriter::~TraceWriter() { (void)Close(); }
 
 Status TraceWriter::Enqueue(Command cmd) {
   if (closed_) return Status::Internal("trace writer already closed");
-  LS_RETURN_IF_ERROR(impl_->error());
-  int64_t stall = 0;
-  bytes_in_ += static_cast<int64_t>(cmd.bytes.size());
-  impl_->Push(std::move(cmd), &stall);
-  if (stall) stall_ns_ += stall;
+  if (impl_->failed.load(std::memory_order_relaxed)) return impl_->error();
+  const int64_t bytes = static_cast<int64_t>(cmd.bytes.size());
+  impl_->pending.push_back(std::move(cmd));
+  impl_->pending_bytes += bytes;
+  // Hand over at least every kSubmitBytes, so that the queue bound stays meaningful.
+  constexpr int64_t kSubmitBytes = 4 << 20;
+  if (impl_->pending_bytes >= kSubmitBytes) Submit();
   return Status::Ok();
+}
+
+void TraceWriter::Submit() {
+  if (closed_) return;
+  int64_t stall = 0;
+  impl_->Submit(&stall);
+  if (stall) stall_ns_ += stall;
 }
 
 Status TraceWriter::SetMeta(const std::string& key, const std::string& value) {
@@ -662,19 +762,76 @@ Result<int32_t> TraceWriter::DefineTensor(const TensorSpec& spec) {
   Command c(Command::Kind::kDefineTensor);
   c.tensor = spec;
   LS_RETURN_IF_ERROR(Enqueue(std::move(c)));
+  summary_table_.push_back(next_table_);
+  next_table_ += spec.values ? 2 : 1;
   tensors_.push_back(spec);
   return static_cast<int32_t>(tensors_.size() - 1);
 }
 
-// Table ids follow the order of creation on the writer thread: 0 sampling, 1 steps,
-// 2 step_batch, then per tensor its summary and (when stored) its values.
-namespace {
-int32_t SummaryTable(const std::vector<TensorSpec>& tensors, int32_t tensor) {
-  int32_t id = 3;
-  for (int32_t i = 0; i < tensor; ++i) id += tensors[i].values ? 2 : 1;
-  return id;
+Status TraceWriter::AppendRows(int32_t table, const void* data, size_t bytes) {
+  if (closed_) return Status::Internal("trace writer already closed");
+  if (impl_->failed.load(std::memory_order_relaxed)) return impl_->error();
+  auto& pending = impl_->pending;
+  if (pending.empty() || pending.back().kind != Command::Kind::kAppend) {
+    pending.emplace_back(Command::Kind::kAppend);
+    pending.back().bytes = std::move(impl_->fresh);
+    impl_->fresh = std::vector<uint8_t>();
+    pending.back().bytes.clear();
+    pending.back().bytes.reserve(static_cast<size_t>(append_reserve_));
+  }
+  Command& c = pending.back();
+  const auto* b = static_cast<const uint8_t*>(data);
+  c.bytes.insert(c.bytes.end(), b, b + bytes);
+  c.entries.push_back({table, bytes});
+  append_reserve_ = std::max<int64_t>(append_reserve_, static_cast<int64_t>(c.bytes.size()));
+  impl_->pending_bytes += static_cast<int64_t>(bytes);
+  bytes_in_ += static_cast<int64_t>(bytes);
+  constexpr int64_t kSubmitBytes = 4 << 20;  // hand over at least this often (the queue bound)
+  if (impl_->pending_bytes >= kSubmitBytes) Submit();
+  return Status::Ok();
 }
-}  // namespace
+
+Status TraceWriter::AppendToSummarize(int32_t tensor, int32_t request, int32_t step,
+                                      std::span<const int64_t> positions, const void* values) {
+  if (tensor < 0 || tensor >= static_cast<int32_t>(tensors_.size())) {
+    return Status::InvalidArgument("unknown tensor handle " + std::to_string(tensor));
+  }
+  if (positions.empty()) return Status::Ok();
+  if (closed_) return Status::Internal("trace writer already closed");
+  if (impl_->failed.load(std::memory_order_relaxed)) return impl_->error();
+  const TensorSpec& spec = tensors_[tensor];
+  const int64_t rows = static_cast<int64_t>(positions.size());
+  const size_t value_bytes = rows * spec.cols * DTypeSize(spec.dtype);
+  auto& pending = impl_->pending;
+  if (pending.empty() || pending.back().kind != Command::Kind::kAppend) {
+    pending.emplace_back(Command::Kind::kAppend);
+    pending.back().bytes = std::move(impl_->fresh);
+    impl_->fresh = std::vector<uint8_t>();
+    pending.back().bytes.clear();
+    pending.back().bytes.reserve(static_cast<size_t>(append_reserve_));
+  }
+  Command& c = pending.back();
+  const size_t at = c.bytes.size(), n = 16 + 8 * positions.size() + value_bytes;
+  c.bytes.resize(at + n);
+  uint8_t* p = c.bytes.data() + at;
+  std::memcpy(p, &request, 4);
+  std::memcpy(p + 4, &step, 4);
+  std::memcpy(p + 8, &rows, 8);
+  std::memcpy(p + 16, positions.data(), 8 * positions.size());
+  std::memcpy(p + 16 + 8 * positions.size(), values, value_bytes);
+  Command::Entry e{summary_table_[tensor], n};
+  e.summarize = true;
+  e.store_values = spec.values;
+  e.dtype = spec.dtype;
+  e.cols = spec.cols;
+  c.entries.push_back(e);
+  append_reserve_ = std::max<int64_t>(append_reserve_, static_cast<int64_t>(c.bytes.size()));
+  impl_->pending_bytes += static_cast<int64_t>(n);
+  bytes_in_ += static_cast<int64_t>(spec.values ? value_bytes + rows * sizeof(SummaryRow) : rows * sizeof(SummaryRow));
+  constexpr int64_t kSubmitBytes = 4 << 20;
+  if (impl_->pending_bytes >= kSubmitBytes) Submit();
+  return Status::Ok();
+}
 
 Status TraceWriter::Append(int32_t tensor, std::span<const SummaryRow> summaries, const void* values) {
   if (tensor < 0 || tensor >= static_cast<int32_t>(tensors_.size())) {
@@ -682,50 +839,30 @@ Status TraceWriter::Append(int32_t tensor, std::span<const SummaryRow> summaries
   }
   if (summaries.empty()) return Status::Ok();
   const TensorSpec& spec = tensors_[tensor];
-  const int32_t table = SummaryTable(tensors_, tensor);
-  Command s(Command::Kind::kAppend);
-  s.table = table;
-  const auto* sb = reinterpret_cast<const uint8_t*>(summaries.data());
-  s.bytes.assign(sb, sb + summaries.size_bytes());
-  LS_RETURN_IF_ERROR(Enqueue(std::move(s)));
+  const int32_t table = summary_table_[tensor];
+  LS_RETURN_IF_ERROR(AppendRows(table, summaries.data(), summaries.size_bytes()));
   if (spec.values) {
     if (!values) return Status::InvalidArgument("tensor '" + spec.path + "': values missing");
-    Command v(Command::Kind::kAppend);
-    v.table = table + 1;
-    const auto* vb = static_cast<const uint8_t*>(values);
-    v.bytes.assign(vb, vb + summaries.size() * spec.cols * DTypeSize(spec.dtype));
-    LS_RETURN_IF_ERROR(Enqueue(std::move(v)));
+    LS_RETURN_IF_ERROR(AppendRows(table + 1, values, summaries.size() * spec.cols * DTypeSize(spec.dtype)));
   }
   return Status::Ok();
 }
 
-Status TraceWriter::AppendSampling(const SamplingRow& row) {
-  Command c(Command::Kind::kAppend);
-  c.table = 0;
-  const auto* b = reinterpret_cast<const uint8_t*>(&row);
-  c.bytes.assign(b, b + sizeof row);
-  return Enqueue(std::move(c));
-}
+Status TraceWriter::AppendSampling(const SamplingRow& row) { return AppendRows(0, &row, sizeof row); }
 
 Status TraceWriter::AppendStep(const StepRow& row, std::span<const int64_t> batch) {
-  Command c(Command::Kind::kAppend);
-  c.table = 1;
-  const auto* b = reinterpret_cast<const uint8_t*>(&row);
-  c.bytes.assign(b, b + sizeof row);
-  LS_RETURN_IF_ERROR(Enqueue(std::move(c)));
-  Command ids(Command::Kind::kAppend);
-  ids.table = 2;
+  LS_RETURN_IF_ERROR(AppendRows(1, &row, sizeof row));
   std::vector<int64_t> padded(static_cast<size_t>(batch_width_), -1);
   for (size_t i = 0; i < batch.size() && i < padded.size(); ++i) padded[i] = batch[i];
-  const auto* pb = reinterpret_cast<const uint8_t*>(padded.data());
-  ids.bytes.assign(pb, pb + padded.size() * sizeof(int64_t));
-  return Enqueue(std::move(ids));
+  return AppendRows(2, padded.data(), padded.size() * sizeof(int64_t));
 }
 
 Status TraceWriter::Flush(int64_t flushed_steps) {
   Command c(Command::Kind::kFlush);
   c.steps = flushed_steps;
-  return Enqueue(std::move(c));
+  LS_RETURN_IF_ERROR(Enqueue(std::move(c)));
+  Submit();
+  return Status::Ok();
 }
 
 Status TraceWriter::Close() {

@@ -94,10 +94,19 @@ class TraceWriter {
   // Appends rows: `summaries` describes each row; `values` holds rows × cols elements of
   // the tensor's dtype, row-major (ignored, and may be null, when the tensor stores no values).
   Status Append(int32_t tensor, std::span<const SummaryRow> summaries, const void* values);
+  // Appends rows whose summaries the writer thread computes: row i is position positions[i]
+  // of `request`, made in engine step `step`; `values` holds the rows (positions.size() ×
+  // cols of the dtype). They are stored only when the tensor stores values. This keeps the
+  // statistics and hashing off the caller's (the engine's) thread.
+  Status AppendToSummarize(int32_t tensor, int32_t request, int32_t step, std::span<const int64_t> positions,
+                           const void* values);
   Status AppendSampling(const SamplingRow& row);
   // `batch` holds the request ids of the step (at most batch_width are kept).
   Status AppendStep(const StepRow& row, std::span<const int64_t> batch);
 
+  // Hands the calls made so far to the writer thread. Calls are batched on the caller's side
+  // (one hand-over per engine step is cheap; one per tensor is not); Flush and Close submit.
+  void Submit();
   // Makes everything appended so far durable; records `flushed_steps` in the file. Returns
   // at once: the writer thread does the work in order.
   Status Flush(int64_t flushed_steps);
@@ -117,11 +126,17 @@ class TraceWriter {
  private:
   TraceWriter() = default;
   Status Enqueue(Command cmd);
+  Status AppendRows(int32_t table, const void* data, size_t bytes);
   std::unique_ptr<Impl> impl_;
   std::vector<TensorSpec> tensors_;
   std::atomic<int64_t> stall_ns_{0};
   std::atomic<int64_t> bytes_in_{0};
   int64_t batch_width_ = 1;
+  // Writer-thread table ids: 0 sampling, 1 steps, 2 step_batch, then per tensor its summary
+  // and (when stored) its values, in the order of DefineTensor.
+  std::vector<int32_t> summary_table_;
+  int32_t next_table_ = 3;
+  int64_t append_reserve_ = 0;  // bytes of the largest step so far (to reserve the next)
   bool closed_ = false;
 };
 

@@ -20,8 +20,10 @@ namespace {
 
 namespace fs = std::filesystem;
 
+// One folder per test: CTest runs the tests of this file in parallel processes.
 fs::path Dir() {
-  fs::path d = fs::temp_directory_path() / "lockstep_bad_input_test";
+  fs::path d = fs::temp_directory_path() / "lockstep_bad_input_test" /
+               ::testing::UnitTest::GetInstance()->current_test_info()->name();
   fs::create_directories(d);
   return d;
 }

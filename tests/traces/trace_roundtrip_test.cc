@@ -3,6 +3,12 @@
 // and the crash rule: a copy of the file taken right after a flush reads back every row
 // appended before that flush, tails included.
 #include <gtest/gtest.h>
+#include <sys/resource.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <csignal>
+#include <fstream>
 
 #include <cmath>
 #include <cstring>
@@ -213,6 +219,63 @@ TEST(TraceWriter, UnwritablePathIsOneLineError) {
   ASSERT_FALSE(w.ok());
   EXPECT_NE(w.status().message().find("/nonexistent-dir/x/run.h5"), std::string::npos);
   EXPECT_EQ(w.status().message().find('\n'), std::string::npos);
+}
+
+// A full disk, simulated with RLIMIT_FSIZE in a child process: the writer reports one line
+// naming the trace, stops, and leaves the file as its last successful flush had it.
+TEST(TraceWriter, DiskFullLeavesFlushedStepsReadable) {
+  const fs::path path = TempPath("diskfull.h5");
+  const fs::path report = TempPath("diskfull.txt");
+  fs::remove(path);
+  constexpr int64_t kCols = 64;
+  const pid_t pid = fork();
+  ASSERT_GE(pid, 0);
+  if (pid == 0) {
+    std::signal(SIGXFSZ, SIG_IGN);  // writes past the limit fail with EFBIG instead of killing us
+    rlimit lim{400 << 10, 400 << 10};
+    setrlimit(RLIMIT_FSIZE, &lim);
+    int64_t flushed_rows = 0, appended = 0;
+    TraceWriterOptions o;
+    o.target_chunk_bytes = 16 << 10;
+    o.on_flushed = [&](int64_t rows) { flushed_rows = rows; };
+    auto w = TraceWriter::Create(path, o);
+    if (!w.ok()) _exit(3);
+    auto t = (*w)->DefineTensor({"taps/noise", DType::kF32, kCols, true, {}});
+    std::mt19937 rng(11);
+    Status s;
+    for (int i = 0; i < 2000 && s.ok(); ++i) {
+      Rows r = MakeRows(rng, 16, kCols, 0, appended);  // random floats barely compress
+      s = (*w)->Append(*t, r.summaries, r.values.data());
+      appended += 16;
+      if (s.ok()) s = (*w)->Flush(appended);
+    }
+    Status c = (*w)->Close();
+    std::ofstream(report) << flushed_rows << "\n" << (s.ok() ? c.message() : s.message()) << "\n";
+    _exit(s.ok() && c.ok() ? 4 : 0);
+  }
+  int st = 0;
+  waitpid(pid, &st, 0);
+  ASSERT_TRUE(WIFEXITED(st) && WEXITSTATUS(st) == 0) << "the writer never failed (exit " << WEXITSTATUS(st) << ")";
+  std::ifstream in(report);
+  int64_t flushed_rows = 0;
+  std::string message;
+  in >> flushed_rows;
+  std::getline(in >> std::ws, message);
+  EXPECT_NE(message.find(path.string()), std::string::npos) << message;
+  EXPECT_NE(message.find("File too large"), std::string::npos) << message;
+  ASSERT_GT(flushed_rows, 0);
+  auto r = TraceReader::Open(path);
+  ASSERT_TRUE(r.ok()) << r.status().message();
+  EXPECT_FALSE((*r)->complete());
+  const TensorInfo* t = (*r)->FindTensor("noise");
+  ASSERT_TRUE(t);
+  EXPECT_GE(t->rows, flushed_rows);
+  auto sum = (*r)->ReadSummary(*t);
+  auto vals = (*r)->ReadValues(*t, 0, t->rows);
+  ASSERT_TRUE(sum.ok() && vals.ok()) << vals.status().message();
+  for (int64_t i = 0; i < t->rows; ++i) {
+    ASSERT_EQ(ContentHash(vals->data() + i * kCols * 4, kCols * 4), (*sum)[i].hash) << i;
+  }
 }
 
 }  // namespace
