@@ -23,7 +23,7 @@ struct ServeArgs {
   int64_t max_prompt_tokens = 4096, max_tokens_limit = 4096, default_max_tokens = 16;
   int max_n = 8;
   int64_t ring_mb = 64, max_body_kb = 1024;
-  bool redact = false, no_degeneration_capture = false, quiet = false;
+  bool redact = false, no_degeneration_capture = false, quiet = false, no_record = false;
   EngineFlags flags;
 };
 
@@ -68,6 +68,7 @@ Status RunServe(ServeArgs& a) {
   o.capture_redact = a.redact;
   o.ring_bytes = static_cast<size_t>(a.ring_mb) << 20;
   o.capture_on_degeneration = !a.no_degeneration_capture;
+  o.record = !a.no_record;
   o.quiet = a.quiet;
   o.admin_token = a.admin_token;
   if (!a.admin_token_file.empty()) {
@@ -126,6 +127,8 @@ void RegisterServe(CLI::App& app, SetAction set_action) {
       ->check(CLI::Range(1, 1 << 20));
   cmd->add_flag("--no-degeneration-capture", a->no_degeneration_capture,
                 "Count degenerate generations in /metrics but do not capture them");
+  cmd->add_flag("--no-record", a->no_record,
+                "Keep no live records (no captures, no degeneration check): to measure what recording costs");
   cmd->add_flag("--quiet,-q", a->quiet, "Log only errors and failed verifications");
   a->flags.Register(cmd);
   cmd->callback([a, set_action] { set_action([a] { return RunServe(*a); }); });

@@ -124,6 +124,7 @@ Result<std::unique_ptr<Server>> Server::Start(ServerOptions options) {
 
   Scheduler::Options so;
   so.engine = o.engine;
+  so.record = o.record;
   Server* self = s.get();
   so.on_finished = [self](std::shared_ptr<const LiveRecord> rec) { self->OnFinished(std::move(rec)); };
   LS_ASSIGN_OR_RETURN(s->scheduler_, Scheduler::Start(o.model, so));
@@ -168,8 +169,9 @@ bool Server::Authorized(const std::string& authorization, const std::string& tok
 
 void Server::OnFinished(std::shared_ptr<const LiveRecord> rec) {
   // Scheduler thread: keep it cheap.
-  ring_->Add(rec);
   metrics_.CountFinished(rec->finish_reason);
+  if (!opts_.record) return;
+  ring_->Add(rec);
   if (static_cast<int64_t>(rec->steps.size()) < opts_.degeneration_min_tokens) return;
   const std::vector<int32_t> toks = rec->tokens();
   if (!diff::DetectDegeneration(toks).degenerate) return;
@@ -204,6 +206,7 @@ Result<CaptureResult> Server::CaptureOnSchedulerThread(const LiveRecord& rec, co
 Result<CaptureResult> Server::Capture(const std::string& request_id, const std::string& trigger,
                                       recorder::CapturePolicy::Mode mode) {
   if (opts_.capture_dir.empty()) return Status::Unsupported("captures are off: start the server with --capture-dir");
+  if (!opts_.record) return Status::Unsupported("captures are off: the server runs with --no-record");
   auto rec = ring_->Find(request_id);
   if (!rec) return Status::NotFound("request '" + request_id + "' is not in the ring (unknown, or evicted)");
   auto promise = std::make_shared<std::promise<Result<CaptureResult>>>();
@@ -295,8 +298,9 @@ void Server::Routes() {
         return SendError(res, *e);
       }
       if (!g.capture.empty()) {
-        if (opts_.capture_dir.empty()) {
-          return SendError(res, Err(400, "captures are off: the server was started without --capture-dir",
+        if (opts_.capture_dir.empty() || !opts_.record) {
+          return SendError(res, Err(400, opts_.record ? "captures are off: the server was started without --capture-dir"
+                                                      : "captures are off: the server runs with --no-record",
                                     "invalid_request_error", "capture_disabled"));
         }
         if (!Authorized("", req.get_header_value("X-Lockstep-Token"))) {
@@ -491,9 +495,11 @@ void Server::Routes() {
               c["lockstep"] = {{"captures", captures()}};
               send(c);
             }
+            // Out of flight before [DONE]: a client that sends its next request on [DONE] must
+            // not find this one still counted against --max-concurrent (a spurious 429).
+            done();
             const std::string end = "data: [DONE]\n\n";
             sink.write(end.data(), end.size());
-            done();
             sink.done();
             return true;
           });

@@ -54,6 +54,7 @@ struct ServerOptions {
   std::string admin_token;            // empty: /admin/* and capture triggers refused
   bool capture_redact = false;
   size_t ring_bytes = 64 << 20;
+  bool record = true;  // false (--no-record): no live records, so no captures and no degeneration check
   bool capture_on_degeneration = true;
   int64_t degeneration_min_tokens = 64;  // shorter generations are not judged
   recorder::CapturePolicy::Mode degeneration_capture_mode = recorder::CapturePolicy::Mode::kSummary;

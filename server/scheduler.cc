@@ -175,16 +175,18 @@ void Scheduler::OnStep(const engine::StepEvent& ev) {
   if (it == active_.end()) return;
   Active& a = it->second;
   const std::vector<float>& logits = engine_->request(ev.request_id).last_logits;
-  LiveStep st;
-  st.engine_step = ev.step;
-  st.token = ev.token;
-  st.probability = ev.sample.probability;
-  st.uniform = ev.sample.uniform;
-  st.counter = ev.sample.counter;
-  st.candidates = ev.sample.candidates;
-  st.logits_hash = XXH3_64bits(logits.data(), logits.size() * sizeof(float));
-  st.batch = ev.batch;
-  a.record->steps.push_back(std::move(st));
+  if (options_.record) {
+    LiveStep st;
+    st.engine_step = ev.step;
+    st.token = ev.token;
+    st.probability = ev.sample.probability;
+    st.uniform = ev.sample.uniform;
+    st.counter = ev.sample.counter;
+    st.candidates = ev.sample.candidates;
+    st.logits_hash = XXH3_64bits(logits.data(), logits.size() * sizeof(float));
+    st.batch = ev.batch;
+    a.record->steps.push_back(std::move(st));
+  }
 
   TokenEvent out;
   out.index = a.index;

@@ -75,6 +75,10 @@ class Scheduler {
     // A fresh Engine replaces the current one when it is idle and has held this many
     // requests: the Engine keeps every request's state, and a server runs for days.
     int64_t recycle_after = 4096;
+    // false (`lockstep serve --no-record`): keep no per-token record (no logits hash, no batch
+    // list); on_finished still gets the record, with its inputs and no steps. For measuring
+    // what recording costs.
+    bool record = true;
     std::function<void(std::shared_ptr<const LiveRecord>)> on_finished;  // scheduler thread
   };
 

@@ -7,3 +7,16 @@ find_program(PROMTOOL promtool)
 if(PROMTOOL)
   target_compile_definitions(server_test PRIVATE LOCKSTEP_PROMTOOL="${PROMTOOL}")
 endif()
+
+# The real `openai` npm client (tests/server/e2e/, pinned by package-lock.json) against a
+# `lockstep serve` subprocess; SKIPs when Node 20+/npm or the npm registry are missing.
+add_test(NAME server_e2e_openai
+         COMMAND bash ${CMAKE_CURRENT_SOURCE_DIR}/server/e2e/run.sh $<TARGET_FILE:lockstep> ${CMAKE_BINARY_DIR}/server_e2e)
+set_tests_properties(server_e2e_openai PROPERTIES LABELS "server;e2e" TIMEOUT 600 SKIP_REGULAR_EXPRESSION "SKIP:")
+
+# bench/load/load.mjs, small: 64 concurrent streaming clients × 128 requests × 16 tokens on
+# loopback, with captures and a /metrics poller (docs/performance.md has the full-size run).
+add_test(NAME server_load
+         COMMAND bash ${CMAKE_SOURCE_DIR}/bench/load/run.sh $<TARGET_FILE:lockstep>
+                 --clients 64 --requests 128 --max-tokens 16 --capture-every 32 --timeout-s 120)
+set_tests_properties(server_load PROPERTIES LABELS "server;load" TIMEOUT 180 RUN_SERIAL TRUE SKIP_REGULAR_EXPRESSION "SKIP:")
