@@ -130,6 +130,11 @@ int main(int argc, char** argv) {
     if (mode != "off" && mode != "hook") {
       traces::TraceWriterOptions wo;
       wo.batch_width = batch;
+      {
+        recorder::CapturePolicy pol;
+        pol.mode = *recorder::CapturePolicy::ParseMode(mode);
+        wo.alloc_block_bytes = recorder::RecorderOptions::AllocBlockBytes(pol);
+      }
       auto w = traces::TraceWriter::Create(path, wo);
       if (!w.ok()) {
         std::fprintf(stderr, "bench_record: %s\n", w.status().message().c_str());

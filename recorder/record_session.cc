@@ -71,7 +71,9 @@ std::string UtcNow() {
 Result<RecordSessionResult> RecordRun(engine::Engine& eng, const std::vector<RecordedRequest>& requests,
                                       const RecordSessionOptions& o) {
   const std::string out = o.output.string();
-  LS_ASSIGN_OR_RETURN(auto writer, traces::TraceWriter::Create(o.output, o.writer));
+  traces::TraceWriterOptions wo = o.writer;
+  wo.alloc_block_bytes = RecorderOptions::AllocBlockBytes(o.policy);
+  LS_ASSIGN_OR_RETURN(auto writer, traces::TraceWriter::Create(o.output, wo));
 
   // /meta: what the engine knows, then the caller's keys (which win).
   const engine::EngineOptions& eo = eng.options();

@@ -32,6 +32,10 @@ namespace lockstep::recorder {
 
 struct RecorderOptions {
   CapturePolicy policy;
+  // TraceWriterOptions::alloc_block_bytes suited to a policy: about a hundred steps of rows.
+  static int64_t AllocBlockBytes(const CapturePolicy& p) {
+    return p.mode == CapturePolicy::Mode::kFull ? 1 << 20 : p.mode == CapturePolicy::Mode::kSummary ? 128 << 10 : 16 << 10;
+  }
   // Make the trace durable every this many seconds of recording; 0 = after every step.
   double flush_interval_s = 1.0;
   // Token ids → text, for the generated text of finished requests; may be empty.

@@ -158,7 +158,7 @@ Result<TraceReader::Table> TraceReader::InspectTable(const std::string& path, in
   t.element_size = element_size;
   auto dims_r = h5::Dims(d.get(), 2);
   if (!dims_r.ok()) return dims_r.status().WithContext(path + ": ");
-  const std::vector<hsize_t>& dims = *dims_r;
+  std::vector<hsize_t> dims = *dims_r;
   const size_t want_rank = cols > 0 ? 2 : 1;
   if (dims.size() != want_rank || (cols > 0 && dims[1] != static_cast<hsize_t>(cols))) {
     return Status::Corruption(path + ": shape does not match " + (cols > 0 ? "[rows, " + std::to_string(cols) + "]" : "[rows]"));
@@ -187,8 +187,42 @@ Result<TraceReader::Table> TraceReader::InspectTable(const std::string& path, in
   t.main_rows = static_cast<int64_t>(dims[0]);
   hsize_t nchunks = 0;
   h5::Hid space(H5Dget_space(d.get()));
-  if (H5Dget_num_chunks(d.get(), space.get(), &nchunks) < 0) return h5::Error(path + ": chunk index");
-  const int64_t backed = static_cast<int64_t>(nchunks) * t.chunk_rows;
+  if (H5Dget_num_chunks(d.get(), space.get(), &nchunks) < 0) {
+    if (complete_) return h5::Error(path + ": chunk index");
+    // A kill inside the flush that stored a table's first chunk can leave its index
+    // unwritten. The flush before it had all those rows in the sidecar's tail (tails are
+    // only overwritten after the chunks holding their rows are durable): read the tail.
+    h5::LastError();
+    notes_.push_back(path + ": chunk index torn by the crash; rows from the tails only");
+    nchunks = 0;
+    dims[0] = 0;
+  }
+  int64_t backed = static_cast<int64_t>(nchunks) * t.chunk_rows;
+  if (!complete_ && nchunks > 0) {
+    // A kill that tears a flush can leave the chunk index pointing at chunks past the end of
+    // file the superblock records (written last in a flush). Those chunks were allocated
+    // after the last completed flush, so their rows, if flushed, are still in the tails.
+    // The table's rows are those of its leading chunks that lie within the recorded end.
+    haddr_t eoa = 0;
+    if (H5Fget_eoa(file_.get(), &eoa) >= 0) {
+      hsize_t good = 0;
+      for (hsize_t i = 0; i < nchunks; ++i) {
+        hsize_t offset[2] = {0, 0}, size = 0;
+        unsigned mask = 0;
+        haddr_t addr = HADDR_UNDEF;
+        if (H5Dget_chunk_info(d.get(), space.get(), i, offset, &mask, &addr, &size) < 0 || addr == HADDR_UNDEF ||
+            addr + size > eoa || offset[0] != i * static_cast<hsize_t>(t.chunk_rows)) {
+          h5::LastError();
+          break;
+        }
+        ++good;
+      }
+      if (good < nchunks) notes_.push_back(path + ": chunks past the recorded end of file (torn flush) ignored");
+      backed = static_cast<int64_t>(good) * t.chunk_rows;
+    } else {
+      h5::LastError();
+    }
+  }
   if (t.main_rows > backed && !complete_) {
     // A kill inside a flush can leave a new extent written before the chunk index that
     // backs it; the rows of the previous flush are all backed. Read what is backed.
@@ -295,11 +329,15 @@ Status TraceReader::LoadRequests() {
       if (!t.ok()) return t.status().WithContext(p + ": ");
       r.prompt_text = *t;
     }
-    if (h5::HasAttr(rg.get(), kAttrFinishReason)) {
-      LS_RETURN_IF_ERROR(str(kAttrFinishReason, &r.finish_reason));
+    // What close writes (finish reason, generated tokens and text) may be torn in a trace
+    // whose recorder died while closing: an incomplete trace falls back to /sampling.
+    if (h5::HasAttr(rg.get(), kAttrFinishReason) && h5::Exists(f, Join(p, kGeneratedTextDataset)) &&
+        h5::Exists(f, Join(p, kGeneratedDataset))) {
+      Status st = str(kAttrFinishReason, &r.finish_reason);
+      if (!st.ok() && complete_) return st;
       auto t = h5::ReadStringDataset(f, Join(p, kGeneratedTextDataset), 1u << 30);
-      if (!t.ok()) return t.status().WithContext(p + ": ");
-      r.generated_text = *t;
+      if (!t.ok() && complete_) return t.status().WithContext(p + ": ");
+      if (t.ok()) r.generated_text = *t;
     }
     auto num = [&](const char* k, auto* out) -> Status {
       auto v = h5::ReadDoubleAttr(rg.get(), k);
@@ -330,9 +368,14 @@ Status TraceReader::LoadRequests() {
       return Status::Ok();
     };
     LS_RETURN_IF_ERROR(read_tokens(kPromptDataset, &r.prompt));
+    Status gen = Status::NotFound("");
     if (h5::Exists(f, Join(p, kGeneratedDataset))) {
-      LS_RETURN_IF_ERROR(read_tokens(kGeneratedDataset, &r.generated));
-    } else {
+      gen = read_tokens(kGeneratedDataset, &r.generated);
+      if (!gen.ok() && complete_) return gen;
+    }
+    if (!gen.ok()) {
+      r.generated.clear();
+      r.finish_reason.clear();
       // Not finished when the trace was last flushed: the tokens are in /sampling.
       if (!sampling_read) {
         LS_ASSIGN_OR_RETURN(sampling, ReadSampling());

@@ -211,6 +211,17 @@ Status TraceWriter::Impl::Open(const std::filesystem::path& path) {
     std::filesystem::remove(path, ec);
     std::filesystem::remove(TailsPath(path), ec);  // a crashed earlier run's tails are not ours
   }
+  // The file's end of allocation (EOA, in the superblock) is written last in a flush: a
+  // pointer, written earlier in a flush that a kill tears, to space allocated past the old
+  // EOA makes HDF5 refuse the object ("addr overflow"). Allocating raw data and metadata in
+  // large blocks keeps most allocations below the EOA the last flush recorded (the file is
+  // sparse there; the close gives the unused ends back).
+  // The unused end of the last block is given back at close only when it ends the file, so
+  // the block size is also the most a trace can waste: it comes from the caller, who knows
+  // how fast the trace grows (TraceWriterOptions::alloc_block_bytes).
+  H5Pset_small_data_block_size(fapl.get(), static_cast<hsize_t>(opts_.alloc_block_bytes));
+  // Metadata too (a chunk-index node that splits, a new object header), in smaller blocks.
+  H5Pset_meta_block_size(fapl.get(), static_cast<hsize_t>(std::min<int64_t>(opts_.alloc_block_bytes, 64 << 10)));
   file_ = h5::Hid(H5Fcreate(PartialPath(path).c_str(), H5F_ACC_TRUNC, H5P_DEFAULT, fapl.get()));
   if (!file_.valid()) {
     std::string why = h5::LastError();
@@ -527,8 +538,10 @@ Status TraceWriter::Impl::EnsureTailDataset(Table& t) {
   const int rank = t.cols > 0 ? 2 : 1;
   hsize_t dims[2] = {static_cast<hsize_t>(t.chunk_rows), static_cast<hsize_t>(t.cols)};
   h5::Hid space(H5Screate_simple(rank, dims, nullptr));
+  // Contiguous, allocated now: every later write lands in place, at a fixed offset.
   h5::Hid dcpl = h5::CreationProps(H5P_DATASET_CREATE);
-  H5Pset_chunk(dcpl.get(), rank, dims);
+  H5Pset_alloc_time(dcpl.get(), H5D_ALLOC_TIME_EARLY);
+  H5Pset_fill_time(dcpl.get(), H5D_FILL_TIME_NEVER);
   const std::string name = std::to_string(t.index);
   t.tail_dset =
       h5::Hid(H5Dcreate2(tails_.get(), name.c_str(), t.type.get(), space.get(), H5P_DEFAULT, dcpl.get(), H5P_DEFAULT));
@@ -540,15 +553,26 @@ Status TraceWriter::Impl::EnsureTailDataset(Table& t) {
   return Status::Ok();
 }
 
+// Writes the rows of the table's unfinished chunk that the tail does not hold yet (all of
+// them when the tail moved on to a new chunk), then the counters. With the sidecar's sieve
+// buffer off, H5Dwrite puts the bytes in the file at once, and the counters follow at the
+// flush: a reader never sees a count covering rows not written.
 Status TraceWriter::Impl::WriteTail(Table& t) {
   LS_RETURN_IF_ERROR(EnsureTailDataset(t));
-  std::vector<uint8_t> chunk(t.chunk_rows * t.row_bytes, 0);
-  std::memcpy(chunk.data(), t.tail.data(), t.tail.size());
-  hsize_t offset[2] = {0, 0};
-  if (H5Dwrite_chunk(t.tail_dset.get(), H5P_DEFAULT, 0, offset, chunk.size(), chunk.data()) < 0) {
-    return h5::Error(path_.string() + ": '" + t.path + "': write tail");
+  const int64_t first = t.tail_base == t.main_rows() ? std::min(t.tail_count, t.tail_rows()) : 0;
+  const int64_t n = t.tail_rows() - first;
+  if (n > 0) {
+    const int rank = t.cols > 0 ? 2 : 1;
+    hsize_t start[2] = {static_cast<hsize_t>(first), 0};
+    hsize_t count[2] = {static_cast<hsize_t>(n), static_cast<hsize_t>(t.cols)};
+    h5::Hid fspace(H5Dget_space(t.tail_dset.get()));
+    h5::Hid mspace(H5Screate_simple(rank, count, nullptr));
+    if (H5Sselect_hyperslab(fspace.get(), H5S_SELECT_SET, start, nullptr, count, nullptr) < 0 ||
+        H5Dwrite(t.tail_dset.get(), t.type.get(), mspace.get(), fspace.get(), H5P_DEFAULT,
+                 t.tail.data() + first * t.row_bytes) < 0) {
+      return h5::Error(path_.string() + ": '" + t.path + "': write tail");
+    }
   }
-  // The attributes change after the bytes: they become durable together at the next flush.
   LS_RETURN_IF_ERROR(h5::WriteAttr(t.tail_dset.get(), kAttrTailBase, t.main_rows()));
   LS_RETURN_IF_ERROR(h5::WriteAttr(t.tail_dset.get(), kAttrTailCount, t.tail_rows()));
   t.tail_base = t.main_rows();
@@ -570,7 +594,9 @@ Status TraceWriter::Impl::Publish(const std::filesystem::path& final_path, bool*
 // only overwrite what is there (tables defined later add theirs when they first need one).
 Status TraceWriter::Impl::CreateTails() {
   const std::filesystem::path side = TailsPath(path_);
-  tails_file_ = h5::Hid(H5Fcreate(PartialPath(side).c_str(), H5F_ACC_TRUNC, H5P_DEFAULT, fapl_.get()));
+  h5::Hid fapl(H5Pcopy(fapl_.get()));
+  H5Pset_sieve_buf_size(fapl.get(), 0);  // raw data straight to the file (see WriteTail)
+  tails_file_ = h5::Hid(H5Fcreate(PartialPath(side).c_str(), H5F_ACC_TRUNC, H5P_DEFAULT, fapl.get()));
   if (!tails_file_.valid()) return h5::Error(side.string() + ": cannot create the tails file");
   LS_ASSIGN_OR_RETURN(tails_, h5::CreateGroup(tails_file_.get(), kTailsGroup));
   for (auto& t : tables_) LS_RETURN_IF_ERROR(EnsureTailDataset(*t));
@@ -626,6 +652,11 @@ Status TraceWriter::Impl::DoClose() {
     t->tail.clear();
   }
   for (const Command& c : finished_) LS_RETURN_IF_ERROR(DoFinishRequest(c));
+  // Two phases, so that a kill inside the close never leaves `complete = 1` over a
+  // half-written file: first everything, still marked incomplete (the sidecar still covers
+  // the last rows if this flush is torn); then the flag alone.
+  if (H5Fflush(file_.get(), H5F_SCOPE_LOCAL) < 0) return h5::Error(path_.string() + ": flush");
+  LS_RETURN_IF_ERROR(Publish(path_, &main_published_));
   LS_RETURN_IF_ERROR(h5::WriteAttrU8(file_.get(), kAttrComplete, 1));
   for (auto& t : tables_) t->dset.Reset();
   meta_.Reset();
@@ -689,6 +720,9 @@ Result<std::unique_ptr<TraceWriter>> TraceWriter::Create(const std::filesystem::
                                                          TraceWriterOptions options) {
   if (options.zstd_level < 1 || options.zstd_level > 22) {
     return Status::InvalidArgument("zstd level " + std::to_string(options.zstd_level) + " outside 1..22");
+  }
+  if (options.alloc_block_bytes < 2048 || options.alloc_block_bytes > (1ll << 30)) {
+    return Status::InvalidArgument("alloc_block_bytes must be in 2 KiB..1 GiB");
   }
   if (options.compression_threads < 0 || options.compression_threads > 64) {
     return Status::InvalidArgument("compression threads must be in 0..64");

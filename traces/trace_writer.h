@@ -40,6 +40,11 @@ struct TraceWriterOptions {
   int64_t queue_bytes = 256ll << 20;      // appended but not yet written bytes, at most
   int64_t target_chunk_bytes = 64 << 10;  // a chunk holds about this many bytes of rows
   int64_t batch_width = 8;                // columns of /step_batch (the engine's max batch)
+  // Raw data is allocated in blocks of this size (HDF5's small-data aggregator), so that the
+  // chunks written between two flushes mostly land below the end of file the last flush
+  // recorded; a kill inside a flush then cannot leave pointers past it (docs/trace-format.md,
+  // "Crash safety"). Also the most space a trace can waste: about what 10–100 steps write.
+  int64_t alloc_block_bytes = 1 << 20;
   std::string writer = "lockstep";        // root attribute `writer`
   // Called on the writer thread after each completed flush with its `flushed_steps`.
   std::function<void(int64_t)> on_flushed;

@@ -84,6 +84,7 @@ int main(int argc, char** argv) {
   traces::TraceWriterOptions wo;
   wo.batch_width = eo.max_batch;
   wo.target_chunk_bytes = 8 << 10;  // small chunks: many full chunks and tails in a short run
+  wo.alloc_block_bytes = 256 << 10;
   if (print_flushes) {
     wo.on_flushed = [](int64_t steps) {
       std::printf("flushed %lld\n", static_cast<long long>(steps));

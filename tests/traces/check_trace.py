@@ -31,8 +31,25 @@ def text(v):
 
 def read_table(f, side, path):
     """Rows of table `path` of trace `f`, with the sidecar's tail merged (docs/trace-format.md)."""
-    main = f[path][...]
-    if side is None or int(f.attrs["complete"]) == 1:
+    d = f[path]
+    if int(f.attrs["complete"]) == 1:
+        return d[...]
+    # A kill inside a flush can leave an extent written before the chunk index backing it,
+    # or (for a table's first chunk) the index itself unwritten: then the tail has the rows.
+    # A torn flush can also leave the index pointing at chunks past the end of file the
+    # superblock recorded, which HDF5 refuses to read: keep the leading chunks that read.
+    try:
+        backed = d.id.get_num_chunks() * d.chunks[0]
+    except Exception:
+        backed = 0
+    rows, parts = min(len(d), backed), []
+    for start in range(0, rows, d.chunks[0]):
+        try:
+            parts.append(d[start:min(rows, start + d.chunks[0])])
+        except OSError:
+            break
+    main = np.concatenate(parts) if parts else d[0:0]
+    if side is None:
         return main
     for name, tail in side["tails"].items():
         if "count" not in tail.attrs or text(tail.attrs["target"]) != path:

@@ -232,11 +232,12 @@ TEST(TraceWriter, DiskFullLeavesFlushedStepsReadable) {
   ASSERT_GE(pid, 0);
   if (pid == 0) {
     std::signal(SIGXFSZ, SIG_IGN);  // writes past the limit fail with EFBIG instead of killing us
-    rlimit lim{400 << 10, 400 << 10};
+    rlimit lim{3 << 20, 3 << 20};
     setrlimit(RLIMIT_FSIZE, &lim);
     int64_t flushed_rows = 0, appended = 0;
     TraceWriterOptions o;
     o.target_chunk_bytes = 16 << 10;
+    o.alloc_block_bytes = 64 << 10;
     o.on_flushed = [&](int64_t rows) { flushed_rows = rows; };
     auto w = TraceWriter::Create(path, o);
     if (!w.ok()) _exit(3);
