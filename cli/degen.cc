@@ -101,18 +101,18 @@ Status RunDegen(DegenArgs& a) {
       }
     }
     std::vector<std::vector<double>> entropies(judged.size());
+    int64_t done_tokens = 0;  // generated so far, for the progress line
     eng->SetStepCallback([&](const engine::StepEvent& ev) {
       entropies[ev.request_id].push_back(diff::Entropy(eng->request(ev.request_id).last_logits));
+      ++done_tokens;
     });
-    int64_t done_tokens = 0;
-    const int64_t total = static_cast<int64_t>(judged.size()) * a.flags.max_tokens;
+    const int64_t total = static_cast<int64_t>(judged.size()) * a.flags.max_tokens;  // at most
     while (true) {
       LS_ASSIGN_OR_RETURN(bool more, eng->Step());
       if (!more) break;
-      done_tokens += static_cast<int64_t>(eng->num_requests());  // upper bound, for progress only
       if (!a.quiet && !a.json && isatty(2)) {
-        std::fprintf(stderr, "\rT=%g: step %lld (~%lld/%lld tokens) ", temp, static_cast<long long>(done_tokens / std::max<int64_t>(eng->num_requests(), 1)),
-                     static_cast<long long>(std::min(done_tokens, total)), static_cast<long long>(total));
+        std::fprintf(stderr, "\rT=%g: %lld/%lld tokens ", temp, static_cast<long long>(done_tokens),
+                     static_cast<long long>(total));
       }
     }
     if (!a.quiet && !a.json && isatty(2)) std::fprintf(stderr, "\r%60s\r", "");

@@ -275,8 +275,7 @@ Result<TraceDiffReport> CompareTraces(const traces::TraceReader& a, const traces
           }
         }
       }
-      if (NameOf(ta.path).size() > 10 && ta.path.size() >= 9 &&
-          ta.path.compare(ta.path.size() - 9, 9, "resid_out") == 0) {
+      if (d.layer >= 0 && ta.path.ends_with(".resid_out")) {
         resid_rows[d.request].push_back(d);
       }
       if (is_logits) logit_rows[d.request].push_back(d);

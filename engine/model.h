@@ -7,7 +7,8 @@
 // request's numbers are the same whatever it is batched with.
 //
 // Thread-safety: a Model is immutable after Load except for the RoPE table, which Forward
-// extends; call Forward from one thread at a time.
+// extends, and the bf16 weight copy (gemm=bf16), which Forward makes on first use; call
+// Forward from one thread at a time.
 #pragma once
 
 #include <cstdint>
