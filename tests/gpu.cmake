@@ -8,9 +8,14 @@ if(NOT LOCKSTEP_HAVE_CUDA)
   return()
 endif()
 
+# lockstep_gpu_test(name [libs...]): libs default to lockstep_engine (the CPU twins).
 function(lockstep_gpu_test name)
+  set(_libs ${ARGN})
+  if(NOT _libs)
+    set(_libs lockstep_engine)
+  endif()
   add_executable(${name} gpu/${name}.cc)
-  target_link_libraries(${name} PRIVATE lockstep_cuda lockstep_engine GTest::gtest_main)
+  target_link_libraries(${name} PRIVATE lockstep_cuda ${_libs} GTest::gtest_main)
   # Only what a binary uses: without this every test would need libcublasLt to start.
   target_link_options(${name} PRIVATE -Wl,--as-needed)
   target_compile_definitions(${name} PRIVATE LOCKSTEP_SOURCE_DIR="${CMAKE_SOURCE_DIR}")
@@ -24,3 +29,5 @@ lockstep_gpu_test(gpu_mla_decode_test)
 lockstep_gpu_test(gpu_indexer_test)
 lockstep_gpu_test(gpu_sampler_test)
 lockstep_gpu_test(gpu_gemm_test)
+# Twins in kernels/cpu only: this one builds while engine/ is being changed.
+lockstep_gpu_test(gpu_model_ops_test lockstep_kernels)

@@ -86,6 +86,8 @@ enum KernelError : int32_t {
   kErrPageId = 2,     // a page-table entry outside [0, num_pages)
   kErrSlot = 4,       // a global slot outside [-1, num_pages·page_size)
   kErrPosition = 8,   // a RoPE position outside [0, max_position)
+  kErrToken = 16,     // an embedding id outside [0, vocab)
+  kErrExpert = 32,    // an expert id outside [0, experts)
 };
 
 // ---------------------------------------------------------------------------------------
@@ -324,5 +326,137 @@ class Gemm {
   explicit Gemm(std::unique_ptr<Impl> impl);
   std::unique_ptr<Impl> impl_;
 };
+
+// ---------------------------------------------------------------------------------------
+// The rest of the forward pass (kernels/cuda/model_ops.cu): embedding, elementwise ops,
+// LayerNorm, MoE routing, the grouped expert GEMM and the MoE combine. Twins: engine/model.cc
+// and kernels/cpu/ops.h. "Bitwise" below means the CPU's exact fp32/fp64 operation sequence.
+// expf: the CPU calls glibc's expf, which is not correctly rounded (≈0.06 % of random inputs
+// are 1 ulp off the true rounding on glibc 2.36); the GPU rounds CUDA's double exp to fp32,
+// which is the correctly rounded value in practice. So SwiGlu and Route's softmax/sigmoid
+// scores agree with the CPU's bits except in those cases, where they differ by 1 ulp of the
+// exponential (bounds in tests/gpu/gpu_model_ops_test.cc).
+
+// Embedding gather, bitwise: y[r, :] = table[ids[r], :]. An id outside [0, vocab) sets
+// kErrToken and fills the row with NaN. One CTA per row.
+struct EmbedParams {
+  const float* table = nullptr;  // [vocab, n] contiguous
+  int64_t vocab = 0, n = 0;
+  const int32_t* ids = nullptr;  // [rows] device
+  int64_t rows = 0;
+  float* y = nullptr;            // [rows, n], row stride y_stride
+  int64_t y_stride = 0;
+  int32_t* error_flag = nullptr; // optional; kErrToken
+};
+Status Embed(const EmbedParams& p, Stream stream = nullptr);
+
+// Residual add, bitwise the CPU's `x[i] += o[i]`: y[r, i] = y[r, i] + x[r, i] over [rows, n].
+Status AddInPlace(float* y, int64_t y_stride, const float* x, int64_t x_stride, int64_t rows, int64_t n,
+                  Stream stream = nullptr);
+
+// x[r, i] *= s over [rows, n], bitwise.
+Status Scale(float* x, int64_t stride, int64_t rows, int64_t n, float s, Stream stream = nullptr);
+
+// fp32 → bf16 bits (round to nearest even, NaN stays a quiet NaN), bitwise kernels::F32ToBf16.
+Status ToBf16(const float* x, int64_t x_stride, uint16_t* y, int64_t y_stride, int64_t rows, int64_t n,
+              Stream stream = nullptr);
+
+// out[r, i] = silu(g[r, i]) · u[r, i] with silu(v) = v / (1 + exp(−v)) — cpu::SwiGlu's
+// expression order; the only possible difference is the expf rounding (see above).
+// out may alias g or u (same strides).
+struct SwiGluParams {
+  const float* g = nullptr;  // [rows, n], row stride g_stride
+  int64_t g_stride = 0;
+  const float* u = nullptr;  // [rows, n], row stride u_stride
+  int64_t u_stride = 0;
+  float* out = nullptr;      // [rows, n], row stride out_stride
+  int64_t out_stride = 0;
+  int64_t rows = 0, n = 0;
+};
+Status SwiGlu(const SwiGluParams& p, Stream stream = nullptr);
+
+// LayerNorm with weight and bias (the V3.2 indexer's k_norm), bitwise cpu::LayerNorm: one
+// warp per row whose lane 0 forms the fp64 mean and biased variance left to right, exactly
+// the CPU's loops (O(n) serial per row: meant for n = index_head_dim = 128), then every lane
+// writes float((x − mean)·inv)·weight + bias. eps is double like the CPU's (pass 1e-6, not
+// 1e-6f, to get the CPU's bits).
+struct LayerNormParams {
+  const float* x = nullptr;       // [rows, n], row stride x_stride
+  int64_t x_stride = 0;
+  const float* weight = nullptr;  // [n]
+  const float* bias = nullptr;    // [n]
+  float* y = nullptr;             // [rows, n], row stride y_stride (may alias x with equal strides)
+  int64_t y_stride = 0;
+  int64_t rows = 0, n = 0;
+  double eps = 1e-6;
+};
+Status LayerNorm(const LayerNormParams& p, Stream stream = nullptr);
+
+// MoE routing: engine/model.cc Model::Impl::Route after the router logits, one warp per row.
+// The enumerators are engine::GateKind's, in order.
+//   kSoftmaxGreedy       scores = softmax(logits) (max-subtracted, fp64 sum); choice = scores
+//   kSoftmaxGroupLimited as greedy, but only the topk_group groups with the largest max score
+//   kSigmoidNoauxTc      scores = sigmoid(logits); choice = scores + bias; groups ranked by
+//                        the sum of their top-2 choices (V3)
+// Grouping applies when gate ≠ greedy and n_group > 1. Ranking is by (choice descending, id
+// ascending) — std::stable_sort's answer — with NaN below −∞ (the CPU leaves NaN order
+// unspecified). ids are written ascending; weights = scores[ids], divided by
+// float(fp64 Σ) + 1e-20f when norm_topk_prob, then × routed_scaling_factor.
+enum class GateKind : int32_t { kSoftmaxGreedy = 0, kSoftmaxGroupLimited = 1, kSigmoidNoauxTc = 2 };
+inline constexpr int64_t kRouteMaxExperts = 1024;
+struct RouteParams {
+  const float* logits = nullptr;  // [rows, experts], row stride logits_stride (the caller's fp32 GEMM)
+  int64_t logits_stride = 0;
+  const float* bias = nullptr;    // [experts] e_score_correction_bias, or null (= 0)
+  int64_t rows = 0, experts = 0, k = 0;  // experts ≤ kRouteMaxExperts, k ≤ experts
+  int64_t n_group = 1, topk_group = 1;   // experts % n_group == 0, n_group ≤ 64
+  GateKind gate = GateKind::kSoftmaxGreedy;
+  bool norm_topk_prob = false;
+  float routed_scaling_factor = 1.0f;  // the CPU's float(routed_scaling_factor)
+  int32_t* ids = nullptr;         // [rows, k] contiguous, ascending
+  float* weights = nullptr;       // [rows, k] contiguous
+};
+Status Route(const RouteParams& p, Stream stream = nullptr);
+
+// Grouped expert GEMM for MoE. For every row r and slot j < k with e = ids[r·k + j]:
+//   y[r·k + j, o] = Σ_i W[e][o, i] · x[xrow, i],   xrow = r (x_per_slot false) or r·k + j (true)
+// W: [experts, out, in] fp32 or bf16 (raw uint16), element (e, o, i) at
+// e·w_expert_stride + o·w_row_stride + i. round_x_bf16 rounds x to bf16 first (the precision
+// of a bf16 GEMM; the CPU engine's gemm=bf16 path). Each sum is cpu::Dot's exactly (16
+// interleaved FMA chains, lane = i mod 16, pairwise fold), so y is bitwise cpu::MatMulNT of
+// the same operands — and depends on `in` only, never on rows, k, the routing or the grid.
+// A CTA owns (64 output rows, one expert): it gathers the slots routed to its expert and
+// reads each weight row once per chunk of ≤ 8 slots (16-byte loads when W rows are 16-byte
+// aligned). An id outside [0, experts) sets kErrExpert and that slot's row is NaN.
+struct ExpertGemmParams {
+  int64_t rows = 0, k = 0, experts = 0, out = 0, in = 0;
+  const void* w = nullptr;  // [experts, out, in] fp32, or bf16 when w_bf16
+  bool w_bf16 = false;
+  int64_t w_expert_stride = 0, w_row_stride = 0;  // elements
+  const float* x = nullptr;  // [rows or rows·k, in], row stride x_stride
+  int64_t x_stride = 0;
+  bool x_per_slot = false;
+  bool round_x_bf16 = false;
+  const int32_t* ids = nullptr;  // [rows, k] device
+  float* y = nullptr;            // [rows·k, out], row stride y_stride
+  int64_t y_stride = 0;
+  int32_t* error_flag = nullptr; // optional; kErrExpert
+};
+Status ExpertGemm(const ExpertGemmParams& p, Stream stream = nullptr);
+
+// MoE combine, bitwise engine/model.cc's loop: out[r, :] = 0; for j ascending:
+// out[r, :] += y[r·k + j, :] · w[r, j] (product rounded, then the add); then
+// out[r, :] += shared[r, :] when shared is not null.
+struct MoeCombineParams {
+  const float* y = nullptr;        // [rows·k, n], row stride y_stride
+  int64_t y_stride = 0;
+  const float* weights = nullptr;  // [rows, k] contiguous
+  const float* shared = nullptr;   // [rows, n], row stride shared_stride, or null
+  int64_t shared_stride = 0;
+  float* out = nullptr;            // [rows, n], row stride out_stride
+  int64_t out_stride = 0;
+  int64_t rows = 0, k = 0, n = 0;
+};
+Status MoeCombine(const MoeCombineParams& p, Stream stream = nullptr);
 
 }  // namespace lockstep::kernels::cuda

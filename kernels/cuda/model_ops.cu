@@ -1,0 +1,621 @@
+// kernels/cuda/model_ops.cu — the forward pass's remaining kernels: embedding gather,
+// residual add, scale, bf16 conversion, SwiGLU, LayerNorm, MoE routing, the grouped expert
+// GEMM and the MoE combine. Contracts in ops.h; each mirrors engine/model.cc or
+// kernels/cpu/ops.cc operation by operation (__f*_rn / __d*_rn spell every rounding).
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+#include "kernels/cuda/check.cuh"
+#include "kernels/cuda/device_math.cuh"
+#include "kernels/cuda/ops.h"
+
+namespace lockstep::kernels::cuda {
+namespace {
+
+constexpr int64_t kMaxGrid = 65535;  // grid.y / grid.z limit
+constexpr int kElemThreads = 256;
+
+__device__ __forceinline__ float QuietNan() { return __uint_as_float(0x7fc00000u); }
+
+// expf as the correctly rounded value: CUDA's double exp (≤ 1 double ulp) rounded once to
+// fp32. glibc's expf agrees with this in ≈99.94 % of random inputs and is 1 ulp away in the
+// rest (ops.h); CUDA's own expf (≤ 2 ulp) would agree less often.
+__device__ __forceinline__ float ExpF(float v) { return __double2float_rn(exp(static_cast<double>(v))); }
+
+// Grid over [rows, n]: x covers columns in blocks of 256, y covers rows; both loop so any
+// shape fits the grid limits.
+dim3 ElementGrid(int64_t rows, int64_t n) {
+  const int64_t bx = (n + kElemThreads - 1) / kElemThreads;
+  return dim3(static_cast<unsigned>(bx < 4096 ? bx : 4096), static_cast<unsigned>(rows < kMaxGrid ? rows : kMaxGrid));
+}
+#define LS_FOR_EACH_ELEMENT(rows, n)                                                        \
+  for (int64_t r = blockIdx.y; r < (rows); r += gridDim.y)                                  \
+    for (int64_t i = static_cast<int64_t>(blockIdx.x) * kElemThreads + threadIdx.x; i < (n); \
+         i += static_cast<int64_t>(gridDim.x) * kElemThreads)
+
+// --- embedding, elementwise ----------------------------------------------------------------
+
+__global__ void EmbedKernel(EmbedParams p) {
+  const int64_t r = blockIdx.x;
+  const int32_t id = p.ids[r];
+  float* y = p.y + r * p.y_stride;
+  if (id < 0 || id >= p.vocab) {
+    if (threadIdx.x == 0 && p.error_flag != nullptr) atomicOr(p.error_flag, kErrToken);
+    for (int64_t i = threadIdx.x; i < p.n; i += blockDim.x) y[i] = QuietNan();
+    return;
+  }
+  const float* t = p.table + static_cast<int64_t>(id) * p.n;
+  for (int64_t i = threadIdx.x; i < p.n; i += blockDim.x) y[i] = t[i];
+}
+
+__global__ void AddInPlaceKernel(float* y, int64_t ys, const float* x, int64_t xs, int64_t rows, int64_t n) {
+  LS_FOR_EACH_ELEMENT(rows, n) y[r * ys + i] = __fadd_rn(y[r * ys + i], x[r * xs + i]);
+}
+
+__global__ void ScaleKernel(float* x, int64_t xs, int64_t rows, int64_t n, float s) {
+  LS_FOR_EACH_ELEMENT(rows, n) x[r * xs + i] = __fmul_rn(x[r * xs + i], s);
+}
+
+__global__ void ToBf16Kernel(const float* x, int64_t xs, uint16_t* y, int64_t ys, int64_t rows, int64_t n) {
+  LS_FOR_EACH_ELEMENT(rows, n) y[r * ys + i] = dev::F32ToBf16(x[r * xs + i]);
+}
+
+// cpu::SwiGlu: out = (g / (1 + exp(−g))) · u.
+__global__ void SwiGluKernel(SwiGluParams p) {
+  LS_FOR_EACH_ELEMENT(p.rows, p.n) {
+    const float g = p.g[r * p.g_stride + i], u = p.u[r * p.u_stride + i];
+    p.out[r * p.out_stride + i] = __fmul_rn(__fdiv_rn(g, __fadd_rn(1.0f, ExpF(-g))), u);
+  }
+}
+
+// engine/model.cc's combine loop.
+__global__ void MoeCombineKernel(MoeCombineParams p) {
+  LS_FOR_EACH_ELEMENT(p.rows, p.n) {
+    float acc = 0.0f;
+    for (int64_t j = 0; j < p.k; ++j) {
+      const int64_t slot = r * p.k + j;
+      acc = __fadd_rn(acc, __fmul_rn(p.y[slot * p.y_stride + i], p.weights[slot]));
+    }
+    if (p.shared != nullptr) acc = __fadd_rn(acc, p.shared[r * p.shared_stride + i]);
+    p.out[r * p.out_stride + i] = acc;
+  }
+}
+
+// --- LayerNorm --------------------------------------------------------------------------------
+
+constexpr int kLnWarps = 4;
+
+// One warp per row; lane 0 runs cpu::LayerNorm's two fp64 loops in the CPU's order.
+__global__ void __launch_bounds__(kLnWarps * 32) LayerNormKernel(LayerNormParams p) {
+  const int lane = threadIdx.x & 31;
+  const int64_t r = static_cast<int64_t>(blockIdx.x) * kLnWarps + (threadIdx.x >> 5);
+  if (r >= p.rows) return;
+  const float* x = p.x + r * p.x_stride;
+  double mean = 0.0, inv = 0.0;
+  if (lane == 0) {
+    for (int64_t i = 0; i < p.n; ++i) mean = __dadd_rn(mean, static_cast<double>(x[i]));
+    mean = __ddiv_rn(mean, static_cast<double>(p.n));
+    double var = 0.0;
+    for (int64_t i = 0; i < p.n; ++i) {
+      const double d = __dsub_rn(static_cast<double>(x[i]), mean);
+      var = __dadd_rn(var, __dmul_rn(d, d));
+    }
+    var = __ddiv_rn(var, static_cast<double>(p.n));
+    inv = __ddiv_rn(1.0, __dsqrt_rn(__dadd_rn(var, p.eps)));
+  }
+  mean = __shfl_sync(0xffffffffu, mean, 0);
+  inv = __shfl_sync(0xffffffffu, inv, 0);
+  float* y = p.y + r * p.y_stride;
+  for (int64_t i = lane; i < p.n; i += 32) {
+    const float t = __double2float_rn(__dmul_rn(__dsub_rn(static_cast<double>(x[i]), mean), inv));
+    y[i] = __fadd_rn(__fmul_rn(t, p.weight[i]), p.bias[i]);
+  }
+}
+
+// --- Route ----------------------------------------------------------------------------------
+
+constexpr int kRouteWarps = 4;
+constexpr int kRouteMaxGroups = 64;
+
+// Per-warp scratch: scores[E], choice[E] (fp32), state[E] (0 excluded, 1 allowed, 2 chosen).
+int64_t RouteWarpBytes(int64_t experts) { return (9 * experts + 15) / 16 * 16; }
+
+// (value descending, id ascending) as one unsigned key; NaN ranks below −∞; every
+// candidate's key is > 0.
+__device__ __forceinline__ uint64_t RankKey(float v, int e) {
+  return (static_cast<uint64_t>(dev::OrderedKey(v)) << 32) | (0xffffffffu - static_cast<uint32_t>(e));
+}
+
+__global__ void __launch_bounds__(kRouteWarps * 32) RouteKernel(RouteParams p, int64_t warp_bytes) {
+  extern __shared__ __align__(16) unsigned char route_smem[];
+  __shared__ float group_score[kRouteWarps][kRouteMaxGroups];
+  __shared__ uint8_t group_keep[kRouteWarps][kRouteMaxGroups];
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  const int64_t r = static_cast<int64_t>(blockIdx.x) * kRouteWarps + warp;
+  if (r >= p.rows) return;  // only __syncwarp below
+  const int E = static_cast<int>(p.experts);
+  float* sc = reinterpret_cast<float*>(route_smem + warp * warp_bytes);
+  float* ch = sc + E;
+  uint8_t* state = reinterpret_cast<uint8_t*>(ch + E);
+  const float* lg = p.logits + r * p.logits_stride;
+
+  if (p.gate == GateKind::kSigmoidNoauxTc) {
+    for (int e = lane; e < E; e += 32) {
+      const float s = __fdiv_rn(1.0f, __fadd_rn(1.0f, ExpF(-lg[e])));
+      sc[e] = s;
+      ch[e] = p.bias != nullptr ? __fadd_rn(s, p.bias[e]) : s;
+    }
+  } else {
+    // cpu::Softmax: m = fmax fold (exact; NaN is fmax's identity, as in the CPU's fold).
+    float m = QuietNan();
+    for (int e = lane; e < E; e += 32) m = fmaxf(m, lg[e]);
+    m = dev::WarpMax(m);
+    if (isinf(m) && m < 0.0f) {
+      for (int e = lane; e < E; e += 32) sc[e] = 0.0f;
+    } else {
+      for (int e = lane; e < E; e += 32) sc[e] = ExpF(__fsub_rn(lg[e], m));
+      __syncwarp();
+      float inv = 0.0f;
+      if (lane == 0) {
+        double s = 0.0;  // left to right, as the CPU
+        for (int e = 0; e < E; ++e) s = __dadd_rn(s, static_cast<double>(sc[e]));
+        inv = __double2float_rn(__ddiv_rn(1.0, s));
+      }
+      inv = __shfl_sync(0xffffffffu, inv, 0);
+      __syncwarp();
+      for (int e = lane; e < E; e += 32) sc[e] = __fmul_rn(sc[e], inv);
+    }
+    __syncwarp();
+    for (int e = lane; e < E; e += 32) ch[e] = sc[e];
+  }
+  __syncwarp();
+
+  // Group-limited selection: group score = its max (softmax) or the sum of its top two
+  // (sigmoid), from the CPU's sequential scan; keep the topk_group best groups.
+  const bool grouped = p.gate != GateKind::kSoftmaxGreedy && p.n_group > 1;
+  if (grouped) {
+    const int G = static_cast<int>(p.n_group), per = E / G;
+    for (int g = lane; g < G; g += 32) {
+      float a = -INFINITY, b = -INFINITY;
+      for (int j = 0; j < per; ++j) {
+        const float v = ch[g * per + j];
+        if (v > a) {
+          b = a;
+          a = v;
+        } else if (v > b) {
+          b = v;
+        }
+      }
+      group_score[warp][g] = p.gate == GateKind::kSigmoidNoauxTc ? __fadd_rn(a, b) : a;
+      group_keep[warp][g] = 0;
+    }
+    __syncwarp();
+    if (lane == 0) {
+      for (int64_t round = 0; round < p.topk_group; ++round) {
+        int best = -1;
+        uint64_t best_key = 0;
+        for (int g = 0; g < G; ++g) {
+          const uint64_t key = RankKey(group_score[warp][g], g);
+          if (!group_keep[warp][g] && key > best_key) {
+            best_key = key;
+            best = g;
+          }
+        }
+        group_keep[warp][best] = 1;
+      }
+    }
+    __syncwarp();
+    for (int e = lane; e < E; e += 32) state[e] = group_keep[warp][e / per];
+  } else {
+    for (int e = lane; e < E; e += 32) state[e] = 1;
+  }
+  __syncwarp();
+
+  // k rounds of a warp argmax by (choice desc, id asc): the prefix of the CPU's stable sort.
+  for (int64_t round = 0; round < p.k; ++round) {
+    uint64_t best = 0;
+    for (int e = lane; e < E; e += 32) {
+      if (state[e] == 1) {
+        const uint64_t key = RankKey(ch[e], e);
+        best = key > best ? key : best;
+      }
+    }
+#pragma unroll
+    for (int o = 16; o >= 1; o /= 2) {
+      const uint64_t other = __shfl_xor_sync(0xffffffffu, best, o);
+      best = other > best ? other : best;
+    }
+    if (lane == 0) state[0xffffffffu - static_cast<uint32_t>(best & 0xffffffffu)] = 2;
+    __syncwarp();
+  }
+
+  // ids ascending; weights = scores, fp64 sum in id order, normalise, scale.
+  if (lane == 0) {
+    int32_t* ids = p.ids + r * p.k;
+    float* w = p.weights + r * p.k;
+    double sum = 0.0;
+    int64_t n = 0;
+    for (int e = 0; e < E; ++e) {
+      if (state[e] != 2) continue;
+      ids[n] = e;
+      w[n] = sc[e];
+      sum = __dadd_rn(sum, static_cast<double>(sc[e]));
+      ++n;
+    }
+    if (p.norm_topk_prob) {
+      const float denom = __fadd_rn(__double2float_rn(sum), 1e-20f);
+      for (int64_t i = 0; i < p.k; ++i) w[i] = __fdiv_rn(w[i], denom);
+    }
+    for (int64_t i = 0; i < p.k; ++i) w[i] = __fmul_rn(w[i], p.routed_scaling_factor);
+  }
+}
+
+// --- ExpertGemm -----------------------------------------------------------------------------
+//
+// Thread layout: a warp owns 16 output rows, two lanes per row; lane half h holds cpu::Dot's
+// chains 8h..8h+7 (element i feeds chain i mod 16) for every slot of the current chunk, so
+// one 16-byte load of 8 bf16 weights feeds 8 chains × (slots in the chunk). x is staged in
+// shared memory per in-tile; the chains carry over tiles, so tiling never changes the order.
+// The fold is Dot's: chain l + chain l+8 (one shuffle), then 8 → 4 → 2 → 1 in registers.
+
+constexpr int kEgTileIn = 1024;  // x elements per slot staged at a time (a multiple of 16)
+
+template <bool kBf16, bool kVec>
+__device__ __forceinline__ void LoadW8(const void* w, int64_t off, float (&v)[8]) {
+  if constexpr (kBf16) {
+    const uint16_t* p = static_cast<const uint16_t*>(w) + off;
+    if constexpr (kVec) {
+      const uint4 q = __ldg(reinterpret_cast<const uint4*>(p));
+      const uint32_t u[4] = {q.x, q.y, q.z, q.w};
+#pragma unroll
+      for (int j = 0; j < 4; ++j) {
+        v[2 * j] = __uint_as_float(u[j] << 16);
+        v[2 * j + 1] = __uint_as_float(u[j] & 0xffff0000u);
+      }
+    } else {
+#pragma unroll
+      for (int j = 0; j < 8; ++j) v[j] = dev::Bf16ToF32(p[j]);
+    }
+  } else {
+    const float* p = static_cast<const float*>(w) + off;
+    if constexpr (kVec) {
+      const float4 a = __ldg(reinterpret_cast<const float4*>(p)), b = __ldg(reinterpret_cast<const float4*>(p) + 1);
+      v[0] = a.x, v[1] = a.y, v[2] = a.z, v[3] = a.w, v[4] = b.x, v[5] = b.y, v[6] = b.z, v[7] = b.w;
+    } else {
+#pragma unroll
+      for (int j = 0; j < 8; ++j) v[j] = p[j];
+    }
+  }
+}
+
+template <int kChunk>
+__device__ __forceinline__ void Fma8(const float (&w)[8], const float (*xs)[kEgTileIn], int c, int ns,
+                                     float (&acc)[kChunk][8]) {
+#pragma unroll
+  for (int s = 0; s < kChunk; ++s) {
+    if (s < ns) {
+      const float4 a = *reinterpret_cast<const float4*>(&xs[s][c]);
+      const float4 b = *reinterpret_cast<const float4*>(&xs[s][c + 4]);
+      const float x[8] = {a.x, a.y, a.z, a.w, b.x, b.y, b.z, b.w};
+#pragma unroll
+      for (int q = 0; q < 8; ++q) acc[s][q] = __fmaf_rn(w[q], x[q], acc[s][q]);
+    }
+  }
+}
+
+template <int kWarps, int kChunk, int kUnroll, bool kBf16, bool kVec>
+__global__ void __launch_bounds__(kWarps * 32) ExpertGemmKernel(ExpertGemmParams p) {
+  constexpr int kThreads = kWarps * 32, kRows = kWarps * 16;
+  __shared__ __align__(16) float xs[kChunk][kEgTileIn];
+  __shared__ int32_t slots[kChunk + kThreads];
+  __shared__ int32_t warp_counts[kWarps];
+
+  const int e = blockIdx.y;
+  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, h = lane & 1;
+  const int64_t o0 = static_cast<int64_t>(blockIdx.x) * kRows;
+  const int64_t o = o0 + warp * 16 + (lane >> 1);
+  const bool row_ok = o < p.out;
+  const int64_t total = p.rows * p.k;
+  const int64_t w_row = e * p.w_expert_stride + (row_ok ? o : 0) * p.w_row_stride + 8 * h;
+
+  int64_t pos = 0;
+  int count = 0;  // slots[0..count) routed to e, not yet computed; the same in every thread
+  for (;;) {
+    // Top the list up to a chunk, in slot order; the expert-0 CTAs also police the ids.
+    while (count < kChunk && pos < total) {
+      const int64_t i = pos + tid;
+      bool match = false;
+      if (i < total) {
+        const int32_t id = p.ids[i];
+        match = id == e;
+        if (blockIdx.y == 0 && (id < 0 || id >= p.experts)) {
+          if (blockIdx.x == 0 && p.error_flag != nullptr) atomicOr(p.error_flag, kErrExpert);
+          for (int c = 0; c < kRows && o0 + c < p.out; ++c) p.y[i * p.y_stride + o0 + c] = QuietNan();
+        }
+      }
+      const unsigned ballot = __ballot_sync(0xffffffffu, match);
+      if (lane == 0) warp_counts[warp] = __popc(ballot);
+      __syncthreads();
+      int before = count, added = 0;
+#pragma unroll
+      for (int w = 0; w < kWarps; ++w) {
+        before += w < warp ? warp_counts[w] : 0;
+        added += warp_counts[w];
+      }
+      if (match) slots[before + __popc(ballot & ((1u << lane) - 1u))] = static_cast<int32_t>(i);
+      count += added;
+      pos += kThreads;
+      __syncthreads();
+    }
+    if (count == 0) break;
+    const int ns = count < kChunk ? count : kChunk;
+
+    float acc[kChunk][8];
+#pragma unroll
+    for (int s = 0; s < kChunk; ++s) {
+#pragma unroll
+      for (int q = 0; q < 8; ++q) acc[s][q] = 0.0f;
+    }
+    for (int64_t t0 = 0; t0 < p.in; t0 += kEgTileIn) {
+      const int tn = static_cast<int>(p.in - t0 < kEgTileIn ? p.in - t0 : kEgTileIn);
+      for (int idx = tid; idx < ns * kEgTileIn; idx += kThreads) {
+        const int s = idx / kEgTileIn, c = idx % kEgTileIn;
+        const int64_t slot = slots[s];
+        const int64_t xrow = p.x_per_slot ? slot : slot / p.k;
+        float v = 0.0f;
+        if (c < tn) {
+          v = p.x[xrow * p.x_stride + t0 + c];
+          if (p.round_x_bf16) v = dev::Bf16ToF32(dev::F32ToBf16(v));
+        }
+        xs[s][c] = v;
+      }
+      __syncthreads();
+      if (row_ok) {
+        const int full = tn / 16 * 16;
+        int c = 0;
+        for (; c + 16 * kUnroll <= full; c += 16 * kUnroll) {
+          float w[kUnroll][8];
+#pragma unroll
+          for (int u = 0; u < kUnroll; ++u) LoadW8<kBf16, kVec>(p.w, w_row + t0 + c + 16 * u, w[u]);
+#pragma unroll
+          for (int u = 0; u < kUnroll; ++u) Fma8<kChunk>(w[u], xs, c + 16 * u + 8 * h, ns, acc);
+        }
+        for (; c < full; c += 16) {
+          float w[8];
+          LoadW8<kBf16, kVec>(p.w, w_row + t0 + c, w);
+          Fma8<kChunk>(w, xs, c + 8 * h, ns, acc);
+        }
+        if (c < tn) {  // the last partial block of `in`: element c + 8h + q is chain 8h + q
+#pragma unroll
+          for (int q = 0; q < 8; ++q) {
+            if (c + 8 * h + q < tn) {
+              float wv;
+              if constexpr (kBf16) {
+                wv = dev::Bf16ToF32(static_cast<const uint16_t*>(p.w)[w_row + t0 + c + q]);
+              } else {
+                wv = static_cast<const float*>(p.w)[w_row + t0 + c + q];
+              }
+#pragma unroll
+              for (int s = 0; s < kChunk; ++s) {
+                if (s < ns) acc[s][q] = __fmaf_rn(wv, xs[s][c + 8 * h + q], acc[s][q]);
+              }
+            }
+          }
+        }
+      }
+      __syncthreads();  // xs is restaged by the next tile or chunk
+    }
+    // Dot's fold, then lane half h stores the slots s ≡ h (mod 2).
+#pragma unroll
+    for (int s = 0; s < kChunk; ++s) {
+      float v[8];
+#pragma unroll
+      for (int q = 0; q < 8; ++q) v[q] = __fadd_rn(acc[s][q], __shfl_xor_sync(0xffffffffu, acc[s][q], 1));
+#pragma unroll
+      for (int q = 0; q < 4; ++q) v[q] = __fadd_rn(v[q], v[q + 4]);
+#pragma unroll
+      for (int q = 0; q < 2; ++q) v[q] = __fadd_rn(v[q], v[q + 2]);
+      const float out = __fadd_rn(v[0], v[1]);
+      if (row_ok && s < ns && (s & 1) == h) p.y[static_cast<int64_t>(slots[s]) * p.y_stride + o] = out;
+    }
+    // Drop the computed slots.
+    const int rest = count - ns;
+    const int32_t keep = tid < rest ? slots[ns + tid] : 0;
+    __syncthreads();
+    if (tid < rest) slots[tid] = keep;
+    count = rest;
+    __syncthreads();
+  }
+}
+
+template <int kWarps, int kChunk, int kUnroll>
+Status LaunchExpertGemm(const ExpertGemmParams& p, bool vec, Stream stream) {
+  constexpr int64_t kRows = kWarps * 16;
+  const dim3 grid(static_cast<unsigned>((p.out + kRows - 1) / kRows), static_cast<unsigned>(p.experts));
+  const dim3 block(kWarps * 32);
+  if (p.w_bf16) {
+    if (vec) {
+      ExpertGemmKernel<kWarps, kChunk, kUnroll, true, true><<<grid, block, 0, stream>>>(p);
+    } else {
+      ExpertGemmKernel<kWarps, kChunk, kUnroll, true, false><<<grid, block, 0, stream>>>(p);
+    }
+  } else {
+    if (vec) {
+      ExpertGemmKernel<kWarps, kChunk, kUnroll, false, true><<<grid, block, 0, stream>>>(p);
+    } else {
+      ExpertGemmKernel<kWarps, kChunk, kUnroll, false, false><<<grid, block, 0, stream>>>(p);
+    }
+  }
+  LS_CUDA_LAUNCH_CHECK();
+  return Status::Ok();
+}
+
+Status CheckRows(const char* op, int64_t rows, int64_t n) {
+  LS_CHECK_ARG(rows >= 0 && rows < (int64_t{1} << 31), op, "rows", rows);
+  LS_CHECK_ARG(n >= 0 && n < (int64_t{1} << 31), op, "n", n);
+  return Status::Ok();
+}
+
+}  // namespace
+
+Status Embed(const EmbedParams& p, Stream stream) {
+  constexpr const char* op = "Embed";
+  LS_CHECK_ARG(p.table != nullptr, op, "table", p.table);
+  LS_CHECK_ARG(p.ids != nullptr, op, "ids", p.ids);
+  LS_CHECK_ARG(p.y != nullptr, op, "y", p.y);
+  LS_CHECK_ARG(p.vocab > 0 && p.vocab < (int64_t{1} << 31), op, "vocab", p.vocab);
+  LS_CHECK_ARG(p.n > 0, op, "n", p.n);
+  LS_CHECK_ARG(p.rows >= 0 && p.rows < (int64_t{1} << 31), op, "rows", p.rows);
+  LS_CHECK_ARG(p.y_stride >= p.n, op, "y_stride", p.y_stride);
+  if (p.rows == 0) return Status::Ok();
+  EmbedKernel<<<static_cast<unsigned>(p.rows), 256, 0, stream>>>(p);
+  LS_CUDA_LAUNCH_CHECK();
+  return Status::Ok();
+}
+
+Status AddInPlace(float* y, int64_t y_stride, const float* x, int64_t x_stride, int64_t rows, int64_t n,
+                  Stream stream) {
+  constexpr const char* op = "AddInPlace";
+  LS_CHECK_ARG(y != nullptr, op, "y", static_cast<const void*>(y));
+  LS_CHECK_ARG(x != nullptr, op, "x", static_cast<const void*>(x));
+  LS_RETURN_IF_ERROR(CheckRows(op, rows, n));
+  LS_CHECK_ARG(y_stride >= n, op, "y_stride", y_stride);
+  LS_CHECK_ARG(x_stride >= n, op, "x_stride", x_stride);
+  if (rows == 0 || n == 0) return Status::Ok();
+  AddInPlaceKernel<<<ElementGrid(rows, n), kElemThreads, 0, stream>>>(y, y_stride, x, x_stride, rows, n);
+  LS_CUDA_LAUNCH_CHECK();
+  return Status::Ok();
+}
+
+Status Scale(float* x, int64_t stride, int64_t rows, int64_t n, float s, Stream stream) {
+  constexpr const char* op = "Scale";
+  LS_CHECK_ARG(x != nullptr, op, "x", static_cast<const void*>(x));
+  LS_RETURN_IF_ERROR(CheckRows(op, rows, n));
+  LS_CHECK_ARG(stride >= n, op, "stride", stride);
+  if (rows == 0 || n == 0) return Status::Ok();
+  ScaleKernel<<<ElementGrid(rows, n), kElemThreads, 0, stream>>>(x, stride, rows, n, s);
+  LS_CUDA_LAUNCH_CHECK();
+  return Status::Ok();
+}
+
+Status ToBf16(const float* x, int64_t x_stride, uint16_t* y, int64_t y_stride, int64_t rows, int64_t n,
+              Stream stream) {
+  constexpr const char* op = "ToBf16";
+  LS_CHECK_ARG(x != nullptr, op, "x", static_cast<const void*>(x));
+  LS_CHECK_ARG(y != nullptr, op, "y", static_cast<const void*>(y));
+  LS_RETURN_IF_ERROR(CheckRows(op, rows, n));
+  LS_CHECK_ARG(x_stride >= n, op, "x_stride", x_stride);
+  LS_CHECK_ARG(y_stride >= n, op, "y_stride", y_stride);
+  if (rows == 0 || n == 0) return Status::Ok();
+  ToBf16Kernel<<<ElementGrid(rows, n), kElemThreads, 0, stream>>>(x, x_stride, y, y_stride, rows, n);
+  LS_CUDA_LAUNCH_CHECK();
+  return Status::Ok();
+}
+
+Status SwiGlu(const SwiGluParams& p, Stream stream) {
+  constexpr const char* op = "SwiGlu";
+  LS_CHECK_ARG(p.g != nullptr, op, "g", p.g);
+  LS_CHECK_ARG(p.u != nullptr, op, "u", p.u);
+  LS_CHECK_ARG(p.out != nullptr, op, "out", p.out);
+  LS_RETURN_IF_ERROR(CheckRows(op, p.rows, p.n));
+  LS_CHECK_ARG(p.g_stride >= p.n, op, "g_stride", p.g_stride);
+  LS_CHECK_ARG(p.u_stride >= p.n, op, "u_stride", p.u_stride);
+  LS_CHECK_ARG(p.out_stride >= p.n, op, "out_stride", p.out_stride);
+  if (p.rows == 0 || p.n == 0) return Status::Ok();
+  SwiGluKernel<<<ElementGrid(p.rows, p.n), kElemThreads, 0, stream>>>(p);
+  LS_CUDA_LAUNCH_CHECK();
+  return Status::Ok();
+}
+
+Status LayerNorm(const LayerNormParams& p, Stream stream) {
+  constexpr const char* op = "LayerNorm";
+  LS_CHECK_ARG(p.x != nullptr, op, "x", p.x);
+  LS_CHECK_ARG(p.weight != nullptr, op, "weight", p.weight);
+  LS_CHECK_ARG(p.bias != nullptr, op, "bias", p.bias);
+  LS_CHECK_ARG(p.y != nullptr, op, "y", p.y);
+  LS_CHECK_ARG(p.rows >= 0 && p.rows < (int64_t{1} << 31), op, "rows", p.rows);
+  LS_CHECK_ARG(p.n > 0 && p.n < (int64_t{1} << 31), op, "n", p.n);
+  LS_CHECK_ARG(p.x_stride >= p.n, op, "x_stride", p.x_stride);
+  LS_CHECK_ARG(p.y_stride >= p.n, op, "y_stride", p.y_stride);
+  LS_CHECK_ARG(p.x != p.y || p.x_stride == p.y_stride, op, "y_stride (in place needs x_stride)", p.y_stride);
+  LS_CHECK_ARG(p.eps >= 0.0, op, "eps", p.eps);
+  if (p.rows == 0) return Status::Ok();
+  LayerNormKernel<<<static_cast<unsigned>((p.rows + kLnWarps - 1) / kLnWarps), kLnWarps * 32, 0, stream>>>(p);
+  LS_CUDA_LAUNCH_CHECK();
+  return Status::Ok();
+}
+
+Status Route(const RouteParams& p, Stream stream) {
+  constexpr const char* op = "Route";
+  LS_CHECK_ARG(p.logits != nullptr, op, "logits", p.logits);
+  LS_CHECK_ARG(p.ids != nullptr, op, "ids", static_cast<const void*>(p.ids));
+  LS_CHECK_ARG(p.weights != nullptr, op, "weights", static_cast<const void*>(p.weights));
+  LS_CHECK_ARG(p.rows >= 0 && p.rows < (int64_t{1} << 31), op, "rows", p.rows);
+  LS_CHECK_ARG(p.experts > 0 && p.experts <= kRouteMaxExperts, op, "experts", p.experts);
+  LS_CHECK_ARG(p.k > 0 && p.k <= p.experts, op, "k", p.k);
+  LS_CHECK_ARG(p.logits_stride >= p.experts, op, "logits_stride", p.logits_stride);
+  LS_CHECK_ARG(p.gate == GateKind::kSoftmaxGreedy || p.gate == GateKind::kSoftmaxGroupLimited ||
+                   p.gate == GateKind::kSigmoidNoauxTc,
+               op, "gate", static_cast<int>(p.gate));
+  if (p.gate != GateKind::kSoftmaxGreedy && p.n_group > 1) {
+    LS_CHECK_ARG(p.n_group <= kRouteMaxGroups && p.experts % p.n_group == 0, op, "n_group", p.n_group);
+    LS_CHECK_ARG(p.topk_group >= 1 && p.topk_group <= p.n_group, op, "topk_group", p.topk_group);
+    // Fewer allowed experts than k would make the CPU pad with expert 0.
+    LS_CHECK_ARG(p.k <= p.topk_group * (p.experts / p.n_group), op, "k (> topk_group · experts/n_group)", p.k);
+  } else {
+    LS_CHECK_ARG(p.n_group >= 1, op, "n_group", p.n_group);
+  }
+  if (p.rows == 0) return Status::Ok();
+  const int64_t warp_bytes = RouteWarpBytes(p.experts);
+  const size_t smem = static_cast<size_t>(warp_bytes * kRouteWarps);  // ≤ 36 KiB at 1024 experts
+  RouteKernel<<<static_cast<unsigned>((p.rows + kRouteWarps - 1) / kRouteWarps), kRouteWarps * 32, smem, stream>>>(
+      p, warp_bytes);
+  LS_CUDA_LAUNCH_CHECK();
+  return Status::Ok();
+}
+
+Status ExpertGemm(const ExpertGemmParams& p, Stream stream) {
+  constexpr const char* op = "ExpertGemm";
+  LS_CHECK_ARG(p.w != nullptr, op, "w", p.w);
+  LS_CHECK_ARG(p.x != nullptr, op, "x", p.x);
+  LS_CHECK_ARG(p.ids != nullptr, op, "ids", p.ids);
+  LS_CHECK_ARG(p.y != nullptr, op, "y", p.y);
+  LS_CHECK_ARG(p.rows >= 0, op, "rows", p.rows);
+  LS_CHECK_ARG(p.k > 0, op, "k", p.k);
+  LS_CHECK_ARG(p.rows * p.k < (int64_t{1} << 31), op, "rows·k", p.rows * p.k);
+  LS_CHECK_ARG(p.experts > 0 && p.experts <= kMaxGrid, op, "experts", p.experts);
+  LS_CHECK_ARG(p.out > 0 && p.out < (int64_t{1} << 31), op, "out", p.out);
+  LS_CHECK_ARG(p.in > 0 && p.in < (int64_t{1} << 31), op, "in", p.in);
+  LS_CHECK_ARG(p.w_row_stride >= p.in, op, "w_row_stride", p.w_row_stride);
+  LS_CHECK_ARG(p.w_expert_stride >= (p.out - 1) * p.w_row_stride + p.in, op, "w_expert_stride", p.w_expert_stride);
+  LS_CHECK_ARG(p.x_stride >= p.in, op, "x_stride", p.x_stride);
+  LS_CHECK_ARG(p.y_stride >= p.out, op, "y_stride", p.y_stride);
+  if (p.rows == 0) return Status::Ok();
+  // 16-byte weight loads need every row start 16-byte aligned; otherwise element loads (same
+  // arithmetic, same bits).
+  const int64_t es = p.w_bf16 ? 2 : 4;
+  const bool vec = reinterpret_cast<uintptr_t>(p.w) % 16 == 0 && (p.w_row_stride * es) % 16 == 0 &&
+                   (p.w_expert_stride * es) % 16 == 0;
+  // The launch shape changes speed only: each output's order is fixed by `in` (see above).
+  if (p.rows == 1) return LaunchExpertGemm<4, 1, 8>(p, vec, stream);
+  return LaunchExpertGemm<4, 8, 4>(p, vec, stream);
+}
+
+Status MoeCombine(const MoeCombineParams& p, Stream stream) {
+  constexpr const char* op = "MoeCombine";
+  LS_CHECK_ARG(p.y != nullptr, op, "y", p.y);
+  LS_CHECK_ARG(p.weights != nullptr, op, "weights", p.weights);
+  LS_CHECK_ARG(p.out != nullptr, op, "out", p.out);
+  LS_RETURN_IF_ERROR(CheckRows(op, p.rows, p.n));
+  LS_CHECK_ARG(p.k > 0, op, "k", p.k);
+  LS_CHECK_ARG(p.y_stride >= p.n, op, "y_stride", p.y_stride);
+  LS_CHECK_ARG(p.shared == nullptr || p.shared_stride >= p.n, op, "shared_stride", p.shared_stride);
+  LS_CHECK_ARG(p.out_stride >= p.n, op, "out_stride", p.out_stride);
+  if (p.rows == 0 || p.n == 0) return Status::Ok();
+  MoeCombineKernel<<<ElementGrid(p.rows, p.n), kElemThreads, 0, stream>>>(p);
+  LS_CUDA_LAUNCH_CHECK();
+  return Status::Ok();
+}
+
+}  // namespace lockstep::kernels::cuda

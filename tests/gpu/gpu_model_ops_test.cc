@@ -1,0 +1,591 @@
+// tests/gpu/gpu_model_ops_test.cc — kernels/cuda/model_ops.cu against its CPU twins on fresh
+// seeded inputs: embedding, residual add, scale, bf16 conversion, SwiGLU, LayerNorm, MoE
+// routing, the grouped expert GEMM and the MoE combine. Bitwise where the CPU's operation
+// sequence is reproduced; a derived bound where expf's rounding may differ; NaN positions
+// always equal; batch invariance and the device error flags.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <bit>
+#include <cmath>
+#include <cstring>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "kernels/cpu/numerics.h"
+#include "kernels/cpu/ops.h"
+#include "kernels/cuda/ops.h"
+#include "tests/gpu/gpu_test_util.h"
+
+namespace lockstep {
+namespace {
+
+using namespace gpu_testing;  // NOLINT
+
+std::vector<float> Randn(size_t n, uint64_t seed, float scale = 1.0f) {
+  std::mt19937_64 rng(seed);
+  std::normal_distribution<float> g(0.0f, scale);
+  std::vector<float> v(n);
+  for (float& x : v) x = g(rng);
+  return v;
+}
+
+int32_t ReadFlag(const cu::DeviceBuffer& flag) { return Download<int32_t>(flag, 1)[0]; }
+
+std::string Shape(int64_t rows, int64_t n) { return "rows=" + std::to_string(rows) + " n=" + std::to_string(n); }
+
+// --- Embed --------------------------------------------------------------------------------
+
+TEST(CudaEmbed, GathersRowsBitwiseAndFlagsBadIds) {
+  LS_REQUIRE_GPU();
+  const int64_t vocab = 1000, n = 333, stride = 340;
+  std::vector<float> table = Randn(vocab * n, 1);
+  table[7 * n + 3] = NAN;  // payloads travel as bits
+  std::vector<int32_t> ids = {7, 0, 999, 7, 1000, -1, 512};
+  const int64_t rows = static_cast<int64_t>(ids.size());
+  auto dt = Upload(table), di = Upload(ids);
+  auto dy = Zeros<float>(rows * stride);
+  auto flag = Zeros<int32_t>(1);
+  cu::EmbedParams p;
+  p.table = dt.as<float>();
+  p.vocab = vocab;
+  p.n = n;
+  p.ids = di.as<int32_t>();
+  p.rows = rows;
+  p.y = dy.as<float>();
+  p.y_stride = stride;
+  p.error_flag = flag.as<int32_t>();
+  LS_ASSERT_OK(cu::Embed(p));
+  LS_ASSERT_OK(cu::Synchronize());
+  std::vector<float> y = Download<float>(dy, rows * stride);
+  for (int64_t r = 0; r < rows; ++r) {
+    const bool bad = ids[r] < 0 || ids[r] >= vocab;
+    for (int64_t i = 0; i < n; ++i) {
+      const float got = y[r * stride + i];
+      if (bad) {
+        ASSERT_TRUE(std::isnan(got)) << "row " << r << " col " << i;
+      } else {
+        const float want = table[ids[r] * n + i];
+        ASSERT_EQ(0, std::memcmp(&got, &want, 4)) << "row " << r << " col " << i;
+      }
+    }
+  }
+  EXPECT_EQ(ReadFlag(flag), cu::kErrToken);
+}
+
+// --- elementwise ----------------------------------------------------------------------------
+
+TEST(CudaElementwise, AddScaleToBf16Bitwise) {
+  LS_REQUIRE_GPU();
+  for (auto [rows, n] : std::vector<std::pair<int64_t, int64_t>>{{1, 2048}, {37, 7168}, {70000, 3}, {5, 1}}) {
+    const int64_t xs = n + 3, ys = n + 5;
+    std::vector<float> x = Randn(rows * xs, 10 + n, 3.0f), y = Randn(rows * ys, 20 + n, 3.0f);
+    // Specials: NaN, ±inf, ±0, subnormals, bf16 halfway and overflow-on-rounding values.
+    const float specials[] = {NAN, INFINITY, -INFINITY, 0.0f, -0.0f, 1e-40f, -3e-39f, 3.3895314e38f,
+                              std::bit_cast<float>(0x3f808000u), std::bit_cast<float>(0x3f818000u),
+                              std::bit_cast<float>(0x7f7fffffu)};
+    for (size_t s = 0; s < std::size(specials) && s < x.size(); ++s) x[(s * 7919) % x.size()] = specials[s];
+    auto dx = Upload(x), dy = Upload(y);
+    auto dh = Zeros<uint16_t>(rows * ys);
+    LS_ASSERT_OK(cu::AddInPlace(dy.as<float>(), ys, dx.as<float>(), xs, rows, n));
+    LS_ASSERT_OK(cu::Scale(dy.as<float>(), ys, rows, n, 0.3f));
+    LS_ASSERT_OK(cu::ToBf16(dx.as<float>(), xs, dh.as<uint16_t>(), ys, rows, n));
+    LS_ASSERT_OK(cu::Synchronize());
+    std::vector<float> want_y = y;
+    std::vector<uint16_t> want_h(rows * ys, 0);
+    for (int64_t r = 0; r < rows; ++r) {
+      for (int64_t i = 0; i < n; ++i) {
+        want_y[r * ys + i] += x[r * xs + i];
+        want_y[r * ys + i] *= 0.3f;
+        want_h[r * ys + i] = kernels::F32ToBf16(x[r * xs + i]);
+      }
+    }
+    EXPECT_TRUE(SameBitsOrBothNan(Download<float>(dy, rows * ys), want_y, "add+scale " + Shape(rows, n)));
+    EXPECT_TRUE(BitwiseEqual(Download<uint16_t>(dh, rows * ys), want_h, "to_bf16 " + Shape(rows, n)));
+  }
+}
+
+// SwiGLU. The two sides run the same operations on exp(−g) values that differ by at most
+// one ulp (glibc's expf vs the correctly rounded one, ops.h). e' = e(1 + δ), |δ| ≤ 2u: then
+// 1 + e differs by ≤ 2u relative before each side's rounding (u each), the quotient and the
+// product add u each per side: |Δ| ≤ (2 + 2 + 2 + 2)u = 8u relative, plus an absolute
+// 2^-149 for results in the subnormal range.
+TEST(CudaSwiGlu, MatchesCpuWithinOneExpUlp) {
+  LS_REQUIRE_GPU();
+  for (auto [rows, n] : std::vector<std::pair<int64_t, int64_t>>{{1, 1408}, {64, 2816}, {3, 17}}) {
+    std::vector<float> g = Randn(rows * n, 30 + n, 4.0f), u = Randn(rows * n, 40 + n);
+    g[0] = NAN;
+    if (g.size() > 5) {
+      g[1] = -100.0f;  // exp(100) = inf: silu = −0
+      g[2] = 100.0f;
+      u[3] = INFINITY;
+      g[4] = -0.0f;
+    }
+    auto dg = Upload(g), du = Upload(u);
+    auto dout = Zeros<float>(rows * n);
+    cu::SwiGluParams p;
+    p.g = dg.as<float>();
+    p.g_stride = n;
+    p.u = du.as<float>();
+    p.u_stride = n;
+    p.out = dout.as<float>();
+    p.out_stride = n;
+    p.rows = rows;
+    p.n = n;
+    LS_ASSERT_OK(cu::SwiGlu(p));
+    LS_ASSERT_OK(cu::Synchronize());
+    std::vector<float> want(rows * n);
+    kernels::cpu::SwiGlu(g.data(), u.data(), rows * n, want.data());
+    std::vector<float> got = Download<float>(dout, rows * n);
+    int64_t differ = 0;
+    for (size_t i = 0; i < got.size(); ++i) differ += !std::isnan(want[i]) && std::memcmp(&got[i], &want[i], 4) != 0;
+    std::printf("  [swiglu %s] %lld of %zu elements differ in bits\n", Shape(rows, n).c_str(),
+                static_cast<long long>(differ), got.size());
+    EXPECT_TRUE(AllClose(
+        got, want, [&](size_t i) { return 8 * kU32 * std::fabs(want[i]) + 1.4e-45; }, "swiglu " + Shape(rows, n)));
+  }
+}
+
+// --- LayerNorm --------------------------------------------------------------------------------
+
+TEST(CudaLayerNorm, BitwiseCpu) {
+  LS_REQUIRE_GPU();
+  for (auto [rows, n] : std::vector<std::pair<int64_t, int64_t>>{{1, 128}, {300, 128}, {7, 1}, {9, 1000}}) {
+    std::vector<float> x = Randn(rows * n, 50 + n, 5.0f), w = Randn(n, 60 + n), b = Randn(n, 70 + n);
+    for (int64_t r = 0; r < rows; ++r) x[r * n] += 100.0f * r;  // large means: the fp64 path matters
+    auto dx = Upload(x), dw = Upload(w), db = Upload(b);
+    auto dy = Zeros<float>(rows * n);
+    cu::LayerNormParams p;
+    p.x = dx.as<float>();
+    p.x_stride = n;
+    p.weight = dw.as<float>();
+    p.bias = db.as<float>();
+    p.y = dy.as<float>();
+    p.y_stride = n;
+    p.rows = rows;
+    p.n = n;
+    p.eps = 1e-6;
+    LS_ASSERT_OK(cu::LayerNorm(p));
+    // In place as well.
+    p.y = dx.as<float>();
+    LS_ASSERT_OK(cu::LayerNorm(p));
+    LS_ASSERT_OK(cu::Synchronize());
+    std::vector<float> want(rows * n);
+    kernels::cpu::LayerNorm(x.data(), w.data(), b.data(), rows, n, 1e-6, want.data());
+    EXPECT_TRUE(SameBitsOrBothNan(Download<float>(dy, rows * n), want, "layernorm " + Shape(rows, n)));
+    EXPECT_TRUE(SameBitsOrBothNan(Download<float>(dx, rows * n), want, "layernorm in place " + Shape(rows, n)));
+  }
+}
+
+// --- Route --------------------------------------------------------------------------------------
+
+struct RouteConfig {
+  const char* name;
+  int64_t experts, k, n_group, topk_group;
+  cu::GateKind gate;
+  bool norm;
+  float scale;
+};
+
+// engine/model.cc Model::Impl::Route after its logits loop, transcribed (that function is
+// private to the engine and also computes the logits; the test feeds both sides the same).
+void CpuRoute(const RouteConfig& c, const float* logits, const float* bias, int32_t* ids, float* w) {
+  const int64_t E = c.experts, k = c.k;
+  std::vector<float> scores(E), choice(E);
+  std::vector<bool> allowed(E, true);
+  if (c.gate == cu::GateKind::kSigmoidNoauxTc) {
+    for (int64_t e = 0; e < E; ++e) {
+      scores[e] = 1.0f / (1.0f + std::exp(-logits[e]));
+      choice[e] = scores[e] + bias[e];
+    }
+  } else {
+    scores.assign(logits, logits + E);
+    kernels::cpu::Softmax(scores.data(), E);
+    choice = scores;
+  }
+  if (c.gate != cu::GateKind::kSoftmaxGreedy && c.n_group > 1) {
+    const int64_t G = c.n_group, per = E / G;
+    std::vector<std::pair<float, int64_t>> gs(G);
+    for (int64_t g = 0; g < G; ++g) {
+      float a = -INFINITY, b = -INFINITY;
+      for (int64_t j = 0; j < per; ++j) {
+        float v = choice[g * per + j];
+        if (v > a) {
+          b = a;
+          a = v;
+        } else if (v > b) {
+          b = v;
+        }
+      }
+      gs[g] = {c.gate == cu::GateKind::kSigmoidNoauxTc ? a + b : a, g};
+    }
+    std::stable_sort(gs.begin(), gs.end(), [](auto& p, auto& q) { return p.first > q.first; });
+    std::vector<bool> gkeep(G, false);
+    for (int64_t i = 0; i < c.topk_group; ++i) gkeep[gs[i].second] = true;
+    for (int64_t e = 0; e < E; ++e) allowed[e] = gkeep[e / per];
+  }
+  std::vector<int32_t> order;
+  for (int64_t e = 0; e < E; ++e) {
+    if (allowed[e]) order.push_back(static_cast<int32_t>(e));
+  }
+  std::stable_sort(order.begin(), order.end(), [&](int32_t a, int32_t b) { return choice[a] > choice[b]; });
+  order.resize(k);
+  std::sort(order.begin(), order.end());
+  double sum = 0;
+  for (int64_t i = 0; i < k; ++i) {
+    ids[i] = order[i];
+    w[i] = scores[order[i]];
+    sum += w[i];
+  }
+  if (c.norm) {
+    const float denom = static_cast<float>(sum) + 1e-20f;
+    for (int64_t i = 0; i < k; ++i) w[i] /= denom;
+  }
+  for (int64_t i = 0; i < k; ++i) w[i] *= c.scale;
+}
+
+struct RouteOut {
+  std::vector<int32_t> ids;
+  std::vector<float> w;
+};
+
+RouteOut GpuRoute(const RouteConfig& c, const std::vector<float>& logits, int64_t stride, const std::vector<float>& bias,
+                  int64_t rows) {
+  auto dl = Upload(logits), db = Upload(bias);
+  auto di = Zeros<int32_t>(rows * c.k);
+  auto dw = Zeros<float>(rows * c.k);
+  cu::RouteParams p;
+  p.logits = dl.as<float>();
+  p.logits_stride = stride;
+  p.bias = c.gate == cu::GateKind::kSigmoidNoauxTc ? db.as<float>() : nullptr;
+  p.rows = rows;
+  p.experts = c.experts;
+  p.k = c.k;
+  p.n_group = c.n_group;
+  p.topk_group = c.topk_group;
+  p.gate = c.gate;
+  p.norm_topk_prob = c.norm;
+  p.routed_scaling_factor = c.scale;
+  p.ids = di.as<int32_t>();
+  p.weights = dw.as<float>();
+  RouteOut o;
+  const Status s = cu::Route(p);
+  EXPECT_TRUE(s.ok()) << s.message();
+  EXPECT_TRUE(cu::Synchronize().ok());
+  o.ids = Download<int32_t>(di, rows * c.k);
+  o.w = Download<float>(dw, rows * c.k);
+  return o;
+}
+
+// Weights: each score is a few roundings from exp(·) (which may differ by one ulp, 2u); the
+// softmax adds its fp64 sum and fp32 reciprocal and product (≤ 4u), the normalisation's fp64
+// sum, conversion and quotient (≤ 3u each side), the scale u each side. 24u covers it.
+TEST(CudaRoute, SameExpertsAsCpuAllGateKinds) {
+  LS_REQUIRE_GPU();
+  const RouteConfig configs[] = {
+      {"v2-lite softmax greedy", 64, 6, 1, 1, cu::GateKind::kSoftmaxGreedy, false, 1.0f},
+      {"v2 softmax group-limited", 160, 6, 8, 3, cu::GateKind::kSoftmaxGroupLimited, false, 16.0f},
+      {"v3 sigmoid noaux_tc", 256, 8, 8, 4, cu::GateKind::kSigmoidNoauxTc, true, 2.5f},
+      {"sigmoid, 1 group, norm", 64, 6, 1, 1, cu::GateKind::kSigmoidNoauxTc, true, 1.0f},
+      {"softmax greedy k=E", 16, 16, 1, 1, cu::GateKind::kSoftmaxGreedy, true, 1.0f},
+  };
+  for (const RouteConfig& c : configs) {
+    for (int ties = 0; ties < 2; ++ties) {
+      const int64_t rows = 517, stride = c.experts + 3;
+      std::vector<float> logits = Randn(rows * stride, 80 + c.experts + ties, 2.0f);
+      std::vector<float> bias = Randn(c.experts, 90 + c.experts, 0.05f);
+      if (ties) {  // coarse values: many exact ties, in logits, choices and group scores
+        for (float& v : logits) v = std::round(v * 2.0f) / 2.0f;
+        for (float& v : bias) v = std::round(v * 64.0f) / 64.0f;
+      }
+      for (int64_t i = 0; i < c.experts; ++i) logits[5 * stride + i] = -INFINITY;  // a fully masked row
+      RouteOut got = GpuRoute(c, logits, stride, bias, rows);
+      std::vector<int32_t> want_ids(rows * c.k);
+      std::vector<float> want_w(rows * c.k);
+      for (int64_t r = 0; r < rows; ++r) {
+        CpuRoute(c, &logits[r * stride], bias.data(), &want_ids[r * c.k], &want_w[r * c.k]);
+      }
+      const std::string what = std::string(c.name) + (ties ? " (ties)" : "");
+      EXPECT_TRUE(BitwiseEqual(got.ids, want_ids, what + " ids"));
+      int64_t differ = 0;
+      for (size_t i = 0; i < got.w.size(); ++i) differ += std::memcmp(&got.w[i], &want_w[i], 4) != 0;
+      std::printf("  [%s] %lld of %zu weights differ in bits\n", what.c_str(), static_cast<long long>(differ),
+                  got.w.size());
+      EXPECT_TRUE(AllClose(got.w, want_w, [&](size_t i) { return 24 * kU32 * std::fabs(want_w[i]); }, what + " weights"));
+      // Batch invariance: rows 0, 5, 300 routed alone.
+      for (int64_t r : {0, 5, 300}) {
+        std::vector<float> one(logits.begin() + r * stride, logits.begin() + (r + 1) * stride);
+        RouteOut alone = GpuRoute(c, one, stride, bias, 1);
+        EXPECT_TRUE(BitwiseEqual(alone.ids, std::vector<int32_t>(got.ids.begin() + r * c.k, got.ids.begin() + (r + 1) * c.k),
+                                 what + " ids alone, row " + std::to_string(r)));
+        EXPECT_TRUE(BitwiseEqual(alone.w, std::vector<float>(got.w.begin() + r * c.k, got.w.begin() + (r + 1) * c.k),
+                                 what + " weights alone, row " + std::to_string(r)));
+      }
+    }
+  }
+}
+
+// --- ExpertGemm -------------------------------------------------------------------------------
+
+struct GemmCase {
+  int64_t rows, k, experts, out, in;
+  bool w_bf16, x_per_slot, round_x;
+  int64_t pad;  // extra elements per weight row (pad 1 breaks 16-byte alignment)
+};
+
+std::string Name(const GemmCase& g) {
+  return "rows=" + std::to_string(g.rows) + " k=" + std::to_string(g.k) + " E=" + std::to_string(g.experts) +
+         " out=" + std::to_string(g.out) + " in=" + std::to_string(g.in) + (g.w_bf16 ? " bf16" : " fp32") +
+         (g.x_per_slot ? " per-slot" : "") + (g.round_x ? " round-x" : "") + " pad=" + std::to_string(g.pad);
+}
+
+struct GemmData {
+  GemmCase g;
+  int64_t rs, es, xs, ys, xrows;
+  std::vector<float> w;        // fp32 values (bf16-exact when w_bf16)
+  std::vector<uint16_t> w16;   // bf16 bits when w_bf16
+  std::vector<float> x;
+  std::vector<int32_t> ids;
+};
+
+GemmData MakeGemm(const GemmCase& g, uint64_t seed) {
+  GemmData d;
+  d.g = g;
+  d.rs = g.in + g.pad;
+  d.es = g.out * d.rs + 8;
+  d.xrows = g.x_per_slot ? g.rows * g.k : g.rows;
+  d.xs = g.in + 2;
+  d.ys = g.out + 1;
+  d.w = Randn(g.experts * d.es, seed, 0.05f);
+  if (g.w_bf16) {
+    d.w16.resize(d.w.size());
+    for (size_t i = 0; i < d.w.size(); ++i) {
+      d.w16[i] = kernels::F32ToBf16(d.w[i]);
+      d.w[i] = kernels::Bf16ToF32(d.w16[i]);
+    }
+  }
+  d.x = Randn(d.xrows * d.xs, seed + 1, 1.0f);
+  std::mt19937_64 rng(seed + 2);
+  d.ids.resize(g.rows * g.k);
+  for (int64_t r = 0; r < g.rows; ++r) {  // k distinct experts per row, ascending, like Route
+    std::vector<int32_t> all(g.experts);
+    for (int64_t e = 0; e < g.experts; ++e) all[e] = static_cast<int32_t>(e);
+    std::shuffle(all.begin(), all.end(), rng);
+    std::sort(all.begin(), all.begin() + g.k);
+    std::copy(all.begin(), all.begin() + g.k, d.ids.begin() + r * g.k);
+  }
+  return d;
+}
+
+struct GemmRun {
+  std::vector<float> y;
+  int32_t flag = 0;
+};
+
+GemmRun GpuExpertGemm(const GemmData& d, const std::vector<int32_t>& ids, int64_t rows, const float* x_host) {
+  const GemmCase& g = d.g;
+  cu::DeviceBuffer dw = g.w_bf16 ? Upload(d.w16) : Upload(d.w);
+  const int64_t xrows = g.x_per_slot ? rows * g.k : rows;
+  auto dx = Upload(std::vector<float>(x_host, x_host + xrows * d.xs));
+  auto di = Upload(ids);
+  auto dy = Zeros<float>(rows * g.k * d.ys);
+  auto flag = Zeros<int32_t>(1);
+  cu::ExpertGemmParams p;
+  p.rows = rows;
+  p.k = g.k;
+  p.experts = g.experts;
+  p.out = g.out;
+  p.in = g.in;
+  p.w = dw.data();
+  p.w_bf16 = g.w_bf16;
+  p.w_expert_stride = d.es;
+  p.w_row_stride = d.rs;
+  p.x = dx.as<float>();
+  p.x_stride = d.xs;
+  p.x_per_slot = g.x_per_slot;
+  p.round_x_bf16 = g.round_x;
+  p.ids = di.as<int32_t>();
+  p.y = dy.as<float>();
+  p.y_stride = d.ys;
+  p.error_flag = flag.as<int32_t>();
+  GemmRun run;
+  const Status s = cu::ExpertGemm(p);
+  EXPECT_TRUE(s.ok()) << s.message();
+  EXPECT_TRUE(cu::Synchronize().ok());
+  run.y = Download<float>(dy, rows * g.k * d.ys);
+  run.flag = ReadFlag(flag);
+  return run;
+}
+
+// Each y element is cpu::Dot (16 FMA chains, pairwise fold) of the (rounded) x row and the
+// weight row: bitwise cpu::MatMulNT. Independently, against an fp64 product, the standard
+// bound for a sum of `in` products: |Δ| ≤ (in + 1)·u·Σ|w·x| (a chain of in/16 FMAs plus a
+// 4-level fold is far shorter; the bound is the conservative textbook one).
+TEST(CudaExpertGemm, BitwiseCpuMatMulAndWithinFp64Bound) {
+  LS_REQUIRE_GPU();
+  const GemmCase cases[] = {
+      {1, 6, 64, 2816, 2048, true, false, true, 0},    // V2-Lite gate+up decode
+      {64, 6, 64, 300, 1408, true, true, true, 0},     // down projection, per-slot x
+      {5, 2, 4, 70, 37, false, false, false, 1},       // odd `in`, unaligned rows: element loads
+      {33, 3, 5, 129, 1040, false, true, false, 0},    // fp32 vector loads, in = 1024 + 16
+      {9, 4, 8, 65, 2100, true, false, false, 3},      // bf16 unaligned, tail over two tiles
+      {200, 8, 16, 64, 256, true, false, true, 0},     // many slots per expert: > 8 per chunk
+  };
+  uint64_t seed = 1000;
+  for (const GemmCase& g : cases) {
+    GemmData d = MakeGemm(g, seed += 10);
+    GemmRun got = GpuExpertGemm(d, d.ids, g.rows, d.x.data());
+    EXPECT_EQ(got.flag, 0) << Name(g);
+    std::vector<float> want(got.y.size(), 0.0f), bound(got.y.size(), 0.0);
+    std::vector<double> exact(got.y.size(), 0.0);
+    std::vector<float> xr(g.in);
+    for (int64_t r = 0; r < g.rows; ++r) {
+      for (int64_t j = 0; j < g.k; ++j) {
+        const int64_t slot = r * g.k + j, e = d.ids[slot];
+        const float* xrow = &d.x[(g.x_per_slot ? slot : r) * d.xs];
+        for (int64_t i = 0; i < g.in; ++i) {
+          xr[i] = g.round_x ? kernels::Bf16ToF32(kernels::F32ToBf16(xrow[i])) : xrow[i];
+        }
+        kernels::cpu::MatMulNTStrided(xr.data(), g.in, 1, &d.w[e * d.es], d.rs, g.out, g.in, &want[slot * d.ys], 1);
+        for (int64_t o = 0; o < g.out; ++o) {
+          double s = 0, a = 0;
+          const float* wr = &d.w[e * d.es + o * d.rs];
+          for (int64_t i = 0; i < g.in; ++i) {
+            s += static_cast<double>(wr[i]) * xr[i];
+            a += std::fabs(static_cast<double>(wr[i]) * xr[i]);
+          }
+          exact[slot * d.ys + o] = s;
+          bound[slot * d.ys + o] = static_cast<float>((g.in + 1) * kU32 * a);
+        }
+      }
+    }
+    EXPECT_TRUE(SameBitsOrBothNan(got.y, want, "expert gemm vs cpu::MatMulNT " + Name(g)));
+    double worst = 0;
+    for (size_t i = 0; i < got.y.size(); ++i) {
+      if (bound[i] > 0) worst = std::max(worst, std::fabs(got.y[i] - exact[i]) / bound[i]);
+    }
+    EXPECT_LE(worst, 1.0) << Name(g);
+    std::printf("  [expert gemm %s] bitwise cpu; worst |y − fp64| / ((in+1)·u·Σ|w·x|) = %.3g\n", Name(g).c_str(),
+                worst);
+
+    // Batch invariance: a row computed alone gives the bits it had in the batch.
+    for (int64_t r : {int64_t{0}, g.rows - 1}) {
+      const std::vector<int32_t> one(d.ids.begin() + r * g.k, d.ids.begin() + (r + 1) * g.k);
+      const float* x_one = &d.x[(g.x_per_slot ? r * g.k : r) * d.xs];
+      GemmRun alone = GpuExpertGemm(d, one, 1, x_one);
+      EXPECT_TRUE(BitwiseEqual(alone.y,
+                               std::vector<float>(got.y.begin() + r * g.k * d.ys, got.y.begin() + (r + 1) * g.k * d.ys),
+                               "expert gemm row " + std::to_string(r) + " alone vs batch " + Name(g)));
+    }
+  }
+}
+
+TEST(CudaExpertGemm, BadExpertIdGivesNanRowAndFlag) {
+  LS_REQUIRE_GPU();
+  const GemmCase g{3, 2, 4, 100, 64, true, false, false, 0};
+  GemmData d = MakeGemm(g, 77);
+  std::vector<int32_t> ids = d.ids;
+  ids[1] = 4;   // row 0 slot 1: out of range
+  ids[4] = -1;  // row 2 slot 0
+  GemmRun got = GpuExpertGemm(d, ids, g.rows, d.x.data());
+  EXPECT_EQ(got.flag, cu::kErrExpert);
+  for (int64_t slot = 0; slot < g.rows * g.k; ++slot) {
+    const bool bad = slot == 1 || slot == 4;
+    for (int64_t o = 0; o < g.out; ++o) {
+      ASSERT_EQ(std::isnan(got.y[slot * d.ys + o]), bad) << "slot " << slot << " col " << o;
+    }
+  }
+}
+
+// --- MoeCombine -----------------------------------------------------------------------------
+
+TEST(CudaMoeCombine, BitwiseCpuLoop) {
+  LS_REQUIRE_GPU();
+  for (int with_shared = 0; with_shared < 2; ++with_shared) {
+    const int64_t rows = 19, k = 6, n = 2048, ys = n + 4, ss = n + 2, os = n + 1;
+    std::vector<float> y = Randn(rows * k * ys, 300), w = Randn(rows * k, 301), shared = Randn(rows * ss, 302);
+    y[5] = NAN;
+    auto dy = Upload(y), dw = Upload(w), dsh = Upload(shared);
+    auto dout = Zeros<float>(rows * os);
+    cu::MoeCombineParams p;
+    p.y = dy.as<float>();
+    p.y_stride = ys;
+    p.weights = dw.as<float>();
+    p.shared = with_shared ? dsh.as<float>() : nullptr;
+    p.shared_stride = ss;
+    p.out = dout.as<float>();
+    p.out_stride = os;
+    p.rows = rows;
+    p.k = k;
+    p.n = n;
+    LS_ASSERT_OK(cu::MoeCombine(p));
+    LS_ASSERT_OK(cu::Synchronize());
+    std::vector<float> want(rows * os, 0.0f);
+    for (int64_t r = 0; r < rows; ++r) {
+      float* orow = &want[r * os];
+      std::fill(orow, orow + n, 0.0f);
+      for (int64_t j = 0; j < k; ++j) {
+        const float wj = w[r * k + j];
+        const float* yr = &y[(r * k + j) * ys];
+        for (int64_t i = 0; i < n; ++i) orow[i] += yr[i] * wj;
+      }
+      if (with_shared) {
+        for (int64_t i = 0; i < n; ++i) orow[i] += shared[r * ss + i];
+      }
+    }
+    EXPECT_TRUE(SameBitsOrBothNan(Download<float>(dout, rows * os), want,
+                                  with_shared ? "combine + shared" : "combine"));
+  }
+}
+
+// --- validation ---------------------------------------------------------------------------------
+
+TEST(CudaModelOps, ValidationNamesTheField) {
+  // Host-side checks: no device needed.
+  cu::ExpertGemmParams p;
+  p.rows = 1;
+  p.k = 6;
+  p.experts = 64;
+  p.out = 16;
+  p.in = 32;
+  int32_t dummy = 0;
+  float f = 0;
+  p.w = &dummy;
+  p.x = &f;
+  p.ids = &dummy;
+  p.y = &f;
+  p.w_row_stride = 31;
+  Status s = cu::ExpertGemm(p);
+  EXPECT_FALSE(s.ok());
+  EXPECT_NE(s.message().find("w_row_stride"), std::string::npos) << s.message();
+
+  cu::RouteParams r;
+  r.logits = &f;
+  r.ids = &dummy;
+  r.weights = &f;
+  r.rows = 1;
+  r.experts = 64;
+  r.logits_stride = 64;
+  r.k = 6;
+  r.gate = cu::GateKind::kSigmoidNoauxTc;
+  r.n_group = 8;
+  r.topk_group = 0;
+  s = cu::Route(r);
+  EXPECT_FALSE(s.ok());
+  EXPECT_NE(s.message().find("topk_group"), std::string::npos) << s.message();
+
+  cu::LayerNormParams l;
+  l.x = &f;
+  l.weight = &f;
+  l.y = &f;
+  l.rows = 1;
+  l.n = 4;
+  l.x_stride = l.y_stride = 4;
+  s = cu::LayerNorm(l);
+  EXPECT_FALSE(s.ok());
+  EXPECT_NE(s.message().find("bias"), std::string::npos) << s.message();
+}
+
+}  // namespace
+}  // namespace lockstep
