@@ -96,7 +96,7 @@ int main(int argc, char** argv) {
   FillBf16<<<static_cast<unsigned>((w_elems + 255) / 256), 256>>>(w, w_elems);
   CHECK_CUDA(cudaGetLastError());
 
-  for (int64_t rows : {1, 4, 16, 64, 256}) {
+  for (int64_t rows : {1, 2, 3, 4, 16, 64, 256}) {
     // kRoutings routings of `rows` tokens: k distinct experts per row, ascending.
     std::mt19937_64 rng(42 + rows);
     std::vector<int32_t> ids(kRoutings * rows * kK);

@@ -260,6 +260,7 @@ __global__ void __launch_bounds__(kRouteWarps * 32) RouteKernel(RouteParams p, i
 // The fold is Dot's: chain l + chain l+8 (one shuffle), then 8 → 4 → 2 → 1 in registers.
 
 constexpr int kEgTileIn = 1024;  // x elements per slot staged at a time (a multiple of 16)
+constexpr int64_t kEgSlotModeMax = 16;  // slots up to which the grid runs over slots, not experts
 
 template <bool kBf16, bool kVec>
 __device__ __forceinline__ void LoadW8(const void* w, int64_t off, float (&v)[8]) {
@@ -304,23 +305,40 @@ __device__ __forceinline__ void Fma8(const float (&w)[8], const float (*xs)[kEgT
   }
 }
 
-template <int kWarps, int kChunk, int kUnroll, bool kBf16, bool kVec>
+// Grid (out tiles, experts): a CTA gathers the slots routed to its expert. kBySlot — for a
+// handful of slots (decode) — grid (out tiles, slots) instead: a CTA takes one slot and reads
+// that slot's expert, so no CTA is launched without work and the busy ones spread evenly.
+template <int kWarps, int kChunk, int kUnroll, bool kBf16, bool kVec, bool kBySlot>
 __global__ void __launch_bounds__(kWarps * 32) ExpertGemmKernel(ExpertGemmParams p) {
   constexpr int kThreads = kWarps * 32, kRows = kWarps * 16;
+  static_assert(!kBySlot || kChunk == 1);
   __shared__ __align__(16) float xs[kChunk][kEgTileIn];
   __shared__ int32_t slots[kChunk + kThreads];
   __shared__ int32_t warp_counts[kWarps];
 
-  const int e = blockIdx.y;
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, h = lane & 1;
   const int64_t o0 = static_cast<int64_t>(blockIdx.x) * kRows;
   const int64_t o = o0 + warp * 16 + (lane >> 1);
   const bool row_ok = o < p.out;
   const int64_t total = p.rows * p.k;
-  const int64_t w_row = e * p.w_expert_stride + (row_ok ? o : 0) * p.w_row_stride + 8 * h;
 
   int64_t pos = 0;
   int count = 0;  // slots[0..count) routed to e, not yet computed; the same in every thread
+  int e = blockIdx.y;
+  if constexpr (kBySlot) {
+    const int64_t slot = blockIdx.y;
+    e = p.ids[slot];
+    if (e < 0 || e >= p.experts) {
+      if (blockIdx.x == 0 && tid == 0 && p.error_flag != nullptr) atomicOr(p.error_flag, kErrExpert);
+      if (tid < kRows && o0 + tid < p.out) p.y[slot * p.y_stride + o0 + tid] = QuietNan();
+      return;
+    }
+    if (tid == 0) slots[0] = static_cast<int32_t>(slot);
+    count = 1;
+    pos = total;  // nothing to gather
+    __syncthreads();
+  }
+  const int64_t w_row = e * p.w_expert_stride + (row_ok ? o : 0) * p.w_row_stride + 8 * h;
   for (;;) {
     // Top the list up to a chunk, in slot order; the expert-0 CTAs also police the ids.
     while (count < kChunk && pos < total) {
@@ -429,22 +447,23 @@ __global__ void __launch_bounds__(kWarps * 32) ExpertGemmKernel(ExpertGemmParams
   }
 }
 
-template <int kWarps, int kChunk, int kUnroll>
+template <int kWarps, int kChunk, int kUnroll, bool kBySlot>
 Status LaunchExpertGemm(const ExpertGemmParams& p, bool vec, Stream stream) {
   constexpr int64_t kRows = kWarps * 16;
-  const dim3 grid(static_cast<unsigned>((p.out + kRows - 1) / kRows), static_cast<unsigned>(p.experts));
+  const dim3 grid(static_cast<unsigned>((p.out + kRows - 1) / kRows),
+                  static_cast<unsigned>(kBySlot ? p.rows * p.k : p.experts));
   const dim3 block(kWarps * 32);
   if (p.w_bf16) {
     if (vec) {
-      ExpertGemmKernel<kWarps, kChunk, kUnroll, true, true><<<grid, block, 0, stream>>>(p);
+      ExpertGemmKernel<kWarps, kChunk, kUnroll, true, true, kBySlot><<<grid, block, 0, stream>>>(p);
     } else {
-      ExpertGemmKernel<kWarps, kChunk, kUnroll, true, false><<<grid, block, 0, stream>>>(p);
+      ExpertGemmKernel<kWarps, kChunk, kUnroll, true, false, kBySlot><<<grid, block, 0, stream>>>(p);
     }
   } else {
     if (vec) {
-      ExpertGemmKernel<kWarps, kChunk, kUnroll, false, true><<<grid, block, 0, stream>>>(p);
+      ExpertGemmKernel<kWarps, kChunk, kUnroll, false, true, kBySlot><<<grid, block, 0, stream>>>(p);
     } else {
-      ExpertGemmKernel<kWarps, kChunk, kUnroll, false, false><<<grid, block, 0, stream>>>(p);
+      ExpertGemmKernel<kWarps, kChunk, kUnroll, false, false, kBySlot><<<grid, block, 0, stream>>>(p);
     }
   }
   LS_CUDA_LAUNCH_CHECK();
@@ -598,8 +617,10 @@ Status ExpertGemm(const ExpertGemmParams& p, Stream stream) {
   const bool vec = reinterpret_cast<uintptr_t>(p.w) % 16 == 0 && (p.w_row_stride * es) % 16 == 0 &&
                    (p.w_expert_stride * es) % 16 == 0;
   // The launch shape changes speed only: each output's order is fixed by `in` (see above).
-  if (p.rows == 1) return LaunchExpertGemm<4, 1, 8>(p, vec, stream);
-  return LaunchExpertGemm<4, 8, 4>(p, vec, stream);
+  // Up to kEgSlotModeMax slots: one CTA column per slot, 16 loads of 16 bytes in flight per
+  // thread (decode is latency-bound: bytes in flight per SM set the bandwidth).
+  if (p.rows * p.k <= kEgSlotModeMax) return LaunchExpertGemm<4, 1, 16, true>(p, vec, stream);
+  return LaunchExpertGemm<4, 8, 4, false>(p, vec, stream);
 }
 
 Status MoeCombine(const MoeCombineParams& p, Stream stream) {

@@ -425,7 +425,8 @@ GemmRun GpuExpertGemm(const GemmData& d, const std::vector<int32_t>& ids, int64_
 TEST(CudaExpertGemm, BitwiseCpuMatMulAndWithinFp64Bound) {
   LS_REQUIRE_GPU();
   const GemmCase cases[] = {
-      {1, 6, 64, 2816, 2048, true, false, true, 0},    // V2-Lite gate+up decode
+      {1, 6, 64, 2816, 2048, true, false, true, 0},    // V2-Lite gate+up decode (per-slot grid)
+      {3, 6, 64, 2816, 2048, true, false, true, 0},    // 18 slots: the per-expert grid
       {64, 6, 64, 300, 1408, true, true, true, 0},     // down projection, per-slot x
       {5, 2, 4, 70, 37, false, false, false, 1},       // odd `in`, unaligned rows: element loads
       {33, 3, 5, 129, 1040, false, true, false, 0},    // fp32 vector loads, in = 1024 + 16
@@ -483,17 +484,20 @@ TEST(CudaExpertGemm, BitwiseCpuMatMulAndWithinFp64Bound) {
 
 TEST(CudaExpertGemm, BadExpertIdGivesNanRowAndFlag) {
   LS_REQUIRE_GPU();
-  const GemmCase g{3, 2, 4, 100, 64, true, false, false, 0};
-  GemmData d = MakeGemm(g, 77);
-  std::vector<int32_t> ids = d.ids;
-  ids[1] = 4;   // row 0 slot 1: out of range
-  ids[4] = -1;  // row 2 slot 0
-  GemmRun got = GpuExpertGemm(d, ids, g.rows, d.x.data());
-  EXPECT_EQ(got.flag, cu::kErrExpert);
-  for (int64_t slot = 0; slot < g.rows * g.k; ++slot) {
-    const bool bad = slot == 1 || slot == 4;
-    for (int64_t o = 0; o < g.out; ++o) {
-      ASSERT_EQ(std::isnan(got.y[slot * d.ys + o]), bad) << "slot " << slot << " col " << o;
+  // 6 slots (the per-slot grid) and 40 slots (the per-expert grid).
+  for (int64_t rows : {3, 20}) {
+    const GemmCase g{rows, 2, 4, 100, 64, true, false, false, 0};
+    GemmData d = MakeGemm(g, 77 + rows);
+    std::vector<int32_t> ids = d.ids;
+    ids[1] = 4;   // row 0 slot 1: out of range
+    ids[4] = -1;  // row 2 slot 0
+    GemmRun got = GpuExpertGemm(d, ids, g.rows, d.x.data());
+    EXPECT_EQ(got.flag, cu::kErrExpert) << Name(g);
+    for (int64_t slot = 0; slot < g.rows * g.k; ++slot) {
+      const bool bad = slot == 1 || slot == 4;
+      for (int64_t o = 0; o < g.out; ++o) {
+        ASSERT_EQ(std::isnan(got.y[slot * d.ys + o]), bad) << Name(g) << " slot " << slot << " col " << o;
+      }
     }
   }
 }
