@@ -617,9 +617,9 @@ Status ExpertGemm(const ExpertGemmParams& p, Stream stream) {
   const bool vec = reinterpret_cast<uintptr_t>(p.w) % 16 == 0 && (p.w_row_stride * es) % 16 == 0 &&
                    (p.w_expert_stride * es) % 16 == 0;
   // The launch shape changes speed only: each output's order is fixed by `in` (see above).
-  // Up to kEgSlotModeMax slots: one CTA column per slot, 16 loads of 16 bytes in flight per
+  // Up to kEgSlotModeMax slots: one CTA column per slot, 8 loads of 16 bytes in flight per
   // thread (decode is latency-bound: bytes in flight per SM set the bandwidth).
-  if (p.rows * p.k <= kEgSlotModeMax) return LaunchExpertGemm<4, 1, 16, true>(p, vec, stream);
+  if (p.rows * p.k <= kEgSlotModeMax) return LaunchExpertGemm<4, 1, 8, true>(p, vec, stream);
   return LaunchExpertGemm<4, 8, 4, false>(p, vec, stream);
 }
 
