@@ -18,14 +18,18 @@ std::filesystem::path DefaultModelDir() {
   return LOCKSTEP_DEFAULT_MODEL_DIR;
 }
 
-Result<LoadedModel> LoadModel(const std::filesystem::path& dir, bool quiet) {
+Result<LoadedModel> LoadModel(const std::filesystem::path& dir, bool quiet, bool random_weights) {
   if (!std::filesystem::is_directory(dir)) {
     return Status::NotFound(dir.string() + ": not a model directory (expected config.json, *.safetensors)");
   }
   auto t0 = std::chrono::steady_clock::now();
   LoadedModel m;
   m.dir = dir;
-  LS_ASSIGN_OR_RETURN(m.model, engine::Model::Load(dir));
+  if (random_weights) {
+    LS_ASSIGN_OR_RETURN(m.model, engine::Model::RandomWeights(dir, /*seed=*/0));
+  } else {
+    LS_ASSIGN_OR_RETURN(m.model, engine::Model::Load(dir));
+  }
   const auto tok_path = dir / "tokenizer.json";
   if (std::filesystem::exists(tok_path)) {
     LS_ASSIGN_OR_RETURN(m.tokenizer, engine::Tokenizer::Load(tok_path));
@@ -35,8 +39,10 @@ Result<LoadedModel> LoadModel(const std::filesystem::path& dir, bool quiet) {
     const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     const auto& c = m.model->config();
     std::cerr << "lockstep: loaded " << dir.string() << " (" << engine::FamilyName(c.family) << ", "
-              << c.num_hidden_layers << " layers, " << m.model->ParameterCount() / 1e6 << "M params) in " << s
-              << " s\n";
+              << c.num_hidden_layers << " layers, "
+              << (random_weights ? std::string("random weights")
+                                 : (std::ostringstream() << m.model->ParameterCount() / 1e6 << "M params").str())
+              << ") in " << s << " s\n";
     const auto& w = m.model->weights();
     if (w.mtp_tensors > 0) {
       std::cerr << "lockstep: skipped " << w.mtp_tensors << " tensors of the multi-token-prediction (MTP) layer(s); "
@@ -88,6 +94,9 @@ void EngineFlags::Register(CLI::App* app) {
   app->add_flag("--ignore-eos", ignore_eos, "Keep generating past the end-of-sequence token");
   app->add_flag("--no-special-tokens", no_special_tokens,
                 "Encode prompts without the tokenizer's template (no BOS); by default it is applied, as transformers does");
+  app->add_option("--backend", backend,
+                  "Where the forward pass runs: cpu (the fp32 reference) | cuda (needs a GPU and a CUDA build)")
+      ->check(CLI::IsMember({"cpu", "cuda"}));
   app->add_option("--fault", fault,
                   "Enable one deliberately wrong kernel, a test instrument (docs/fault-zoo.md; `lockstep kernels "
                   "--faults` lists them)");
@@ -121,6 +130,7 @@ Result<engine::EngineOptions> EngineFlags::ToOptions() const {
   LS_ASSIGN_OR_RETURN(o.kv_format, engine::ParseKvFormat(kv_cache));
   for (const auto& k : kernels) LS_RETURN_IF_ERROR(kernels::ParseKernelOverride(k, &o.kernels));
   o.fault = fault;
+  o.backend = backend;
   o.max_batch = max_batch;
   o.page_size = page_size;
   o.kv_cache_tokens = kv_cache_tokens;

@@ -29,7 +29,8 @@ struct LoadedModel {
 };
 
 // Loads config, weights and (if present) tokenizer.json; prints progress on stderr unless quiet.
-Result<LoadedModel> LoadModel(const std::filesystem::path& dir, bool quiet);
+// random_weights: config.json only, weights generated on the GPU (--random-weights).
+Result<LoadedModel> LoadModel(const std::filesystem::path& dir, bool quiet, bool random_weights = false);
 
 // The model part of a trace's /meta: model_dir, model_config, model_fingerprint, tokenizer_hash.
 Result<std::map<std::string, std::string>> ModelMeta(const LoadedModel& m);
@@ -50,6 +51,7 @@ struct EngineFlags {
   bool ignore_eos = false;
   bool no_special_tokens = false;  // encode prompts without the tokenizer's template (BOS)
   std::string fault;
+  std::string backend = "cpu";
   std::vector<CLI::Option*> sampling_options_;  // temperature, top_p, top_k, min_p: were they given?
 
   void Register(CLI::App* app);

@@ -23,11 +23,13 @@ struct GenerateArgs {
   bool json = false;
   bool echo = false;
   bool quiet = false;
+  bool random_weights = false;
   EngineFlags flags;
 };
 
 Status RunGenerate(GenerateArgs& a) {
-  LS_ASSIGN_OR_RETURN(LoadedModel m, LoadModel(a.model.empty() ? DefaultModelDir() : std::filesystem::path(a.model), a.quiet || a.json));
+  LS_ASSIGN_OR_RETURN(LoadedModel m, LoadModel(a.model.empty() ? DefaultModelDir() : std::filesystem::path(a.model), a.quiet || a.json,
+                                                a.random_weights));
   const std::string note = a.flags.ApplyGenerationConfig(m.dir);
   if (!note.empty() && !a.quiet && !a.json) std::cerr << "lockstep: " << note << "\n";
   LS_ASSIGN_OR_RETURN(std::vector<PromptSpec> specs, CollectPrompts(a.prompts_file, a.prompt, a.prompt_ids));
@@ -119,6 +121,9 @@ void RegisterGenerate(CLI::App& app, SetAction set_action) {
   cmd->add_flag("--json", args->json, "One JSON object per request on stdout instead of text");
   cmd->add_flag("--echo", args->echo, "Print the prompt before the streamed completion");
   cmd->add_flag("--quiet,-q", args->quiet, "No progress or statistics on stderr");
+  cmd->add_flag("--random-weights", args->random_weights,
+                "Only config.json (and tokenizer.json) are read; the GPU makes every weight from a fixed seed. "
+                "For speed runs of published shapes without their checkpoints; needs --backend cuda");
   args->flags.Register(cmd);
   cmd->callback([args, set_action] { set_action([args] { return RunGenerate(*args); }); });
 }

@@ -14,7 +14,7 @@ namespace lockstep::cli {
 namespace {
 
 struct ReplayArgs {
-  std::string trace, output, mode = "exact", model, html, kv_cache, fault;
+  std::string trace, output, mode = "exact", model, html, kv_cache, fault, backend;
   std::vector<std::string> kernels;
   std::optional<double> temperature, top_p, min_p;
   std::optional<int64_t> top_k;
@@ -26,6 +26,7 @@ Status RunReplay(const ReplayArgs& a) {
   LS_ASSIGN_OR_RETURN(auto trace, traces::TraceReader::Open(a.trace));
   replayer::ReplayOptions o;
   LS_ASSIGN_OR_RETURN(o.mode, replayer::ParseReplayMode(a.mode));
+  if (!a.backend.empty()) o.overrides.backend = a.backend;
   if (!a.kv_cache.empty()) {
     LS_ASSIGN_OR_RETURN(auto f, engine::ParseKvFormat(a.kv_cache));
     o.overrides.kv_cache = f;
@@ -106,6 +107,9 @@ void RegisterReplay(CLI::App& app, SetAction set_action) {
   cmd->add_option("--output,-o", a->output, "Trace of the replay (default: <trace>.replay.h5)");
   cmd->add_option("--mode", a->mode, "exact | forced | free")->check(CLI::IsMember({"exact", "forced", "free"}));
   cmd->add_option("--model,-m", a->model, "Model directory (default: the trace's meta.model_dir)");
+  cmd->add_option("--backend", a->backend,
+                  "Replay on another backend: cpu | cuda (record on the GPU, replay on the CPU reference, diff)")
+      ->check(CLI::IsMember({"cpu", "cuda"}));
   cmd->add_option("--kv-cache", a->kv_cache, "Override the KV-cache format: fp32 | bf16 | fp8_e4m3")
       ->check(CLI::IsMember({"fp32", "bf16", "fp8_e4m3"}));
   cmd->add_option("--kernel", a->kernels, "Override a kernel variant op=variant (repeatable)");

@@ -15,10 +15,11 @@ Result<std::unique_ptr<Engine>> Engine::Create(std::shared_ptr<Model> model, Eng
   }
   if (options.max_batch <= 0) return Status::InvalidArgument("--max-batch: must be > 0");
   std::unique_ptr<Engine> e(new Engine());
-  LS_ASSIGN_OR_RETURN(e->kernels_, kernels::Registry::Get().Resolve(options.kernels, "cpu", options.fault));
+  LS_ASSIGN_OR_RETURN(e->kernels_, kernels::Registry::Get().Resolve(options.kernels, options.backend, options.fault));
   e->cache_ = std::make_unique<PagedKvCache>(model->config(), options.kv_format, options.page_size,
                                              (options.kv_cache_tokens + options.page_size - 1) / options.page_size);
   e->cache_->SetFaultFp8NoClamp(e->kernels_["kv_quant"] == "fault_fp8_no_clamp");
+  LS_ASSIGN_OR_RETURN(e->backend_, CreateBackend(options.backend, model, *e->cache_, e->kernels_));
   e->model_ = std::move(model);
   e->options_ = std::move(options);
   return e;
@@ -104,7 +105,7 @@ Result<bool> Engine::Step() {
     segs.push_back(g);
   }
   ForwardOutput out;
-  LS_RETURN_IF_ERROR(model_->Forward(segs, *cache_, kernels_, hook_, &out));
+  LS_RETURN_IF_ERROR(backend_->Forward(segs, *cache_, kernels_, hook_, &out));
   if (on_forward_) on_forward_(segs, *cache_);
 
   const int64_t V = model_->config().vocab_size;
@@ -115,7 +116,11 @@ Result<bool> Engine::Step() {
     const std::vector<float>& lg = out.logits[i];
     if (!r.prefilled && r.request.all_prompt_logits) r.prompt_logits = lg;
     r.prefilled = true;
-    r.last_logits.assign(lg.end() - V, lg.end());
+    if (static_cast<int64_t>(lg.size()) == V) {
+      r.last_logits.swap(out.logits[i]);  // one row (decode): take it, no copy; `lg` is not used again
+    } else {
+      r.last_logits.assign(lg.end() - V, lg.end());
+    }
     StepEvent ev;
     ev.request_id = r.id;
     ev.step = step_;

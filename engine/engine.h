@@ -16,6 +16,7 @@
 #include <vector>
 
 #include "base/status.h"
+#include "engine/backend.h"
 #include "engine/kv_cache.h"
 #include "engine/model.h"
 #include "engine/sampler.h"
@@ -25,6 +26,7 @@
 namespace lockstep::engine {
 
 struct EngineOptions {
+  std::string backend = "cpu";        // "cpu" (the fp32 reference) | "cuda"
   KvFormat kv_format = KvFormat::kFp32;
   int64_t page_size = 64;             // tokens per KV page (FlashMLA uses 64)
   int64_t kv_cache_tokens = 1 << 16;  // pool capacity, in tokens, across all requests
@@ -92,12 +94,17 @@ class Engine {
   // cache pages back: the segments just run and the cache they wrote, so a recorder can read
   // the new rows as stored (PagedKvCache::TokenBytes, positions [start_pos, +tokens)).
   using ForwardCallback = std::function<void(std::span<const Segment>, const PagedKvCache&)>;
-  void SetForwardCallback(ForwardCallback cb) { on_forward_ = std::move(cb); }
+  // Setting one makes a device backend copy each step's new cache rows back to the host.
+  void SetForwardCallback(ForwardCallback cb) {
+    on_forward_ = std::move(cb);
+    backend_->SetMirrorCache(static_cast<bool>(on_forward_));
+  }
 
   const RequestState& request(int64_t id) const { return *requests_[id]; }
   int64_t num_requests() const { return static_cast<int64_t>(requests_.size()); }
   const Model& model() const { return *model_; }
   const kernels::KernelChoice& kernels() const { return kernels_; }
+  const Backend& backend() const { return *backend_; }
   const EngineOptions& options() const { return options_; }
   PagedKvCache& cache() { return *cache_; }
 
@@ -107,6 +114,7 @@ class Engine {
   EngineOptions options_;
   kernels::KernelChoice kernels_;
   std::unique_ptr<PagedKvCache> cache_;
+  std::unique_ptr<Backend> backend_;
   std::vector<std::unique_ptr<RequestState>> requests_;
   std::vector<int64_t> waiting_, running_;
   int64_t step_ = 0;

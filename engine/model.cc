@@ -20,15 +20,6 @@ namespace cpu = kernels::cpu;
 
 namespace {
 
-enum TapId {
-  kTapAttnNorm, kTapQ, kTapLatent, kTapKRope, kTapIndexerTopk, kTapHeads, kTapAttnOut, kTapResidMid,
-  kTapFfnNorm, kTapTopkIds, kTapTopkWeights, kTapFfnOut, kTapResidOut, kTapCount
-};
-constexpr const char* kTapSuffix[kTapCount] = {
-    "attn_norm", "attn.q",        "attn.latent",       "attn.k_rope",            "indexer.topk",
-    "attn.heads", "attn.out",     "resid_mid",         "ffn_norm",               "ffn.router.topk_ids",
-    "ffn.router.topk_weights",    "ffn.out",           "resid_out"};
-
 // Emits one tap per segment: the segment's rows of a [R, cols] buffer.
 struct Tapper {
   TapHook* hook;
@@ -146,6 +137,7 @@ Model::Model(ModelConfig c, ModelWeights w) : config_(std::move(c)), weights_(st
 }
 
 const ModelWeights& Model::Bf16Weights() {
+  std::lock_guard<std::mutex> lock(lazy_mu_);
   if (!bf16_weights_) {
     auto w = std::make_unique<ModelWeights>(weights_);
     auto round = [](Matrix& m) {
@@ -173,6 +165,12 @@ const ModelWeights& Model::Bf16Weights() {
   return *bf16_weights_;
 }
 
+void Model::RopeTable(int64_t positions, const float** cos, const float** sin) {
+  EnsureRope(positions);
+  *cos = rope_cos_.data();
+  *sin = rope_sin_.data();
+}
+
 void Model::EnsureRope(int64_t positions) {
   const int64_t half = config_.qk_rope_head_dim / 2;
   const int64_t have = half == 0 ? 0 : static_cast<int64_t>(rope_cos_.size()) / half;
@@ -194,6 +192,13 @@ Result<std::shared_ptr<Model>> Model::Load(const std::filesystem::path& dir) {
   LS_ASSIGN_OR_RETURN(ModelConfig config, ModelConfig::Load(dir));
   LS_ASSIGN_OR_RETURN(auto ckpt, Checkpoint::Open(dir));
   LS_ASSIGN_OR_RETURN(ModelWeights weights, ModelWeights::Load(config, *ckpt));
+  return FromParts(std::move(config), std::move(weights));
+}
+
+Result<std::shared_ptr<Model>> Model::RandomWeights(const std::filesystem::path& dir, uint64_t seed) {
+  LS_ASSIGN_OR_RETURN(ModelConfig config, ModelConfig::Load(dir));
+  ModelWeights weights;
+  weights.random_seed = seed;
   return FromParts(std::move(config), std::move(weights));
 }
 
@@ -304,6 +309,9 @@ Status Model::Forward(std::span<Segment> segs, PagedKvCache& cache, const kernel
   const int64_t H = c.hidden_size, nh = c.num_attention_heads, dn = c.qk_nope_head_dim, dr = c.qk_rope_head_dim,
                 dv = c.v_head_dim, C = c.kv_lora_rank, dqk = dn + dr, half = dr / 2;
   const float scale = static_cast<float>(c.softmax_scale());
+  if (random_weights()) {
+    return Status::Unsupported("--random-weights: the weights exist only on the GPU; run with --backend cuda");
+  }
   auto kernel = [&](const char* op) {
     auto it = kernels.find(op);
     return it == kernels.end() ? std::string() : it->second;
@@ -347,7 +355,16 @@ Status Model::Forward(std::span<Segment> segs, PagedKvCache& cache, const kernel
     max_pos = std::max<int64_t>(max_pos, g.start_pos + static_cast<int64_t>(g.tokens.size()));
   }
   for (auto& g : segs) LS_RETURN_IF_ERROR(cache.Reserve(g.cache, g.start_pos + static_cast<int64_t>(g.tokens.size())));
-  EnsureRope(max_pos);
+  // Held for the rest of the pass: another thread's Forward may need longer tables.
+  std::shared_lock<std::shared_mutex> rope_lock(rope_mu_);
+  if (static_cast<int64_t>(rope_cos_.size()) < max_pos * half) {
+    rope_lock.unlock();
+    {
+      std::unique_lock<std::shared_mutex> grow(rope_mu_);
+      EnsureRope(max_pos);
+    }
+    rope_lock.lock();  // tables never shrink: still long enough
+  }
   std::vector<int64_t> pos(R);
   std::vector<size_t> seg_of(R);
   for (size_t s = 0; s < segs.size(); ++s) {

@@ -7,13 +7,16 @@
 // request's numbers are the same whatever it is batched with.
 //
 // Thread-safety: a Model is immutable after Load except for the RoPE table, which Forward
-// extends, and the bf16 weight copy (gemm=bf16), which Forward makes on first use; call
-// Forward from one thread at a time.
+// extends, and the bf16 weight copy (gemm=bf16), which Forward makes on first use. Both are
+// guarded (lazy_mu_, rope_mu_), so Forward may run on several threads at once, each with its
+// own PagedKvCache (a server's scheduler and its capture worker share one Model).
 #pragma once
 
 #include <cstdint>
 #include <filesystem>
 #include <memory>
+#include <mutex>
+#include <shared_mutex>
 #include <span>
 #include <string>
 #include <vector>
@@ -45,6 +48,10 @@ class Model {
  public:
   static Result<std::shared_ptr<Model>> Load(const std::filesystem::path& dir);
   static Result<std::shared_ptr<Model>> FromParts(ModelConfig config, ModelWeights weights);
+  // The config of `dir` with weights the device backend generates from `seed` (benchmarks of
+  // published shapes without their checkpoints: `--random-weights`). Only `--backend cuda` runs it.
+  static Result<std::shared_ptr<Model>> RandomWeights(const std::filesystem::path& dir, uint64_t seed);
+  bool random_weights() const { return weights_.random_seed.has_value(); }
 
   const ModelConfig& config() const { return config_; }
   const ModelWeights& weights() const { return weights_; }
@@ -53,6 +60,12 @@ class Model {
   // must come from kernels::Registry::Resolve. `hook` may be null.
   Status Forward(std::span<Segment> segments, PagedKvCache& cache, const kernels::KernelChoice& kernels,
                  TapHook* hook, ForwardOutput* out);
+
+  // Tap name of a per-layer tap point: "layers.<layer>.<suffix>".
+  const std::string& tap_name(int64_t layer, TapId tap) const { return tap_names_[layer][tap]; }
+  // The RoPE tables for positions [0, positions): cos and sin, [positions, qk_rope/2] each,
+  // the attention factor applied (what every backend rotates with). Not thread-safe.
+  void RopeTable(int64_t positions, const float** cos, const float** sin);
 
   // Parameter counts: total, and active per token (routed experts counted num_experts_per_tok times).
   int64_t ParameterCount() const;
@@ -63,7 +76,11 @@ class Model {
   void EnsureRope(int64_t positions);
   // gemm=bf16: the product weights rounded to bf16 (made on first use, kept).
   const ModelWeights& Bf16Weights();
-  std::unique_ptr<ModelWeights> bf16_weights_;
+  std::unique_ptr<ModelWeights> bf16_weights_;  // made once under lazy_mu_, then read-only
+  std::mutex lazy_mu_;
+  // Forward reads the RoPE tables under a shared lock; EnsureRope grows them under an
+  // exclusive one (rarely: the tables double).
+  std::shared_mutex rope_mu_;
   struct Impl;
   ModelConfig config_;
   ModelWeights weights_;

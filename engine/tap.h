@@ -13,6 +13,17 @@ namespace lockstep::engine {
 
 enum class TapDType { kF32, kI32 };
 
+// The per-layer tap points, in the order a layer computes them (docs/tap-points.md); a tap's
+// name is "layers.<L>.<suffix>". Every backend emits the same names with the same shapes.
+enum TapId {
+  kTapAttnNorm, kTapQ, kTapLatent, kTapKRope, kTapIndexerTopk, kTapHeads, kTapAttnOut, kTapResidMid,
+  kTapFfnNorm, kTapTopkIds, kTapTopkWeights, kTapFfnOut, kTapResidOut, kTapCount
+};
+inline constexpr const char* kTapSuffix[kTapCount] = {
+    "attn_norm", "attn.q",        "attn.latent",       "attn.k_rope",            "indexer.topk",
+    "attn.heads", "attn.out",     "resid_mid",         "ffn_norm",               "ffn.router.topk_ids",
+    "ffn.router.topk_weights",    "ffn.out",           "resid_out"};
+
 struct TapEvent {
   std::string_view name;    // "layers.3.attn.out"
   int64_t request_id = 0;   // the engine's request id

@@ -10,6 +10,7 @@
 
 #include <cstdint>
 #include <map>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -62,6 +63,10 @@ struct ModelWeights {
   Matrix final_norm;
   Matrix lm_head;  // [vocab, hidden] (a copy of embed when tied)
   std::vector<LayerWeights> layers;
+
+  // --random-weights: no tensor is materialised on the host; a device backend generates every
+  // weight from this seed (engine/cuda_backend.cc). The CPU backend refuses such a model.
+  std::optional<uint64_t> random_seed;
 
   std::vector<std::string> skipped;   // tensors present but not used (MTP layers, extras)
   int64_t mtp_tensors = 0;            // of those, tensors of MTP layers (model.layers.{≥ num_hidden_layers}.*)

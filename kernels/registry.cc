@@ -32,6 +32,34 @@ Registry::Registry() {
       {"page_table", "reference", "cpu", "attention reads the request's own pages", true, true, true},
       {"kv_quant", "reference", "cpu", "FP8 cache writes: power-of-two scale ≥ amax/448, saturating e4m3", true, true,
        true},
+      // The CUDA backend (engine/cuda_backend.cc, kernels/cuda/). Same op names as the CPU's so
+      // a kernel choice carries across a --backend override where both have the variant.
+      {"attn_prefill", "absorbed", "cuda",
+       "MLA prefill as one absorbed decode query per row over its causal prefix (MlaDecode)", true, true, true},
+      {"attn_decode", "absorbed", "cuda",
+       "MLA absorbed decode over the paged latent cache: fixed splits per key count, CPU-bitwise scores", true, true,
+       true},
+      {"attn_sparse", "reference", "cuda",
+       "sparse MLA decode over the indexer's top-k slots, FP8 dequantised in the kernel (MlaSparseDecode)", true,
+       true, true},
+      {"indexer", "reference", "cuda",
+       "V3.2 indexer: one thread per key, CPU-bitwise scores, exact radix top-k (ties: lowest position)", true, true,
+       true},
+      {"gemm", "fp32", "cuda",
+       "cuBLASLt fp32 (COMPUTE_32F_PEDANTIC, no TF32), algorithm pinned per shape without split-K", true, true,
+       true},
+      {"gemm", "bf16", "cuda", "cuBLASLt bf16 inputs, fp32 accumulation, algorithm pinned per shape", true, true,
+       false},
+      {"gemm", "fp32_heuristic", "cuda",
+       "cuBLASLt fp32 with its per-shape heuristic: deterministic, NOT batch-invariant (split-K varies with rows)",
+       true, false, false},
+      {"gemm", "bf16_heuristic", "cuda",
+       "cuBLASLt bf16 with its per-shape heuristic: deterministic, NOT batch-invariant", true, false, false},
+      {"softmax", "reference", "cuda", "online softmax over 32-key tiles in ascending order, splits merged in order",
+       true, true, true},
+      {"rope", "reference", "cuda", "RoPE in the model's own layout, CPU-bitwise", true, true, true},
+      {"page_table", "reference", "cuda", "attention reads the request's own pages", true, true, true},
+      {"kv_quant", "reference", "cuda", "FP8 cache writes byte-identical to the CPU cache's", true, true, true},
       // The fault zoo (docs/fault-zoo.md): wrong on purpose, reachable only through --fault.
       {"indexer", "fault_skip_partial_page", "cpu",
        "FAULT: indexer early-exit never scores keys in the request's last, partial page", true, true, false, true},
@@ -77,6 +105,9 @@ Result<KernelChoice> Registry::Resolve(const KernelChoice& requested, std::strin
   for (const auto& v : variants_) {
     if (v.backend == backend) ops.insert(v.op);
   }
+  if (ops.empty()) {
+    return Status::InvalidArgument("--backend " + std::string(backend) + ": unknown backend (backends: cpu, cuda)");
+  }
   for (const auto& [op, name] : requested) {
     if (!ops.count(op)) {
       std::string known;
@@ -105,6 +136,10 @@ Result<KernelChoice> Registry::Resolve(const KernelChoice& requested, std::strin
         return out;
       }
       known += (known.empty() ? "" : ", ") + v.name;
+    }
+    if (known.empty()) {
+      return Status::InvalidArgument("--fault " + std::string(fault) + ": the " + std::string(backend) +
+                                     " backend has no fault variants (the fault zoo runs on --backend cpu)");
     }
     return Status::InvalidArgument("--fault " + std::string(fault) + ": unknown fault (faults: " + known + ")");
   }

@@ -82,15 +82,16 @@ Result<RecordSessionResult> RecordRun(engine::Engine& eng, const std::vector<Rec
                          {"kv_cache_tokens", eo.kv_cache_tokens},
                          {"max_batch", eo.max_batch},
                          {"kernels", eo.kernels},
-                         {"fault", eo.fault}};
+                         {"fault", eo.fault},
+                         {"backend", eo.backend}};
   char host[256] = {0};
   gethostname(host, sizeof host - 1);
   std::map<std::string, std::string> meta = {
       {"lockstep_version", kVersion},
       {"git_revision", kGitRevision},
       {"build_type", kBuildType},
-      {"backend", "cpu"},
-      {"device", CpuName()},
+      {"backend", eo.backend},
+      {"device", eo.backend == "cpu" ? CpuName() : eng.backend().device()},
       {"kernels", json(eng.kernels()).dump()},
       {"kv_cache_format", std::string(engine::KvFormatName(eo.kv_format))},
       {"engine_options", engine_options.dump()},

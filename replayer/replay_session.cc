@@ -121,11 +121,12 @@ Result<ReplayMode> ParseReplayMode(std::string_view s) {
 }
 
 bool Overrides::empty() const {
-  return !kv_cache && kernels.empty() && !fault && !temperature && !top_p && !min_p && !top_k && !max_batch;
+  return !kv_cache && !backend && kernels.empty() && !fault && !temperature && !top_p && !min_p && !top_k && !max_batch;
 }
 
 std::string Overrides::Describe() const {
   std::ostringstream os;
+  if (backend) os << "backend=" << *backend << " ";
   if (kv_cache) os << "kv_cache=" << engine::KvFormatName(*kv_cache) << " ";
   for (const auto& [op, v] : kernels) os << op << "=" << v << " ";
   if (fault) os << "fault=" << (fault->empty() ? "none" : *fault) << " ";
@@ -152,6 +153,7 @@ Result<engine::EngineOptions> RecordedEngineOptions(const traces::TraceReader& t
     o.max_batch = j.value("max_batch", o.max_batch);
     o.kernels = j.value("kernels", kernels::KernelChoice{});
     o.fault = j.value("fault", std::string());
+    o.backend = j.value("backend", std::string("cpu"));
   } catch (const json::exception& e) {
     return Status::Corruption(where + ": " + e.what());
   }
@@ -179,6 +181,13 @@ Result<ReplayResult> Replay(const traces::TraceReader& trace, const ReplayOption
   LS_ASSIGN_OR_RETURN(engine::EngineOptions eo, RecordedEngineOptions(trace));
   const Overrides& ov = opt.overrides;
   if (ov.kv_cache) eo.kv_format = *ov.kv_cache;
+  if (ov.backend && *ov.backend != eo.backend) {
+    eo.backend = *ov.backend;
+    for (auto it = eo.kernels.begin(); it != eo.kernels.end();) {
+      it = kernels::Registry::Get().Find(it->first, it->second, eo.backend) == nullptr ? eo.kernels.erase(it)
+                                                                                       : std::next(it);
+    }
+  }
   for (const auto& [op, v] : ov.kernels) eo.kernels[op] = v;
   if (ov.fault) eo.fault = *ov.fault;
   if (ov.max_batch) eo.max_batch = *ov.max_batch;

@@ -35,6 +35,7 @@ Result<ReplayMode> ParseReplayMode(std::string_view s);
 // What a replay changes. Unset = as recorded.
 struct Overrides {
   std::optional<engine::KvFormat> kv_cache;
+  std::optional<std::string> backend;   // "cpu" | "cuda"; recorded kernel choices the other backend lacks take its defaults
   kernels::KernelChoice kernels;        // op → variant, merged over the recorded choice
   std::optional<std::string> fault;     // "" removes a recorded fault
   std::optional<double> temperature, top_p, min_p;

@@ -29,5 +29,6 @@ lockstep_gpu_test(gpu_mla_decode_test)
 lockstep_gpu_test(gpu_indexer_test)
 lockstep_gpu_test(gpu_sampler_test)
 lockstep_gpu_test(gpu_gemm_test)
+lockstep_gpu_test(gpu_engine_test)
 # Twins in kernels/cpu only: this one builds while engine/ is being changed.
 lockstep_gpu_test(gpu_model_ops_test lockstep_kernels)

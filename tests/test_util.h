@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <cstdlib>
 #include <filesystem>
 #include <string>
 #include <vector>
@@ -14,7 +15,11 @@
 
 namespace lockstep::testing {
 
-inline std::filesystem::path SourceDir() { return LOCKSTEP_SOURCE_DIR; }
+// The source tree; $LOCKSTEP_SOURCE_DIR overrides it (test binaries copied to a GPU machine).
+inline std::filesystem::path SourceDir() {
+  if (const char* e = std::getenv("LOCKSTEP_SOURCE_DIR")) return e;
+  return LOCKSTEP_SOURCE_DIR;
+}
 inline std::filesystem::path FixtureDir() { return SourceDir() / "tests" / "fixtures"; }
 
 // The model fixtures made by tools/fixtures/make_model_fixtures.py (transformers' own classes).

@@ -1,0 +1,191 @@
+// bench/bench_gpu_decode.cc — GPU decode speed of the CUDA backend against the HBM roofline
+// measured in the same run (issue 6).
+//
+// A model of a published shape (models/shapes/<name>/config.json) with random bf16 weights
+// made on the GPU (--random-weights). Decode at batch B over prompts of L tokens: time per
+// step after the prefill, tokens/s, and the bytes a step must read at least — every active
+// weight once (the experts some request in the batch routed to, estimated as all experts
+// a batch of B×k draws would touch: E·(1 − (1 − k/E)^B) per MoE layer), plus each request's
+// latent cache — over the step time, against a device-to-device copy (read + write bytes).
+//
+//   bench_gpu_decode [--model DIR] [--batch 1,64] [--prompt-len 512] [--tokens 64]
+//                    [--kv-cache bf16] [--gemm bf16] [--json]
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <random>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "engine/engine.h"
+#include "kernels/cuda/ops.h"
+#include "kernels/cuda/runtime.h"
+
+using namespace lockstep;
+namespace cu = kernels::cuda;
+
+namespace {
+
+// Device copy bandwidth: 2 GiB device → device, read + write counted, best of 5.
+double CopyBandwidthGBs() {
+  const size_t n = size_t{2} << 30;
+  auto a = cu::DeviceBuffer::Allocate(n);
+  auto b = cu::DeviceBuffer::Allocate(n);
+  if (!a.ok() || !b.ok()) return 0;
+  (void)a->Fill(1);
+  double best = 0;
+  for (int rep = 0; rep < 5; ++rep) {
+    (void)cu::Synchronize();
+    auto t0 = std::chrono::steady_clock::now();
+    (void)cu::CopyAsync(b->data(), a->data(), n, nullptr);
+    (void)cu::Synchronize();
+    const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    best = std::max(best, 2.0 * static_cast<double>(n) / s / 1e9);
+  }
+  return best;
+}
+
+// Bytes one decode step must read at least (bf16 weights, the cache at its format).
+struct StepBytes {
+  double weights = 0, cache = 0;
+};
+StepBytes MinimumBytes(const engine::ModelConfig& c, int64_t batch, int64_t context, double cache_bytes_per_token,
+                       double wbytes) {
+  const double H = c.hidden_size, nh = c.num_attention_heads, dn = c.qk_nope_head_dim, dr = c.qk_rope_head_dim,
+               dv = c.v_head_dim, C = c.kv_lora_rank;
+  double per_layer_attn = (c.q_lora_rank > 0 ? c.q_lora_rank * H + nh * (dn + dr) * c.q_lora_rank : nh * (dn + dr) * H) +
+                          (C + dr) * H + nh * (dn + dv) * C + H * nh * dv;
+  if (c.has_indexer()) {
+    per_layer_attn += c.index_n_heads * c.index_head_dim * c.q_lora_rank + c.index_head_dim * H + c.index_n_heads * H;
+  }
+  StepBytes b;
+  double params = c.vocab_size * H;  // lm_head
+  for (int64_t l = 0; l < c.num_hidden_layers; ++l) {
+    params += per_layer_attn;
+    if (c.layers[l].ffn == engine::FfnKind::kDense) {
+      params += 3 * H * c.intermediate_size;
+    } else {
+      const double E = c.n_routed_experts, k = c.num_experts_per_tok;
+      const double touched = E * (1 - std::pow(1 - k / E, static_cast<double>(batch)));
+      params += touched * 3 * H * c.moe_intermediate_size + 3 * H * c.moe_intermediate_size * c.n_shared_experts;
+      b.weights += E * H * 4;  // router, fp32
+    }
+  }
+  b.weights += params * wbytes;
+  b.cache = static_cast<double>(batch) * context * c.num_hidden_layers * cache_bytes_per_token;
+  return b;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  std::string model_dir = "models/shapes/deepseek-v2-lite", kv = "bf16", gemm = "bf16", batches = "1,64";
+  int64_t prompt_len = 512, tokens = 64;
+  bool json_out = false;
+  for (int i = 1; i < argc; ++i) {
+    std::string k = argv[i];
+    if (k == "--json") {
+      json_out = true;
+      continue;
+    }
+    if (i + 1 >= argc) {
+      std::fprintf(stderr, "bench_gpu_decode: %s needs a value\n", k.c_str());
+      return 2;
+    }
+    std::string v = argv[++i];
+    if (k == "--model") model_dir = v;
+    else if (k == "--batch") batches = v;
+    else if (k == "--prompt-len") prompt_len = std::stoll(v);
+    else if (k == "--tokens") tokens = std::stoll(v);
+    else if (k == "--kv-cache") kv = v;
+    else if (k == "--gemm") gemm = v;
+    else {
+      std::fprintf(stderr, "bench_gpu_decode: unknown flag %s\n", k.c_str());
+      return 2;
+    }
+  }
+  if (cu::DeviceCount() == 0) {
+    std::fprintf(stderr, "bench_gpu_decode: %s\n", cu::DeviceDescription().c_str());
+    return 1;
+  }
+  const double copy = CopyBandwidthGBs();
+  auto model = engine::Model::RandomWeights(model_dir, 0);
+  if (!model.ok()) {
+    std::fprintf(stderr, "bench_gpu_decode: %s\n", model.status().message().c_str());
+    return 1;
+  }
+  const engine::ModelConfig& c = (*model)->config();
+  nlohmann::json report = {{"device", cu::DeviceDescription()}, {"model", model_dir}, {"kv_cache", kv},
+                           {"gemm", gemm}, {"prompt_len", prompt_len}, {"tokens", tokens},
+                           {"copy_GBps", copy}, {"runs", nlohmann::json::array()}};
+  std::printf("device: %s\ncopy bandwidth (device→device, read+write): %.0f GB/s\n", cu::DeviceDescription().c_str(),
+              copy);
+  std::stringstream bs(batches);
+  std::string item;
+  std::unique_ptr<engine::Engine> eng;
+  while (std::getline(bs, item, ',')) {
+    const int64_t batch = std::stoll(item);
+    engine::EngineOptions o;
+    o.backend = "cuda";
+    o.max_batch = batch;
+    o.kv_format = *engine::ParseKvFormat(kv);
+    o.kernels = {{"gemm", gemm}};
+    o.kv_cache_tokens = batch * (prompt_len + tokens + 64);
+    eng.reset();  // free the previous engine's device memory first
+    auto t_load = std::chrono::steady_clock::now();
+    auto e = engine::Engine::Create(*model, o);
+    if (!e.ok()) {
+      std::fprintf(stderr, "bench_gpu_decode: %s\n", e.status().message().c_str());
+      return 1;
+    }
+    eng = std::move(*e);
+    const double load_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t_load).count();
+    std::mt19937 rng(1);
+    for (int64_t b = 0; b < batch; ++b) {
+      engine::Request r;
+      for (int64_t i = 0; i < prompt_len; ++i) r.prompt.push_back(static_cast<int32_t>(rng() % c.vocab_size));
+      r.max_new_tokens = tokens + 1;
+      if (!eng->AddRequest(r).ok()) return 1;
+    }
+    auto t0 = std::chrono::steady_clock::now();
+    auto st = eng->Step();  // the prefill
+    if (!st.ok()) {
+      std::fprintf(stderr, "bench_gpu_decode: %s\n", st.status().message().c_str());
+      return 1;
+    }
+    auto t1 = std::chrono::steady_clock::now();
+    int64_t steps = 0;
+    // Two warm-up decode steps (first-use allocations, cuBLAS algorithm choice), then timed.
+    for (int w = 0; w < 2; ++w) (void)eng->Step();
+    auto t2 = std::chrono::steady_clock::now();
+    while (true) {
+      auto more = eng->Step();
+      if (!more.ok()) {
+        std::fprintf(stderr, "bench_gpu_decode: %s\n", more.status().message().c_str());
+        return 1;
+      }
+      if (!*more) break;
+      ++steps;
+    }
+    auto t3 = std::chrono::steady_clock::now();
+    const double prefill_s = std::chrono::duration<double>(t1 - t0).count();
+    const double step_s = std::chrono::duration<double>(t3 - t2).count() / std::max<int64_t>(steps, 1);
+    const double bpt = static_cast<double>(eng->cache().latent_bytes_per_token());
+    const StepBytes need = MinimumBytes(c, batch, prompt_len + tokens / 2, bpt, gemm.rfind("bf16", 0) == 0 ? 2 : 4);
+    const double gbps = (need.weights + need.cache) / step_s / 1e9;
+    std::printf(
+        "batch %3lld: engine+weights %.1f s, prefill %lld×%lld tokens %.3f s (%.0f tok/s); decode %.3f ms/step, "
+        "%.1f tok/s; ≥ %.2f GB read per step (weights %.2f, cache %.3f) → %.0f GB/s = %.1f%% of copy\n",
+        static_cast<long long>(batch), load_s, static_cast<long long>(batch), static_cast<long long>(prompt_len),
+        prefill_s, batch * prompt_len / prefill_s, step_s * 1e3, batch / step_s, (need.weights + need.cache) / 1e9,
+        need.weights / 1e9, need.cache / 1e9, gbps, 100 * gbps / copy);
+    report["runs"].push_back({{"batch", batch}, {"prefill_s", prefill_s}, {"decode_ms_per_step", step_s * 1e3},
+                              {"tokens_per_s", batch / step_s}, {"min_bytes_per_step", need.weights + need.cache},
+                              {"achieved_GBps", gbps}, {"fraction_of_copy", gbps / copy}});
+  }
+  if (json_out) std::printf("%s\n", report.dump(2).c_str());
+  return 0;
+}

@@ -1,0 +1,40 @@
+// engine/backend.cc — the CPU backend and the backend factory.
+#include "engine/backend.h"
+
+#include <thread>
+
+#include "engine/cuda_backend.h"
+
+namespace lockstep::engine {
+
+namespace {
+
+class CpuBackend final : public Backend {
+ public:
+  explicit CpuBackend(std::shared_ptr<Model> model) : model_(std::move(model)) {}
+  std::string_view name() const override { return "cpu"; }
+  std::string device() const override {
+    return "cpu (" + std::to_string(std::thread::hardware_concurrency()) + " hardware threads)";
+  }
+  Status Forward(std::span<Segment> segments, PagedKvCache& cache, const kernels::KernelChoice& kernels,
+                 TapHook* hook, ForwardOutput* out) override {
+    return model_->Forward(segments, cache, kernels, hook, out);
+  }
+
+ private:
+  std::shared_ptr<Model> model_;
+};
+
+}  // namespace
+
+Result<std::unique_ptr<Backend>> CreateBackend(std::string_view name, std::shared_ptr<Model> model,
+                                               const PagedKvCache& cache, const kernels::KernelChoice& kernels) {
+  if (name == "cpu" && model->random_weights()) {
+    return Status::Unsupported("--random-weights: the weights exist only on the GPU; run with --backend cuda");
+  }
+  if (name == "cpu") return std::unique_ptr<Backend>(new CpuBackend(std::move(model)));
+  if (name == "cuda") return CreateCudaBackend(std::move(model), cache, kernels);
+  return Status::InvalidArgument("--backend " + std::string(name) + ": unknown backend (backends: cpu, cuda)");
+}
+
+}  // namespace lockstep::engine

@@ -1,0 +1,113 @@
+// kernels/cuda/runtime.h — what a GPU forward pass needs around the kernels of ops.h:
+// streams, pinned host memory, asynchronous copies, CUDA graphs, and a few data-movement
+// kernels (random fill, row gather/scatter). Like ops.h it includes no CUDA header, so the
+// engine (plain C++) can hold these objects; definitions in kernels/cuda/stream.cu.
+//
+// Thread-safety: each object is used by one thread at a time; the free functions are
+// stateless.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+
+#include "base/status.h"
+#include "kernels/cuda/ops.h"
+
+struct CUgraphExec_st;
+
+namespace lockstep::kernels::cuda {
+
+// A non-blocking CUDA stream, destroyed with the object.
+class CudaStream {
+ public:
+  static Result<std::unique_ptr<CudaStream>> Create();
+  ~CudaStream();
+  Stream get() const { return s_; }
+  Status Synchronize() const { return SynchronizeStream(s_); }
+
+ private:
+  CudaStream() = default;
+  Stream s_ = nullptr;
+};
+
+// Page-locked host memory (cudaMallocHost), so asynchronous copies really are asynchronous.
+class PinnedBuffer {
+ public:
+  PinnedBuffer() = default;
+  ~PinnedBuffer();
+  PinnedBuffer(PinnedBuffer&& o) noexcept;
+  PinnedBuffer& operator=(PinnedBuffer&& o) noexcept;
+  PinnedBuffer(const PinnedBuffer&) = delete;
+  PinnedBuffer& operator=(const PinnedBuffer&) = delete;
+  static Result<PinnedBuffer> Allocate(size_t bytes);
+  void* data() const { return ptr_; }
+  size_t size() const { return bytes_; }
+  template <typename T>
+  T* as() const {
+    return static_cast<T*>(ptr_);
+  }
+
+ private:
+  void* ptr_ = nullptr;
+  size_t bytes_ = 0;
+};
+
+// cudaMemcpyAsync with the direction inferred from the pointers (unified addressing).
+Status CopyAsync(void* dst, const void* src, size_t bytes, Stream stream);
+// cudaMemcpy2DAsync: `height` rows of `width` bytes, pitches in bytes.
+Status Copy2DAsync(void* dst, size_t dst_pitch, const void* src, size_t src_pitch, size_t width, size_t height,
+                   Stream stream);
+Status MemsetAsync(void* dst, int value, size_t bytes, Stream stream);
+
+// A CUDA graph captured from a stream (cudaStreamBeginCapture … EndCapture), then replayed
+// with Launch. The captured kernels keep the pointers and scalar arguments of capture time:
+// inputs change by writing into the same device buffers before a launch.
+class CudaGraph {
+ public:
+  ~CudaGraph();
+  static Status BeginCapture(Stream stream);
+  // Ends the capture begun on `stream` and instantiates it.
+  static Result<std::unique_ptr<CudaGraph>> EndCapture(Stream stream);
+  Status Launch(Stream stream);
+
+ private:
+  CudaGraph() = default;
+  CUgraphExec_st* exec_ = nullptr;
+};
+
+// Fills n values with Philox uniforms in [lo, hi): value i is a pure function of (seed, i),
+// so a random-weights model is the same on every run and device. bf16 = raw uint16 bits
+// (round to nearest even), else fp32.
+Status FillUniform(void* dst, int64_t n, bool bf16, float lo, float hi, uint64_t seed, Stream stream);
+// Fills n values with one constant (fp32, or bf16 bits when bf16).
+Status FillConstant(void* dst, int64_t n, bool bf16, float value, Stream stream);
+
+// dst[i, :] = src[rows[i], :] for i < n: rows of `row_bytes` bytes (a multiple of 4), strides
+// in bytes. rows[i] < 0 or ≥ src_rows → that row is zero-filled and kErrSlot is set.
+struct GatherRowsParams {
+  const void* src = nullptr;
+  int64_t src_rows = 0, src_stride = 0;
+  const int32_t* rows = nullptr;  // [n] device
+  int64_t n = 0;
+  void* dst = nullptr;
+  int64_t dst_stride = 0;
+  int64_t row_bytes = 0;
+  int32_t* error_flag = nullptr;
+};
+Status GatherRows(const GatherRowsParams& p, Stream stream = nullptr);
+
+// dst[slots[i], :] = src[i, :] for i < n; slots[i] = −1 skips; ≥ dst_rows sets kErrSlot.
+struct ScatterRowsParams {
+  const void* src = nullptr;
+  int64_t src_stride = 0;
+  const int32_t* slots = nullptr;  // [n] device
+  int64_t n = 0;
+  void* dst = nullptr;
+  int64_t dst_rows = 0, dst_stride = 0;
+  int64_t row_bytes = 0;
+  int32_t* error_flag = nullptr;
+};
+Status ScatterRows(const ScatterRowsParams& p, Stream stream = nullptr);
+
+}  // namespace lockstep::kernels::cuda

@@ -1,0 +1,202 @@
+// kernels/cuda/stream.cu — see runtime.h.
+#include <cuda_runtime.h>
+
+#include <utility>
+
+#include "kernels/cuda/check.cuh"
+#include "kernels/cuda/device_math.cuh"
+#include "kernels/cuda/runtime.h"
+#include "kernels/philox.h"
+
+namespace lockstep::kernels::cuda {
+
+Result<std::unique_ptr<CudaStream>> CudaStream::Create() {
+  std::unique_ptr<CudaStream> s(new CudaStream());
+  cudaStream_t raw = nullptr;
+  LS_CUDA_RETURN_IF_ERROR(cudaStreamCreateWithFlags(&raw, cudaStreamNonBlocking));
+  s->s_ = raw;
+  return Result<std::unique_ptr<CudaStream>>(std::move(s));
+}
+
+CudaStream::~CudaStream() {
+  if (s_ != nullptr) cudaStreamDestroy(s_);
+}
+
+PinnedBuffer::~PinnedBuffer() {
+  if (ptr_ != nullptr) cudaFreeHost(ptr_);
+}
+
+PinnedBuffer::PinnedBuffer(PinnedBuffer&& o) noexcept
+    : ptr_(std::exchange(o.ptr_, nullptr)), bytes_(std::exchange(o.bytes_, 0)) {}
+
+PinnedBuffer& PinnedBuffer::operator=(PinnedBuffer&& o) noexcept {
+  if (this != &o) {
+    if (ptr_ != nullptr) cudaFreeHost(ptr_);
+    ptr_ = std::exchange(o.ptr_, nullptr);
+    bytes_ = std::exchange(o.bytes_, 0);
+  }
+  return *this;
+}
+
+Result<PinnedBuffer> PinnedBuffer::Allocate(size_t bytes) {
+  PinnedBuffer b;
+  if (bytes == 0) return Result<PinnedBuffer>(std::move(b));
+  LS_CUDA_RETURN_IF_ERROR(cudaMallocHost(&b.ptr_, bytes));
+  b.bytes_ = bytes;
+  return Result<PinnedBuffer>(std::move(b));
+}
+
+Status CopyAsync(void* dst, const void* src, size_t bytes, Stream stream) {
+  if (bytes == 0) return Status::Ok();
+  LS_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDefault, stream));
+  return Status::Ok();
+}
+
+Status Copy2DAsync(void* dst, size_t dst_pitch, const void* src, size_t src_pitch, size_t width, size_t height,
+                   Stream stream) {
+  if (width == 0 || height == 0) return Status::Ok();
+  LS_CUDA_RETURN_IF_ERROR(cudaMemcpy2DAsync(dst, dst_pitch, src, src_pitch, width, height, cudaMemcpyDefault, stream));
+  return Status::Ok();
+}
+
+Status MemsetAsync(void* dst, int value, size_t bytes, Stream stream) {
+  if (bytes == 0) return Status::Ok();
+  LS_CUDA_RETURN_IF_ERROR(cudaMemsetAsync(dst, value, bytes, stream));
+  return Status::Ok();
+}
+
+CudaGraph::~CudaGraph() {
+  if (exec_ != nullptr) cudaGraphExecDestroy(exec_);
+}
+
+Status CudaGraph::BeginCapture(Stream stream) {
+  LS_CUDA_RETURN_IF_ERROR(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal));
+  return Status::Ok();
+}
+
+Result<std::unique_ptr<CudaGraph>> CudaGraph::EndCapture(Stream stream) {
+  cudaGraph_t graph = nullptr;
+  LS_CUDA_RETURN_IF_ERROR(cudaStreamEndCapture(stream, &graph));
+  std::unique_ptr<CudaGraph> g(new CudaGraph());
+  cudaGraphExec_t exec = nullptr;
+  const cudaError_t e = cudaGraphInstantiate(&exec, graph, 0);
+  cudaGraphDestroy(graph);
+  LS_CUDA_RETURN_IF_ERROR(e);
+  g->exec_ = exec;
+  return Result<std::unique_ptr<CudaGraph>>(std::move(g));
+}
+
+Status CudaGraph::Launch(Stream stream) {
+  LS_CUDA_RETURN_IF_ERROR(cudaGraphLaunch(exec_, stream));
+  return Status::Ok();
+}
+
+namespace {
+
+__global__ void FillUniformKernel(void* dst, int64_t n, bool bf16, float lo, float hi, uint64_t seed) {
+  const int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (i >= n) return;
+  // One Philox block per value: counter = (i lo, i hi, 0x77656967 "weig", 0), key = seed.
+  Philox4x32 c{{static_cast<uint32_t>(i), static_cast<uint32_t>(static_cast<uint64_t>(i) >> 32), 0x77656967u, 0u}};
+  const Philox4x32 r = Philox4x32_10(c, static_cast<uint32_t>(seed), static_cast<uint32_t>(seed >> 32));
+  const float u = static_cast<float>(r.v[0] >> 8) * (1.0f / 16777216.0f);  // 24 bits → [0, 1)
+  const float v = __fadd_rn(lo, __fmul_rn(u, __fsub_rn(hi, lo)));
+  if (bf16) {
+    static_cast<uint16_t*>(dst)[i] = dev::F32ToBf16(v);
+  } else {
+    static_cast<float*>(dst)[i] = v;
+  }
+}
+
+__global__ void FillConstantKernel(void* dst, int64_t n, bool bf16, float value) {
+  const int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (i >= n) return;
+  if (bf16) {
+    static_cast<uint16_t*>(dst)[i] = dev::F32ToBf16(value);
+  } else {
+    static_cast<float*>(dst)[i] = value;
+  }
+}
+
+// One CTA per row, 32-bit words.
+__global__ void GatherRowsKernel(GatherRowsParams p) {
+  const int64_t i = blockIdx.x;
+  const int32_t r = p.rows[i];
+  uint32_t* d = reinterpret_cast<uint32_t*>(static_cast<char*>(p.dst) + i * p.dst_stride);
+  const int64_t words = p.row_bytes / 4;
+  if (r < 0 || r >= p.src_rows) {
+    if (threadIdx.x == 0 && p.error_flag != nullptr) atomicOr(p.error_flag, kErrSlot);
+    for (int64_t w = threadIdx.x; w < words; w += blockDim.x) d[w] = 0;
+    return;
+  }
+  const uint32_t* s = reinterpret_cast<const uint32_t*>(static_cast<const char*>(p.src) + r * p.src_stride);
+  for (int64_t w = threadIdx.x; w < words; w += blockDim.x) d[w] = s[w];
+}
+
+__global__ void ScatterRowsKernel(ScatterRowsParams p) {
+  const int64_t i = blockIdx.x;
+  const int32_t r = p.slots[i];
+  if (r < 0) return;
+  if (r >= p.dst_rows) {
+    if (threadIdx.x == 0 && p.error_flag != nullptr) atomicOr(p.error_flag, kErrSlot);
+    return;
+  }
+  const uint32_t* s = reinterpret_cast<const uint32_t*>(static_cast<const char*>(p.src) + i * p.src_stride);
+  uint32_t* d = reinterpret_cast<uint32_t*>(static_cast<char*>(p.dst) + r * p.dst_stride);
+  for (int64_t w = threadIdx.x; w < p.row_bytes / 4; w += blockDim.x) d[w] = s[w];
+}
+
+}  // namespace
+
+Status FillUniform(void* dst, int64_t n, bool bf16, float lo, float hi, uint64_t seed, Stream stream) {
+  LS_CHECK_ARG(n >= 0, "FillUniform", "n", n);
+  LS_CHECK_ARG(dst != nullptr || n == 0, "FillUniform", "dst", dst);
+  if (n == 0) return Status::Ok();
+  const int64_t blocks = (n + 255) / 256;
+  FillUniformKernel<<<static_cast<unsigned>(blocks), 256, 0, stream>>>(dst, n, bf16, lo, hi, seed);
+  LS_CUDA_LAUNCH_CHECK();
+  return Status::Ok();
+}
+
+Status FillConstant(void* dst, int64_t n, bool bf16, float value, Stream stream) {
+  LS_CHECK_ARG(n >= 0, "FillConstant", "n", n);
+  LS_CHECK_ARG(dst != nullptr || n == 0, "FillConstant", "dst", dst);
+  if (n == 0) return Status::Ok();
+  FillConstantKernel<<<static_cast<unsigned>((n + 255) / 256), 256, 0, stream>>>(dst, n, bf16, value);
+  LS_CUDA_LAUNCH_CHECK();
+  return Status::Ok();
+}
+
+Status GatherRows(const GatherRowsParams& p, Stream stream) {
+  const char* op = "GatherRows";
+  LS_CHECK_ARG(p.n >= 0 && p.n < (int64_t{1} << 31), op, "n", p.n);
+  if (p.n == 0) return Status::Ok();
+  LS_CHECK_ARG(p.row_bytes > 0 && p.row_bytes % 4 == 0, op, "row_bytes", p.row_bytes);
+  LS_CHECK_ARG(p.src != nullptr, op, "src", p.src);
+  LS_CHECK_ARG(p.dst != nullptr, op, "dst", p.dst);
+  LS_CHECK_ARG(p.rows != nullptr, op, "rows", static_cast<const void*>(p.rows));
+  LS_CHECK_ARG(p.src_stride >= p.row_bytes && p.src_stride % 4 == 0, op, "src_stride", p.src_stride);
+  LS_CHECK_ARG(p.dst_stride >= p.row_bytes && p.dst_stride % 4 == 0, op, "dst_stride", p.dst_stride);
+  LS_CHECK_ARG(p.src_rows > 0, op, "src_rows", p.src_rows);
+  GatherRowsKernel<<<static_cast<unsigned>(p.n), 128, 0, stream>>>(p);
+  LS_CUDA_LAUNCH_CHECK();
+  return Status::Ok();
+}
+
+Status ScatterRows(const ScatterRowsParams& p, Stream stream) {
+  const char* op = "ScatterRows";
+  LS_CHECK_ARG(p.n >= 0 && p.n < (int64_t{1} << 31), op, "n", p.n);
+  if (p.n == 0) return Status::Ok();
+  LS_CHECK_ARG(p.row_bytes > 0 && p.row_bytes % 4 == 0, op, "row_bytes", p.row_bytes);
+  LS_CHECK_ARG(p.src != nullptr, op, "src", p.src);
+  LS_CHECK_ARG(p.dst != nullptr, op, "dst", p.dst);
+  LS_CHECK_ARG(p.slots != nullptr, op, "slots", static_cast<const void*>(p.slots));
+  LS_CHECK_ARG(p.src_stride >= p.row_bytes && p.src_stride % 4 == 0, op, "src_stride", p.src_stride);
+  LS_CHECK_ARG(p.dst_stride >= p.row_bytes && p.dst_stride % 4 == 0, op, "dst_stride", p.dst_stride);
+  LS_CHECK_ARG(p.dst_rows > 0, op, "dst_rows", p.dst_rows);
+  ScatterRowsKernel<<<static_cast<unsigned>(p.n), 128, 0, stream>>>(p);
+  LS_CUDA_LAUNCH_CHECK();
+  return Status::Ok();
+}
+
+}  // namespace lockstep::kernels::cuda
