@@ -23,7 +23,9 @@ struct ServeArgs {
   int64_t max_prompt_tokens = 4096, max_tokens_limit = 4096, default_max_tokens = 16;
   int max_n = 8;
   int64_t ring_mb = 64, max_body_kb = 1024;
-  bool redact = false, no_degeneration_capture = false, quiet = false, no_record = false;
+  int capture_queue = 8;
+  std::string chat_template;
+  bool redact = false, no_degeneration_capture = false, quiet = false, no_record = false, no_tap_summaries = false;
   EngineFlags flags;
 };
 
@@ -46,15 +48,13 @@ Status RunServe(ServeArgs& a) {
   o.eos_ids = m.eos_ids;
   {
     std::ifstream in(m.dir / "tokenizer_config.json");
-    auto j = nlohmann::json::parse(in, nullptr, false);
-    if (j.is_object()) {
-      if (j.contains("bos_token") && j["bos_token"].is_string()) o.chat_template.bos = j["bos_token"];
-      if (j.contains("eos_token") && j["eos_token"].is_string()) o.chat_template.eos = j["eos_token"];
-      const std::string t = j.value("chat_template", "");
-      if (!t.empty() && t.find("<｜User｜>") == std::string::npos) {
-        std::cerr << "lockstep serve: warning: tokenizer_config.json's chat_template is not the DeepSeek format; "
-                     "/v1/chat/completions uses the built-in DeepSeek template\n";
-      }
+    const auto config = nlohmann::json::parse(in, nullptr, false);
+    auto t = server::ChatTemplate::Choose(config, m.model->config().model_type, a.chat_template);
+    if (!t.ok()) return Status::InvalidArgument(m.dir.string() + ": " + t.status().message());
+    o.chat_template = *t;
+    if (!a.quiet) {
+      std::cerr << "lockstep serve: chat format " << server::ChatTemplate::StyleName(o.chat_template.style)
+                << (a.chat_template.empty() ? " (from tokenizer_config.json)" : " (--chat-template)") << "\n";
     }
   }
   LS_ASSIGN_OR_RETURN(o.engine, a.flags.ToOptions());
@@ -69,6 +69,8 @@ Status RunServe(ServeArgs& a) {
   o.ring_bytes = static_cast<size_t>(a.ring_mb) << 20;
   o.capture_on_degeneration = !a.no_degeneration_capture;
   o.record = !a.no_record;
+  o.tap_summaries = !a.no_tap_summaries;
+  o.capture_queue = static_cast<size_t>(a.capture_queue);
   o.quiet = a.quiet;
   o.admin_token = a.admin_token;
   if (!a.admin_token_file.empty()) {
@@ -100,10 +102,11 @@ void RegisterServe(CLI::App& app, SetAction set_action) {
       "  lockstep serve --capture-dir caps --admin-token-file tok.txt\n"
       "  curl -s localhost:8000/v1/completions -d '{\"prompt\":\"<!DOCTYPE html>\",\"max_tokens\":32}'\n"
       "  curl -s -X POST -H \"Authorization: Bearer $(cat tok.txt)\" localhost:8001/admin/capture/<x-request-id>\n"
-      "Every request is recorded cheaply (inputs, seed, batch per step, a hash of every logits row) in a\n"
-      "ring of --ring-mb. A capture (header X-Lockstep-Capture: full|summary with X-Lockstep-Token, the\n"
-      "admin call, or the degeneration detector) re-runs the request offline into <capture-dir>/<id>.h5 and\n"
-      "checks every token and hash against the live record; one that does not verify is reported loudly.\n"
+      "Every request is recorded cheaply (inputs, seed, batch per step, a hash of every logits row, every\n"
+      "tap row's summary and hash) in a ring of --ring-mb. A capture (header X-Lockstep-Capture: full|summary\n"
+      "with X-Lockstep-Token, the admin call, or the degeneration detector) re-runs the request offline, on\n"
+      "a capture thread beside serving, into <capture-dir>/<id>.h5 and checks every token and tap hash\n"
+      "against the live record; one that does not verify is reported loudly.\n"
       "See docs/server.md.");
   cmd->add_option("--model,-m", a->model, "Model directory (HF layout); default: the embedded tiny model");
   cmd->add_option("--model-name", a->model_name, "Name /v1/models lists (default: the directory's name)");
@@ -129,6 +132,15 @@ void RegisterServe(CLI::App& app, SetAction set_action) {
                 "Count degenerate generations in /metrics but do not capture them");
   cmd->add_flag("--no-record", a->no_record,
                 "Keep no live records (no captures, no degeneration check): to measure what recording costs");
+  cmd->add_flag("--no-tap-summaries", a->no_tap_summaries,
+                "Records keep inputs, sampling and logits hashes but no per-tap summaries (captures then verify "
+                "tokens and logits only)");
+  cmd->add_option("--capture-queue", a->capture_queue,
+                  "Captures that may wait behind the one running; more are refused (503)")
+      ->check(CLI::Range(0, 1024));
+  cmd->add_option("--chat-template", a->chat_template,
+                  "Chat format: deepseek-v2|deepseek-v3|deepseek-v3.2|lockstep-tiny|none (default: recognised from "
+                  "tokenizer_config.json; an unknown template refuses to start)");
   cmd->add_flag("--quiet,-q", a->quiet, "Log only errors and failed verifications");
   a->flags.Register(cmd);
   cmd->callback([a, set_action] { set_action([a] { return RunServe(*a); }); });

@@ -3,6 +3,8 @@
 
 #include <sys/stat.h>
 
+#include <algorithm>
+#include <cstring>
 #include <fstream>
 #include <sstream>
 
@@ -12,6 +14,7 @@
 #include <xxhash.h>
 
 #include "recorder/record_session.h"
+#include "traces/trace_reader.h"
 
 namespace lockstep::server {
 
@@ -41,11 +44,64 @@ bool SafeRequestId(const std::string& id) {
 
 namespace {
 
+std::string Hex(uint64_t v) {
+  char hash[17];
+  std::snprintf(hash, sizeof hash, "%016llx", static_cast<unsigned long long>(v));
+  return hash;
+}
+
+// Checks every tap row the trace holds against the live record's summary of it: the same
+// taps, the same positions, the same content hash and statistics. Returns the first
+// difference ("" when none) and counts the rows compared.
+std::string VerifyTaps(const LiveRecord& live, const traces::TraceReader& trace, int64_t* rows_checked) {
+  size_t live_taps = 0;
+  for (const auto& t : live.taps) live_taps += t.rows.empty() ? 0 : 1;
+  size_t trace_taps = 0;
+  for (const traces::TensorInfo& info : trace.tensors()) {
+    // Only the engine's taps: logits.topk_* and logsumexp are derived by the recorder ("of").
+    if (info.group != traces::kTapsGroup || info.attrs.count("of")) continue;
+    auto rows = trace.ReadSummary(info);
+    if (!rows.ok()) return "cannot read " + info.path + ": " + rows.status().message();
+    std::vector<traces::SummaryRow> got = std::move(*rows);
+    if (got.empty()) continue;
+    ++trace_taps;
+    const LiveTap* want = live.FindTap(info.name);
+    if (want == nullptr || want->rows.empty()) return "tap " + info.name + ": in the trace, not in the live record";
+    if (want->rows.size() != got.size()) {
+      return "tap " + info.name + ": the live run summarised " + std::to_string(want->rows.size()) +
+             " rows, the re-run " + std::to_string(got.size());
+    }
+    std::vector<LiveTapRow> live_rows = want->rows;
+    auto by_pos = [](const auto& a, const auto& b) { return a.position < b.position; };
+    std::stable_sort(live_rows.begin(), live_rows.end(), by_pos);
+    std::stable_sort(got.begin(), got.end(), by_pos);
+    for (size_t i = 0; i < got.size(); ++i) {
+      const LiveTapRow& a = live_rows[i];
+      const traces::SummaryRow& b = got[i];
+      std::string what;
+      if (a.position != b.position) {
+        what = "live position " + std::to_string(a.position) + ", re-run position " + std::to_string(b.position);
+      } else if (a.hash != b.hash) {
+        what = "hash " + Hex(a.hash) + " (live) != " + Hex(b.hash) + " (re-run)";
+      } else if (a.nan_count != b.nan_count || a.inf_count != b.inf_count) {
+        what = "NaN/Inf counts differ";
+      } else if (std::memcmp(&a.rms, &b.rms, 4 * sizeof(float)) != 0) {
+        what = "statistics differ under equal hashes";
+      }
+      if (!what.empty()) return "tap " + info.name + " position " + std::to_string(b.position) + ": " + what;
+      ++*rows_checked;
+    }
+  }
+  if (trace_taps != live_taps) {
+    return "the live record has " + std::to_string(live_taps) + " taps with rows, the trace " + std::to_string(trace_taps);
+  }
+  return "";
+}
+
 json LiveJson(const LiveRecord& live, const CaptureResult& r) {
   json steps = json::array();
   for (const auto& s : live.steps) {
-    char hash[17];
-    std::snprintf(hash, sizeof hash, "%016llx", static_cast<unsigned long long>(s.logits_hash));
+    const std::string hash = Hex(s.logits_hash);
     steps.push_back({{"engine_step", s.engine_step},
                      {"token", s.token},
                      {"probability", s.probability},
@@ -54,6 +110,20 @@ json LiveJson(const LiveRecord& live, const CaptureResult& r) {
                      {"candidates", s.candidates},
                      {"logits_xxh3", hash},
                      {"batch", s.batch}});
+  }
+  // Per tap: the content hash of each row in position order, and the non-finite counts.
+  json taps = json::array();
+  for (const auto& t : live.taps) {
+    if (t.rows.empty()) continue;
+    json hashes = json::array(), positions = json::array();
+    uint64_t nan = 0, inf = 0;
+    for (const auto& row : t.rows) {
+      positions.push_back(row.position);
+      hashes.push_back(Hex(row.hash));
+      nan += row.nan_count;
+      inf += row.inf_count;
+    }
+    taps.push_back({{"name", t.name}, {"positions", positions}, {"xxh3", hashes}, {"nan_count", nan}, {"inf_count", inf}});
   }
   const auto& q = live.request;
   return {{"request_id", live.id},
@@ -73,7 +143,8 @@ json LiveJson(const LiveRecord& live, const CaptureResult& r) {
             {"top_p", q.sampling.top_p},
             {"min_p", q.sampling.min_p},
             {"seed", q.sampling.seed}}},
-          {"steps", steps}};
+          {"steps", steps},
+          {"taps", taps}};
 }
 
 }  // namespace
@@ -147,11 +218,24 @@ Result<CaptureResult> CaptureRequest(const std::shared_ptr<engine::Model>& model
     mismatch = "the re-run generated " + std::to_string(checked) + " tokens, the live request " +
                std::to_string(live.steps.size());
   }
+  // Then every tap: the trace's own summaries (what a replay will be checked against) must
+  // equal the live ones.
+  int64_t tap_rows = 0;
+  if (mismatch.empty() && !live.taps.empty()) {
+    auto reader = traces::TraceReader::Open(r.trace);
+    if (!reader.ok()) return reader.status();
+    mismatch = VerifyTaps(live, **reader, &tap_rows);
+  }
   r.verified = mismatch.empty();
-  r.detail = r.verified ? std::to_string(checked) + " tokens verified (token, Philox counter, draw, probability, "
-                                                     "logits hash)"
-                        : mismatch;
   r.tokens = checked;
+  r.tap_rows = tap_rows;
+  if (r.verified) {
+    r.detail = std::to_string(checked) + " tokens verified (token, Philox counter, draw, probability, logits hash)";
+    r.detail += live.taps.empty() ? "; no tap summaries in the live record"
+                                  : ", " + std::to_string(tap_rows) + " tap rows verified (hash, statistics)";
+  } else {
+    r.detail = mismatch;
+  }
 
   std::ofstream out(r.live_json);
   out << LiveJson(live, r).dump(1) << "\n";

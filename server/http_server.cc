@@ -3,6 +3,7 @@
 
 #include <httplib.h>
 
+#include <algorithm>
 #include <chrono>
 #include <future>
 #include <iostream>
@@ -99,6 +100,7 @@ void Server::Stop() {
   if (admin_) admin_->stop();
   if (api_thread_.joinable()) api_thread_.join();
   if (admin_thread_.joinable()) admin_thread_.join();
+  captures_.reset();  // finishes the capture in progress; queued ones are answered "stopping"
   scheduler_.reset();
 }
 
@@ -125,9 +127,11 @@ Result<std::unique_ptr<Server>> Server::Start(ServerOptions options) {
   Scheduler::Options so;
   so.engine = o.engine;
   so.record = o.record;
+  so.tap_summaries = o.tap_summaries;
   Server* self = s.get();
   so.on_finished = [self](std::shared_ptr<const LiveRecord> rec) { self->OnFinished(std::move(rec)); };
   LS_ASSIGN_OR_RETURN(s->scheduler_, Scheduler::Start(o.model, so));
+  s->captures_ = std::make_unique<CaptureQueue>(o.capture_queue);
 
   s->api_ = std::make_unique<httplib::Server>();
   s->admin_ = std::make_unique<httplib::Server>();
@@ -135,7 +139,10 @@ Result<std::unique_ptr<Server>> Server::Start(ServerOptions options) {
   // admitted, or admitted requests would queue invisibly behind them.
   const size_t api_workers = static_cast<size_t>(o.max_concurrent) + 8;
   s->api_->new_task_queue = [api_workers] { return new httplib::ThreadPool(api_workers); };
-  s->admin_->new_task_queue = [] { return new httplib::ThreadPool(4); };
+  // Admin workers: 4 for /health and /metrics, plus one per capture that may be waiting for
+  // its verdict (running + queued), so that waiting captures never starve /metrics.
+  const size_t admin_workers = 4 + o.capture_queue + 1;
+  s->admin_->new_task_queue = [admin_workers] { return new httplib::ThreadPool(admin_workers); };
   for (auto* srv : {s->api_.get(), s->admin_.get()}) {
     srv->set_tcp_nodelay(true);
     srv->set_payload_max_length(o.max_body_bytes);
@@ -178,12 +185,21 @@ void Server::OnFinished(std::shared_ptr<const LiveRecord> rec) {
   ++metrics_.degenerations;
   if (!opts_.quiet) std::cerr << "lockstep serve: request " << rec->id << " degenerated (loop or collapse)\n";
   if (!opts_.capture_on_degeneration || opts_.capture_dir.empty()) return;
-  // Runs after the current step, on this same thread.
-  scheduler_->RunBetweenSteps([this, rec] { (void)CaptureOnSchedulerThread(*rec, "degeneration", opts_.degeneration_capture_mode); });
+  // On the capture thread; this one goes back to stepping at once.
+  const bool queued = captures_->Submit(
+      {[this, rec] { (void)RunCapture(*rec, "degeneration", opts_.degeneration_capture_mode); }, nullptr});
+  metrics_.capture_queue = static_cast<int64_t>(captures_->queued());
+  if (!queued) {
+    ++metrics_.captures_refused;
+    std::cerr << "lockstep serve: degeneration capture of " << rec->id << " refused: the capture queue is full ("
+              << captures_->max_queued() << " waiting)\n";
+  }
 }
 
-Result<CaptureResult> Server::CaptureOnSchedulerThread(const LiveRecord& rec, const std::string& trigger,
-                                                       recorder::CapturePolicy::Mode mode) {
+Result<CaptureResult> Server::RunCapture(const LiveRecord& rec, const std::string& trigger,
+                                         recorder::CapturePolicy::Mode mode) {
+  metrics_.capture_queue = static_cast<int64_t>(captures_->queued());
+  if (opts_.on_capture_start) opts_.on_capture_start(rec.id);
   auto r = CaptureRequest(scheduler_->model(), rec, trigger, mode, capture_opts_);
   if (!r.ok()) {
     std::cerr << "lockstep serve: capture of " << rec.id << " failed: " << r.status().message() << "\n";
@@ -204,15 +220,24 @@ Result<CaptureResult> Server::CaptureOnSchedulerThread(const LiveRecord& rec, co
 }
 
 Result<CaptureResult> Server::Capture(const std::string& request_id, const std::string& trigger,
-                                      recorder::CapturePolicy::Mode mode) {
+                                      recorder::CapturePolicy::Mode mode, bool* refused) {
+  if (refused) *refused = false;
   if (opts_.capture_dir.empty()) return Status::Unsupported("captures are off: start the server with --capture-dir");
   if (!opts_.record) return Status::Unsupported("captures are off: the server runs with --no-record");
   auto rec = ring_->Find(request_id);
   if (!rec) return Status::NotFound("request '" + request_id + "' is not in the ring (unknown, or evicted)");
   auto promise = std::make_shared<std::promise<Result<CaptureResult>>>();
   auto fut = promise->get_future();
-  scheduler_->RunBetweenSteps(
-      [this, rec, trigger, mode, promise] { promise->set_value(CaptureOnSchedulerThread(*rec, trigger, mode)); });
+  const bool queued = captures_->Submit(
+      {[this, rec, trigger, mode, promise] { promise->set_value(RunCapture(*rec, trigger, mode)); },
+       [promise] { promise->set_value(Status::Internal("the server is stopping; the capture did not run")); }});
+  metrics_.capture_queue = static_cast<int64_t>(captures_->queued());
+  if (!queued) {
+    ++metrics_.captures_refused;
+    if (refused) *refused = true;
+    return Status::Unsupported("the capture queue is full (one running, " + std::to_string(captures_->max_queued()) +
+                               " waiting): capture '" + request_id + "' again later, while it is still in the ring");
+  }
   return fut.get();
 }
 
@@ -224,25 +249,39 @@ json CaptureJson(const Result<CaptureResult>& r) {
           {"mode", r->mode},           {"verified", r->verified},     {"detail", r->detail}};
 }
 
-json LogprobsJson(const engine::Tokenizer& tok, const ChoiceText& c, bool chat, int top_n) {
+// OpenAI's logprobs objects for tokens [from, to) of a choice: chat's {"content": [{token,
+// logprob, bytes, top_logprobs}]}, completions' {tokens, token_logprobs, top_logprobs,
+// text_offset} with offsets counted from `offset` (the text before token `from`). A streaming
+// chunk carries the tokens that arrived since the previous chunk; the non-streaming body, all.
+json LogprobsJson(const engine::Tokenizer& tok, const ChoiceText& c, bool chat, int top_n, size_t from, size_t to,
+                  size_t* offset) {
   auto piece = [&](int32_t id) { return tok.Decode(std::vector<int32_t>{id}); };
+  auto bytes = [](const std::string& p) {
+    json b = json::array();
+    for (unsigned char ch : p) b.push_back(static_cast<int>(ch));
+    return b;
+  };
+  to = std::min({to, c.logprobs.size(), c.tokens.size()});
   if (chat) {
     json content = json::array();
-    for (size_t i = 0; i < c.logprobs.size() && i < c.tokens.size(); ++i) {
+    for (size_t i = from; i < to; ++i) {
       json top = json::array();
-      for (const auto& [id, lp] : c.top[i]) top.push_back({{"token", piece(id)}, {"logprob", lp}});
-      content.push_back({{"token", piece(c.tokens[i])}, {"logprob", c.logprobs[i]}, {"top_logprobs", top}});
+      for (const auto& [id, lp] : c.top[i]) {
+        const std::string p = piece(id);
+        top.push_back({{"token", p}, {"logprob", lp}, {"bytes", bytes(p)}});
+      }
+      const std::string p = piece(c.tokens[i]);
+      content.push_back({{"token", p}, {"logprob", c.logprobs[i]}, {"bytes", bytes(p)}, {"top_logprobs", top}});
     }
     return {{"content", content}};
   }
   json tokens = json::array(), lps = json::array(), tops = json::array(), offsets = json::array();
-  size_t off = 0;
-  for (size_t i = 0; i < c.logprobs.size() && i < c.tokens.size(); ++i) {
+  for (size_t i = from; i < to; ++i) {
     const std::string p = piece(c.tokens[i]);
     tokens.push_back(p);
     lps.push_back(c.logprobs[i]);
-    offsets.push_back(off);
-    off += p.size();
+    offsets.push_back(*offset);
+    *offset += p.size();
     json t = json::object();
     for (const auto& [id, lp] : c.top[i]) t[piece(id)] = lp;
     tops.push_back(top_n > 0 ? t : json(nullptr));
@@ -413,7 +452,10 @@ void Server::Routes() {
         json choices = json::array();
         for (int i = 0; i < g.n; ++i) {
           const ChoiceText& c = st->choices[i];
-          json lp = g.top_logprobs >= 0 ? LogprobsJson(*opts_.tokenizer, c, chat, g.top_logprobs) : json(nullptr);
+          size_t offset = 0;
+          json lp = g.top_logprobs >= 0
+                        ? LogprobsJson(*opts_.tokenizer, c, chat, g.top_logprobs, 0, c.tokens.size(), &offset)
+                        : json(nullptr);
           if (chat) {
             choices.push_back({{"index", i},
                                {"message", {{"role", "assistant"}, {"content", c.text}}},
@@ -459,6 +501,8 @@ void Server::Routes() {
               ok = send(chunk(first));
             }
             bool more = true;
+            // Per choice: tokens whose logprobs went out, and the text offset they reached.
+            std::vector<size_t> lp_sent(g.n, 0), lp_offset(g.n, 0);
             while (ok && more) {
               std::vector<std::pair<int, std::string>> deltas;
               more = pump(&deltas);
@@ -467,8 +511,13 @@ void Server::Routes() {
                 if (!ok) break;
                 const ChoiceText& c = st->choices[i];
                 json fr = c.finished ? json(c.finish_reason) : json(nullptr);
-                json ch = chat ? json{{"index", i}, {"delta", {{"content", d}}}, {"logprobs", nullptr}, {"finish_reason", fr}}
-                               : json{{"index", i}, {"text", d}, {"logprobs", nullptr}, {"finish_reason", fr}};
+                json lp = nullptr;
+                if (g.top_logprobs >= 0 && c.tokens.size() > lp_sent[i]) {  // the tokens since the last chunk
+                  lp = LogprobsJson(*opts_.tokenizer, c, chat, g.top_logprobs, lp_sent[i], c.tokens.size(), &lp_offset[i]);
+                  lp_sent[i] = c.tokens.size();
+                }
+                json ch = chat ? json{{"index", i}, {"delta", {{"content", d}}}, {"logprobs", lp}, {"finish_reason", fr}}
+                               : json{{"index", i}, {"text", d}, {"logprobs", lp}, {"finish_reason", fr}};
                 ok = send(chunk(json::array({ch})));
               }
             }
@@ -522,7 +571,12 @@ void Server::Routes() {
     const std::string id = req.matches[1];
     auto mode = recorder::CapturePolicy::Mode::kFull;
     if (req.has_param("mode") && req.get_param_value("mode") == "summary") mode = recorder::CapturePolicy::Mode::kSummary;
-    auto r = Capture(id, "admin", mode);
+    bool refused = false;
+    auto r = Capture(id, "admin", mode, &refused);
+    if (refused) {
+      res.set_header("Retry-After", "1");
+      return SendError(res, Err(503, r.status().message(), "server_error", "capture_queue_full"));
+    }
     if (!r.ok()) {
       const bool nf = r.status().code() == Status::Code::kNotFound;
       return SendError(res, Err(nf ? 404 : 400, r.status().message(), nf ? "not_found_error" : "invalid_request_error"));

@@ -13,6 +13,7 @@
 #include <atomic>
 #include <cstdint>
 #include <filesystem>
+#include <functional>
 #include <map>
 #include <memory>
 #include <string>
@@ -25,6 +26,7 @@
 #include "engine/tokenizer.h"
 #include "recorder/capture_policy.h"
 #include "server/capture.h"
+#include "server/capture_queue.h"
 #include "server/metrics.h"
 #include "server/openai.h"
 
@@ -55,6 +57,11 @@ struct ServerOptions {
   bool capture_redact = false;
   size_t ring_bytes = 64 << 20;
   bool record = true;  // false (--no-record): no live records, so no captures and no degeneration check
+  bool tap_summaries = true;  // with record: per-tap summaries in every record (--no-tap-summaries: off)
+  // Captures wait here behind the one running (server/capture_queue.h); more are refused (503).
+  size_t capture_queue = 8;
+  // Tests: called on the capture thread with the request id before each re-run starts.
+  std::function<void(const std::string&)> on_capture_start;
   bool capture_on_degeneration = true;
   int64_t degeneration_min_tokens = 64;  // shorter generations are not judged
   recorder::CapturePolicy::Mode degeneration_capture_mode = recorder::CapturePolicy::Mode::kSummary;
@@ -72,17 +79,18 @@ class Server {
   int admin_port() const { return admin_port_; }
   const Metrics& metrics() const { return metrics_; }
 
-  // Captures a request still in the ring (the admin endpoint, the tests). Blocks until the
-  // trace is written and verified.
+  // Captures a request still in the ring (the admin endpoint, the tests): queues it for the
+  // capture thread and blocks the caller (not the scheduler) until the trace is written and
+  // verified. `*refused` (when given) says the queue was full and nothing was queued.
   Result<CaptureResult> Capture(const std::string& request_id, const std::string& trigger,
-                                recorder::CapturePolicy::Mode mode);
+                                recorder::CapturePolicy::Mode mode, bool* refused = nullptr);
 
  private:
   explicit Server(ServerOptions options);
   void Routes();
   void OnFinished(std::shared_ptr<const class LiveRecord> rec);
-  Result<CaptureResult> CaptureOnSchedulerThread(const class LiveRecord& rec, const std::string& trigger,
-                                                 recorder::CapturePolicy::Mode mode);
+  Result<CaptureResult> RunCapture(const class LiveRecord& rec, const std::string& trigger,
+                                   recorder::CapturePolicy::Mode mode);  // capture thread
   bool Authorized(const std::string& authorization, const std::string& token_header) const;
 
   ServerOptions opts_;
@@ -90,6 +98,7 @@ class Server {
   Metrics metrics_;
   std::unique_ptr<RequestRing> ring_;
   std::unique_ptr<Scheduler> scheduler_;
+  std::unique_ptr<CaptureQueue> captures_;  // destroyed before the scheduler (Stop)
   std::unique_ptr<httplib::Server> api_, admin_;
   std::thread api_thread_, admin_thread_;
   int port_ = 0, admin_port_ = 0;

@@ -1,8 +1,10 @@
 // server/live_record.h — what the server keeps of every request it runs, always, cheaply:
 // everything that determines the numbers (prompt ids, sampling parameters, seed, stop tokens,
-// the batch each step ran in) and, per generated token, the sampler's record (Philox counter,
-// uniform draw, probability, candidates) and a hash of the logits row that chose it. That is
-// enough to re-run the request offline and check, token by token, that the re-run saw the
+// the batch each step ran in); per generated token, the sampler's record (Philox counter,
+// uniform draw, probability, candidates) and a hash of the logits row that chose it; and per
+// tap and position, the summary a summary-mode trace stores (traces::Summarize: rms, absmax,
+// min, max, NaN/Inf counts and the XXH3-64 content hash of the row). That is enough to re-run
+// the request offline and check, tap by tap and token by token, that the re-run computed the
 // same numbers (server/capture.h). The model fingerprint, build and kernel variants are the
 // same for every request of a server, so they live once in ServerOptions::trace_meta.
 //
@@ -33,17 +35,35 @@ struct LiveStep {
   std::vector<int64_t> batch;     // engine ids of the requests in that step's forward
 };
 
+// One tap row's summary, as traces::Summarize computes it for a trace (the step is left out:
+// a re-run's step numbers differ from the live engine's).
+struct LiveTapRow {
+  int32_t position = 0;
+  uint32_t nan_count = 0, inf_count = 0;
+  uint64_t hash = 0;              // XXH3-64 (traces::kHashSeed) of the row's bytes
+  float rms = 0, absmax = 0, min = 0, max = 0;
+};
+static_assert(sizeof(LiveTapRow) == 40);
+
+// A tap's rows for one request, in the order the engine produced them (prompt, then decode).
+struct LiveTap {
+  std::string name;               // "layers.3.attn.out", "logits", … (the trace's taps/<name>)
+  std::vector<LiveTapRow> rows;
+};
+
 struct LiveRecord {
   std::string id;                 // the x-request-id (with a "-<choice>" suffix when n > 1)
   std::string prompt_text;        // empty under --capture-redact
   engine::Request request;        // prompt ids, sampling (seed), max tokens, stop tokens
   std::vector<LiveStep> steps;
+  std::vector<LiveTap> taps;      // empty without tap summaries (--no-tap-summaries, --no-record)
   std::string finish_reason;      // "stop" | "length" | "abort" (client gone, stop string)
   double created_unix = 0;
   int64_t engine_epoch = 0;       // which engine instance the batch ids refer to
 
   std::vector<int32_t> tokens() const;
-  size_t Bytes() const;           // approximate memory held, for the ring's budget
+  size_t Bytes() const;           // memory held (steps, tap summaries, strings), for the ring's budget
+  const LiveTap* FindTap(const std::string& name) const;
 };
 
 class RequestRing {

@@ -101,6 +101,10 @@ std::string Metrics::Render(int64_t running, int64_t waiting, double kv_usage) c
         static_cast<double>(capture_bytes.load()));
   counter("lockstep:requests_rejected_total", "Requests answered 429 (over capacity).",
           static_cast<double>(rejected.load()));
+  counter("lockstep:captures_refused_total", "Captures refused because the capture queue was full.",
+          static_cast<double>(captures_refused.load()));
+  gauge("lockstep:capture_queue_length", "Captures waiting behind the one running.",
+        static_cast<double>(capture_queue.load()));
   return o;
 }
 

@@ -32,7 +32,7 @@ class Metrics {
  public:
   Metrics();
   std::atomic<int64_t> prompt_tokens{0}, generation_tokens{0}, capture_verify_failures{0}, degenerations{0},
-      capture_bytes{0}, rejected{0};
+      capture_bytes{0}, rejected{0}, captures_refused{0}, capture_queue{0};
   Histogram ttft, itl, e2e;
   void CountFinished(const std::string& reason);
   void CountCapture(const std::string& trigger);

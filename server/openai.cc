@@ -15,27 +15,190 @@ std::string ApiError::Body() const {
   return json{{"error", e}}.dump();
 }
 
-std::string ChatTemplate::Apply(const json& messages) const {
-  std::string s = bos;
-  for (const auto& m : messages) {
-    const std::string role = m.value("role", "");
-    std::string content;
-    if (m.contains("content") && m["content"].is_string()) {
-      content = m["content"].get<std::string>();
-    } else if (m.contains("content") && m["content"].is_array()) {  // [{type:"text", text:…}]
-      for (const auto& part : m["content"]) {
-        if (part.is_object() && part.value("type", "") == "text") content += part.value("text", "");
-      }
-    }
-    if (role == "user") {
-      s += "<｜User｜>" + content;
-    } else if (role == "assistant") {
-      s += "<｜Assistant｜>" + content + eos;
-    } else {
-      s += content;
+namespace {
+
+// Where the fingerprints come from: the chat_template strings of the published
+// tokenizer_config.json files (as the JSON decodes them, so "\n" below is Jinja's escape, a
+// backslash and an n). A template matches a style when it holds every `needles` string and
+// none of `absent`.
+struct Fingerprint {
+  ChatStyle style;
+  std::vector<std::string> needles, absent;
+};
+
+const std::vector<Fingerprint>& Fingerprints() {
+  static const std::vector<Fingerprint> f = {
+      // deepseek-ai/DeepSeek-V2-Chat, DeepSeek-V2-Lite-Chat.
+      {ChatStyle::kV2,
+       {R"({{ 'User: ' + message['content'] + '\n\n' }})", R"({{ 'Assistant: ' + message['content'] + eos_token }})",
+        R"({{ message['content'] + '\n\n' }})", R"({{ 'Assistant:' }})"},
+       {}},
+      // deepseek-ai/DeepSeek-V3 (and -Base): system prompts hoisted after bos; R1 and V3.1
+      // (with <think>) and V3-0324 (whose user turn closes with <｜Assistant｜>) are not it.
+      {ChatStyle::kV3,
+       {"is_first_sp", R"(ns.system_prompt + '\n\n' + message['content'])", "{{'<｜User｜>' + message['content']}}",
+        "{{'<｜Assistant｜>' + message['content'] + '<｜end▁of▁sentence｜>'}}",
+        "{% if add_generation_prompt and not ns.is_tool %}{{'<｜Assistant｜>'}}{% endif %}"},
+       {"<think>", "</think>", "thinking"}},
+  };
+  return f;
+}
+
+// models/lockstep-tiny-v32/tokenizer_config.json's template, exactly.
+constexpr const char* kEmbeddedTemplate =
+    "{{ bos_token }}{% for message in messages %}{% if message['role'] == 'user' %}<｜User｜>{{ message['content'] }}"
+    "{% elif message['role'] == 'assistant' %}<｜Assistant｜>{{ message['content'] }}<｜end▁of▁sentence｜>{% else %}"
+    "{{ message['content'] }}{% endif %}{% endfor %}{% if add_generation_prompt %}<｜Assistant｜>{% endif %}";
+
+// A message's text: a string, or the text parts of an array; null → "".
+std::string Content(const nlohmann::json& m) {
+  std::string content;
+  if (!m.contains("content")) return content;
+  const auto& c = m["content"];
+  if (c.is_string()) return c.get<std::string>();
+  if (c.is_array()) {  // [{type:"text", text:…}]
+    for (const auto& part : c) {
+      if (part.is_object() && part.value("type", "") == "text") content += part.value("text", "");
     }
   }
-  return s + "<｜Assistant｜>";
+  return content;
+}
+
+}  // namespace
+
+std::string_view ChatTemplate::StyleName(ChatStyle s) {
+  switch (s) {
+    case ChatStyle::kNone: return "none";
+    case ChatStyle::kV2: return "deepseek-v2";
+    case ChatStyle::kV3: return "deepseek-v3";
+    case ChatStyle::kV32: return "deepseek-v3.2";
+    case ChatStyle::kEmbedded: return "lockstep-tiny";
+  }
+  return "?";
+}
+
+Result<ChatStyle> ChatTemplate::ParseStyle(std::string_view name) {
+  for (ChatStyle s : {ChatStyle::kNone, ChatStyle::kV2, ChatStyle::kV3, ChatStyle::kV32, ChatStyle::kEmbedded}) {
+    if (name == StyleName(s)) return s;
+  }
+  return Status::InvalidArgument("--chat-template '" + std::string(name) +
+                                 "': expected deepseek-v2, deepseek-v3, deepseek-v3.2, lockstep-tiny or none");
+}
+
+Result<ChatTemplate> ChatTemplate::Choose(const nlohmann::json& config, const std::string& model_type,
+                                          const std::string& forced) {
+  ChatTemplate t;
+  if (config.is_object()) {
+    // bos_token / eos_token: a string, or an AddedToken object {"content": …}.
+    auto token = [&](const char* key, std::string* out) {
+      if (!config.contains(key)) return;
+      const auto& v = config[key];
+      if (v.is_string()) *out = v.get<std::string>();
+      else if (v.is_object() && v.contains("content") && v["content"].is_string()) *out = v["content"].get<std::string>();
+    };
+    token("bos_token", &t.bos);
+    token("eos_token", &t.eos);
+  }
+  if (!forced.empty()) {
+    LS_ASSIGN_OR_RETURN(t.style, ParseStyle(forced));
+    return t;
+  }
+  std::string tmpl;
+  if (config.is_object() && config.contains("chat_template")) {
+    const auto& c = config["chat_template"];
+    if (c.is_string()) {
+      tmpl = c.get<std::string>();
+    } else if (c.is_array()) {  // [{"name": "default", "template": …}, …]
+      for (const auto& e : c) {
+        if (e.is_object() && e.value("name", "") == "default" && e.contains("template") && e["template"].is_string()) {
+          tmpl = e["template"].get<std::string>();
+        }
+      }
+    }
+  }
+  if (tmpl.empty()) {
+    t.style = model_type == "deepseek_v32" ? ChatStyle::kV32 : ChatStyle::kNone;
+    return t;
+  }
+  if (tmpl == kEmbeddedTemplate) {
+    t.style = ChatStyle::kEmbedded;
+    return t;
+  }
+  for (const Fingerprint& f : Fingerprints()) {
+    bool match = true;
+    for (const auto& n : f.needles) match = match && tmpl.find(n) != std::string::npos;
+    for (const auto& a : f.absent) match = match && tmpl.find(a) == std::string::npos;
+    if (match) {
+      t.style = f.style;
+      return t;
+    }
+  }
+  return Status::InvalidArgument(
+      "tokenizer_config.json's chat_template is not one lockstep serve has built in (DeepSeek V2, V3, V3.2, the "
+      "embedded tiny model's) and there is no Jinja interpreter; rather than format every chat request wrongly, the "
+      "server refuses to start. If one of the built-in formats is your model's, name it with --chat-template "
+      "deepseek-v2|deepseek-v3|deepseek-v3.2|lockstep-tiny (or --chat-template none: completions only)");
+}
+
+Result<std::string> ChatTemplate::Apply(const json& messages) const {
+  if (style == ChatStyle::kNone) {
+    return Status::InvalidArgument(
+        "this model has no chat template: use /v1/completions, or start the server with --chat-template");
+  }
+  for (const auto& m : messages) {
+    const std::string role = m.value("role", "");
+    if (m.contains("tool_calls") && !m["tool_calls"].is_null()) {
+      return Status::InvalidArgument("tool calls are not supported by this server's chat format");
+    }
+    if (style != ChatStyle::kV2 && style != ChatStyle::kEmbedded && role != "system" && role != "user" &&
+        role != "assistant") {
+      return Status::InvalidArgument("message role '" + role + "' is not supported (system, user, assistant)");
+    }
+  }
+  std::string s = bos;
+  switch (style) {
+    case ChatStyle::kV2:  // roles other than these three render nothing, as in the template
+      for (const auto& m : messages) {
+        const std::string role = m.value("role", "");
+        if (role == "user") s += "User: " + Content(m) + "\n\n";
+        else if (role == "assistant") s += "Assistant: " + Content(m) + eos;
+        else if (role == "system") s += Content(m) + "\n\n";
+      }
+      return s + "Assistant:";
+    case ChatStyle::kV3: {
+      bool first = true;
+      for (const auto& m : messages) {  // every system prompt, joined, right after bos
+        if (m.value("role", "") != "system") continue;
+        s += (first ? "" : "\n\n") + Content(m);
+        first = false;
+      }
+      for (const auto& m : messages) {
+        const std::string role = m.value("role", "");
+        if (role == "user") s += "<｜User｜>" + Content(m);
+        else if (role == "assistant") s += "<｜Assistant｜>" + Content(m) + "<｜end▁of▁sentence｜>";
+      }
+      return s + "<｜Assistant｜>";
+    }
+    case ChatStyle::kV32:  // chat (non-thinking) mode; the user turn opens the assistant's
+      for (const auto& m : messages) {
+        const std::string role = m.value("role", "");
+        if (role == "system") s += Content(m);
+        else if (role == "user") s += "<｜User｜>" + Content(m) + "<｜Assistant｜></think>";
+        else if (role == "assistant") s += Content(m) + "<｜end▁of▁sentence｜>";
+      }
+      return s;
+    case ChatStyle::kEmbedded:
+      for (const auto& m : messages) {
+        const std::string role = m.value("role", "");
+        if (role == "user") s += "<｜User｜>" + Content(m);
+        else if (role == "assistant") s += "<｜Assistant｜>" + Content(m) + "<｜end▁of▁sentence｜>";
+        else s += Content(m);
+      }
+      return s + "<｜Assistant｜>";
+    case ChatStyle::kNone:
+      break;
+  }
+  return Status::Internal("unknown chat style");
 }
 
 namespace {
@@ -84,7 +247,9 @@ std::optional<ApiError> ParseGenerationRequest(const std::string& body, bool cha
         return Bad("each message needs a string 'role'", "messages");
       }
     }
-    r.prompt_text = tmpl.Apply(j["messages"]);
+    auto text = tmpl.Apply(j["messages"]);
+    if (!text.ok()) return Bad(text.status().message(), "messages");
+    r.prompt_text = std::move(*text);
     r.prompt = tok.Encode(r.prompt_text, /*add_special_tokens=*/false);  // the template has the bos
   } else {
     if (!j.contains("prompt")) return Bad("'prompt' is required", "prompt");

@@ -6,6 +6,7 @@
 #include <cstdint>
 #include <optional>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include <nlohmann/json.hpp>
@@ -34,14 +35,38 @@ struct Limits {
   int max_stop = 4;
 };
 
+// The DeepSeek chat formats, built in (there is no Jinja interpreter). Each style renders
+// what transformers' apply_chat_template(messages, add_generation_prompt=True) gives with the
+// model's own template, for system/user/assistant text messages; tool calls and tool results
+// are refused (400) rather than rendered approximately.
+enum class ChatStyle {
+  kNone,      // the model has no chat template: /v1/chat/completions answers 400
+  kV2,        // DeepSeek-V2(-Lite)-Chat: "User: …\n\n", "Assistant: …<eos>", gen "Assistant:"
+  kV3,        // DeepSeek-V3: systems joined by "\n\n" after bos, "<｜User｜>…", "<｜Assistant｜>…<｜end▁of▁sentence｜>"
+  kV32,       // DeepSeek-V3.2 (encoding/encoding_dsv32.py, chat mode): "<｜User｜>…<｜Assistant｜></think>", "…<eos>"
+  kEmbedded,  // the embedded tiny model's template: V3's markers, system text in place, no hoisting
+};
+
 struct ChatTemplate {
-  // The DeepSeek chat format, which the embedded tiny model's tokenizer_config.json also uses:
-  // bos, then "<｜User｜>content" / "<｜Assistant｜>content<｜end▁of▁sentence｜>" / system
-  // content verbatim, then "<｜Assistant｜>". A Jinja interpreter is out of scope; a model
-  // whose template is not this one is refused at start-up rather than templated wrongly.
-  std::string bos = "<｜begin▁of▁sentence｜>";
+  ChatStyle style = ChatStyle::kEmbedded;
+  std::string bos = "<｜begin▁of▁sentence｜>";  // tokenizer_config.json's bos_token / eos_token
   std::string eos = "<｜end▁of▁sentence｜>";
-  std::string Apply(const nlohmann::json& messages) const;
+
+  // The prompt text for `messages` (OpenAI's shape; content a string or text parts), ending
+  // where the assistant's reply begins. InvalidArgument for what the style cannot render.
+  Result<std::string> Apply(const nlohmann::json& messages) const;
+
+  // "deepseek-v2" | "deepseek-v3" | "deepseek-v3.2" | "lockstep-tiny" | "none".
+  static std::string_view StyleName(ChatStyle s);
+  static Result<ChatStyle> ParseStyle(std::string_view name);
+  // The style of a model directory: `forced` (--chat-template) when not empty; else the one
+  // whose template tokenizer_config.json's chat_template is (recognised by fingerprints of
+  // the published templates, docs/server.md); no chat_template and model_type deepseek_v32
+  // → V3.2 (DeepSeek ships that model with a Python encoder, not a template); no
+  // chat_template otherwise → kNone. A template that is none of these is an error: serving
+  // it with the wrong format would silently degrade every chat reply.
+  static Result<ChatTemplate> Choose(const nlohmann::json& tokenizer_config, const std::string& model_type,
+                                     const std::string& forced);
 };
 
 struct GenerationRequest {

@@ -9,6 +9,8 @@
 #define XXH_INLINE_ALL
 #include <xxhash.h>
 
+#include "traces/row_summary.h"
+
 namespace lockstep::server {
 
 bool Stream::Next(TokenEvent* ev, std::chrono::milliseconds timeout) {
@@ -64,6 +66,9 @@ Status Scheduler::NewEngine() {
   LS_ASSIGN_OR_RETURN(engine_, engine::Engine::Create(model_, options_.engine));
   ++epoch_;
   engine_->SetStepCallback([this](const engine::StepEvent& ev) { OnStep(ev); });
+  if (options_.record && options_.tap_summaries) engine_->SetTapHook(this);
+  tap_request_ = -1;
+  tap_record_ = nullptr;
   return Status::Ok();
 }
 
@@ -146,6 +151,7 @@ void Scheduler::Loop() {
     }
 
     if (!active_.empty()) {
+      tap_request_ = -1;  // active_ changed since the last step
       auto more = engine_->Step();
       if (!more.ok()) {
         // An engine error fails every request in flight; the server keeps serving.
@@ -209,11 +215,49 @@ void Scheduler::OnStep(const engine::StepEvent& ev) {
   if (ev.finished) Finish(ev.request_id, ev.finish_reason);
 }
 
+// The summary a summary-mode trace keeps of each row (traces::Summarize, the recorder's own
+// code), computed here on the scheduler thread: one pass over the row, no copy.
+void Scheduler::OnTap(const engine::TapEvent& e) {
+  if (e.request_id != tap_request_) {
+    auto it = active_.find(e.request_id);
+    tap_record_ = it == active_.end() ? nullptr : it->second.record.get();
+    tap_request_ = e.request_id;
+  }
+  if (tap_record_ == nullptr || e.rows <= 0) return;
+  size_t idx;
+  auto hit = tap_index_.find(e.name.data());
+  if (hit != tap_index_.end() && tap_names_[hit->second] == e.name) {
+    idx = hit->second;
+  } else {
+    auto named = std::find(tap_names_.begin(), tap_names_.end(), e.name);
+    idx = static_cast<size_t>(named - tap_names_.begin());
+    if (named == tap_names_.end()) tap_names_.emplace_back(e.name);
+    tap_index_[e.name.data()] = idx;
+  }
+  std::vector<LiveTap>& taps = tap_record_->taps;
+  if (taps.size() <= idx) {
+    const size_t had = taps.size();
+    taps.resize(idx + 1);
+    for (size_t i = had; i <= idx; ++i) taps[i].name = tap_names_[i];
+  }
+  LiveTap& t = taps[idx];
+  const traces::DType dtype = e.dtype == engine::TapDType::kI32 ? traces::DType::kI32 : traces::DType::kF32;
+  const size_t row_bytes = static_cast<size_t>(e.cols) * 4;  // f32 and i32
+  const auto* base = static_cast<const uint8_t*>(e.data);
+  for (int64_t r = 0; r < e.rows; ++r) {
+    traces::SummaryRow s;
+    traces::Summarize(dtype, base + r * row_bytes, e.cols, &s);
+    t.rows.push_back({static_cast<int32_t>(e.position + r), s.nan_count, s.inf_count, s.hash, s.rms, s.absmax, s.min,
+                      s.max});
+  }
+}
+
 void Scheduler::Finish(int64_t engine_id, const std::string& reason) {
   auto it = active_.find(engine_id);
   if (it == active_.end()) return;
   Active a = std::move(it->second);
   active_.erase(it);
+  if (tap_request_ == engine_id) tap_request_ = -1;
   a.record->finish_reason = reason;
   std::shared_ptr<const LiveRecord> rec = a.record;
   // The record is handed over before the final event, so that a client that reads the final

@@ -3,9 +3,11 @@
 // tokens from a Stream; the engine is batch-invariant, so a request's numbers do not depend
 // on which others share its steps.
 //
-// Every finished request leaves a LiveRecord (server/live_record.h) in the ring and goes to
-// Options::on_finished. Work that needs the Model (a capture re-run: Model::Forward is
-// single-threaded) is posted with RunBetweenSteps and runs on the scheduler thread.
+// Every finished request leaves a LiveRecord (server/live_record.h) and goes to
+// Options::on_finished. While recording, the scheduler is its engine's tap hook: every tap row
+// of every request is summarised (traces::Summarize, the summary a trace stores) into that
+// request's record. Captures re-run requests on their own Engine and thread
+// (server/capture_queue.h); RunBetweenSteps is for the little that must touch this engine.
 //
 // Thread-safety: Submit, RunBetweenSteps, the stats and Stream's consumer side may be called
 // from any thread. The Model must outlive the Scheduler.
@@ -68,7 +70,7 @@ struct Submission {
   int top_logprobs = -1;                 // −1: no logprobs; else how many alternatives
 };
 
-class Scheduler {
+class Scheduler : private engine::TapHook {
  public:
   struct Options {
     engine::EngineOptions engine;
@@ -79,11 +81,13 @@ class Scheduler {
     // list); on_finished still gets the record, with its inputs and no steps. For measuring
     // what recording costs.
     bool record = true;
+    // With `record`: also keep every tap row's summary (hash and statistics) per request.
+    bool tap_summaries = true;
     std::function<void(std::shared_ptr<const LiveRecord>)> on_finished;  // scheduler thread
   };
 
   static Result<std::unique_ptr<Scheduler>> Start(std::shared_ptr<engine::Model> model, Options options);
-  ~Scheduler();  // stops the thread; pending streams get an "abort" event
+  ~Scheduler() override;  // stops the thread; pending streams get an "abort" event
 
   // Queues the request's choices; events arrive on the returned Stream.
   std::shared_ptr<Stream> Submit(Submission s);
@@ -100,6 +104,7 @@ class Scheduler {
   Scheduler(std::shared_ptr<engine::Model> model, Options options);
   void Loop();
   void OnStep(const engine::StepEvent& ev);
+  void OnTap(const engine::TapEvent& e) override;  // scheduler thread, inside Step()
   void Finish(int64_t engine_id, const std::string& reason);
   Status NewEngine();
 
@@ -115,6 +120,13 @@ class Scheduler {
   std::unique_ptr<engine::Engine> engine_;  // scheduler thread only
   int64_t epoch_ = 0;
   std::map<int64_t, Active> active_;        // engine id → request; scheduler thread only
+  // Tap summaries (scheduler thread only): the tap names seen, indexed densely, found by the
+  // address of the engine's name string (stable for the model's life) and checked by value;
+  // and the record the last tap event went to (taps come request by request).
+  std::vector<std::string> tap_names_;
+  std::map<const void*, size_t> tap_index_;
+  int64_t tap_request_ = -1;
+  LiveRecord* tap_record_ = nullptr;
 
   std::mutex mu_;
   std::condition_variable cv_;

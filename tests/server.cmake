@@ -1,6 +1,8 @@
 # tests/server.cmake — `lockstep serve` (server/): HTTP end to end on loopback, in-process.
 pkg_check_modules(HTTPLIB_TEST REQUIRED IMPORTED_TARGET cpp-httplib)
 lockstep_test(server_test server/server_test.cc)
+lockstep_test(chat_template_test server/chat_template_test.cc)
+target_link_libraries(chat_template_test PRIVATE lockstep_server nlohmann_json::nlohmann_json)
 target_link_libraries(server_test PRIVATE lockstep_server lockstep_replayer lockstep_traces PkgConfig::HTTPLIB_TEST
                       nlohmann_json::nlohmann_json)
 find_program(PROMTOOL promtool)

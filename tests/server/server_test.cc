@@ -5,7 +5,11 @@
 #include <sys/stat.h>
 
 #include <chrono>
+#include <condition_variable>
 #include <cstdlib>
+#include <future>
+#include <mutex>
+#include <set>
 #include <fstream>
 #include <sstream>
 #include <thread>
@@ -15,6 +19,7 @@
 #include "recorder/fingerprint.h"
 #include "replayer/replay_session.h"
 #include "server/http_server.h"
+#include "server/scheduler.h"
 #include "tests/test_util.h"
 #include "traces/trace_reader.h"
 
@@ -24,6 +29,34 @@ namespace {
 using json = nlohmann::json;
 constexpr const char* kToken = "test-admin-token";
 constexpr const char* kLoopPrompt = "<!DOCTYPE html>\n<html>\n<head>\n<title>Counter</title>";
+
+// Holds captures of requests named "held-…" at their start, until released: lets a test
+// look at the server while a capture is in progress.
+struct CaptureGate {
+  std::mutex mu;
+  std::condition_variable cv;
+  bool hold = false;
+  std::set<std::string> started;
+  void OnStart(const std::string& id) {
+    if (id.rfind("held-", 0) != 0) return;
+    std::unique_lock<std::mutex> lock(mu);
+    started.insert(id);
+    cv.notify_all();
+    cv.wait(lock, [&] { return !hold; });
+  }
+  bool WaitStarted(const std::string& id) {
+    std::unique_lock<std::mutex> lock(mu);
+    return cv.wait_for(lock, std::chrono::seconds(60), [&] { return started.count(id) > 0; });
+  }
+  void Release() {
+    {
+      std::lock_guard<std::mutex> lock(mu);
+      hold = false;
+    }
+    cv.notify_all();
+  }
+};
+CaptureGate g_gate;
 
 class ServerTest : public ::testing::Test {
  protected:
@@ -47,6 +80,8 @@ class ServerTest : public ::testing::Test {
     o.capture_dir = *capture_dir_;
     o.admin_token = kToken;
     o.quiet = true;
+    o.capture_queue = 2;
+    o.on_capture_start = [](const std::string& id) { g_gate.OnStart(id); };
     auto fp = recorder::ModelFingerprint(dir);
     ASSERT_TRUE(fp.ok());
     o.trace_meta = {{"model_dir", std::filesystem::absolute(dir).string()}, {"model_fingerprint", *fp}};
@@ -280,6 +315,150 @@ TEST_F(ServerTest, MetricsExposition) {
 #else
   GTEST_SKIP() << "promtool not installed (Debian `prometheus`): the exposition was not linted";
 #endif
+}
+
+// Every tap row of a request is summarised live, and a capture checks the re-run's trace
+// against those summaries (not only the logits and the sampler).
+TEST_F(ServerTest, LiveRecordHoldsTapSummariesThatTheCaptureVerifies) {
+  json j = Complete({{"prompt", "<body>"}, {"max_tokens", 6}, {"temperature", 0.8}, {"seed", 4}},
+                    {{"X-Lockstep-Capture", "summary"}, {"X-Lockstep-Token", kToken}, {"x-request-id", "taps-1"}});
+  const json& cap = j["lockstep"]["captures"][0];
+  ASSERT_TRUE(cap["verified"].get<bool>()) << cap.dump();
+  EXPECT_NE(cap["detail"].get<std::string>().find("tap rows verified"), std::string::npos) << cap["detail"];
+  std::ifstream in(cap["live_record"].get<std::string>());
+  const json live = json::parse(in);
+  std::set<std::string> names;
+  for (const auto& t : live["taps"]) names.insert(t["name"].get<std::string>());
+  for (const char* want : {"embed", "layers.0.attn.out", "layers.4.resid_out", "layers.1.ffn.router.topk_ids", "logits"}) {
+    EXPECT_TRUE(names.count(want)) << want;
+  }
+  // Prompt positions and every decode position (the last token is sampled, never fed back).
+  auto reader = traces::TraceReader::Open(cap["trace"].get<std::string>());
+  ASSERT_TRUE(reader.ok());
+  const int64_t prompt = static_cast<int64_t>((*reader)->requests()[0].prompt.size());
+  for (const auto& t : live["taps"]) {
+    if (t["name"] == "layers.0.attn.out") EXPECT_EQ(static_cast<int64_t>(t["positions"].size()), prompt + 6 - 1);
+  }
+}
+
+// While a capture runs (held at its start by the gate), the scheduler keeps serving: a
+// streaming request runs to [DONE]. With the queue full (one running, 2 waiting) the next
+// capture is refused at once with 503, and /metrics still answers.
+TEST_F(ServerTest, CapturesRunBesideServingAndAFullQueueRefuses) {
+  for (const char* id : {"held-1", "held-2", "held-3", "held-4"}) {
+    Complete({{"prompt", "<p>"}, {"max_tokens", 8}, {"temperature", 0.5}, {"seed", 2}}, {{"x-request-id", id}});
+  }
+  g_gate.hold = true;
+  auto admin_capture = [](std::string id) {
+    auto r = Admin().Post("/admin/capture/" + id, {{"Authorization", std::string("Bearer ") + kToken}}, "",
+                          "application/json");
+    return r ? std::make_pair(r->status, r->body) : std::make_pair(-1, std::string());
+  };
+  auto first = std::async(std::launch::async, admin_capture, "held-1");
+  ASSERT_TRUE(g_gate.WaitStarted("held-1"));
+  auto second = std::async(std::launch::async, admin_capture, "held-2");
+  auto third = std::async(std::launch::async, admin_capture, "held-3");
+  for (int i = 0; i < 600 && server_->metrics().capture_queue.load() < 2; ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  ASSERT_EQ(server_->metrics().capture_queue.load(), 2);
+  const int64_t refused_before = server_->metrics().captures_refused.load();
+  auto [status, body] = admin_capture("held-4");
+  EXPECT_EQ(status, 503) << body;
+  EXPECT_EQ(json::parse(body)["error"]["code"], "capture_queue_full");
+  EXPECT_EQ(server_->metrics().captures_refused.load(), refused_before + 1);
+
+  // Serving goes on while the capture is in progress.
+  json body_s = {{"prompt", "<html>"}, {"max_tokens", 20}, {"temperature", 0.7}, {"seed", 3}, {"stream", true}};
+  auto r = Api().Post("/v1/completions", body_s.dump(), "application/json");
+  ASSERT_TRUE(r);
+  EXPECT_EQ(r->status, 200);
+  EXPECT_NE(r->body.find("data: [DONE]"), std::string::npos);
+  EXPECT_EQ(first.wait_for(std::chrono::seconds(0)), std::future_status::timeout) << "the capture did not wait";
+  auto m = Admin().Get("/metrics");
+  ASSERT_TRUE(m);
+  EXPECT_EQ(m->status, 200);
+  EXPECT_NE(m->body.find("lockstep:capture_queue_length 2"), std::string::npos);
+
+  g_gate.Release();
+  for (auto* f : {&first, &second, &third}) {
+    auto [st, b] = f->get();
+    ASSERT_EQ(st, 200) << b;
+    EXPECT_TRUE(json::parse(b)["verified"].get<bool>()) << b;
+  }
+}
+
+TEST_F(ServerTest, StreamingChunksCarryLogprobs) {
+  json body = {{"prompt", "<html>"}, {"max_tokens", 12}, {"temperature", 0.9}, {"seed", 6}, {"logprobs", 2}, {"ignore_eos", true}};
+  const json whole = Complete(body)["choices"][0]["logprobs"];
+  body["stream"] = true;
+  auto r = Api().Post("/v1/completions", body.dump(), "application/json");
+  ASSERT_TRUE(r);
+  json joined = {{"tokens", json::array()}, {"token_logprobs", json::array()}, {"top_logprobs", json::array()},
+                 {"text_offset", json::array()}};
+  std::istringstream in(r->body);
+  for (std::string line; std::getline(in, line);) {
+    if (line.rfind("data: {", 0) != 0) continue;
+    const json c = json::parse(line.substr(6));
+    for (const auto& ch : c["choices"]) {
+      if (ch["logprobs"].is_null()) continue;
+      for (const char* k : {"tokens", "token_logprobs", "top_logprobs", "text_offset"}) {
+        for (const auto& x : ch["logprobs"][k]) joined[k].push_back(x);
+      }
+    }
+  }
+  EXPECT_EQ(joined, whole);
+  EXPECT_EQ(joined["tokens"].size(), 12u);
+}
+
+// The verification is not vacuous: a live record whose one tap row differs from what the
+// re-run computes fails, naming the tap and position.
+TEST(CaptureVerifyTest, ATapHashThatDiffersIsReported) {
+  const auto dir = testing::SourceDir() / "models" / "lockstep-tiny-v32";
+  auto model = engine::Model::Load(dir);
+  ASSERT_TRUE(model.ok());
+  std::promise<std::shared_ptr<const LiveRecord>> got;
+  Scheduler::Options so;
+  so.engine.kv_cache_tokens = 1 << 12;
+  so.on_finished = [&](std::shared_ptr<const LiveRecord> r) { got.set_value(std::move(r)); };
+  auto sched = Scheduler::Start(*model, so);
+  ASSERT_TRUE(sched.ok());
+  Submission sub;
+  sub.id = "tamper-1";
+  engine::Request req;
+  req.prompt = {0, 17, 42, 99};
+  req.max_new_tokens = 5;
+  req.sampling.temperature = 0.8;
+  req.sampling.seed = 12;
+  sub.choices.push_back(req);
+  (*sched)->Submit(sub);
+  auto fut = got.get_future();
+  ASSERT_EQ(fut.wait_for(std::chrono::seconds(60)), std::future_status::ready);
+  const auto live = fut.get();
+  ASSERT_FALSE(live->taps.empty());
+
+  CaptureOptions co;
+  co.dir = std::filesystem::temp_directory_path() / ("lockstep-verify-test-" + std::to_string(::getpid()));
+  co.engine = so.engine;
+  auto ok = CaptureRequest(*model, *live, "admin", recorder::CapturePolicy::Mode::kSummary, co);
+  ASSERT_TRUE(ok.ok()) << ok.status().message();
+  EXPECT_TRUE(ok->verified) << ok->detail;
+  EXPECT_GT(ok->tap_rows, 0);
+
+  LiveRecord bad = *live;
+  LiveTap* t = nullptr;
+  for (auto& x : bad.taps) {
+    if (x.name == "layers.2.ffn.out") t = &x;
+  }
+  ASSERT_NE(t, nullptr);
+  ASSERT_GT(t->rows.size(), 5u);
+  t->rows[5].hash ^= 1;
+  auto no = CaptureRequest(*model, bad, "admin", recorder::CapturePolicy::Mode::kSummary, co);
+  ASSERT_TRUE(no.ok()) << no.status().message();
+  EXPECT_FALSE(no->verified);
+  EXPECT_NE(no->detail.find("tap layers.2.ffn.out position " + std::to_string(t->rows[5].position)), std::string::npos)
+      << no->detail;
+  std::filesystem::remove_all(co.dir);
 }
 
 }  // namespace

@@ -137,6 +137,38 @@ test('chat: non-streaming and streaming agree, seed reproducibility', async () =
   assert.equal(last[0].finish_reason, a.choices[0].finish_reason);
 });
 
+// Streaming chunks carry the logprobs of the tokens they bring, in OpenAI's shapes; joined,
+// they are the non-streaming response's (same seed, same tokens).
+test('completions: streaming logprobs join to the non-streaming ones', async () => {
+  const req = { model: 'x', prompt: PROMPT, ...sampled, ignore_eos: true, logprobs: 3 };
+  const ref = (await client.completions.create(req)).choices[0].logprobs;
+  assert.equal(ref.tokens.length, 24);
+  const chunks = await collect(await client.completions.create({ ...req, stream: true }));
+  const lps = chunks.flatMap((c) => c.choices).map((ch) => ch.logprobs).filter(Boolean);
+  assert.ok(lps.length > 1, 'logprobs came in one chunk or none');
+  const joined = { tokens: [], token_logprobs: [], top_logprobs: [], text_offset: [] };
+  for (const lp of lps) for (const k of Object.keys(joined)) joined[k].push(...lp[k]);
+  assert.deepEqual(joined, ref);
+  for (const top of joined.top_logprobs) assert.equal(Object.keys(top).length, 3);
+});
+
+test('chat: streaming logprobs and top_logprobs join to the non-streaming ones', async () => {
+  const req = { model: 'x', messages: [{ role: 'user', content: 'Name a colour.' }], temperature: 0.9, seed: 8,
+                max_completion_tokens: 16, logprobs: true, top_logprobs: 2 };
+  const ref = (await client.chat.completions.create(req)).choices[0];
+  assert.ok(ref.logprobs.content.length > 0);
+  const chunks = await collect(await client.chat.completions.create({ ...req, stream: true }));
+  const content = chunks.flatMap((c) => c.choices).flatMap((ch) => ch.logprobs?.content ?? []);
+  assert.deepEqual(content, ref.logprobs.content);
+  for (const c of content) {
+    assert.equal(c.top_logprobs.length, 2);
+    assert.deepEqual(c.bytes, [...Buffer.from(c.token, 'utf8')]);
+    assert.ok(c.logprob <= 0);
+  }
+  // The role chunk has none.
+  assert.equal(chunks[0].choices[0].logprobs, null);
+});
+
 test('errors: a bad field is a 400 the client raises as BadRequestError', async () => {
   await assert.rejects(client.completions.create({ model: 'x', prompt: PROMPT, max_tokens: -3 }),
                        (e) => e instanceof OpenAI.BadRequestError && e.status === 400);
@@ -158,6 +190,10 @@ async function checkCapture(cap, requestId, text) {
   assert.ok(existsSync(cap.trace), cap.trace);
   const live = JSON.parse(readFileSync(cap.live_record, 'utf8'));
   assert.equal(live.verified, true);
+  // Every tap's summary was recorded live and checked against the re-run's trace.
+  assert.match(cap.detail, /\d+ tap rows verified/);
+  assert.ok(live.taps.some((t) => t.name === 'layers.0.attn.out'), 'no per-tap summaries in the live record');
+  assert.ok(live.taps.some((t) => t.name === 'logits'));
   const r = await replay(cap.trace);
   assert.equal(r.code, 0, `lockstep replay exited ${r.code}:\n${r.stdout}\n${r.stderr}`);
   const rep = JSON.parse(r.stdout);
