@@ -9,11 +9,13 @@
 //   bench_record [--model DIR] [--prompt-len N] [--tokens N] [--batch B] [--kv-cache F]
 //                [--flush-interval S] [--out DIR] [--modes off,hook,none,summary,full] [--repeat N]
 //
-// Each mode runs --repeat times (interleaved with the others) and reports its fastest
-// decode: the machine is shared, and the best run is the one least disturbed.
+// Each mode runs --repeat times, interleaved with the others (off, summary, full, off, …), so
+// that a slow stretch of a shared machine hits every mode alike. The table gives each mode's
+// median and, in brackets, its range over the repeats; "vs off" compares medians.
 #include <sys/resource.h>
 #include <time.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <filesystem>
@@ -72,6 +74,8 @@ int main(int argc, char** argv) {
   int64_t prompt_len = 64, tokens = 128, batch = 1;
   double flush_interval = 1.0;
   int repeat = 3;
+  std::string backend = "cpu";   // cuda: the GPU forward pass (taps copied back per step)
+  bool random_weights = false;   // --random-weights 1: config only, weights made on the GPU
   for (int i = 1; i + 1 < argc; i += 2) {
     std::string k = argv[i], v = argv[i + 1];
     if (k == "--model") model_dir = v;
@@ -83,16 +87,19 @@ int main(int argc, char** argv) {
     else if (k == "--out") out_dir = v;
     else if (k == "--modes") modes = v;
     else if (k == "--repeat") repeat = std::stoi(v);
+    else if (k == "--backend") backend = v;
+    else if (k == "--random-weights") random_weights = v == "1";
     else {
       std::fprintf(stderr, "bench_record: unknown flag %s\n", k.c_str());
       return 2;
     }
   }
-  auto model = engine::Model::Load(model_dir);
+  auto model = random_weights ? engine::Model::RandomWeights(model_dir, 0) : engine::Model::Load(model_dir);
   if (!model.ok()) {
     std::fprintf(stderr, "bench_record: %s\n", model.status().message().c_str());
     return 1;
   }
+  std::printf("backend %s, ", backend.c_str());
   std::printf("model %s, %lld requests × (%lld prompt + %lld generated) tokens, kv-cache %s, flush every %.2f s\n\n",
               model_dir.c_str(), static_cast<long long>(batch), static_cast<long long>(prompt_len),
               static_cast<long long>(tokens), kv.c_str(), flush_interval);
@@ -106,13 +113,20 @@ int main(int argc, char** argv) {
     std::string m;
     while (std::getline(ms, m, ',')) mode_list.push_back(m);
   }
-  std::map<std::string, Result_> best;
+  std::map<std::string, std::vector<Result_>> runs;
   for (int rep = 0; rep < repeat; ++rep)
   for (const std::string& mode : mode_list) {
     engine::EngineOptions o;
     o.max_batch = batch;
     o.kv_format = *engine::ParseKvFormat(kv);
+    o.backend = backend;
+    if (backend == "cuda") o.kernels = {{"gemm", "bf16"}};
+    o.kv_cache_tokens = std::max<int64_t>(o.kv_cache_tokens, batch * (prompt_len + tokens + 64));
     auto eng = engine::Engine::Create(*model, o);
+    if (!eng.ok()) {
+      std::fprintf(stderr, "bench_record: %s\n", eng.status().message().c_str());
+      return 1;
+    }
     std::mt19937 rng(1);
     const int64_t V = (*model)->config().vocab_size;
     for (int64_t b = 0; b < batch; ++b) {
@@ -198,24 +212,36 @@ int main(int argc, char** argv) {
         }
       }
     }
-    if (!best.count(mode) || res.engine_cpu_us < best[mode].engine_cpu_us) {
-      const double tps = std::max(res.decode_tps, best.count(mode) ? best[mode].decode_tps : 0.0);
-      best[mode] = res;
-      best[mode].decode_tps = tps;
-    } else {
-      best[mode].decode_tps = std::max(best[mode].decode_tps, res.decode_tps);
-    }
+    runs[mode].push_back(res);
   }
+  // Median (the middle run, or the mean of the two middle ones) and range of a measure.
+  struct Stat {
+    double median = 0, lo = 0, hi = 0;
+  };
+  auto stat = [&](const std::string& mode, double Result_::*field) {
+    std::vector<double> v;
+    for (const Result_& r : runs[mode]) v.push_back(r.*field);
+    std::sort(v.begin(), v.end());
+    Stat st;
+    if (v.empty()) return st;
+    const size_t n = v.size();
+    st.median = n % 2 ? v[n / 2] : (v[n / 2 - 1] + v[n / 2]) / 2;
+    st.lo = v.front();
+    st.hi = v.back();
+    return st;
+  };
   for (const std::string& mode : mode_list) {
-    const Result_& res = best[mode];
+    const Result_& res = runs[mode].front();
+    const Stat tps = stat(mode, &Result_::decode_tps), cpu = stat(mode, &Result_::engine_cpu_us),
+               pcpu = stat(mode, &Result_::process_cpu_us);
     if (mode == "off") {
-      off_tps = res.decode_tps;
-      off_cpu = res.engine_cpu_us;
+      off_tps = tps.median;
+      off_cpu = cpu.median;
     }
     auto pct = [](double a, double b) { return b > 0 ? std::to_string(static_cast<int>(100 * a / b + 0.5)) + "%" : std::string(); };
-    std::printf("| %s | %.0f | %s | %.0f | %s | %.0f | %.3f | %.3f | %s | %s |\n", mode.c_str(), res.decode_tps,
-                pct(res.decode_tps, off_tps).c_str(), res.engine_cpu_us, pct(res.engine_cpu_us, off_cpu).c_str(),
-                res.process_cpu_us, res.close_s, res.stall_s,
+    std::printf("| %s | %.0f [%.0f–%.0f] | %s | %.0f [%.0f–%.0f] | %s | %.0f | %.3f | %.3f | %s | %s |\n", mode.c_str(),
+                tps.median, tps.lo, tps.hi, pct(tps.median, off_tps).c_str(), cpu.median, cpu.lo, cpu.hi,
+                pct(cpu.median, off_cpu).c_str(), pcpu.median, res.close_s, res.stall_s,
                 res.file_bytes ? std::to_string(res.file_bytes / res.tokens).c_str() : "—",
                 res.file_bytes ? (std::to_string(res.file_bytes / 1000 / 1000.0).substr(0, 5)).c_str() : "—");
     results.push_back({mode, res});

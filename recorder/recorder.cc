@@ -67,25 +67,50 @@ const Recorder::Tensor* Recorder::Define(const std::string& path, DType dtype, i
 
 void Recorder::Capture(const Tensor& t, int64_t request, int64_t position, int64_t rows, const void* data,
                        int64_t row_stride_bytes) {
+  const auto* base = static_cast<const uint8_t*>(data);
+  CaptureRows(t, request, position, rows, [&](int64_t i) { return base + i * row_stride_bytes; },
+              row_stride_bytes == static_cast<int64_t>(t.cols * traces::DTypeSize(t.dtype)) ? base : nullptr);
+}
+
+void Recorder::CaptureRows(const Tensor& t, int64_t request, int64_t position, int64_t rows,
+                           const std::function<const uint8_t*(int64_t)>& row, const uint8_t* contiguous) {
   const CapturePolicy& p = opts_.policy;
   const size_t row_bytes = static_cast<size_t>(t.cols) * traces::DTypeSize(t.dtype);
-  const auto* base = static_cast<const uint8_t*>(data);
   positions_.clear();
   for (int64_t i = 0; i < rows; ++i) {
     if (p.WantsPosition(position + i)) positions_.push_back(position + i);
   }
   if (positions_.empty()) return;
-  const void* values = data;
-  if (static_cast<int64_t>(positions_.size()) != rows || row_stride_bytes != static_cast<int64_t>(row_bytes)) {
-    gather_.resize(positions_.size() * row_bytes);
-    for (size_t k = 0; k < positions_.size(); ++k) {
-      std::memcpy(gather_.data() + k * row_bytes, base + (positions_[k] - position) * row_stride_bytes, row_bytes);
+  Status s;
+  if (!t.values) {
+    // Summary only: the statistics and the hash are computed here, in one pass over rows the
+    // engine has just written (still in cache). That costs the engine thread less than
+    // copying the rows out for the writer thread did, and the rows never travel.
+    const size_t n = positions_.size();
+    summaries_.resize(n);
+    for (size_t k = 0; k < n; ++k) {
+      traces::SummaryRow& r = summaries_[k];
+      r = traces::SummaryRow();
+      r.position = positions_[k];
+      r.request = static_cast<int32_t>(request);
+      r.step = static_cast<int32_t>(steps_);
+      traces::Summarize(t.dtype, row(positions_[k] - position), t.cols, &r);
     }
-    values = gather_.data();
+    s = writer_->Append(t.handle, summaries_, nullptr);
+  } else {
+    // The values are stored, so the rows are copied anyway: the summaries are computed on
+    // the writer's thread.
+    const uint8_t* values = contiguous;
+    if (static_cast<int64_t>(positions_.size()) != rows || values == nullptr) {
+      gather_.resize(positions_.size() * row_bytes);
+      for (size_t k = 0; k < positions_.size(); ++k) {
+        std::memcpy(gather_.data() + k * row_bytes, row(positions_[k] - position), row_bytes);
+      }
+      values = gather_.data();
+    }
+    s = writer_->AppendToSummarize(t.handle, static_cast<int32_t>(request), static_cast<int32_t>(steps_), positions_,
+                                   values);
   }
-  // The statistics and the hash are computed on the writer's thread, not here.
-  Status s = writer_->AppendToSummarize(t.handle, static_cast<int32_t>(request), static_cast<int32_t>(steps_),
-                                        positions_, values);
   if (!s.ok()) Fail(s);
 }
 
@@ -175,15 +200,11 @@ void Recorder::OnForward(std::span<const engine::Segment> segs, const engine::Pa
   if (!status_.ok() || p.mode == CapturePolicy::Mode::kNone || !p.kv) return;
   if (kv_parts_.empty()) DefineKvTensors(cache);
   for (const KvPart& part : kv_parts_) {
-    const int64_t pb = part.tensor->cols * static_cast<int64_t>(traces::DTypeSize(part.tensor->dtype));
     for (const auto& s : segs) {
-      const int64_t n = static_cast<int64_t>(s.tokens.size());
-      kv_buf_.resize(n * pb);
-      for (int64_t i = 0; i < n; ++i) {
-        std::memcpy(kv_buf_.data() + i * pb, cache.TokenBytes(part.layer, part.stream, *s.cache, s.start_pos + i) + part.offset,
-                    pb);
-      }
-      Capture(*part.tensor, s.request_id, s.start_pos, n, kv_buf_.data(), pb);
+      // A token's bytes are contiguous in its page; tokens are not.
+      CaptureRows(*part.tensor, s.request_id, s.start_pos, static_cast<int64_t>(s.tokens.size()), [&](int64_t i) {
+        return cache.TokenBytes(part.layer, part.stream, *s.cache, s.start_pos + i) + part.offset;
+      });
     }
   }
 }

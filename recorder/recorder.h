@@ -1,9 +1,11 @@
 // recorder/recorder.h — turns what the engine does into a trace.
 //
 // A Recorder is the engine's tap hook, forward callback and step callback at once (Attach
-// installs all three). On the engine thread it applies the capture policy, computes each
-// kept row's summary (statistics + XXH3-64 content hash) and hands rows to the TraceWriter,
-// which queues them; HDF5 and compression happen on the writer's threads. Tensor names:
+// installs all three). On the engine thread it applies the capture policy and hands rows to
+// the TraceWriter, which queues them; HDF5 and compression happen on the writer's threads.
+// In summary capture the engine thread computes each kept row's summary (statistics +
+// XXH3-64 content hash) itself and only those 48-byte records travel; in full capture the
+// rows are copied and the writer thread summarises them. Tensor names:
 // taps keep the engine's tap name (taps/<name>); the KV cache is kv/layers.L.<stream>, with
 // the fp8 latent split into its parts (docs/trace-format.md, "KV cache").
 //
@@ -79,6 +81,10 @@ class Recorder : public engine::TapHook {
   // position filter keeps, and appends them.
   void Capture(const Tensor& t, int64_t request, int64_t position, int64_t rows, const void* data,
                int64_t row_stride_bytes);
+  // The same for rows anywhere: row(i) is row i; `contiguous`, when not null, holds all
+  // `rows` rows back to back (then nothing is gathered when every row is kept).
+  void CaptureRows(const Tensor& t, int64_t request, int64_t position, int64_t rows,
+                   const std::function<const uint8_t*(int64_t)>& row, const uint8_t* contiguous = nullptr);
   void CaptureLogits(const engine::TapEvent& e);
   void DefineKvTensors(const engine::PagedKvCache& cache);
   void Fail(const Status& s) {
@@ -103,7 +109,8 @@ class Recorder : public engine::TapHook {
   int64_t stall_at_step_start_ = 0;
   // Scratch buffers reused across calls (no allocation per tap in the steady state).
   std::vector<int64_t> positions_;
-  std::vector<uint8_t> gather_, kv_buf_;
+  std::vector<uint8_t> gather_;
+  std::vector<traces::SummaryRow> summaries_;
   struct KvPart {
     int64_t layer;
     size_t stream;

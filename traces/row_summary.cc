@@ -4,6 +4,10 @@
 #define XXH_INLINE_ALL
 #include <xxhash.h>
 
+#if defined(__AVX2__)
+#include <immintrin.h>
+#endif
+
 #include <cmath>
 #include <cstring>
 #include <limits>
@@ -50,6 +54,68 @@ struct Acc {
   }
 };
 
+// The sum of squares, minimum and maximum of a float row, exactly as this loop computes them:
+//
+//   double s[4] = {0};  float lo = +inf, hi = -inf;
+//   for (i = 0; i < cols; ++i) { s[i % 4] += (double)p[i] * p[i];
+//                                lo = p[i] < lo ? p[i] : lo;  hi = p[i] > hi ? p[i] : hi; }
+//   sumsq = (s[0] + s[1]) + (s[2] + s[3]);
+//
+// That order is part of the trace format (rms is stored and compared bit for bit), so the
+// vector version keeps it: one 4-lane double accumulator whose lane k adds elements k, k+4,
+// k+8, … in order (a float product is exact in double, so multiply-then-add and FMA agree).
+// The minimum and maximum do not depend on the order, except for which zero (+0 or −0) the
+// loop keeps when the extreme is zero: the first one in row order, which is looked up then.
+// Only meaningful when the row holds no NaN or ±Inf (then sumsq is not finite either).
+struct F32Fast {
+  double sumsq;
+  float lo, hi;
+};
+
+float FirstZero(const float* p, int64_t cols) {
+  for (int64_t i = 0; i < cols; ++i) {
+    if (p[i] == 0.0f) return p[i];
+  }
+  return 0.0f;
+}
+
+F32Fast SummarizeF32Fast(const float* p, int64_t cols) {
+  int64_t i = 0;
+  double s[4] = {0, 0, 0, 0};
+  float lo = std::numeric_limits<float>::infinity(), hi = -lo;
+#if defined(__AVX2__)
+  if (cols >= 8) {
+    __m256d acc = _mm256_setzero_pd();
+    __m256 vlo = _mm256_set1_ps(lo), vhi = _mm256_set1_ps(hi);
+    for (; i + 8 <= cols; i += 8) {
+      const __m256 v = _mm256_loadu_ps(p + i);
+      const __m256d a = _mm256_cvtps_pd(_mm256_castps256_ps128(v));
+      const __m256d b = _mm256_cvtps_pd(_mm256_extractf128_ps(v, 1));
+      acc = _mm256_add_pd(acc, _mm256_mul_pd(a, a));  // elements i..i+3 into lanes 0..3
+      acc = _mm256_add_pd(acc, _mm256_mul_pd(b, b));  // then i+4..i+7, in the same lanes
+      vlo = _mm256_min_ps(v, vlo);
+      vhi = _mm256_max_ps(v, vhi);
+    }
+    _mm256_storeu_pd(s, acc);
+    alignas(32) float l[8], h[8];
+    _mm256_store_ps(l, vlo);
+    _mm256_store_ps(h, vhi);
+    for (int k = 0; k < 8; ++k) {
+      lo = l[k] < lo ? l[k] : lo;
+      hi = h[k] > hi ? h[k] : hi;
+    }
+  }
+#endif
+  for (; i < cols; ++i) {
+    s[i & 3] += static_cast<double>(p[i]) * p[i];
+    lo = p[i] < lo ? p[i] : lo;
+    hi = p[i] > hi ? p[i] : hi;
+  }
+  if (lo == 0.0f) lo = FirstZero(p, cols);
+  if (hi == 0.0f) hi = FirstZero(p, cols);
+  return {(s[0] + s[1]) + (s[2] + s[3]), lo, hi};
+}
+
 }  // namespace
 
 void Summarize(DType dtype, const void* row, int64_t cols, SummaryRow* out) {
@@ -58,32 +124,16 @@ void Summarize(DType dtype, const void* row, int64_t cols, SummaryRow* out) {
   Acc a;
   switch (dtype) {
     case DType::kF32: {
-      // The hot path (every activation row). Four independent double accumulators and float
-      // min/max, no branches: a NaN or ±Inf makes the sum non-finite (a float squared never
-      // overflows a double), and only then does the careful loop below run.
+      // The hot path (every activation row). A NaN or ±Inf makes the sum of squares
+      // non-finite (a float squared never overflows a double), and only then does the
+      // careful loop below run.
       const float* p = static_cast<const float*>(row);
-      double s[4] = {0, 0, 0, 0};
-      float lo = std::numeric_limits<float>::infinity(), hi = -lo;
-      int64_t i = 0;
-      for (; i + 4 <= cols; i += 4) {
-        for (int k = 0; k < 4; ++k) {
-          const float v = p[i + k];
-          s[k] += static_cast<double>(v) * v;
-          lo = v < lo ? v : lo;
-          hi = v > hi ? v : hi;
-        }
-      }
-      for (; i < cols; ++i) {
-        s[i & 3] += static_cast<double>(p[i]) * p[i];
-        lo = p[i] < lo ? p[i] : lo;
-        hi = p[i] > hi ? p[i] : hi;
-      }
-      const double sumsq = (s[0] + s[1]) + (s[2] + s[3]);
-      if (std::isfinite(sumsq) && cols > 0) {
-        a.sumsq = sumsq;
-        a.lo = lo;
-        a.hi = hi;
-        a.absmax = std::fmax(std::fabs(lo), std::fabs(hi));
+      const F32Fast f = SummarizeF32Fast(p, cols);
+      if (std::isfinite(f.sumsq) && cols > 0) {
+        a.sumsq = f.sumsq;
+        a.lo = f.lo;
+        a.hi = f.hi;
+        a.absmax = std::fmax(std::fabs(f.lo), std::fabs(f.hi));
         a.finite = cols;
         break;
       }

@@ -71,6 +71,53 @@ TEST(RowSummary, HandComputedStatistics) {
   EXPECT_EQ(Fp8E4m3ToFloat(0xB8), -1.0f);
 }
 
+// The f32 statistics as the format defines them (docs/trace-format.md): the loop the first
+// traces were written with, kept here so that a faster Summarize stays bit-identical (replay
+// compares stored summaries with fresh ones bit for bit, old traces included).
+void ReferenceF32(const float* p, int64_t cols, SummaryRow* out) {
+  double s[4] = {0, 0, 0, 0};
+  float lo = INFINITY, hi = -INFINITY;
+  for (int64_t i = 0; i < cols; ++i) {
+    s[i & 3] += static_cast<double>(p[i]) * p[i];
+    lo = p[i] < lo ? p[i] : lo;
+    hi = p[i] > hi ? p[i] : hi;
+  }
+  const double sumsq = (s[0] + s[1]) + (s[2] + s[3]);
+  out->rms = cols > 0 ? static_cast<float>(std::sqrt(sumsq / static_cast<double>(cols))) : 0;
+  out->min = cols > 0 ? lo : 0;
+  out->max = cols > 0 ? hi : 0;
+  out->absmax = cols > 0 ? std::fmax(std::fabs(lo), std::fabs(hi)) : 0;
+}
+
+TEST(RowSummary, F32MatchesTheReferenceLoopBitForBit) {
+  std::mt19937 rng(7);
+  std::normal_distribution<float> normal(0.0f, 3.0f);
+  auto bits = [](float f) {
+    uint32_t u;
+    std::memcpy(&u, &f, 4);
+    return u;
+  };
+  for (int trial = 0; trial < 4000; ++trial) {
+    const int64_t cols = trial % 67 + (trial % 5 == 0 ? 300 : 0);
+    std::vector<float> row(cols);
+    const int kind = trial % 4;  // 0 normal, 1 signed zeros and ties, 2 non-negative, 3 non-positive
+    for (auto& v : row) {
+      v = normal(rng);
+      if (kind == 1) v = (rng() % 3 == 0) ? (rng() % 2 ? 0.0f : -0.0f) : std::round(v);
+      if (kind == 2) v = rng() % 4 == 0 ? (rng() % 2 ? 0.0f : -0.0f) : std::fabs(v);
+      if (kind == 3) v = rng() % 4 == 0 ? (rng() % 2 ? 0.0f : -0.0f) : -std::fabs(v);
+    }
+    SummaryRow got, want;
+    Summarize(DType::kF32, row.data(), cols, &got);
+    ReferenceF32(row.data(), cols, &want);
+    ASSERT_EQ(bits(got.rms), bits(want.rms)) << "cols " << cols << " trial " << trial;
+    ASSERT_EQ(bits(got.min), bits(want.min)) << "cols " << cols << " trial " << trial;
+    ASSERT_EQ(bits(got.max), bits(want.max)) << "cols " << cols << " trial " << trial;
+    ASSERT_EQ(bits(got.absmax), bits(want.absmax)) << "cols " << cols << " trial " << trial;
+    EXPECT_EQ(got.nan_count, 0u);
+  }
+}
+
 TEST(TraceRoundTrip, TensorsSamplingRequestsAndFlushCopies) {
   const fs::path path = TempPath("roundtrip.h5");
   const fs::path snap = TempPath("roundtrip.snapshot.h5");
