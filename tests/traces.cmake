@@ -24,6 +24,16 @@ add_test(NAME traces_sigkill
                  $<TARGET_FILE:lockstep> ${LOCKSTEP_HDF5_PLUGIN_DIR} ${CMAKE_CURRENT_BINARY_DIR}/traces_sigkill
                  ${CMAKE_SOURCE_DIR}/tests/fixtures/models/v32_sparse 20)
 
+# Crash safety where random kills almost never land: kills aimed at the writes of a flush that
+# restructures a chunk index (a table's first B-tree node, node splits), made exact by an
+# LD_PRELOAD shim that SIGKILLs the recorder right before a chosen write to the trace.
+add_library(kill_at_write MODULE traces/kill_at_write.c)
+target_link_libraries(kill_at_write PRIVATE ${CMAKE_DL_LIBS})
+add_test(NAME traces_sigkill_splits
+         COMMAND /usr/bin/python3 ${CMAKE_CURRENT_SOURCE_DIR}/traces/crash_test.py $<TARGET_FILE:trace_capture_driver>
+                 $<TARGET_FILE:lockstep> ${LOCKSTEP_HDF5_PLUGIN_DIR} ${CMAKE_CURRENT_BINARY_DIR}/traces_sigkill_splits
+                 ${CMAKE_SOURCE_DIR}/tests/fixtures/models/v32_sparse 20 --splits $<TARGET_FILE:kill_at_write>)
+
 # Bad input: truncated, not HDF5, newer version, missing datasets, petabyte shapes → one
 # line, non-zero exit (in-process and through `lockstep inspect`).
 lockstep_traces_test(trace_bad_input_test traces/trace_bad_input_test.cc)

@@ -23,7 +23,9 @@
 // Beside it, only while recording (or after a crash), the sidecar <trace>.tails (HDF5):
 //   /tails/<k>             the rows of the unfinished last chunk of the table named by attr
 //                          `target` (rows [base, base + count) of that table)
-// A clean close writes those rows into the trace and deletes the sidecar.
+// and the chunk directory <trace>.chunks (a plain binary file of ChunkRecord): where in the
+// trace every full chunk was written, so that a table whose chunk index a kill tore can
+// still be read. A clean close writes the tails' rows into the trace and deletes both.
 //
 // Tables grow along rows in chunks of `chunk_rows` rows (attribute on each table). A chunk
 // is written once, shuffled and Zstandard-compressed (filter 32015), when it is full.
@@ -73,6 +75,13 @@ inline constexpr char kTailsSuffix[] = ".tails";
 inline constexpr char kAttrTailTarget[] = "target";  // string: the table's path
 inline constexpr char kAttrTailBase[] = "base";      // int64: table row of the tail's row 0
 inline constexpr char kAttrTailCount[] = "count";    // int64: valid rows in the tail
+
+// The chunk directory <trace>.chunks: kChunksMagic (8 bytes), then one ChunkRecord per full
+// chunk, appended right after the chunk's bytes reach the trace and before any flush makes
+// the trace's index point at it. A kill can leave a partial last record; `check` tells a
+// whole record from a torn one.
+inline constexpr char kChunksSuffix[] = ".chunks";
+inline constexpr char kChunksMagic[8] = {'l', 's', 'c', 'h', 'u', 'n', 'k', '1'};
 
 // Inside /requests/<id>.
 inline constexpr char kPromptDataset[] = "prompt";
@@ -167,5 +176,16 @@ struct StepRow {
   int64_t stall_ns = 0;     // time the engine waited on a full trace queue during the step
 };
 static_assert(sizeof(StepRow) == 32);
+
+// One full chunk of a table, as written: little-endian, no padding.
+struct ChunkRecord {
+  uint64_t table = 0;        // XXH3-64 (seed 0) of the table's dataset path, e.g. "taps/x/values"
+  int64_t index = 0;         // chunk number along rows: rows [index·chunk_rows, +chunk_rows)
+  uint64_t address = 0;      // byte offset of the stored (filtered) chunk in the trace file
+  uint64_t size = 0;         // its stored bytes
+  uint32_t filter_mask = 0;  // HDF5's: bit k set = filter k skipped (0: shuffle and zstd applied)
+  uint32_t check = 0;        // low 32 bits of XXH3-64 (seed 0) of the 36 bytes before it
+};
+static_assert(sizeof(ChunkRecord) == 40);
 
 }  // namespace lockstep::traces

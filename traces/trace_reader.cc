@@ -1,9 +1,16 @@
 // traces/trace_reader.cc — see trace_reader.h.
 #include "traces/trace_reader.h"
 
-#include <algorithm>
-#include <cstring>
+#include <fcntl.h>
+#include <unistd.h>
 
+#include <algorithm>
+#include <cerrno>
+#include <cstddef>
+#include <cstring>
+#include <fstream>
+
+#include "traces/row_summary.h"
 #include "traces/trace_types.h"
 #include "traces/trace_writer.h"
 #include "traces/zstd_filter.h"
@@ -79,6 +86,28 @@ void TraceReader::LoadTails(const std::filesystem::path& side) {
   }
 }
 
+// The chunk directory of an incomplete trace: where each full chunk of each table was
+// written. Whole records only (a kill can cut the last one short); best effort like the tails.
+void TraceReader::LoadChunkDirectory(const std::filesystem::path& side) {
+  std::ifstream in(side, std::ios::binary);
+  char magic[sizeof kChunksMagic] = {};
+  if (!in.read(magic, sizeof magic) || std::memcmp(magic, kChunksMagic, sizeof magic) != 0) {
+    notes_.push_back(side.string() + ": not a chunk directory, ignored");
+    return;
+  }
+  ChunkRecord r;
+  int64_t torn = 0;
+  while (in.read(reinterpret_cast<char*>(&r), sizeof r)) {
+    if (r.check != static_cast<uint32_t>(ContentHash(&r, offsetof(ChunkRecord, check))) || r.index < 0 ||
+        r.index > kMaxRows) {
+      ++torn;
+      continue;
+    }
+    chunk_dir_[r.table][r.index] = r;
+  }
+  if (torn) notes_.push_back(side.string() + ": " + std::to_string(torn) + " damaged records ignored");
+}
+
 Status TraceReader::Load() {
   const hid_t f = file_.get();
   auto magic = h5::ReadStringAttr(f, kAttrMagic);
@@ -123,6 +152,7 @@ Status TraceReader::Load() {
   const std::filesystem::path side = TailsPath(path_);
   std::error_code ec;
   if (!complete_ && std::filesystem::exists(side, ec)) LoadTails(side);
+  if (!complete_ && std::filesystem::exists(ChunksPath(path_), ec)) LoadChunkDirectory(ChunksPath(path_));
 
   LS_RETURN_IF_ERROR(LoadTensors(kTapsGroup));
   LS_RETURN_IF_ERROR(LoadTensors(kKvGroup));
@@ -189,11 +219,24 @@ Result<TraceReader::Table> TraceReader::InspectTable(const std::string& path, in
   h5::Hid space(H5Dget_space(d.get()));
   if (H5Dget_num_chunks(d.get(), space.get(), &nchunks) < 0) {
     if (complete_) return h5::Error(path + ": chunk index");
-    // A kill inside the flush that stored a table's first chunk can leave its index
-    // unwritten. The flush before it had all those rows in the sidecar's tail (tails are
-    // only overwritten after the chunks holding their rows are durable): read the tail.
     h5::LastError();
-    notes_.push_back(path + ": chunk index torn by the crash; rows from the tails only");
+    // A kill inside a flush that changed the index's structure (stored a table's first
+    // chunk, or split a B-tree node) can leave the index unreadable. Its chunks are still in
+    // the file, written once and never moved: the chunk directory says where.
+    const size_t row_bytes = element_size * static_cast<size_t>(std::max<int64_t>(cols, 1));
+    const auto dir = chunk_dir_.find(ContentHash(path.data(), path.size()));
+    if (dir != chunk_dir_.end()) {
+      for (const auto& [index, rec] : dir->second) {
+        if (index != static_cast<int64_t>(t.recovered.size()) || rec.filter_mask != 0 || rec.size == 0 ||
+            rec.size > 2 * t.chunk_rows * row_bytes + 4096 ||
+            rec.address + rec.size > static_cast<uint64_t>(file_bytes_)) {
+          break;
+        }
+        t.recovered.push_back(rec);
+      }
+    }
+    notes_.push_back(path + ": chunk index torn by the crash; " + std::to_string(t.recovered.size()) +
+                     " chunks found through the chunk directory, the rest from the tails");
     nchunks = 0;
     dims[0] = 0;
   }
@@ -232,7 +275,9 @@ Result<TraceReader::Table> TraceReader::InspectTable(const std::string& path, in
                               std::to_string(nchunks) + " chunks of " + std::to_string(t.chunk_rows) +
                               " (at most " + std::to_string(backed) + " rows)");
   }
+  if (!t.recovered.empty()) t.main_rows = static_cast<int64_t>(t.recovered.size()) * t.chunk_rows;
   t.stored_bytes = static_cast<int64_t>(H5Dget_storage_size(d.get()));
+  for (const auto& rec : t.recovered) t.stored_bytes += static_cast<int64_t>(rec.size);
   t.rows = t.main_rows;
   auto tail = tails_.find(path);
   if (tail != tails_.end()) {
@@ -245,8 +290,10 @@ Result<TraceReader::Table> TraceReader::InspectTable(const std::string& path, in
       t.tail = tail->second.first;
       t.tail_base = base;
     } else if (base > t.main_rows) {
-      return Status::Corruption(path + ": tail starts at row " + std::to_string(base) + " past the table's " +
-                                std::to_string(t.main_rows) + " rows");
+      // Our writer never leaves a gap (the chunks before a tail are in the index or the
+      // chunk directory); a damaged or missing sidecar can. The rows up to the gap stand.
+      notes_.push_back(path + ": tail starts at row " + std::to_string(base) + " past the table's " +
+                       std::to_string(t.main_rows) + " readable rows; ignored");
     }
   }
   return t;
@@ -422,6 +469,7 @@ Result<std::vector<uint8_t>> TraceReader::ReadRows(const Table& t, hid_t mem_typ
   std::vector<uint8_t> out(static_cast<size_t>(count) * row_bytes);
   auto read_part = [&](const std::string& dpath, int64_t first, int64_t n, uint8_t* dst) -> Status {
     if (n <= 0) return Status::Ok();
+    if (dpath == t.path && !t.recovered.empty()) return ReadRecovered(t, row_bytes, first, n, dst);
     const bool tail = dpath == t.tail;
     LS_ASSIGN_OR_RETURN(h5::Hid d, h5::OpenDataset(tail ? tails_file_.get() : file_.get(), dpath));
     if (tail) {  // the sidecar was not validated at open: the same type and shape as its table
@@ -458,6 +506,34 @@ Result<std::vector<uint8_t>> TraceReader::ReadRows(const Table& t, hid_t mem_typ
   LS_RETURN_IF_ERROR(Err(read_part(t.tail, from_tail - t.tail_base, end - from_tail,
                                    out.data() + static_cast<size_t>(from_tail - begin) * row_bytes)));
   return out;
+}
+
+Status TraceReader::ReadRecovered(const Table& t, size_t row_bytes, int64_t first, int64_t n, uint8_t* dst) const {
+  const int fd = ::open(path_.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) return Status::IoError(path_.string() + ": " + std::strerror(errno));
+  const size_t chunk_bytes = static_cast<size_t>(t.chunk_rows) * row_bytes;
+  std::vector<uint8_t> stored, raw;
+  Status st;
+  for (int64_t row = first; row < first + n && st.ok();) {
+    const ChunkRecord& rec = t.recovered[static_cast<size_t>(row / t.chunk_rows)];
+    stored.resize(rec.size);
+    if (::pread(fd, stored.data(), rec.size, static_cast<off_t>(rec.address)) != static_cast<ssize_t>(rec.size)) {
+      st = Status::Corruption(t.path + ": chunk " + std::to_string(rec.index) + " unreadable at its recorded address");
+      break;
+    }
+    st = DecompressUnshuffleChunk(stored.data(), stored.size(), t.element_size, chunk_bytes, &raw);
+    if (!st.ok()) {
+      st = st.WithContext(t.path + ": chunk " + std::to_string(rec.index) + ": ");
+      break;
+    }
+    const int64_t in_chunk = row % t.chunk_rows;
+    const int64_t take = std::min(first + n - row, t.chunk_rows - in_chunk);
+    std::memcpy(dst + static_cast<size_t>(row - first) * row_bytes, raw.data() + in_chunk * row_bytes,
+                static_cast<size_t>(take) * row_bytes);
+    row += take;
+  }
+  ::close(fd);
+  return st;
 }
 
 Result<std::vector<SummaryRow>> TraceReader::ReadSummary(const TensorInfo& ti) const {

@@ -91,6 +91,9 @@ class TraceReader {
     int64_t stored_bytes = 0;
     std::string tail;        // /tails/<k> holding rows [tail_base, rows), or empty
     int64_t tail_base = 0;
+    // When the chunk index was torn by a crash: the chunks of rows [0, main_rows), in order,
+    // as the chunk directory <trace>.chunks lists them (read without HDF5's index).
+    std::vector<ChunkRecord> recovered;
   };
 
  private:
@@ -101,6 +104,9 @@ class TraceReader {
                                         int64_t count) const;
   Status LoadRequests();
   void LoadTails(const std::filesystem::path& side);
+  void LoadChunkDirectory(const std::filesystem::path& side);
+  // Rows [first, first + n) of a table whose main rows come from the chunk directory.
+  Status ReadRecovered(const Table& t, size_t row_bytes, int64_t first, int64_t n, uint8_t* dst) const;
   Status LoadTensors(const char* group);
   Status Err(const Status& s) const;
 
@@ -115,6 +121,7 @@ class TraceReader {
   std::map<std::string, std::string> meta_;
   std::map<std::string, std::pair<std::string, std::pair<int64_t, int64_t>>> tails_;  // target → (tail, (base, count))
   std::map<std::string, Table> tables_;
+  std::map<uint64_t, std::map<int64_t, ChunkRecord>> chunk_dir_;  // table path hash → index → record
   std::vector<RequestInfo> requests_;
   std::vector<TensorInfo> tensors_;
   std::vector<std::string> notes_;

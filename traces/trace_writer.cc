@@ -4,7 +4,9 @@
 #include "traces/trace_writer.h"
 
 #include <algorithm>
+#include <cerrno>
 #include <chrono>
+#include <cstddef>
 #include <condition_variable>
 #include <cstring>
 #include <deque>
@@ -50,6 +52,12 @@ std::filesystem::path TailsPath(const std::filesystem::path& trace) {
   return p;
 }
 
+std::filesystem::path ChunksPath(const std::filesystem::path& trace) {
+  std::filesystem::path p = trace;
+  p += kChunksSuffix;
+  return p;
+}
+
 std::filesystem::path PartialPath(const std::filesystem::path& file) {
   std::filesystem::path p = file;
   p += ".partial";
@@ -77,6 +85,7 @@ struct Table {
   int64_t tail_base = -1, tail_count = 0;
   bool tail_dirty = false;       // tail changed since the last flush
   int64_t index = 0;
+  uint64_t path_hash = 0;        // ChunkRecord::table
 
   int64_t tail_rows() const { return static_cast<int64_t>(tail.size() / row_bytes); }
   int64_t main_rows() const { return chunks_written * chunk_rows; }
@@ -96,6 +105,7 @@ struct ChunkJob {
 class TraceWriter::Impl {
  public:
   Impl(TraceWriterOptions o) : opts_(std::move(o)) {}
+  ~Impl() { CloseChunks(); }
 
   Status Open(const std::filesystem::path& path);
   void Start();
@@ -154,12 +164,18 @@ class TraceWriter::Impl {
     Detach();
   }
   void Detach();
+  void CloseChunks() {
+    if (chunks_fd_ >= 0) ::close(chunks_fd_);
+    chunks_fd_ = -1;
+  }
 
   TraceWriterOptions opts_;
   std::filesystem::path path_;
   h5::Hid file_, meta_, requests_;
   h5::Hid fapl_;
   h5::Hid tails_file_, tails_;  // the sidecar <trace>.tails, created at the first tail
+  int chunks_fd_ = -1;          // the chunk directory <trace>.chunks (append only)
+  Status RecordChunk(const Table& t, int64_t index);
   bool main_published_ = false, tails_published_ = false;  // renamed from *.partial yet?
   std::vector<Command> finished_;  // FinishRequest calls, applied at close (see DoFinishRequest)
   Status Publish(const std::filesystem::path& final_path, bool* published);
@@ -209,7 +225,8 @@ Status TraceWriter::Impl::Open(const std::filesystem::path& path) {
   {
     std::error_code ec;
     std::filesystem::remove(path, ec);
-    std::filesystem::remove(TailsPath(path), ec);  // a crashed earlier run's tails are not ours
+    std::filesystem::remove(TailsPath(path), ec);  // a crashed earlier run's sidecars are not ours
+    std::filesystem::remove(ChunksPath(path), ec);
   }
   // The file's end of allocation (EOA, in the superblock) is written last in a flush: a
   // pointer, written earlier in a flush that a kill tears, to space allocated past the old
@@ -226,6 +243,13 @@ Status TraceWriter::Impl::Open(const std::filesystem::path& path) {
   if (!file_.valid()) {
     std::string why = h5::LastError();
     return Status::IoError(path.string() + ": cannot create the trace" + (why.empty() ? "" : " (" + why + ")"));
+  }
+  // The chunk directory: where every full chunk went, so that a reader can still find the
+  // chunks of a table whose index a kill tore mid-flush (docs/trace-format.md, "Crash
+  // safety"). Appended with plain write(2): a kill can only cut its last record short.
+  chunks_fd_ = ::open(ChunksPath(path).c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_APPEND | O_CLOEXEC, 0644);
+  if (chunks_fd_ < 0 || ::write(chunks_fd_, kChunksMagic, sizeof kChunksMagic) != sizeof kChunksMagic) {
+    return Status::IoError(ChunksPath(path).string() + ": cannot create the chunk directory: " + std::strerror(errno));
   }
   const hid_t f = file_.get();
   LS_RETURN_IF_ERROR(h5::WriteAttr(f, kAttrMagic, std::string(kMagicValue)));
@@ -410,6 +434,7 @@ Result<int32_t> TraceWriter::Impl::MakeTable(const std::string& path, h5::Hid ty
   while (rows < 4096 && static_cast<int64_t>(rows * 2 * t->row_bytes) <= opts_.target_chunk_bytes) rows *= 2;
   t->chunk_rows = rows;
   t->index = static_cast<int64_t>(tables_.size());
+  t->path_hash = ContentHash(path.data(), path.size());
 
   const int rank = cols > 0 ? 2 : 1;
   hsize_t dims[2] = {0, static_cast<hsize_t>(cols)};
@@ -528,7 +553,32 @@ Status TraceWriter::Impl::WriteReadyChunks(bool wait_all) {
     LS_RETURN_IF_ERROR(job->status);
     LS_RETURN_IF_ERROR(WriteChunk(*job->table, job->index, job->packed));
     job->table->chunks_written = job->index + 1;
+    LS_RETURN_IF_ERROR(RecordChunk(*job->table, job->index));
   }
+}
+
+// Appends the chunk's place in the file to the chunk directory. The chunk's bytes are in the
+// file already (H5Dwrite_chunk writes raw data at once); the flush that makes the trace's
+// index point at them comes later, so a reader never misses a chunk the index had.
+Status TraceWriter::Impl::RecordChunk(const Table& t, int64_t index) {
+  ChunkRecord r;
+  r.table = t.path_hash;
+  r.index = index;
+  hsize_t offset[2] = {static_cast<hsize_t>(index * t.chunk_rows), 0};
+  haddr_t addr = HADDR_UNDEF;
+  hsize_t size = 0;
+  unsigned mask = 0;
+  if (H5Dget_chunk_info_by_coord(t.dset.get(), offset, &mask, &addr, &size) < 0 || addr == HADDR_UNDEF) {
+    return h5::Error(path_.string() + ": '" + t.path + "': chunk " + std::to_string(index) + " not found after writing it");
+  }
+  r.address = addr;
+  r.size = size;
+  r.filter_mask = mask;
+  r.check = static_cast<uint32_t>(ContentHash(&r, offsetof(ChunkRecord, check)));
+  if (::write(chunks_fd_, &r, sizeof r) != static_cast<ssize_t>(sizeof r)) {
+    return Status::IoError(ChunksPath(path_).string() + ": write: " + std::strerror(errno));
+  }
+  return Status::Ok();
 }
 
 // The tail of a table: rows of its unfinished chunk, padded to a whole chunk, stored
@@ -674,6 +724,9 @@ Status TraceWriter::Impl::DoClose() {
     std::filesystem::remove(TailsPath(path_), ec);
     std::filesystem::remove(PartialPath(TailsPath(path_)), ec);
   }
+  CloseChunks();
+  std::error_code ec;
+  std::filesystem::remove(ChunksPath(path_), ec);
   return Status::Ok();
 }
 

@@ -75,6 +75,8 @@ struct Command;  // a queued call, private to trace_writer.cc
 
 // The sidecar that holds unfinished chunks while a trace is being written: <trace>.tails.
 std::filesystem::path TailsPath(const std::filesystem::path& trace);
+// The chunk directory beside a trace while it is written: <trace>.chunks.
+std::filesystem::path ChunksPath(const std::filesystem::path& trace);
 // Where a file lives until its first flush: <file>.partial.
 std::filesystem::path PartialPath(const std::filesystem::path& file);
 

@@ -102,4 +102,30 @@ Status ShuffleCompressChunk(const uint8_t* chunk, size_t bytes, size_t element_s
   return Status::Ok();
 }
 
+Status DecompressUnshuffleChunk(const uint8_t* stored, size_t bytes, size_t element_size, size_t expect_bytes,
+                                std::vector<uint8_t>* out) {
+  const unsigned long long size = ZSTD_getFrameContentSize(stored, bytes);
+  if (size == ZSTD_CONTENTSIZE_ERROR || size == ZSTD_CONTENTSIZE_UNKNOWN || size != expect_bytes) {
+    return Status::Corruption("chunk is not one zstd frame of " + std::to_string(expect_bytes) + " bytes");
+  }
+  std::vector<uint8_t> shuffled(expect_bytes);
+  const size_t n = ZSTD_decompress(shuffled.data(), shuffled.size(), stored, bytes);
+  if (ZSTD_isError(n) || n != expect_bytes) return Status::Corruption("chunk does not decompress");
+  out->resize(expect_bytes);
+  if (element_size <= 1 || expect_bytes <= element_size) {
+    std::memcpy(out->data(), shuffled.data(), expect_bytes);
+    return Status::Ok();
+  }
+  // Undo ShuffleBytes: byte j of element i is at j·n + i.
+  const size_t count = expect_bytes / element_size;
+  for (size_t j = 0; j < element_size; ++j) {
+    const uint8_t* src = shuffled.data() + j * count;
+    uint8_t* dst = out->data() + j;
+    for (size_t i = 0; i < count; ++i) dst[i * element_size] = src[i];
+  }
+  const size_t done = count * element_size;
+  std::memcpy(out->data() + done, shuffled.data() + done, expect_bytes - done);
+  return Status::Ok();
+}
+
 }  // namespace lockstep::traces

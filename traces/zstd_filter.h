@@ -32,6 +32,12 @@ Status RegisterZstdFilter();
 Status ShuffleCompressChunk(const uint8_t* chunk, size_t bytes, size_t element_size, int level,
                             std::vector<uint8_t>* out);
 
+// The inverse, for a chunk read from the file without HDF5 (the chunk directory of a trace
+// whose index a crash tore): zstd-decompresses `bytes` of `stored` and unshuffles them;
+// `out` receives exactly `expect_bytes` (the chunk's raw size) or an error.
+Status DecompressUnshuffleChunk(const uint8_t* stored, size_t bytes, size_t element_size, size_t expect_bytes,
+                                std::vector<uint8_t>* out);
+
 // HDF5's byte shuffle (H5Zshuffle.c): byte j of element i goes to j·n + i; the bytes of
 // a trailing partial element stay at the end. Exposed for tests.
 void ShuffleBytes(const uint8_t* in, size_t bytes, size_t element_size, uint8_t* out);

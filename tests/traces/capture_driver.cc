@@ -52,7 +52,7 @@ int Fail(const std::string& m) {
 
 int main(int argc, char** argv) {
   std::string model_dir, kv = "fp32", capture = "full", out, expect;
-  int64_t max_tokens = 12, requests = 3;
+  int64_t max_tokens = 12, requests = 3, chunk_bytes = 8 << 10;
   double flush_interval = 0;
   bool print_flushes = false;
   for (int i = 1; i < argc; ++i) {
@@ -67,6 +67,7 @@ int main(int argc, char** argv) {
     else if (a == "--requests") requests = std::stoll(next());
     else if (a == "--flush-interval") flush_interval = std::stod(next());
     else if (a == "--print-flushes") print_flushes = true;
+    else if (a == "--chunk-bytes") chunk_bytes = std::stoll(next());
     else return Fail("unknown argument " + a);
   }
   if (model_dir.empty() || out.empty()) return Fail("usage: --model DIR --out X.h5 [--kv F] [--expect X.json]");
@@ -83,7 +84,9 @@ int main(int argc, char** argv) {
 
   traces::TraceWriterOptions wo;
   wo.batch_width = eo.max_batch;
-  wo.target_chunk_bytes = 8 << 10;  // small chunks: many full chunks and tails in a short run
+  // Small chunks: many full chunks and tails in a short run (--chunk-bytes 64: 8 rows per
+  // chunk in every table, so chunk indexes grow deep enough to split their B-tree nodes).
+  wo.target_chunk_bytes = chunk_bytes;
   wo.alloc_block_bytes = 256 << 10;
   if (print_flushes) {
     wo.on_flushed = [](int64_t steps) {

@@ -34,21 +34,26 @@ def read_table(f, side, path):
     d = f[path]
     if int(f.attrs["complete"]) == 1:
         return d[...]
-    # A kill inside a flush can leave an extent written before the chunk index backing it,
-    # or (for a table's first chunk) the index itself unwritten: then the tail has the rows.
-    # A torn flush can also leave the index pointing at chunks past the end of file the
-    # superblock recorded, which HDF5 refuses to read: keep the leading chunks that read.
+    # A kill inside a flush can leave an extent written before the chunk index backing it:
+    # then the tail has the rows. A torn flush can also leave the index pointing at chunks
+    # past the end of file the superblock recorded, which HDF5 refuses to read: keep the
+    # leading chunks that read. And a kill inside a flush that changed the index's structure
+    # (its first chunk, a B-tree node split) can leave it unreadable: then the chunk
+    # directory <trace>.chunks says where the chunks are.
     try:
         backed = d.id.get_num_chunks() * d.chunks[0]
     except Exception:
-        backed = 0
-    rows, parts = min(len(d), backed), []
-    for start in range(0, rows, d.chunks[0]):
-        try:
-            parts.append(d[start:min(rows, start + d.chunks[0])])
-        except OSError:
-            break
-    main = np.concatenate(parts) if parts else d[0:0]
+        backed = None
+    if backed is None:
+        main = read_recovered(f, path)
+    else:
+        rows, parts = min(len(d), backed), []
+        for start in range(0, rows, d.chunks[0]):
+            try:
+                parts.append(d[start:min(rows, start + d.chunks[0])])
+            except OSError:
+                break
+        main = np.concatenate(parts) if parts else d[0:0]
     if side is None:
         return main
     for name, tail in side["tails"].items():
@@ -59,6 +64,56 @@ def read_table(f, side, path):
         if base <= n < base + count:
             return np.concatenate([main, tail[n - base:count]])
     return main
+
+
+CHUNK_RECORD = np.dtype([("table", "<u8"), ("index", "<i8"), ("address", "<u8"), ("size", "<u8"),
+                         ("filter_mask", "<u4"), ("check", "<u4")])
+
+
+def read_recovered(f, path):
+    """The rows of table `path` in the leading chunks its chunk directory lists (whole records
+    only: `check` = low 32 bits of XXH3-64 of the record's first 36 bytes). Each chunk's bytes
+    are read from the trace at `address` and decoded by HDF5 itself: written with
+    write_direct_chunk into an in-memory dataset made with the table's own creation
+    properties (shuffle + zstd), then read back."""
+    d = f[path]
+    empty = d[0:0]
+    dir_path = f.filename + ".chunks"
+    if not os.path.exists(dir_path):
+        return empty
+    raw = open(dir_path, "rb").read()
+    if raw[:8] != b"lschunk1":
+        return empty
+    n = (len(raw) - 8) // CHUNK_RECORD.itemsize
+    recs = np.frombuffer(raw, dtype=CHUNK_RECORD, count=n, offset=8)
+    want = xxhash.xxh3_64_intdigest(path.encode())
+    chunks = {}
+    for i, r in enumerate(recs):
+        at = 8 + i * CHUNK_RECORD.itemsize
+        if int(r["check"]) != xxhash.xxh3_64_intdigest(raw[at:at + 36]) & 0xFFFFFFFF or int(r["table"]) != want:
+            continue
+        chunks[int(r["index"])] = r
+    size = os.path.getsize(f.filename)
+    lead = []
+    while len(lead) in chunks:
+        r = chunks[len(lead)]
+        if int(r["filter_mask"]) != 0 or int(r["address"]) + int(r["size"]) > size:
+            break
+        lead.append(r)
+    if not lead:
+        return empty
+    cr = d.chunks[0]
+    shape = (len(lead) * cr,) + d.shape[1:]
+    mem = h5py.File(f"recovered-{id(d)}", "w", driver="core", backing_store=False)
+    space = h5py.h5s.create_simple(shape, shape)
+    m = h5py.h5d.create(mem.id, b"t", d.id.get_type(), space, dcpl=d.id.get_create_plist())
+    with open(f.filename, "rb") as trace:
+        for r in lead:
+            trace.seek(int(r["address"]))
+            m.write_direct_chunk((int(r["index"]) * cr,) + (0,) * (len(shape) - 1), trace.read(int(r["size"])), 0)
+    out = mem["t"][...]
+    mem.close()
+    return out
 
 
 def open_trace(path):
