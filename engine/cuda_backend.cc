@@ -12,7 +12,10 @@
 // Every device buffer lives as long as the backend (grown, never shrunk), so a step's
 // launches see the same pointers from step to step.
 #include <algorithm>
+#include <cstdlib>
+#include <map>
 #include <cmath>
+#include <cstdio>
 #include <cstring>
 #include <string>
 #include <vector>
@@ -109,12 +112,17 @@ struct DevLayer {
   int64_t mlp_inter = 0, moe_inter = 0, shared_inter = 0;
 };
 
+// Bumped whenever a scratch buffer moves: captured CUDA graphs hold its old address.
+int64_t g_alloc_generation = 0;
+
 // A grow-only device scratch buffer.
 struct Scratch {
   cu::DeviceBuffer buf;
   Status Ensure(size_t bytes) {
     if (buf.size() >= bytes) return Status::Ok();
+    buf = cu::DeviceBuffer();  // free first: the pool may be nearly full
     LS_ASSIGN_OR_RETURN(buf, cu::DeviceBuffer::Allocate(std::max(bytes, buf.size() * 3 / 2)));
+    ++g_alloc_generation;
     return Status::Ok();
   }
   template <typename T>
@@ -153,6 +161,17 @@ cu::GateKind ToGateKind(GateKind g) {
 class CudaBackend final : public Backend {
  public:
   std::string_view name() const override { return "cuda"; }
+  ~CudaBackend() override {
+    if (!prof_) return;
+    double total = 0;
+    for (const auto& [k, v] : prof_ms_) total += v;
+    std::fprintf(stderr, "lockstep: cuda backend GPU time over %lld steps (ms/step, share):\n",
+                 static_cast<long long>(prof_steps_));
+    for (const auto& [k, v] : prof_ms_) {
+      std::fprintf(stderr, "  %-16s %8.3f  %5.1f%%\n", k.c_str(), v / std::max<int64_t>(prof_steps_, 1),
+                   100 * v / std::max(total, 1e-9));
+    }
+  }
   std::string device() const override { return device_; }
   void SetMirrorCache(bool on) override { mirror_ = on; }
 
@@ -188,6 +207,11 @@ class CudaBackend final : public Backend {
   };
   Status Tap(std::string_view name, const void* dev, int64_t cols, int64_t stride, TapDType dtype);
   Status FlushTaps();
+  // LOCKSTEP_CUDA_PROFILE=1: GPU time per phase, printed when the backend is destroyed.
+  Status Mark(const char* name) { return prof_ ? prof_->Mark(name, stream_->get()) : Status::Ok(); }
+  std::unique_ptr<cu::EventTimer> prof_;
+  std::map<std::string, double> prof_ms_;
+  int64_t prof_steps_ = 0;
   // Offers x (the values feeding the next layer) to the hook for overwriting (replay --graft).
   Status OverrideRows(std::string_view name, float* dev_x, int64_t cols);
 
@@ -211,9 +235,21 @@ class CudaBackend final : public Backend {
 
   // Step inputs (pinned host → device) and scratch.
   cu::PinnedBuffer host_in_;
-  Scratch dev_in_, act_, xb_, mla_ws_, scores_, logits_dev_, gather_, tap_arena_;
+  Scratch dev_in_, act_, xb_, mla_ws_, scores_, logits_dev_, gather_, tap_arena_, mirror_dev_;
   cu::PinnedBuffer logits_host_, tap_host_, mirror_host_;
   cu::DeviceBuffer error_flag_;
+
+  // CUDA graphs of decode steps, by batch size: captured on the second step of a size (the
+  // first grows every buffer to its final size), replayed while no buffer moved since.
+  struct StepGraph {
+    std::unique_ptr<cu::CudaGraph> graph;
+    size_t marks = 0;  // profiling events recorded inside the graph
+    int64_t generation = -1;
+    bool failed = false;
+  };
+  std::map<int64_t, StepGraph> graphs_;
+  std::map<int64_t, int64_t> warmed_;  // batch size → generation after its uncaptured run
+  bool use_graphs_ = true;
 
   // Per-step state used by the tap helpers.
   TapHook* hook_ = nullptr;
@@ -232,6 +268,10 @@ Result<std::unique_ptr<Backend>> CudaBackend::Create(std::shared_ptr<Model> mode
   std::unique_ptr<CudaBackend> b(new CudaBackend());
   b->model_ = std::move(model);
   b->device_ = cu::DeviceDescription();
+  if (const char* g = std::getenv("LOCKSTEP_CUDA_GRAPHS")) b->use_graphs_ = std::string(g) != "0";
+  if (const char* p = std::getenv("LOCKSTEP_CUDA_PROFILE"); p != nullptr && std::string(p) == "1") {
+    LS_ASSIGN_OR_RETURN(b->prof_, cu::EventTimer::Create());
+  }
   auto it = kernels.find("gemm");
   b->gemm_variant_ = it == kernels.end() ? "fp32" : it->second;
   b->bf16_ = b->gemm_variant_.rfind("bf16", 0) == 0;
@@ -572,6 +612,17 @@ Status CudaBackend::Forward(std::span<Segment> segs, PagedKvCache& cache, const 
   rows_ = R;
   hook_ = hook;
 
+  // Decode-only steps without taps run as a CUDA graph. Their launches
+  // must not depend on the step: keys up to the cache's capacity (kernels skip what a
+  // request does not have; results do not depend on this bound) and a full-width page table.
+  bool all_decode = true;
+  for (const auto& g : segs) all_decode = all_decode && g.tokens.size() == 1;
+  const bool graph = use_graphs_ && all_decode && hook == nullptr;
+  if (graph) {
+    max_len = std::min<int64_t>(rope_positions_, num_pages_ * page_size_);
+    max_pages = num_pages_;
+  }
+
   // Logit rows: every row of an all_logits segment, else its last.
   std::vector<int32_t> logit_rows;
   for (size_t i = 0; i < segs.size(); ++i) {
@@ -581,9 +632,10 @@ Status CudaBackend::Forward(std::span<Segment> segs, PagedKvCache& cache, const 
   const int64_t RL = static_cast<int64_t>(logit_rows.size());
 
   // Host inputs, packed: tokens | positions | slots | seq_lens | logit rows | page table [R, P]
-  // | head ids [R, nh] (0..nh−1 per row: the per-head absorption products run as grouped GEMVs).
+  // | head ids [R, nh] (0..nh−1 per row: the per-head absorption products run as grouped GEMVs)
+  // | zeros [R] (one "expert" per row: the router's product).
   const int64_t P = max_pages;
-  const size_t in_ints = static_cast<size_t>(4 * R + RL + R * P + R * nh);
+  const size_t in_ints = static_cast<size_t>(4 * R + RL + R * P + R * nh + R);
   if (host_in_.size() < in_ints * 4) {
     LS_ASSIGN_OR_RETURN(host_in_, cu::PinnedBuffer::Allocate(in_ints * 4 * 2));
   }
@@ -609,11 +661,12 @@ Status CudaBackend::Forward(std::span<Segment> segs, PagedKvCache& cache, const 
   for (int64_t r = 0; r < R; ++r) {
     for (int64_t hd = 0; hd < nh; ++hd) h_heads[r * nh + hd] = static_cast<int32_t>(hd);
   }
+  std::fill(h_heads + R * nh, h_heads + R * nh + R, 0);
   LS_RETURN_IF_ERROR(dev_in_.Ensure(in_ints * 4));
   LS_RETURN_IF_ERROR(cu::CopyAsync(dev_in_.buf.data(), hin, in_ints * 4, s));
   const int32_t* d_in = dev_in_.as<int32_t>();
   const int32_t *d_tok = d_in, *d_pos = d_in + R, *d_slot = d_in + 2 * R, *d_len = d_in + 3 * R,
-                *d_lrow = d_in + 4 * R, *d_table = d_in + 4 * R + RL, *d_heads = d_table + R * P;
+                *d_lrow = d_in + 4 * R, *d_table = d_in + 4 * R + RL, *d_heads = d_table + R * P, *d_zeros = d_heads + R * nh;
 
   // Activations, one allocation carved up (floats unless noted).
   const int64_t qlora = std::max<int64_t>(c.q_lora_rank, 1);
@@ -661,400 +714,475 @@ Status CudaBackend::Forward(std::span<Segment> segs, PagedKvCache& cache, const 
     LS_ASSIGN_OR_RETURN(tap_host_, cu::PinnedBuffer::Allocate(tap_arena_.buf.size()));
   }
 
-  // x = embed(tokens)
-  {
-    cu::EmbedParams ep;
-    ep.table = embed_.f32();
-    ep.vocab = V;
-    ep.n = H;
-    ep.ids = d_tok;
-    ep.rows = R;
-    ep.y = x;
-    ep.y_stride = H;
-    ep.error_flag = err;
-    LS_RETURN_IF_ERROR(cu::Embed(ep, s));
-  }
-  LS_RETURN_IF_ERROR(Tap("embed", x, H, H, TapDType::kF32));
-  LS_RETURN_IF_ERROR(OverrideRows("embed", x, H));
-
-  auto rmsnorm = [&](const float* in, int64_t in_stride, const DevTensor& w, int64_t n, float eps, float* y,
-                     int64_t y_stride) {
-    cu::RmsNormParams p;
-    p.x = in;
-    p.x_stride = in_stride;
-    p.weight = w.f32();
-    p.y = y;
-    p.y_stride = y_stride;
-    p.rows = R;
-    p.n = n;
-    p.eps = eps;
-    return cu::RmsNorm(p, s);
-  };
-  auto rope = [&](float* v, int64_t row_stride, int64_t heads_n, int64_t head_stride, cu::RopeStyle style) {
-    cu::RopeParams p;
-    p.x = v;
-    p.row_stride = row_stride;
-    p.head_stride = head_stride;
-    p.rows = R;
-    p.heads = heads_n;
-    p.dim = dr;
-    p.positions = d_pos;
-    p.cos = rope_cos_.f32();
-    p.sin = rope_sin_.f32();
-    p.max_position = rope_positions_;
-    p.style = style;
-    p.error_flag = err;
-    return cu::Rope(p, s);
-  };
-  const float rms_eps = static_cast<float>(c.rms_norm_eps);
-  LS_RETURN_IF_ERROR(mla_ws_.Ensure(256));
-
-  for (int64_t l = 0; l < c.num_hidden_layers; ++l) {
-    const DevLayer& D = layers_[l];
-    auto tn = [&](TapId t) -> const std::string& { return model_->tap_name(l, t); };
-
-    LS_RETURN_IF_ERROR(rmsnorm(x, H, D.input_norm, H, rms_eps, h, H));
-    LS_RETURN_IF_ERROR(Tap(tn(kTapAttnNorm), h, H, H, TapDType::kF32));
-
-    // q = q_b(RMSNorm(q_a(h))) or q_proj(h)
-    if (c.q_lora_rank > 0) {
-      LS_RETURN_IF_ERROR(Linear(h, H, R, D.q_a_proj, qa, c.q_lora_rank));
-      LS_RETURN_IF_ERROR(rmsnorm(qa, c.q_lora_rank, D.q_a_norm, c.q_lora_rank, 1e-6f, qr, c.q_lora_rank));
-      LS_RETURN_IF_ERROR(Linear(qr, c.q_lora_rank, R, D.q_b_proj, q, nh * dqk));
-    } else {
-      LS_RETURN_IF_ERROR(Linear(h, H, R, D.q_proj, q, nh * dqk));
-    }
-    // [c_kv | k_rope] = kv_a(h); latent = RMSNorm(c_kv); RoPE on q's rope part and k_rope in place.
-    LS_RETURN_IF_ERROR(Linear(h, H, R, D.kv_a_proj, kv, C + dr));
-    LS_RETURN_IF_ERROR(rmsnorm(kv, C + dr, D.kv_a_norm, C, 1e-6f, latent, C));
-    const cu::RopeStyle style = ToRopeStyle(c.rope_style);
-    LS_RETURN_IF_ERROR(rope(q + dn, nh * dqk, nh, dqk, style));
-    LS_RETURN_IF_ERROR(rope(kv + C, C + dr, 1, dr, style));
-    LS_RETURN_IF_ERROR(Tap(tn(kTapQ), q, nh * dqk, nh * dqk, TapDType::kF32));
-    LS_RETURN_IF_ERROR(Tap(tn(kTapLatent), latent, C, C, TapDType::kF32));
-    LS_RETURN_IF_ERROR(Tap(tn(kTapKRope), kv + C, dr, C + dr, TapDType::kF32));
-
-    // Append to the device cache in its format; attention reads what was stored.
-    {
-      cu::LatentWriteParams wp;
-      wp.latent = latent;
-      wp.latent_stride = C;
-      wp.rope = kv + C;
-      wp.rope_stride = C + dr;
-      wp.slots = d_slot;
-      wp.cache = latent_pool_[l].as<uint8_t>();
-      wp.num_slots = num_pages_ * page_size_;
-      wp.rows = R;
-      wp.kv_lora = C;
-      wp.rope_dim = dr;
-      wp.format = format_;
-      wp.error_flag = err;
-      LS_RETURN_IF_ERROR(cu::WriteLatent(wp, s));
-    }
-
-    // V3.2 indexer: scores over every causal key, exact top-k → the keys sparse attention reads.
-    const bool sparse = c.layers[l].attention == AttentionKind::kMlaSparse;
-    if (sparse) {
-      LS_RETURN_IF_ERROR(Linear(qr, c.q_lora_rank, R, D.iq_b, iq, nhi * di));
-      LS_RETURN_IF_ERROR(Linear(h, H, R, D.ik, ik, di));
-      cu::LayerNormParams lp;
-      lp.x = ik;
-      lp.x_stride = di;
-      lp.weight = D.ik_norm_w.f32();
-      lp.bias = D.ik_norm_b.f32();
-      lp.y = ikn;
-      lp.y_stride = di;
-      lp.rows = R;
-      lp.n = di;
-      lp.eps = 1e-6;
-      LS_RETURN_IF_ERROR(cu::LayerNorm(lp, s));
-      LS_RETURN_IF_ERROR(Linear(h, H, R, D.iw_proj, iw, nhi));
-      LS_RETURN_IF_ERROR(rope(iq, nhi * di, nhi, di, cu::RopeStyle::kHalves));
-      LS_RETURN_IF_ERROR(rope(ikn, di, 1, di, cu::RopeStyle::kHalves));
-      LS_RETURN_IF_ERROR(cu::Scale(iw, nhi, R, nhi, 1.0f / std::sqrt(static_cast<float>(nhi)), s));
-      cu::ScatterRowsParams sp;
-      sp.src = ikn;
-      sp.src_stride = di * 4;
-      sp.slots = d_slot;
-      sp.n = R;
-      sp.dst = index_pool_[l].data();
-      sp.dst_rows = num_pages_ * page_size_;
-      sp.dst_stride = di * 4;
-      sp.row_bytes = di * 4;
-      sp.error_flag = err;
-      LS_RETURN_IF_ERROR(cu::ScatterRows(sp, s));
-
-      LS_RETURN_IF_ERROR(scores_.Ensure(static_cast<size_t>(R * max_len) * 4));
-      cu::IndexerScoreParams ip;
-      ip.batch = R;
-      ip.heads = nhi;
-      ip.head_dim = di;
-      ip.q = iq;
-      ip.q_batch_stride = nhi * di;
-      ip.q_head_stride = di;
-      ip.weights = iw;
-      ip.weights_stride = nhi;
-      ip.key_scale = 1.0f / std::sqrt(static_cast<float>(di));
-      ip.keys = index_pool_[l].as<float>();
-      ip.num_pages = num_pages_;
-      ip.page_size = page_size_;
-      ip.page_table = d_table;
-      ip.page_table_stride = P;
-      ip.seq_lens = d_len;
-      ip.max_seq_len = max_len;
-      ip.scores = scores_.as<float>();
-      ip.scores_stride = max_len;
-      ip.error_flag = err;
-      LS_RETURN_IF_ERROR(cu::IndexerScores(ip, s));
-      cu::TopKParams tp;
-      tp.batch = R;
-      tp.topk = topk;
-      tp.scores = scores_.as<float>();
-      tp.scores_stride = max_len;
-      tp.seq_lens = d_len;
-      tp.max_seq_len = max_len;
-      tp.positions = topk_pos;
-      tp.slots = topk_slot;
-      tp.page_table = d_table;
-      tp.page_table_stride = P;
-      tp.page_size = page_size_;
-      tp.num_pages = num_pages_;
-      tp.error_flag = err;
-      LS_RETURN_IF_ERROR(cu::TopK(tp, s));
-      LS_RETURN_IF_ERROR(Tap(tn(kTapIndexerTopk), topk_pos, topk, topk, TapDType::kI32));
-    }
-
-    // Absorbed attention for every row: q_lat_h = W_UK_hᵀ q_nope_h; attend over the latent;
-    // heads_h = W_UV_h o_lat_h.
-    // Per head as a grouped GEMV (heads = "experts", one slot per head): a fixed reduction
-    // order per output element whatever the number of rows (ExpertGemm is cpu::MatMulNT's).
-    cu::ExpertGemmParams ab;
-    ab.rows = R;
-    ab.k = nh;
-    ab.experts = nh;
-    ab.out = C;
-    ab.in = dn;
-    ab.w = D.w_ukt.ptr();
-    ab.w_bf16 = D.w_ukt.bf16;
-    ab.w_expert_stride = C * dn;
-    ab.w_row_stride = dn;
-    ab.x = q;  // slot (r, h) reads q[r, h, 0:dn]: row (r·nh + h) at stride dqk
-    ab.x_stride = dqk;
-    ab.x_per_slot = true;
-    ab.round_x_bf16 = bf16_;
-    ab.ids = d_heads;
-    ab.y = qlat;
-    ab.y_stride = C;
-    ab.error_flag = err;
-    LS_RETURN_IF_ERROR(cu::ExpertGemm(ab, s));
-    {
-      cu::MlaDecodeParams mp;
-      mp.batch = R;
-      mp.heads = nh;
-      mp.kv_lora = C;
-      mp.rope_dim = dr;
-      mp.format = format_;
-      mp.softmax_scale = scale;
-      mp.q_latent = qlat;
-      mp.q_latent_batch_stride = nh * C;
-      mp.q_latent_head_stride = C;
-      mp.q_rope = q + dn;
-      mp.q_rope_batch_stride = nh * dqk;
-      mp.q_rope_head_stride = dqk;
-      mp.cache = latent_pool_[l].as<uint8_t>();
-      mp.num_pages = num_pages_;
-      mp.page_size = page_size_;
-      mp.o_latent = olat;
-      mp.o_batch_stride = nh * C;
-      mp.o_head_stride = C;
-      mp.error_flag = err;
-      if (sparse) {
-        mp.indices = topk_slot;
-        mp.indices_stride = topk;
-        mp.topk = topk;
-      } else {
-        mp.page_table = d_table;
-        mp.page_table_stride = P;
-        mp.seq_lens = d_len;
-        mp.max_seq_len = max_len;
-      }
-      const size_t need = cu::MlaDecodeWorkspaceBytes(mp);
-      LS_RETURN_IF_ERROR(mla_ws_.Ensure(std::max<size_t>(need, 256)));
-      mp.workspace = mla_ws_.buf.data();
-      mp.workspace_bytes = mla_ws_.buf.size();
-      LS_RETURN_IF_ERROR(sparse ? cu::MlaSparseDecode(mp, s) : cu::MlaDecode(mp, s));
-    }
-    // heads_h = W_UV_h o_lat_h: W_UV_h is rows [h·(dn+dv) + dn, +dv) of kv_b_proj.
-    ab.out = dv;
-    ab.in = C;
-    ab.w = static_cast<const char*>(D.kv_b.ptr()) + dn * C * (D.kv_b.bf16 ? 2 : 4);
-    ab.w_bf16 = D.kv_b.bf16;
-    ab.w_expert_stride = (dn + dv) * C;
-    ab.w_row_stride = C;
-    ab.x = olat;
-    ab.x_stride = C;
-    ab.y = heads;
-    ab.y_stride = dv;
-    LS_RETURN_IF_ERROR(cu::ExpertGemm(ab, s));
-    LS_RETURN_IF_ERROR(Tap(tn(kTapHeads), heads, nh * dv, nh * dv, TapDType::kF32));
-
-    // x = x + o_proj(heads)
-    LS_RETURN_IF_ERROR(Linear(heads, nh * dv, R, D.o_proj, o, H));
-    LS_RETURN_IF_ERROR(Tap(tn(kTapAttnOut), o, H, H, TapDType::kF32));
-    LS_RETURN_IF_ERROR(cu::AddInPlace(x, H, o, H, R, H, s));
-    LS_RETURN_IF_ERROR(Tap(tn(kTapResidMid), x, H, H, TapDType::kF32));
-
-    // FFN on RMSNorm(x).
-    LS_RETURN_IF_ERROR(rmsnorm(x, H, D.post_attn_norm, H, rms_eps, h, H));
-    LS_RETURN_IF_ERROR(Tap(tn(kTapFfnNorm), h, H, H, TapDType::kF32));
-    if (c.layers[l].ffn == FfnKind::kDense) {
-      LS_RETURN_IF_ERROR(SwiGluMlp(D.mlp_gate_up, D.mlp_down, D.mlp_inter, h, R, o));
-    } else {
-      // Router logits in fp32 (the router is never rounded), routing on the device.
-      LS_RETURN_IF_ERROR(Linear(h, H, R, D.router.ptr(), H, false, E, H, rlog, E));
-      cu::RouteParams rp;
-      rp.logits = rlog;
-      rp.logits_stride = E;
-      rp.bias = D.router_bias.empty() ? nullptr : D.router_bias.f32();
-      rp.rows = R;
-      rp.experts = E;
-      rp.k = k;
-      rp.n_group = c.n_group;
-      rp.topk_group = c.topk_group;
-      rp.gate = ToGateKind(c.gate);
-      rp.norm_topk_prob = c.norm_topk_prob;
-      rp.routed_scaling_factor = static_cast<float>(c.routed_scaling_factor);
-      rp.ids = ids;
-      rp.weights = wts;
-      LS_RETURN_IF_ERROR(cu::Route(rp, s));
-      LS_RETURN_IF_ERROR(Tap(tn(kTapTopkIds), ids, k, k, TapDType::kI32));
-      LS_RETURN_IF_ERROR(Tap(tn(kTapTopkWeights), wts, k, k, TapDType::kF32));
-      // Each (row, slot) through its expert: gate_up, SwiGLU, down; combined in slot order.
-      const int64_t I = D.moe_inter;
-      cu::ExpertGemmParams ge;
-      ge.rows = R;
-      ge.k = k;
-      ge.experts = E;
-      ge.out = 2 * I;
-      ge.in = H;
-      ge.w = D.experts_gate_up.ptr();
-      ge.w_bf16 = D.experts_gate_up.bf16;
-      ge.w_expert_stride = 2 * I * H;
-      ge.w_row_stride = H;
-      ge.x = h;
-      ge.x_stride = H;
-      ge.x_per_slot = false;
-      ge.round_x_bf16 = bf16_;
-      ge.ids = ids;
-      ge.y = gu;
-      ge.y_stride = 2 * I;
-      ge.error_flag = err;
-      LS_RETURN_IF_ERROR(cu::ExpertGemm(ge, s));
-      cu::SwiGluParams sp;
-      sp.g = gu;
-      sp.g_stride = 2 * I;
-      sp.u = gu + I;
-      sp.u_stride = 2 * I;
-      sp.out = act;
-      sp.out_stride = I;
-      sp.rows = R * k;
-      sp.n = I;
-      LS_RETURN_IF_ERROR(cu::SwiGlu(sp, s));
-      ge.out = H;
-      ge.in = I;
-      ge.w = D.experts_down.ptr();
-      ge.w_bf16 = D.experts_down.bf16;
-      ge.w_expert_stride = H * I;
-      ge.w_row_stride = I;
-      ge.x = act;
-      ge.x_stride = I;
-      ge.x_per_slot = true;
-      ge.y = ey;
-      ge.y_stride = H;
-      LS_RETURN_IF_ERROR(cu::ExpertGemm(ge, s));
-      if (c.n_shared_experts > 0) {
-        LS_RETURN_IF_ERROR(SwiGluMlp(D.shared_gate_up, D.shared_down, D.shared_inter, h, R, sh));
-      }
-      cu::MoeCombineParams mc;
-      mc.y = ey;
-      mc.y_stride = H;
-      mc.weights = wts;
-      mc.shared = c.n_shared_experts > 0 ? sh : nullptr;
-      mc.shared_stride = H;
-      mc.out = o;
-      mc.out_stride = H;
-      mc.rows = R;
-      mc.k = k;
-      mc.n = H;
-      LS_RETURN_IF_ERROR(cu::MoeCombine(mc, s));
-    }
-    LS_RETURN_IF_ERROR(Tap(tn(kTapFfnOut), o, H, H, TapDType::kF32));
-    LS_RETURN_IF_ERROR(cu::AddInPlace(x, H, o, H, R, H, s));
-    LS_RETURN_IF_ERROR(Tap(tn(kTapResidOut), x, H, H, TapDType::kF32));
-    LS_RETURN_IF_ERROR(OverrideRows(tn(kTapResidOut), x, H));
-  }
-
-  // Final norm; logits for the rows that need them, gathered first so lm_head is read once.
-  LS_RETURN_IF_ERROR(rmsnorm(x, H, final_norm_, H, rms_eps, h, H));
-  LS_RETURN_IF_ERROR(Tap("final_norm", h, H, H, TapDType::kF32));
-  {
-    cu::GatherRowsParams gp;
-    gp.src = h;
-    gp.src_rows = R;
-    gp.src_stride = H * 4;
-    gp.rows = d_lrow;
-    gp.n = RL;
-    gp.dst = o;  // o has R ≥ RL rows
-    gp.dst_stride = H * 4;
-    gp.row_bytes = H * 4;
-    gp.error_flag = err;
-    LS_RETURN_IF_ERROR(cu::GatherRows(gp, s));
-  }
-  LS_RETURN_IF_ERROR(logits_dev_.Ensure(static_cast<size_t>(RL * V) * 4));
-  LS_RETURN_IF_ERROR(Linear(o, H, RL, lm_head_, logits_dev_.as<float>(), V));
   if (logits_host_.size() < static_cast<size_t>(RL * V) * 4) {
     LS_ASSIGN_OR_RETURN(logits_host_, cu::PinnedBuffer::Allocate(static_cast<size_t>(RL * V) * 4 * 3 / 2));
   }
-  LS_RETURN_IF_ERROR(cu::CopyAsync(logits_host_.data(), logits_dev_.buf.data(), static_cast<size_t>(RL * V) * 4, s));
-
-  // The new cache rows back into the host cache, when a reader wants them.
-  const int64_t nstreams = static_cast<int64_t>(cache.streams(0).size());
+  LS_RETURN_IF_ERROR(logits_dev_.Ensure(static_cast<size_t>(RL * V) * 4));
+  // The new cache rows go back into the host cache when a reader wants them: gathered by
+  // slot on the device (inside the step, so a graph includes it), then one copy.
   std::vector<size_t> mirror_off;
+  size_t mirror_bytes = 0;
   if (mirror_) {
-    size_t bytes = 0;
     for (int64_t l = 0; l < c.num_hidden_layers; ++l) {
       for (const StreamSpec& st : cache.streams(l)) {
-        mirror_off.push_back(bytes);
-        bytes += static_cast<size_t>(R * st.bytes_per_token + 255) / 256 * 256;
-      }
-    }
-    LS_RETURN_IF_ERROR(gather_.Ensure(bytes));
-    if (mirror_host_.size() < bytes) {
-      LS_ASSIGN_OR_RETURN(mirror_host_, cu::PinnedBuffer::Allocate(bytes * 3 / 2));
-    }
-    size_t idx = 0;
-    for (int64_t l = 0; l < c.num_hidden_layers; ++l) {
-      for (const StreamSpec& st : cache.streams(l)) {
-        cu::GatherRowsParams gp;
-        gp.src = st.kind == StreamKind::kMlaLatent ? latent_pool_[l].data() : index_pool_[l].data();
-        gp.src_rows = num_pages_ * page_size_;
-        gp.src_stride = st.bytes_per_token;
-        gp.rows = d_slot;
-        gp.n = R;
-        gp.dst = gather_.as<char>() + mirror_off[idx++];
-        gp.dst_stride = st.bytes_per_token;
-        gp.row_bytes = st.bytes_per_token;
-        gp.error_flag = err;
         if (st.bytes_per_token % 4 != 0) {
           return Status::Internal("cuda backend: cache stream '" + st.name + "' has " +
                                   std::to_string(st.bytes_per_token) + " bytes per token, not a multiple of 4");
         }
-        LS_RETURN_IF_ERROR(cu::GatherRows(gp, s));
+        mirror_off.push_back(mirror_bytes);
+        mirror_bytes += static_cast<size_t>(R * st.bytes_per_token + 255) / 256 * 256;
       }
     }
-    LS_RETURN_IF_ERROR(cu::CopyAsync(mirror_host_.data(), gather_.buf.data(), bytes, s));
+    LS_RETURN_IF_ERROR(mirror_dev_.Ensure(mirror_bytes));
+    if (mirror_host_.size() < mirror_bytes) {
+      LS_ASSIGN_OR_RETURN(mirror_host_, cu::PinnedBuffer::Allocate(mirror_bytes * 3 / 2));
+    }
   }
-  (void)nstreams;
+  auto body = [&]() -> Status {
+LS_RETURN_IF_ERROR(Mark("start"));
+    // x = embed(tokens)
+    {
+      cu::EmbedParams ep;
+      ep.table = embed_.f32();
+      ep.vocab = V;
+      ep.n = H;
+      ep.ids = d_tok;
+      ep.rows = R;
+      ep.y = x;
+      ep.y_stride = H;
+      ep.error_flag = err;
+      LS_RETURN_IF_ERROR(cu::Embed(ep, s));
+    }
+    LS_RETURN_IF_ERROR(Tap("embed", x, H, H, TapDType::kF32));
+    LS_RETURN_IF_ERROR(OverrideRows("embed", x, H));
+    LS_RETURN_IF_ERROR(Mark("embed"));
+  
+    auto rmsnorm = [&](const float* in, int64_t in_stride, const DevTensor& w, int64_t n, float eps, float* y,
+                       int64_t y_stride) {
+      cu::RmsNormParams p;
+      p.x = in;
+      p.x_stride = in_stride;
+      p.weight = w.f32();
+      p.y = y;
+      p.y_stride = y_stride;
+      p.rows = R;
+      p.n = n;
+      p.eps = eps;
+      return cu::RmsNorm(p, s);
+    };
+    auto rope = [&](float* v, int64_t row_stride, int64_t heads_n, int64_t head_stride, cu::RopeStyle style) {
+      cu::RopeParams p;
+      p.x = v;
+      p.row_stride = row_stride;
+      p.head_stride = head_stride;
+      p.rows = R;
+      p.heads = heads_n;
+      p.dim = dr;
+      p.positions = d_pos;
+      p.cos = rope_cos_.f32();
+      p.sin = rope_sin_.f32();
+      p.max_position = rope_positions_;
+      p.style = style;
+      p.error_flag = err;
+      return cu::Rope(p, s);
+    };
+    const float rms_eps = static_cast<float>(c.rms_norm_eps);
+    LS_RETURN_IF_ERROR(mla_ws_.Ensure(256));
+  
+    for (int64_t l = 0; l < c.num_hidden_layers; ++l) {
+      const DevLayer& D = layers_[l];
+      auto tn = [&](TapId t) -> const std::string& { return model_->tap_name(l, t); };
+  
+      LS_RETURN_IF_ERROR(rmsnorm(x, H, D.input_norm, H, rms_eps, h, H));
+      LS_RETURN_IF_ERROR(Tap(tn(kTapAttnNorm), h, H, H, TapDType::kF32));
+      LS_RETURN_IF_ERROR(Mark("rmsnorm"));
+  
+      // q = q_b(RMSNorm(q_a(h))) or q_proj(h)
+      if (c.q_lora_rank > 0) {
+        LS_RETURN_IF_ERROR(Linear(h, H, R, D.q_a_proj, qa, c.q_lora_rank));
+        LS_RETURN_IF_ERROR(rmsnorm(qa, c.q_lora_rank, D.q_a_norm, c.q_lora_rank, 1e-6f, qr, c.q_lora_rank));
+        LS_RETURN_IF_ERROR(Linear(qr, c.q_lora_rank, R, D.q_b_proj, q, nh * dqk));
+        LS_RETURN_IF_ERROR(Mark("q_proj"));
+      } else {
+        LS_RETURN_IF_ERROR(Linear(h, H, R, D.q_proj, q, nh * dqk));
+        LS_RETURN_IF_ERROR(Mark("q_proj"));
+      }
+      // [c_kv | k_rope] = kv_a(h); latent = RMSNorm(c_kv); RoPE on q's rope part and k_rope in place.
+      LS_RETURN_IF_ERROR(Linear(h, H, R, D.kv_a_proj, kv, C + dr));
+      LS_RETURN_IF_ERROR(Mark("kv_a_proj"));
+      LS_RETURN_IF_ERROR(rmsnorm(kv, C + dr, D.kv_a_norm, C, 1e-6f, latent, C));
+      const cu::RopeStyle style = ToRopeStyle(c.rope_style);
+      LS_RETURN_IF_ERROR(rope(q + dn, nh * dqk, nh, dqk, style));
+      LS_RETURN_IF_ERROR(rope(kv + C, C + dr, 1, dr, style));
+      LS_RETURN_IF_ERROR(Tap(tn(kTapQ), q, nh * dqk, nh * dqk, TapDType::kF32));
+      LS_RETURN_IF_ERROR(Tap(tn(kTapLatent), latent, C, C, TapDType::kF32));
+      LS_RETURN_IF_ERROR(Tap(tn(kTapKRope), kv + C, dr, C + dr, TapDType::kF32));
+  
+      // Append to the device cache in its format; attention reads what was stored.
+      {
+        cu::LatentWriteParams wp;
+        wp.latent = latent;
+        wp.latent_stride = C;
+        wp.rope = kv + C;
+        wp.rope_stride = C + dr;
+        wp.slots = d_slot;
+        wp.cache = latent_pool_[l].as<uint8_t>();
+        wp.num_slots = num_pages_ * page_size_;
+        wp.rows = R;
+        wp.kv_lora = C;
+        wp.rope_dim = dr;
+        wp.format = format_;
+        wp.error_flag = err;
+        LS_RETURN_IF_ERROR(cu::WriteLatent(wp, s));
+        LS_RETURN_IF_ERROR(Mark("norm_rope_write"));
+      }
+  
+      // V3.2 indexer: scores over every causal key, exact top-k → the keys sparse attention reads.
+      const bool sparse = c.layers[l].attention == AttentionKind::kMlaSparse;
+      if (sparse) {
+        LS_RETURN_IF_ERROR(Linear(qr, c.q_lora_rank, R, D.iq_b, iq, nhi * di));
+        LS_RETURN_IF_ERROR(Linear(h, H, R, D.ik, ik, di));
+        cu::LayerNormParams lp;
+        lp.x = ik;
+        lp.x_stride = di;
+        lp.weight = D.ik_norm_w.f32();
+        lp.bias = D.ik_norm_b.f32();
+        lp.y = ikn;
+        lp.y_stride = di;
+        lp.rows = R;
+        lp.n = di;
+        lp.eps = 1e-6;
+        LS_RETURN_IF_ERROR(cu::LayerNorm(lp, s));
+        LS_RETURN_IF_ERROR(Linear(h, H, R, D.iw_proj, iw, nhi));
+        LS_RETURN_IF_ERROR(rope(iq, nhi * di, nhi, di, cu::RopeStyle::kHalves));
+        LS_RETURN_IF_ERROR(rope(ikn, di, 1, di, cu::RopeStyle::kHalves));
+        LS_RETURN_IF_ERROR(cu::Scale(iw, nhi, R, nhi, 1.0f / std::sqrt(static_cast<float>(nhi)), s));
+        cu::ScatterRowsParams sp;
+        sp.src = ikn;
+        sp.src_stride = di * 4;
+        sp.slots = d_slot;
+        sp.n = R;
+        sp.dst = index_pool_[l].data();
+        sp.dst_rows = num_pages_ * page_size_;
+        sp.dst_stride = di * 4;
+        sp.row_bytes = di * 4;
+        sp.error_flag = err;
+        LS_RETURN_IF_ERROR(cu::ScatterRows(sp, s));
+  
+        LS_RETURN_IF_ERROR(scores_.Ensure(static_cast<size_t>(R * max_len) * 4));
+        cu::IndexerScoreParams ip;
+        ip.batch = R;
+        ip.heads = nhi;
+        ip.head_dim = di;
+        ip.q = iq;
+        ip.q_batch_stride = nhi * di;
+        ip.q_head_stride = di;
+        ip.weights = iw;
+        ip.weights_stride = nhi;
+        ip.key_scale = 1.0f / std::sqrt(static_cast<float>(di));
+        ip.keys = index_pool_[l].as<float>();
+        ip.num_pages = num_pages_;
+        ip.page_size = page_size_;
+        ip.page_table = d_table;
+        ip.page_table_stride = P;
+        ip.seq_lens = d_len;
+        ip.max_seq_len = max_len;
+        ip.scores = scores_.as<float>();
+        ip.scores_stride = max_len;
+        ip.error_flag = err;
+        LS_RETURN_IF_ERROR(cu::IndexerScores(ip, s));
+        cu::TopKParams tp;
+        tp.batch = R;
+        tp.topk = topk;
+        tp.scores = scores_.as<float>();
+        tp.scores_stride = max_len;
+        tp.seq_lens = d_len;
+        tp.max_seq_len = max_len;
+        tp.positions = topk_pos;
+        tp.slots = topk_slot;
+        tp.page_table = d_table;
+        tp.page_table_stride = P;
+        tp.page_size = page_size_;
+        tp.num_pages = num_pages_;
+        tp.error_flag = err;
+        LS_RETURN_IF_ERROR(cu::TopK(tp, s));
+        LS_RETURN_IF_ERROR(Tap(tn(kTapIndexerTopk), topk_pos, topk, topk, TapDType::kI32));
+        LS_RETURN_IF_ERROR(Mark("indexer"));
+      }
+  
+      // Absorbed attention for every row: q_lat_h = W_UK_hᵀ q_nope_h; attend over the latent;
+      // heads_h = W_UV_h o_lat_h.
+      // Per head as a grouped GEMV (heads = "experts", one slot per head): a fixed reduction
+      // order per output element whatever the number of rows (ExpertGemm is cpu::MatMulNT's).
+      cu::ExpertGemmParams ab;
+      ab.rows = R;
+      ab.k = nh;
+      ab.experts = nh;
+      ab.out = C;
+      ab.in = dn;
+      ab.w = D.w_ukt.ptr();
+      ab.w_bf16 = D.w_ukt.bf16;
+      ab.w_expert_stride = C * dn;
+      ab.w_row_stride = dn;
+      ab.x = q;  // slot (r, h) reads q[r, h, 0:dn]: row (r·nh + h) at stride dqk
+      ab.x_stride = dqk;
+      ab.x_per_slot = true;
+      ab.round_x_bf16 = bf16_;
+      ab.ids = d_heads;
+      ab.y = qlat;
+      ab.y_stride = C;
+      ab.error_flag = err;
+      LS_RETURN_IF_ERROR(cu::ExpertGemm(ab, s));
+      LS_RETURN_IF_ERROR(Mark("absorb_q"));
+      {
+        cu::MlaDecodeParams mp;
+        mp.batch = R;
+        mp.heads = nh;
+        mp.kv_lora = C;
+        mp.rope_dim = dr;
+        mp.format = format_;
+        mp.softmax_scale = scale;
+        mp.q_latent = qlat;
+        mp.q_latent_batch_stride = nh * C;
+        mp.q_latent_head_stride = C;
+        mp.q_rope = q + dn;
+        mp.q_rope_batch_stride = nh * dqk;
+        mp.q_rope_head_stride = dqk;
+        mp.cache = latent_pool_[l].as<uint8_t>();
+        mp.num_pages = num_pages_;
+        mp.page_size = page_size_;
+        mp.o_latent = olat;
+        mp.o_batch_stride = nh * C;
+        mp.o_head_stride = C;
+        mp.error_flag = err;
+        if (sparse) {
+          mp.indices = topk_slot;
+          mp.indices_stride = topk;
+          mp.topk = topk;
+        } else {
+          mp.page_table = d_table;
+          mp.page_table_stride = P;
+          mp.seq_lens = d_len;
+          mp.max_seq_len = max_len;
+        }
+        const size_t need = cu::MlaDecodeWorkspaceBytes(mp);
+        LS_RETURN_IF_ERROR(mla_ws_.Ensure(std::max<size_t>(need, 256)));
+        mp.workspace = mla_ws_.buf.data();
+        mp.workspace_bytes = mla_ws_.buf.size();
+        LS_RETURN_IF_ERROR(sparse ? cu::MlaSparseDecode(mp, s) : cu::MlaDecode(mp, s));
+        LS_RETURN_IF_ERROR(Mark("mla_decode"));
+      }
+      // heads_h = W_UV_h o_lat_h: W_UV_h is rows [h·(dn+dv) + dn, +dv) of kv_b_proj.
+      ab.out = dv;
+      ab.in = C;
+      ab.w = static_cast<const char*>(D.kv_b.ptr()) + dn * C * (D.kv_b.bf16 ? 2 : 4);
+      ab.w_bf16 = D.kv_b.bf16;
+      ab.w_expert_stride = (dn + dv) * C;
+      ab.w_row_stride = C;
+      ab.x = olat;
+      ab.x_stride = C;
+      ab.y = heads;
+      ab.y_stride = dv;
+      LS_RETURN_IF_ERROR(cu::ExpertGemm(ab, s));
+      LS_RETURN_IF_ERROR(Mark("absorb_v"));
+      LS_RETURN_IF_ERROR(Tap(tn(kTapHeads), heads, nh * dv, nh * dv, TapDType::kF32));
+  
+      // x = x + o_proj(heads)
+      LS_RETURN_IF_ERROR(Linear(heads, nh * dv, R, D.o_proj, o, H));
+      LS_RETURN_IF_ERROR(Mark("o_proj"));
+      LS_RETURN_IF_ERROR(Tap(tn(kTapAttnOut), o, H, H, TapDType::kF32));
+      LS_RETURN_IF_ERROR(cu::AddInPlace(x, H, o, H, R, H, s));
+      LS_RETURN_IF_ERROR(Tap(tn(kTapResidMid), x, H, H, TapDType::kF32));
+  
+      // FFN on RMSNorm(x).
+      LS_RETURN_IF_ERROR(rmsnorm(x, H, D.post_attn_norm, H, rms_eps, h, H));
+      LS_RETURN_IF_ERROR(Tap(tn(kTapFfnNorm), h, H, H, TapDType::kF32));
+      if (c.layers[l].ffn == FfnKind::kDense) {
+        LS_RETURN_IF_ERROR(SwiGluMlp(D.mlp_gate_up, D.mlp_down, D.mlp_inter, h, R, o));
+        LS_RETURN_IF_ERROR(Mark("dense_mlp"));
+      } else {
+        // Router logits in fp32 (the router is never rounded), routing on the device.
+        // Router logits: fp32 weights, ExpertGemm's cpu::MatMulNT order — the CPU's exact bits,
+        // so the experts chosen are the CPU's whenever the inputs are.
+        cu::ExpertGemmParams rg;
+        rg.rows = R;
+        rg.k = 1;
+        rg.experts = 1;
+        rg.out = E;
+        rg.in = H;
+        rg.w = D.router.ptr();
+        rg.w_bf16 = false;
+        rg.w_expert_stride = E * H;
+        rg.w_row_stride = H;
+        rg.x = h;
+        rg.x_stride = H;
+        rg.ids = d_zeros;
+        rg.y = rlog;
+        rg.y_stride = E;
+        rg.error_flag = err;
+        LS_RETURN_IF_ERROR(cu::ExpertGemm(rg, s));
+        cu::RouteParams rp;
+        rp.logits = rlog;
+        rp.logits_stride = E;
+        rp.bias = D.router_bias.empty() ? nullptr : D.router_bias.f32();
+        rp.rows = R;
+        rp.experts = E;
+        rp.k = k;
+        // Groups matter only with more than one (the CPU ignores n_group ≤ 1, e.g. V2's null).
+        const bool grouped = c.gate != GateKind::kSoftmaxGreedy && c.n_group > 1;
+        rp.n_group = grouped ? c.n_group : 1;
+        rp.topk_group = grouped ? c.topk_group : 1;
+        rp.gate = ToGateKind(c.gate);
+        rp.norm_topk_prob = c.norm_topk_prob;
+        rp.routed_scaling_factor = static_cast<float>(c.routed_scaling_factor);
+        rp.ids = ids;
+        rp.weights = wts;
+        LS_RETURN_IF_ERROR(cu::Route(rp, s));
+        LS_RETURN_IF_ERROR(Mark("router"));
+        LS_RETURN_IF_ERROR(Tap(tn(kTapTopkIds), ids, k, k, TapDType::kI32));
+        LS_RETURN_IF_ERROR(Tap(tn(kTapTopkWeights), wts, k, k, TapDType::kF32));
+        // Each (row, slot) through its expert: gate_up, SwiGLU, down; combined in slot order.
+        const int64_t I = D.moe_inter;
+        cu::ExpertGemmParams ge;
+        ge.rows = R;
+        ge.k = k;
+        ge.experts = E;
+        ge.out = 2 * I;
+        ge.in = H;
+        ge.w = D.experts_gate_up.ptr();
+        ge.w_bf16 = D.experts_gate_up.bf16;
+        ge.w_expert_stride = 2 * I * H;
+        ge.w_row_stride = H;
+        ge.x = h;
+        ge.x_stride = H;
+        ge.x_per_slot = false;
+        ge.round_x_bf16 = bf16_;
+        ge.ids = ids;
+        ge.y = gu;
+        ge.y_stride = 2 * I;
+        ge.error_flag = err;
+        LS_RETURN_IF_ERROR(cu::ExpertGemm(ge, s));
+        LS_RETURN_IF_ERROR(Mark("experts_gate_up"));
+        cu::SwiGluParams sp;
+        sp.g = gu;
+        sp.g_stride = 2 * I;
+        sp.u = gu + I;
+        sp.u_stride = 2 * I;
+        sp.out = act;
+        sp.out_stride = I;
+        sp.rows = R * k;
+        sp.n = I;
+        LS_RETURN_IF_ERROR(cu::SwiGlu(sp, s));
+        ge.out = H;
+        ge.in = I;
+        ge.w = D.experts_down.ptr();
+        ge.w_bf16 = D.experts_down.bf16;
+        ge.w_expert_stride = H * I;
+        ge.w_row_stride = I;
+        ge.x = act;
+        ge.x_stride = I;
+        ge.x_per_slot = true;
+        ge.y = ey;
+        ge.y_stride = H;
+        LS_RETURN_IF_ERROR(cu::ExpertGemm(ge, s));
+        LS_RETURN_IF_ERROR(Mark("experts_down"));
+        if (c.n_shared_experts > 0) {
+          LS_RETURN_IF_ERROR(SwiGluMlp(D.shared_gate_up, D.shared_down, D.shared_inter, h, R, sh));
+          LS_RETURN_IF_ERROR(Mark("shared_experts"));
+        }
+        cu::MoeCombineParams mc;
+        mc.y = ey;
+        mc.y_stride = H;
+        mc.weights = wts;
+        mc.shared = c.n_shared_experts > 0 ? sh : nullptr;
+        mc.shared_stride = H;
+        mc.out = o;
+        mc.out_stride = H;
+        mc.rows = R;
+        mc.k = k;
+        mc.n = H;
+        LS_RETURN_IF_ERROR(cu::MoeCombine(mc, s));
+        LS_RETURN_IF_ERROR(Mark("combine"));
+      }
+      LS_RETURN_IF_ERROR(Tap(tn(kTapFfnOut), o, H, H, TapDType::kF32));
+      LS_RETURN_IF_ERROR(cu::AddInPlace(x, H, o, H, R, H, s));
+      LS_RETURN_IF_ERROR(Tap(tn(kTapResidOut), x, H, H, TapDType::kF32));
+      LS_RETURN_IF_ERROR(OverrideRows(tn(kTapResidOut), x, H));
+    }
+  
+    // Final norm; logits for the rows that need them, gathered first so lm_head is read once.
+    LS_RETURN_IF_ERROR(rmsnorm(x, H, final_norm_, H, rms_eps, h, H));
+    LS_RETURN_IF_ERROR(Tap("final_norm", h, H, H, TapDType::kF32));
+    {
+      cu::GatherRowsParams gp;
+      gp.src = h;
+      gp.src_rows = R;
+      gp.src_stride = H * 4;
+      gp.rows = d_lrow;
+      gp.n = RL;
+      gp.dst = o;  // o has R ≥ RL rows
+      gp.dst_stride = H * 4;
+      gp.row_bytes = H * 4;
+      gp.error_flag = err;
+      LS_RETURN_IF_ERROR(cu::GatherRows(gp, s));
+    }
+    LS_RETURN_IF_ERROR(Linear(o, H, RL, lm_head_, logits_dev_.as<float>(), V));
+    LS_RETURN_IF_ERROR(Mark("lm_head"));
+    if (mirror_) {
+      size_t idx = 0;
+      for (int64_t l = 0; l < c.num_hidden_layers; ++l) {
+        for (const StreamSpec& st : cache.streams(l)) {
+          cu::GatherRowsParams gp;
+          gp.src = st.kind == StreamKind::kMlaLatent ? latent_pool_[l].data() : index_pool_[l].data();
+          gp.src_rows = num_pages_ * page_size_;
+          gp.src_stride = st.bytes_per_token;
+          gp.rows = d_slot;
+          gp.n = R;
+          gp.dst = mirror_dev_.as<char>() + mirror_off[idx++];
+          gp.dst_stride = st.bytes_per_token;
+          gp.row_bytes = st.bytes_per_token;
+          gp.error_flag = err;
+          LS_RETURN_IF_ERROR(cu::GatherRows(gp, s));
+        }
+      }
+      LS_RETURN_IF_ERROR(Mark("cache_mirror"));
+    }
+    return Status::Ok();
+  };
+  if (!graph) {
+    LS_RETURN_IF_ERROR(body());
+  } else {
+    StepGraph& sg = graphs_[R];
+    auto warm = warmed_.find(R);
+    if (sg.graph && sg.generation == g_alloc_generation) {
+      LS_RETURN_IF_ERROR(sg.graph->Launch(s));
+      if (prof_) prof_->SetUsed(sg.marks);
+    } else if (!sg.failed && warm != warmed_.end() && warm->second == g_alloc_generation) {
+      LS_RETURN_IF_ERROR(cu::CudaGraph::BeginCapture(s));
+      const Status st = body();
+      auto captured = cu::CudaGraph::EndCapture(s);
+      if (st.ok() && captured.ok() && g_alloc_generation == warm->second) {
+        sg.graph = std::move(*captured);
+        sg.generation = g_alloc_generation;
+        if (prof_) sg.marks = prof_->used();
+        LS_RETURN_IF_ERROR(sg.graph->Launch(s));
+      } else {
+        // Something in the step cannot be captured: run it plainly from now on.
+        sg.failed = true;
+        sg.graph.reset();
+        cu::ClearLastError();
+        LS_RETURN_IF_ERROR(body());
+      }
+    } else {
+      LS_RETURN_IF_ERROR(body());
+      warmed_[R] = g_alloc_generation;
+    }
+  }
+  LS_RETURN_IF_ERROR(cu::CopyAsync(logits_host_.data(), logits_dev_.buf.data(), static_cast<size_t>(RL * V) * 4, s));
+
+  if (mirror_) {
+    LS_RETURN_IF_ERROR(cu::CopyAsync(mirror_host_.data(), mirror_dev_.buf.data(), mirror_bytes, s));
+  }
 
   // One synchronisation: taps, logits, cache rows and the kernels' error flag.
   int32_t flag = 0;
@@ -1065,6 +1193,10 @@ Status CudaBackend::Forward(std::span<Segment> segs, PagedKvCache& cache, const 
     LS_RETURN_IF_ERROR(error_flag_.Fill(0));
     return Status::Internal("cuda backend: a kernel reported bad device arguments (KernelError bits " +
                             std::to_string(flag) + ")");
+  }
+  if (prof_) {
+    LS_RETURN_IF_ERROR(prof_->Collect(&prof_ms_));
+    ++prof_steps_;
   }
   if (mirror_) {
     size_t idx = 0;

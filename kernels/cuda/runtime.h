@@ -9,7 +9,10 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <map>
 #include <memory>
+#include <string>
+#include <vector>
 
 #include "base/status.h"
 #include "kernels/cuda/ops.h"
@@ -59,6 +62,8 @@ Status CopyAsync(void* dst, const void* src, size_t bytes, Stream stream);
 Status Copy2DAsync(void* dst, size_t dst_pitch, const void* src, size_t src_pitch, size_t width, size_t height,
                    Stream stream);
 Status MemsetAsync(void* dst, int value, size_t bytes, Stream stream);
+// Clears the calling thread's sticky CUDA error (after a failed capture that was handled).
+void ClearLastError();
 
 // A CUDA graph captured from a stream (cudaStreamBeginCapture … EndCapture), then replayed
 // with Launch. The captured kernels keep the pointers and scalar arguments of capture time:
@@ -74,6 +79,28 @@ class CudaGraph {
  private:
   CudaGraph() = default;
   CUgraphExec_st* exec_ = nullptr;
+};
+
+// Attributes GPU time to named phases of a stream's work: Mark(name) closes the interval that
+// began at the previous mark; Collect() waits for the stream and adds each interval (ms) to
+// `totals`. Diagnostics only (LOCKSTEP_CUDA_PROFILE=1): the events serialise nothing but cost
+// a little launch time. Marks may be captured into a CUDA graph (event-record nodes).
+class EventTimer {
+ public:
+  ~EventTimer();
+  static Result<std::unique_ptr<EventTimer>> Create();
+  Status Mark(const std::string& name, Stream stream);
+  Status Collect(std::map<std::string, double>* totals);
+  // Marks recorded since the last Collect. A CUDA graph captured with marks re-records the same
+  // events when launched: SetUsed(n) tells Collect to read them.
+  size_t used() const { return used_; }
+  void SetUsed(size_t n) { used_ = n; }
+
+ private:
+  EventTimer() = default;
+  std::vector<void*> events_;  // cudaEvent_t, reused
+  std::vector<std::string> names_;
+  size_t used_ = 0;
 };
 
 // Fills n values with Philox uniforms in [lo, hi): value i is a pure function of (seed, i),

@@ -65,6 +65,51 @@ Status MemsetAsync(void* dst, int value, size_t bytes, Stream stream) {
   return Status::Ok();
 }
 
+void ClearLastError() { cudaGetLastError(); }
+
+EventTimer::~EventTimer() {
+  for (void* e : events_) cudaEventDestroy(static_cast<cudaEvent_t>(e));
+}
+
+Result<std::unique_ptr<EventTimer>> EventTimer::Create() {
+  return Result<std::unique_ptr<EventTimer>>(std::unique_ptr<EventTimer>(new EventTimer()));
+}
+
+Status EventTimer::Mark(const std::string& name, Stream stream) {
+  if (used_ == events_.size()) {
+    cudaEvent_t e = nullptr;
+    LS_CUDA_RETURN_IF_ERROR(cudaEventCreate(&e));
+    events_.push_back(e);
+    names_.emplace_back();
+  }
+  names_[used_] = name;
+  // Inside a stream capture a plain record only orders streams; an external record becomes a
+  // node that records the event each time the graph runs.
+  cudaStreamCaptureStatus capturing = cudaStreamCaptureStatusNone;
+  LS_CUDA_RETURN_IF_ERROR(cudaStreamIsCapturing(stream, &capturing));
+  if (capturing == cudaStreamCaptureStatusActive) {
+    LS_CUDA_RETURN_IF_ERROR(
+        cudaEventRecordWithFlags(static_cast<cudaEvent_t>(events_[used_]), stream, cudaEventRecordExternal));
+  } else {
+    LS_CUDA_RETURN_IF_ERROR(cudaEventRecord(static_cast<cudaEvent_t>(events_[used_]), stream));
+  }
+  ++used_;
+  return Status::Ok();
+}
+
+Status EventTimer::Collect(std::map<std::string, double>* totals) {
+  if (used_ == 0) return Status::Ok();
+  LS_CUDA_RETURN_IF_ERROR(cudaEventSynchronize(static_cast<cudaEvent_t>(events_[used_ - 1])));
+  for (size_t i = 1; i < used_; ++i) {
+    float ms = 0;
+    LS_CUDA_RETURN_IF_ERROR(cudaEventElapsedTime(&ms, static_cast<cudaEvent_t>(events_[i - 1]),
+                                                 static_cast<cudaEvent_t>(events_[i])));
+    (*totals)[names_[i]] += ms;
+  }
+  used_ = 0;
+  return Status::Ok();
+}
+
 CudaGraph::~CudaGraph() {
   if (exec_ != nullptr) cudaGraphExecDestroy(exec_);
 }

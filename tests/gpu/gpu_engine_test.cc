@@ -173,12 +173,28 @@ TEST(GpuEngine, TinyModelGreedyMatchesTransformersFor128Steps) {
 
 // Eight prompts of different lengths, sampled at T 0.8: every step's logits per request.
 using Logits = std::map<int64_t, std::vector<std::vector<float>>>;
-Logits RunBatch(const EngineOptions& o, int64_t max_batch, bool stagger, std::vector<std::vector<int32_t>>* tokens) {
+Logits RunBatch(const EngineOptions& o, int64_t max_batch, bool stagger, std::vector<std::vector<int32_t>>* tokens,
+               std::vector<std::vector<uint8_t>>* cache_rows = nullptr) {
   EngineOptions eo = o;
   eo.max_batch = max_batch;
   auto eng = Engine::Create(Tiny(), eo);
   EXPECT_TRUE(eng.ok()) << eng.status().message();
   Logits out;
+  if (cache_rows != nullptr) {
+    // Every layer's stored bytes of every new row, as the host mirror holds them.
+    (*eng)->SetForwardCallback([&](std::span<const engine::Segment> segs, const engine::PagedKvCache& cache) {
+      for (const auto& g : segs) {
+        for (size_t j = 0; j < g.tokens.size(); ++j) {
+          for (int64_t l = 0; l < Tiny()->config().num_hidden_layers; ++l) {
+            for (size_t st = 0; st < cache.streams(l).size(); ++st) {
+              const uint8_t* b = cache.TokenBytes(l, st, *g.cache, g.start_pos + static_cast<int64_t>(j));
+              cache_rows->emplace_back(b, b + cache.streams(l)[st].bytes_per_token);
+            }
+          }
+        }
+      }
+    });
+  }
   (*eng)->SetStepCallback(
       [&](const engine::StepEvent& ev) { out[ev.request_id].push_back((*eng)->request(ev.request_id).last_logits); });
   auto add = [&](int i) {
@@ -234,6 +250,27 @@ TEST(GpuEngine, DeterministicAndBatchInvariant) {
       EXPECT_EQ(t_alone, t_stagger);
     }
   }
+}
+
+// Decode steps replayed from a CUDA graph give the bits of the same steps launched one by one.
+TEST(GpuEngine, GraphsChangeNoBits) {
+  LS_REQUIRE_GPU();
+  std::vector<std::vector<int32_t>> a, b;
+  std::vector<std::vector<uint8_t>> rows_a, rows_b;
+  setenv("LOCKSTEP_CUDA_GRAPHS", "0", 1);
+  const Logits plain = RunBatch(Cuda(engine::KvFormat::kFp8E4m3, "bf16"), 4, false, &a, &rows_a);
+  unsetenv("LOCKSTEP_CUDA_GRAPHS");
+  const Logits graphed = RunBatch(Cuda(engine::KvFormat::kFp8E4m3, "bf16"), 4, false, &b, &rows_b);
+  // The cache rows mirrored to the host (a recorder's view) are the same with graphs.
+  ASSERT_EQ(rows_a.size(), rows_b.size());
+  EXPECT_GT(rows_a.size(), 0u);
+  EXPECT_TRUE(rows_a == rows_b) << "mirrored cache bytes differ between graphed and plain steps";
+  for (const auto& [id, steps] : plain) {
+    for (size_t s = 0; s < steps.size(); ++s) {
+      EXPECT_TRUE(Bitwise(steps[s], graphed.at(id)[s])) << "request " << id << " step " << s;
+    }
+  }
+  EXPECT_EQ(a, b);
 }
 
 // The heuristic cuBLAS variant is deterministic but not batch-invariant; the test documents
