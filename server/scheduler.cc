@@ -259,6 +259,10 @@ void Scheduler::Finish(int64_t engine_id, const std::string& reason) {
   active_.erase(it);
   if (tap_request_ == engine_id) tap_request_ = -1;
   a.record->finish_reason = reason;
+  // The ring's budget counts capacity: give the growth slack back before the record is kept.
+  for (LiveTap& t : a.record->taps) t.rows.shrink_to_fit();
+  a.record->taps.shrink_to_fit();
+  a.record->steps.shrink_to_fit();
   std::shared_ptr<const LiveRecord> rec = a.record;
   // The record is handed over before the final event, so that a client that reads the final
   // event can already capture the request.
