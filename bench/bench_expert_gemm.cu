@@ -1,11 +1,15 @@
-// bench/bench_expert_gemm.cu — the grouped MoE expert GEMM (kernels/cuda/ops.h ExpertGemm) at
-// a DeepSeek-V2-Lite shape: 64 experts, 6 per token, gate+up fused (out 2816), in 2048, bf16
-// weights. Reports time per call and achieved weight bandwidth (bytes of the distinct experts
-// a call touches / time) beside a device-to-device cudaMemcpy measured in the same process.
-// Each call uses one of 32 pre-drawn routings in turn, so consecutive calls touch different
-// experts and the 50 MB L2 cannot serve the weights of the previous call.
+// bench/bench_expert_gemm.cu — the grouped expert GEMM (kernels/cuda/ops.h ExpertGemm) at the
+// DeepSeek-V2-Lite shapes the CUDA engine runs it at, bf16 weights:
+//   moe gate_up  64 experts, 6 per token, out 2816 (gate+up fused), in 2048, x per token
+//   moe down     64 experts, 6 per token, out 2048, in 1408, x per slot
+//   heads W_UK   16 heads as experts (k = 16), out 512, in 128, x per slot at stride 192
+//   heads W_UV   16 heads as experts, out 128, in 512, expert stride 256·512 (rows of kv_b_proj)
+// Reports time per call and achieved weight bandwidth (bytes of the distinct experts a call
+// touches / time) beside a device-to-device cudaMemcpy measured in the same process. MoE calls
+// use one of 32 pre-drawn routings in turn, so consecutive calls touch different experts and
+// the 50 MB L2 cannot serve the previous call's weights (the 2 MB of head weights stay in L2:
+// for those rows µs/call is the figure, the bandwidth column is not DRAM's).
 //
-//   bench_expert_gemm [--reps 50]
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -39,8 +43,16 @@ namespace cu = lockstep::kernels::cuda;
 
 namespace {
 
-constexpr int64_t kExperts = 64, kK = 6, kOut = 2816, kIn = 2048;
 constexpr int kRoutings = 32;
+
+struct Shape {
+  const char* name;
+  int64_t experts, k, out, in;
+  int64_t w_expert_stride;  // elements
+  bool x_per_slot;
+  int64_t x_stride;
+  bool heads;  // ids are 0..k-1 in every row (heads as experts)
+};
 
 __global__ void FillBf16(uint16_t* w, int64_t n) {
   const int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
@@ -74,6 +86,78 @@ double CopyBandwidth(int reps) {
   return 2.0 * bytes * reps / (ms * 1e-3);  // read + write
 }
 
+double RunShape(const Shape& sh, const uint16_t* w, int64_t rows, int reps, double copy) {
+  // kRoutings routings of `rows` tokens: k distinct experts per row, ascending.
+  std::mt19937_64 rng(42 + rows);
+  std::vector<int32_t> ids(kRoutings * rows * sh.k);
+  double distinct = 0;
+  for (int t = 0; t < kRoutings; ++t) {
+    std::set<int32_t> used;
+    for (int64_t r = 0; r < rows; ++r) {
+      std::vector<int32_t> all(sh.experts);
+      for (int64_t e = 0; e < sh.experts; ++e) all[e] = static_cast<int32_t>(e);
+      if (!sh.heads) std::shuffle(all.begin(), all.end(), rng);
+      std::sort(all.begin(), all.begin() + sh.k);
+      std::copy(all.begin(), all.begin() + sh.k, ids.begin() + (t * rows + r) * sh.k);
+      used.insert(all.begin(), all.begin() + sh.k);
+    }
+    distinct += static_cast<double>(used.size()) / kRoutings;
+  }
+  const int64_t xrows = sh.x_per_slot ? rows * sh.k : rows;
+  int32_t* d_ids = nullptr;
+  float *x = nullptr, *y = nullptr;
+  CHECK_CUDA(cudaMalloc(&d_ids, ids.size() * 4));
+  CHECK_CUDA(cudaMemcpy(d_ids, ids.data(), ids.size() * 4, cudaMemcpyHostToDevice));
+  CHECK_CUDA(cudaMalloc(&x, xrows * sh.x_stride * 4));
+  CHECK_CUDA(cudaMemset(x, 0, xrows * sh.x_stride * 4));
+  CHECK_CUDA(cudaMalloc(&y, rows * sh.k * sh.out * 4));
+
+  cu::ExpertGemmParams p;
+  p.rows = rows;
+  p.k = sh.k;
+  p.experts = sh.experts;
+  p.out = sh.out;
+  p.in = sh.in;
+  p.w = w;
+  p.w_bf16 = true;
+  p.w_expert_stride = sh.w_expert_stride;
+  p.w_row_stride = sh.in;
+  p.x = x;
+  p.x_stride = sh.x_stride;
+  p.x_per_slot = sh.x_per_slot;
+  p.round_x_bf16 = true;
+  p.y = y;
+  p.y_stride = sh.out;
+  for (int t = 0; t < kRoutings; ++t) {  // warm-up
+    p.ids = d_ids + t * rows * sh.k;
+    CHECK_OK(cu::ExpertGemm(p));
+  }
+  cudaEvent_t e0, e1;
+  CHECK_CUDA(cudaEventCreate(&e0));
+  CHECK_CUDA(cudaEventCreate(&e1));
+  CHECK_CUDA(cudaEventRecord(e0));
+  for (int i = 0; i < reps; ++i) {
+    p.ids = d_ids + (i % kRoutings) * rows * sh.k;
+    CHECK_OK(cu::ExpertGemm(p));
+  }
+  CHECK_CUDA(cudaEventRecord(e1));
+  CHECK_CUDA(cudaEventSynchronize(e1));
+  CHECK_OK(cu::Synchronize());
+  float ms = 0;
+  CHECK_CUDA(cudaEventElapsedTime(&ms, e0, e1));
+  const double sec = ms * 1e-3 / reps;
+  const double bytes = distinct * sh.out * sh.in * 2;
+  const double flops = 2.0 * rows * sh.k * sh.out * sh.in;
+  std::printf("%-12s %6lld %10.1f %12.1f %14.0f %9.0f%% %10.2f\n", sh.name, static_cast<long long>(rows), sec * 1e6,
+              distinct, bytes / sec * 1e-9, 100.0 * bytes / sec / copy, flops / sec * 1e-12);
+  CHECK_CUDA(cudaEventDestroy(e0));
+  CHECK_CUDA(cudaEventDestroy(e1));
+  CHECK_CUDA(cudaFree(d_ids));
+  CHECK_CUDA(cudaFree(x));
+  CHECK_CUDA(cudaFree(y));
+  return sec;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -84,84 +168,24 @@ int main(int argc, char** argv) {
   std::printf("%s\n", cu::DeviceDescription().c_str());
   const double copy = CopyBandwidth(10);
   std::printf("device-to-device copy: %.0f GB/s (read + write)\n", copy * 1e-9);
-  std::printf("ExpertGemm bf16, %lld experts, k=%lld, out %lld, in %lld (weights %.0f MB)\n",
-              static_cast<long long>(kExperts), static_cast<long long>(kK), static_cast<long long>(kOut),
-              static_cast<long long>(kIn), kExperts * kOut * kIn * 2 * 1e-6);
-  std::printf("%6s %10s %12s %14s %10s %10s\n", "rows", "us/call", "experts/call", "weight GB/s", "% of copy",
-              "TFLOP/s");
-
-  const int64_t w_elems = kExperts * kOut * kIn;
-  uint16_t* w = nullptr;
-  CHECK_CUDA(cudaMalloc(&w, w_elems * 2));
-  FillBf16<<<static_cast<unsigned>((w_elems + 255) / 256), 256>>>(w, w_elems);
-  CHECK_CUDA(cudaGetLastError());
-
-  for (int64_t rows : {1, 2, 3, 4, 16, 64, 256}) {
-    // kRoutings routings of `rows` tokens: k distinct experts per row, ascending.
-    std::mt19937_64 rng(42 + rows);
-    std::vector<int32_t> ids(kRoutings * rows * kK);
-    double distinct = 0;
-    for (int t = 0; t < kRoutings; ++t) {
-      std::set<int32_t> used;
-      for (int64_t r = 0; r < rows; ++r) {
-        std::vector<int32_t> all(kExperts);
-        for (int64_t e = 0; e < kExperts; ++e) all[e] = static_cast<int32_t>(e);
-        std::shuffle(all.begin(), all.end(), rng);
-        std::sort(all.begin(), all.begin() + kK);
-        std::copy(all.begin(), all.begin() + kK, ids.begin() + (t * rows + r) * kK);
-        used.insert(all.begin(), all.begin() + kK);
-      }
-      distinct += static_cast<double>(used.size()) / kRoutings;
-    }
-    int32_t* d_ids = nullptr;
-    float *x = nullptr, *y = nullptr;
-    CHECK_CUDA(cudaMalloc(&d_ids, ids.size() * 4));
-    CHECK_CUDA(cudaMemcpy(d_ids, ids.data(), ids.size() * 4, cudaMemcpyHostToDevice));
-    CHECK_CUDA(cudaMalloc(&x, rows * kIn * 4));
-    CHECK_CUDA(cudaMemset(x, 0, rows * kIn * 4));
-    CHECK_CUDA(cudaMalloc(&y, rows * kK * kOut * 4));
-
-    cu::ExpertGemmParams p;
-    p.rows = rows;
-    p.k = kK;
-    p.experts = kExperts;
-    p.out = kOut;
-    p.in = kIn;
-    p.w = w;
-    p.w_bf16 = true;
-    p.w_expert_stride = kOut * kIn;
-    p.w_row_stride = kIn;
-    p.x = x;
-    p.x_stride = kIn;
-    p.round_x_bf16 = true;
-    p.y = y;
-    p.y_stride = kOut;
-    for (int t = 0; t < kRoutings; ++t) {  // warm-up
-      p.ids = d_ids + t * rows * kK;
-      CHECK_OK(cu::ExpertGemm(p));
-    }
-    cudaEvent_t e0, e1;
-    CHECK_CUDA(cudaEventCreate(&e0));
-    CHECK_CUDA(cudaEventCreate(&e1));
-    CHECK_CUDA(cudaEventRecord(e0));
-    for (int i = 0; i < reps; ++i) {
-      p.ids = d_ids + (i % kRoutings) * rows * kK;
-      CHECK_OK(cu::ExpertGemm(p));
-    }
-    CHECK_CUDA(cudaEventRecord(e1));
-    CHECK_CUDA(cudaEventSynchronize(e1));
-    CHECK_OK(cu::Synchronize());
-    float ms = 0;
-    CHECK_CUDA(cudaEventElapsedTime(&ms, e0, e1));
-    const double sec = ms * 1e-3 / reps;
-    const double bytes = distinct * kOut * kIn * 2;
-    const double flops = 2.0 * rows * kK * kOut * kIn;
-    std::printf("%6lld %10.1f %12.1f %14.0f %9.0f%% %10.2f\n", static_cast<long long>(rows), sec * 1e6, distinct,
-                bytes / sec * 1e-9, 100.0 * bytes / sec / copy, flops / sec * 1e-12);
-    CHECK_CUDA(cudaFree(d_ids));
-    CHECK_CUDA(cudaFree(x));
-    CHECK_CUDA(cudaFree(y));
+  const Shape shapes[] = {
+      {"moe gate_up", 64, 6, 2816, 2048, 2816 * 2048, false, 2048, false},
+      {"moe down", 64, 6, 2048, 1408, 2048 * 1408, true, 1408, false},
+      {"heads W_UK", 16, 16, 512, 128, 512 * 128, true, 192, true},
+      {"heads W_UV", 16, 16, 128, 512, 256 * 512, true, 512, true},
+  };
+  std::printf("%-12s %6s %10s %12s %14s %10s %10s\n", "shape", "rows", "us/call", "experts/call", "weight GB/s",
+              "% of copy", "TFLOP/s");
+  for (const Shape& sh : shapes) {
+    const int64_t w_elems = sh.experts * sh.w_expert_stride;
+    uint16_t* w = nullptr;
+    CHECK_CUDA(cudaMalloc(&w, w_elems * 2));
+    FillBf16<<<static_cast<unsigned>((w_elems + 255) / 256), 256>>>(w, w_elems);
+    CHECK_CUDA(cudaGetLastError());
+    const std::vector<int64_t> row_counts =
+        sh.heads ? std::vector<int64_t>{1, 8, 64, 256} : std::vector<int64_t>{1, 2, 4, 8, 16, 64, 256};
+    for (int64_t rows : row_counts) RunShape(sh, w, rows, reps, copy);
+    CHECK_CUDA(cudaFree(w));
   }
-  CHECK_CUDA(cudaFree(w));
   return 0;
 }

@@ -197,7 +197,7 @@ struct MlaDecodeParams {
   size_t workspace_bytes = 0;
   int32_t* error_flag = nullptr;  // optional; kErrSeqLen | kErrPageId | kErrSlot
 };
-// Keys per split for a request with n keys: 256 up to 16384 keys, then the smallest
+// Keys per split for a request with n keys: 64 up to 4096 keys, then the smallest
 // multiple of 32 that keeps the request at ≤ 64 splits. A function of n alone.
 int64_t MlaSplitKeys(int64_t n_keys);
 size_t MlaDecodeWorkspaceBytes(const MlaDecodeParams& p);  // dense or sparse, by indices != nullptr
@@ -427,7 +427,9 @@ Status Route(const RouteParams& p, Stream stream = nullptr);
 // the same operands — and depends on `in` only, never on rows, k, the routing or the grid.
 // A CTA owns (64 output rows, one expert): it gathers the slots routed to its expert and
 // reads each weight row once per chunk of ≤ 8 slots (16-byte loads when W rows are 16-byte
-// aligned). An id outside [0, experts) sets kErrExpert and that slot's row is NaN.
+// aligned; bf16 rows with in % 16 = 0 may stream through shared memory with cp.async, and an
+// expert's chunks may spread over several CTAs — speed only, the bits are the same). An id
+// outside [0, experts) sets kErrExpert and that slot's row is NaN.
 struct ExpertGemmParams {
   int64_t rows = 0, k = 0, experts = 0, out = 0, in = 0;
   const void* w = nullptr;  // [experts, out, in] fp32, or bf16 when w_bf16

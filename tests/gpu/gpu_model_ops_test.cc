@@ -432,6 +432,14 @@ TEST(CudaExpertGemm, BitwiseCpuMatMulAndWithinFp64Bound) {
       {33, 3, 5, 129, 1040, false, true, false, 0},    // fp32 vector loads, in = 1024 + 16
       {9, 4, 8, 65, 2100, true, false, false, 3},      // bf16 unaligned, tail over two tiles
       {200, 8, 16, 64, 256, true, false, true, 0},     // many slots per expert: > 8 per chunk
+      // Heads as experts (k = experts = 16: every row's ids are 0..15): the absorbed W_UK
+      // (out 512, in 128) and W_UV (out 128, in 512) products, batched and decode.
+      {64, 16, 16, 512, 128, true, true, true, 0},
+      {64, 16, 16, 128, 512, true, true, false, 0},
+      {1, 16, 16, 512, 128, true, true, true, 0},
+      {1, 16, 16, 128, 512, true, true, true, 0},
+      {40, 1, 1, 64, 2048, true, false, true, 0},      // the router: one "expert", one slot per row
+      {7, 6, 64, 96, 1416, true, false, true, 0},      // aligned bf16, in % 16 = 8: the register path
   };
   uint64_t seed = 1000;
   for (const GemmCase& g : cases) {
@@ -484,9 +492,10 @@ TEST(CudaExpertGemm, BitwiseCpuMatMulAndWithinFp64Bound) {
 
 TEST(CudaExpertGemm, BadExpertIdGivesNanRowAndFlag) {
   LS_REQUIRE_GPU();
-  // 6 slots (the per-slot grid) and 40 slots (the per-expert grid).
-  for (int64_t rows : {3, 20}) {
-    const GemmCase g{rows, 2, 4, 100, 64, true, false, false, 0};
+  // 6 slots (the per-slot grid) and 40 slots (the per-expert grid), each on the cp.async path
+  // (in = 64) and the register path (in = 60).
+  for (int64_t rows : {3, 20, -3, -20}) {
+    const GemmCase g{rows < 0 ? -rows : rows, 2, 4, 100, rows < 0 ? 60 : 64, true, false, false, 0};
     GemmData d = MakeGemm(g, 77 + rows);
     std::vector<int32_t> ids = d.ids;
     ids[1] = 4;   // row 0 slot 1: out of range
