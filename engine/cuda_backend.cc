@@ -449,10 +449,10 @@ Status CudaBackend::AllocateCache(const PagedKvCache& cache) {
   }
   // RoPE tables for every position the cache can hold.
   rope_positions_ = std::min<int64_t>(slots, c.max_position_embeddings);
-  const float *cs = nullptr, *sn = nullptr;
+  std::vector<float> cs, sn;
   model_->RopeTable(rope_positions_, &cs, &sn);
-  LS_ASSIGN_OR_RETURN(rope_cos_, Upload(cs, rope_positions_, c.qk_rope_head_dim / 2, false));
-  LS_ASSIGN_OR_RETURN(rope_sin_, Upload(sn, rope_positions_, c.qk_rope_head_dim / 2, false));
+  LS_ASSIGN_OR_RETURN(rope_cos_, Upload(cs.data(), rope_positions_, c.qk_rope_head_dim / 2, false));
+  LS_ASSIGN_OR_RETURN(rope_sin_, Upload(sn.data(), rope_positions_, c.qk_rope_head_dim / 2, false));
   return Status::Ok();
 }
 
@@ -633,9 +633,8 @@ Status CudaBackend::Forward(std::span<Segment> segs, PagedKvCache& cache, const 
 
   // Host inputs, packed: tokens | positions | slots | seq_lens | logit rows | page table [R, P]
   // | head ids [R, nh] (0..nh−1 per row: the per-head absorption products run as grouped GEMVs)
-  // | zeros [R] (one "expert" per row: the router's product).
   const int64_t P = max_pages;
-  const size_t in_ints = static_cast<size_t>(4 * R + RL + R * P + R * nh + R);
+  const size_t in_ints = static_cast<size_t>(4 * R + RL + R * P + R * nh);
   if (host_in_.size() < in_ints * 4) {
     LS_ASSIGN_OR_RETURN(host_in_, cu::PinnedBuffer::Allocate(in_ints * 4 * 2));
   }
@@ -661,12 +660,12 @@ Status CudaBackend::Forward(std::span<Segment> segs, PagedKvCache& cache, const 
   for (int64_t r = 0; r < R; ++r) {
     for (int64_t hd = 0; hd < nh; ++hd) h_heads[r * nh + hd] = static_cast<int32_t>(hd);
   }
-  std::fill(h_heads + R * nh, h_heads + R * nh + R, 0);
+
   LS_RETURN_IF_ERROR(dev_in_.Ensure(in_ints * 4));
   LS_RETURN_IF_ERROR(cu::CopyAsync(dev_in_.buf.data(), hin, in_ints * 4, s));
   const int32_t* d_in = dev_in_.as<int32_t>();
   const int32_t *d_tok = d_in, *d_pos = d_in + R, *d_slot = d_in + 2 * R, *d_len = d_in + 3 * R,
-                *d_lrow = d_in + 4 * R, *d_table = d_in + 4 * R + RL, *d_heads = d_table + R * P, *d_zeros = d_heads + R * nh;
+                *d_lrow = d_in + 4 * R, *d_table = d_in + 4 * R + RL, *d_heads = d_table + R * P;
 
   // Activations, one allocation carved up (floats unless noted).
   const int64_t qlora = std::max<int64_t>(c.q_lora_rank, 1);
@@ -1002,25 +1001,19 @@ LS_RETURN_IF_ERROR(Mark("start"));
         LS_RETURN_IF_ERROR(Mark("dense_mlp"));
       } else {
         // Router logits in fp32 (the router is never rounded), routing on the device.
-        // Router logits: fp32 weights, ExpertGemm's cpu::MatMulNT order — the CPU's exact bits,
+        // Router logits: fp32 weights, cpu::Dot's order (RowDots) — the CPU's exact bits,
         // so the experts chosen are the CPU's whenever the inputs are.
-        cu::ExpertGemmParams rg;
-        rg.rows = R;
-        rg.k = 1;
-        rg.experts = 1;
-        rg.out = E;
-        rg.in = H;
-        rg.w = D.router.ptr();
-        rg.w_bf16 = false;
-        rg.w_expert_stride = E * H;
-        rg.w_row_stride = H;
+        cu::RowDotsParams rg;
         rg.x = h;
         rg.x_stride = H;
-        rg.ids = d_zeros;
+        rg.w = D.router.f32();
+        rg.w_stride = H;
         rg.y = rlog;
         rg.y_stride = E;
-        rg.error_flag = err;
-        LS_RETURN_IF_ERROR(cu::ExpertGemm(rg, s));
+        rg.rows = R;
+        rg.outs = E;
+        rg.n = H;
+        LS_RETURN_IF_ERROR(cu::RowDots(rg, s));
         cu::RouteParams rp;
         rp.logits = rlog;
         rp.logits_stride = E;

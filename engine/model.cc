@@ -165,10 +165,12 @@ const ModelWeights& Model::Bf16Weights() {
   return *bf16_weights_;
 }
 
-void Model::RopeTable(int64_t positions, const float** cos, const float** sin) {
+void Model::RopeTable(int64_t positions, std::vector<float>* cos, std::vector<float>* sin) {
+  std::unique_lock<std::shared_mutex> lock(rope_mu_);
   EnsureRope(positions);
-  *cos = rope_cos_.data();
-  *sin = rope_sin_.data();
+  const size_t n = static_cast<size_t>(positions * (config_.qk_rope_head_dim / 2));
+  cos->assign(rope_cos_.begin(), rope_cos_.begin() + n);
+  sin->assign(rope_sin_.begin(), rope_sin_.begin() + n);
 }
 
 void Model::EnsureRope(int64_t positions) {

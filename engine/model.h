@@ -63,9 +63,9 @@ class Model {
 
   // Tap name of a per-layer tap point: "layers.<layer>.<suffix>".
   const std::string& tap_name(int64_t layer, TapId tap) const { return tap_names_[layer][tap]; }
-  // The RoPE tables for positions [0, positions): cos and sin, [positions, qk_rope/2] each,
-  // the attention factor applied (what every backend rotates with). Not thread-safe.
-  void RopeTable(int64_t positions, const float** cos, const float** sin);
+  // Copies of the RoPE tables for positions [0, positions): cos and sin, [positions, qk_rope/2]
+  // each, the attention factor applied (what every backend rotates with). Thread-safe.
+  void RopeTable(int64_t positions, std::vector<float>* cos, std::vector<float>* sin);
 
   // Parameter counts: total, and active per token (routed experts counted num_experts_per_tok times).
   int64_t ParameterCount() const;

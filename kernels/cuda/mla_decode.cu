@@ -36,7 +36,7 @@ constexpr int kColGroups = 64;                                       // P·V col
 constexpr int kColsPerThread = kMaxLora / kColGroups;                // 8
 constexpr int kPvHeads = kHeadsPerCta / (kThreads / kColGroups);     // 4 heads per thread
 constexpr int kMaxSplits = 64;
-constexpr int kBaseSplitKeys = 256;
+constexpr int kBaseSplitKeys = 64;  // small splits: a batch-1 decode still fills the GPU
 constexpr int kCombineThreads = 128;
 static_assert(kHeadsPerCta == 2 * kWarps, "score phase: two heads per warp");
 static_assert(kBaseSplitKeys % kTileKeys == 0);
@@ -47,7 +47,7 @@ __host__ __device__ inline int64_t SplitKeys(int64_t n) {
   return (per + kTileKeys - 1) / kTileKeys * kTileKeys;
 }
 __host__ __device__ inline int64_t NumSplits(int64_t n) { return n <= 0 ? 0 : (n + SplitKeys(n) - 1) / SplitKeys(n); }
-// Splits the grid must cover for any n ≤ max_keys (NumSplits is not monotone above 16384).
+// Splits the grid must cover for any n ≤ max_keys (NumSplits is not monotone above 4096).
 inline int64_t SplitsToAllocate(int64_t max_keys) {
   return max_keys > int64_t{kBaseSplitKeys} * kMaxSplits ? kMaxSplits : NumSplits(max_keys);
 }

@@ -137,4 +137,18 @@ struct ScatterRowsParams {
 };
 Status ScatterRows(const ScatterRowsParams& p, Stream stream = nullptr);
 
+// y[r, o] = cpu::Dot(x[r, :], w[o, :], n) for small fp32 products (the MoE router): 16 threads
+// per dot, thread l accumulating elements i ≡ l (mod 16) by FMA in ascending order, then the
+// CPU's pairwise fold 16→8→4→2→1 — bitwise the CPU's Dot, whatever the number of rows.
+struct RowDotsParams {
+  const float* x = nullptr;  // [rows, n], row stride x_stride
+  int64_t x_stride = 0;
+  const float* w = nullptr;  // [outs, n], row stride w_stride
+  int64_t w_stride = 0;
+  float* y = nullptr;        // [rows, outs], row stride y_stride
+  int64_t y_stride = 0;
+  int64_t rows = 0, outs = 0, n = 0;
+};
+Status RowDots(const RowDotsParams& p, Stream stream = nullptr);
+
 }  // namespace lockstep::kernels::cuda

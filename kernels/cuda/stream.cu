@@ -191,7 +191,46 @@ __global__ void ScatterRowsKernel(ScatterRowsParams p) {
   for (int64_t w = threadIdx.x; w < p.row_bytes / 4; w += blockDim.x) d[w] = s[w];
 }
 
+// 16 lanes per dot (two dots per warp): lane l's chain, then the fold by shuffles.
+__global__ void RowDotsKernel(RowDotsParams p) {
+  const int64_t dot = (static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x) / 16;
+  const int l = threadIdx.x % 16;
+  const bool live = dot < p.rows * p.outs;
+  const int64_t r = live ? dot / p.outs : 0, o = live ? dot % p.outs : 0;
+  float acc = 0.0f;
+  if (live) {
+    const float* x = p.x + r * p.x_stride;
+    const float* w = p.w + o * p.w_stride;
+    for (int64_t i = l; i < p.n; i += 16) acc = __fmaf_rn(x[i], w[i], acc);
+  }
+  // acc[l] += acc[l + 8]; acc[l] += acc[l + 4]; acc[l] += acc[l + 2]; acc[0] + acc[1].
+  acc = __fadd_rn(acc, __shfl_down_sync(0xffffffffu, acc, 8, 16));
+  acc = __fadd_rn(acc, __shfl_down_sync(0xffffffffu, acc, 4, 16));
+  acc = __fadd_rn(acc, __shfl_down_sync(0xffffffffu, acc, 2, 16));
+  acc = __fadd_rn(acc, __shfl_down_sync(0xffffffffu, acc, 1, 16));
+  if (live && l == 0) p.y[r * p.y_stride + o] = acc;
+}
+
 }  // namespace
+
+Status RowDots(const RowDotsParams& p, Stream stream) {
+  const char* op = "RowDots";
+  LS_CHECK_ARG(p.rows >= 0, op, "rows", p.rows);
+  LS_CHECK_ARG(p.outs > 0, op, "outs", p.outs);
+  LS_CHECK_ARG(p.n > 0, op, "n", p.n);
+  LS_CHECK_ARG(p.rows * p.outs * 16 < (int64_t{1} << 31), op, "rows·outs", p.rows * p.outs);
+  LS_CHECK_ARG(p.x != nullptr, op, "x", p.x);
+  LS_CHECK_ARG(p.w != nullptr, op, "w", p.w);
+  LS_CHECK_ARG(p.y != nullptr, op, "y", p.y);
+  LS_CHECK_ARG(p.x_stride >= p.n, op, "x_stride", p.x_stride);
+  LS_CHECK_ARG(p.w_stride >= p.n, op, "w_stride", p.w_stride);
+  LS_CHECK_ARG(p.y_stride >= p.outs, op, "y_stride", p.y_stride);
+  if (p.rows == 0) return Status::Ok();
+  const int64_t threads = p.rows * p.outs * 16;
+  RowDotsKernel<<<static_cast<unsigned>((threads + 255) / 256), 256, 0, stream>>>(p);
+  LS_CUDA_LAUNCH_CHECK();
+  return Status::Ok();
+}
 
 Status FillUniform(void* dst, int64_t n, bool bf16, float lo, float hi, uint64_t seed, Stream stream) {
   LS_CHECK_ARG(n >= 0, "FillUniform", "n", n);

@@ -14,11 +14,15 @@
 #include <cstring>
 #include <fstream>
 #include <map>
+#include <random>
+#include <tuple>
 
 #include <nlohmann/json.hpp>
 
 #include "engine/engine.h"
+#include "kernels/cpu/ops.h"
 #include "kernels/cuda/ops.h"
+#include "kernels/cuda/runtime.h"
 #include "tests/test_util.h"
 
 namespace lockstep {
@@ -373,6 +377,44 @@ TEST(GpuEngine, TapsMatchTheCpuBackendAndTheCacheMirror) {
     std::vector<uint8_t> want(lat.bytes.begin() + r * lat.cols * 4, lat.bytes.begin() + (r + 1) * lat.cols * 4);
     want.insert(want.end(), kr.bytes.begin() + r * kr.cols * 4, kr.bytes.begin() + (r + 1) * kr.cols * 4);
     ASSERT_EQ(g_rows[r], want) << "mirrored cache row " << r;
+  }
+}
+
+// The router's logits (RowDots) are cpu::Dot's bits, for any row count and odd lengths.
+TEST(GpuEngine, RowDotsIsCpuDotBitwise) {
+  LS_REQUIRE_GPU();
+  namespace cu = kernels::cuda;
+  std::mt19937 rng(7);
+  std::normal_distribution<float> nd(0.0f, 1.0f);
+  for (auto [rows, outs, n] : {std::tuple<int64_t, int64_t, int64_t>{1, 64, 2048}, {64, 64, 2048}, {3, 5, 37},
+                               {17, 160, 7168}, {2, 3, 15}}) {
+    std::vector<float> x(rows * n), w(outs * n), y(rows * outs);
+    for (float& v : x) v = nd(rng);
+    for (float& v : w) v = nd(rng);
+    auto dx = cu::DeviceBuffer::Allocate(x.size() * 4);
+    auto dw = cu::DeviceBuffer::Allocate(w.size() * 4);
+    auto dy = cu::DeviceBuffer::Allocate(y.size() * 4);
+    ASSERT_TRUE(dx.ok() && dw.ok() && dy.ok());
+    ASSERT_TRUE(dx->CopyFromHost(x.data(), x.size() * 4).ok());
+    ASSERT_TRUE(dw->CopyFromHost(w.data(), w.size() * 4).ok());
+    cu::RowDotsParams p;
+    p.x = dx->as<float>();
+    p.x_stride = n;
+    p.w = dw->as<float>();
+    p.w_stride = n;
+    p.y = dy->as<float>();
+    p.y_stride = outs;
+    p.rows = rows;
+    p.outs = outs;
+    p.n = n;
+    ASSERT_TRUE(cu::RowDots(p).ok());
+    ASSERT_TRUE(dy->CopyToHost(y.data(), y.size() * 4).ok());
+    for (int64_t r = 0; r < rows; ++r) {
+      for (int64_t o = 0; o < outs; ++o) {
+        const float want = kernels::cpu::Dot(&x[r * n], &w[o * n], n);
+        ASSERT_EQ(std::memcmp(&want, &y[r * outs + o], 4), 0) << "row " << r << " out " << o << " n " << n;
+      }
+    }
   }
 }
 
