@@ -244,12 +244,16 @@ class CudaBackend final : public Backend {
   struct StepGraph {
     std::unique_ptr<cu::CudaGraph> graph;
     size_t marks = 0;  // profiling events recorded inside the graph
+    // Taps copied into the arena by the graph: what FlushTaps hands to the hook after a launch.
+    std::vector<PendingTap> pending;
+    size_t tap_used = 0;
     int64_t generation = -1;
     bool failed = false;
   };
   std::map<int64_t, StepGraph> graphs_;
   std::map<int64_t, int64_t> warmed_;  // batch size → generation after its uncaptured run
   bool use_graphs_ = true;
+  bool capturing_ = false;
 
   // Per-step state used by the tap helpers.
   TapHook* hook_ = nullptr;
@@ -483,6 +487,8 @@ Status CudaBackend::Tap(std::string_view name, const void* dev, int64_t cols, in
   if (hook_ == nullptr) return Status::Ok();
   const size_t bytes = static_cast<size_t>(rows_ * cols) * 4;
   if (tap_used_ + bytes > tap_arena_.buf.size()) {
+    // A graph cannot hand taps over in the middle of a step: such a step runs plainly.
+    if (capturing_) return Status::Unsupported("tap arena full during graph capture");
     LS_RETURN_IF_ERROR(FlushTaps());
     if (bytes > tap_arena_.buf.size()) {
       LS_RETURN_IF_ERROR(tap_arena_.Ensure(std::max<size_t>(bytes, size_t{64} << 20)));
@@ -612,12 +618,14 @@ Status CudaBackend::Forward(std::span<Segment> segs, PagedKvCache& cache, const 
   rows_ = R;
   hook_ = hook;
 
-  // Decode-only steps without taps run as a CUDA graph. Their launches
+  // Decode-only steps run as a CUDA graph (taps too: their device copies are graph nodes and
+  // the arena is handed over after the launch; not when grafting, which needs the host inside
+  // the step). Their launches
   // must not depend on the step: keys up to the cache's capacity (kernels skip what a
   // request does not have; results do not depend on this bound) and a full-width page table.
   bool all_decode = true;
   for (const auto& g : segs) all_decode = all_decode && g.tokens.size() == 1;
-  const bool graph = use_graphs_ && all_decode && hook == nullptr;
+  const bool graph = use_graphs_ && all_decode && (hook == nullptr || !hook->WantsOverride());
   if (graph) {
     max_len = std::min<int64_t>(rope_positions_, num_pages_ * page_size_);
     max_pages = num_pages_;
@@ -1145,30 +1153,40 @@ LS_RETURN_IF_ERROR(Mark("start"));
   if (!graph) {
     LS_RETURN_IF_ERROR(body());
   } else {
-    StepGraph& sg = graphs_[R];
-    auto warm = warmed_.find(R);
+    const int64_t key = 2 * R + (hook != nullptr ? 1 : 0);  // with taps the graph has the arena copies
+    StepGraph& sg = graphs_[key];
+    auto warm = warmed_.find(key);
     if (sg.graph && sg.generation == g_alloc_generation) {
       LS_RETURN_IF_ERROR(sg.graph->Launch(s));
       if (prof_) prof_->SetUsed(sg.marks);
+      pending_ = sg.pending;
+      tap_used_ = sg.tap_used;
     } else if (!sg.failed && warm != warmed_.end() && warm->second == g_alloc_generation) {
       LS_RETURN_IF_ERROR(cu::CudaGraph::BeginCapture(s));
+      capturing_ = true;
       const Status st = body();
+      capturing_ = false;
       auto captured = cu::CudaGraph::EndCapture(s);
       if (st.ok() && captured.ok() && g_alloc_generation == warm->second) {
         sg.graph = std::move(*captured);
         sg.generation = g_alloc_generation;
         if (prof_) sg.marks = prof_->used();
+        sg.pending = pending_;
+        sg.tap_used = tap_used_;
         LS_RETURN_IF_ERROR(sg.graph->Launch(s));
       } else {
         // Something in the step cannot be captured: run it plainly from now on.
         sg.failed = true;
         sg.graph.reset();
         cu::ClearLastError();
+        pending_.clear();
+        tap_used_ = 0;
+        if (prof_) prof_->SetUsed(0);
         LS_RETURN_IF_ERROR(body());
       }
     } else {
       LS_RETURN_IF_ERROR(body());
-      warmed_[R] = g_alloc_generation;
+      warmed_[key] = g_alloc_generation;
     }
   }
   LS_RETURN_IF_ERROR(cu::CopyAsync(logits_host_.data(), logits_dev_.buf.data(), static_cast<size_t>(RL * V) * 4, s));

@@ -32,3 +32,8 @@ lockstep_gpu_test(gpu_gemm_test)
 lockstep_gpu_test(gpu_engine_test)
 # Twins in kernels/cpu only: this one builds while engine/ is being changed.
 lockstep_gpu_test(gpu_model_ops_test lockstep_kernels)
+
+# The CLI workflow on the GPU: record with --backend cuda, exact replay, replay on the CPU.
+add_test(NAME gpu_record_replay COMMAND ${CMAKE_SOURCE_DIR}/tests/gpu/record_replay_gpu.sh $<TARGET_FILE:lockstep>)
+set_tests_properties(gpu_record_replay PROPERTIES LABELS gpu SKIP_RETURN_CODE 77 TIMEOUT 300
+                     ENVIRONMENT "LOCKSTEP_DEFAULT_MODEL=${CMAKE_SOURCE_DIR}/models/lockstep-tiny-v32")

@@ -314,6 +314,37 @@ class TapRecorder : public engine::TapHook {
   }
 };
 
+// Taps of steps replayed from a CUDA graph are the taps of the same steps launched plainly.
+TEST(GpuEngine, TapsFromGraphsAreTheSame) {
+  LS_REQUIRE_GPU();
+  auto run = [&](TapRecorder* rec) {
+    EngineOptions o = Cuda(engine::KvFormat::kFp8E4m3, "bf16");
+    o.max_batch = 2;
+    auto eng = Engine::Create(Tiny(), o);
+    ASSERT_TRUE(eng.ok()) << eng.status().message();
+    (*eng)->SetTapHook(rec);
+    for (int i = 0; i < 2; ++i) {
+      engine::Request r;
+      for (int j = 0; j < 20 + 9 * i; ++j) r.prompt.push_back(static_cast<int32_t>((13 * j + 5 * i) % 5000 + 10));
+      r.max_new_tokens = 10;
+      ASSERT_TRUE((*eng)->AddRequest(r).ok());
+    }
+    const Status st = (*eng)->RunToCompletion();
+    ASSERT_TRUE(st.ok()) << st.message();
+  };
+  TapRecorder plain, graphed;
+  setenv("LOCKSTEP_CUDA_GRAPHS", "0", 1);
+  run(&plain);
+  unsetenv("LOCKSTEP_CUDA_GRAPHS");
+  run(&graphed);
+  ASSERT_EQ(plain.taps.size(), graphed.taps.size());
+  for (const auto& [name, t] : plain.taps) {
+    auto it = graphed.taps.find(name);
+    ASSERT_NE(it, graphed.taps.end()) << name;
+    EXPECT_EQ(t.bytes, it->second.bytes) << name;
+  }
+}
+
 TEST(GpuEngine, TapsMatchTheCpuBackendAndTheCacheMirror) {
   LS_REQUIRE_GPU();
   auto run = [&](const EngineOptions& o, TapRecorder* rec, std::vector<std::vector<uint8_t>>* cache_rows) {
