@@ -3,7 +3,11 @@
 
 #include <httplib.h>
 
+#include <sys/socket.h>
+
 #include <algorithm>
+#include <array>
+#include <memory>
 #include <chrono>
 #include <future>
 #include <iostream>
@@ -143,7 +147,19 @@ Result<std::unique_ptr<Server>> Server::Start(ServerOptions options) {
   // its verdict (running + queued), so that waiting captures never starve /metrics.
   const size_t admin_workers = 4 + o.capture_queue + 1;
   s->admin_->new_task_queue = [admin_workers] { return new httplib::ThreadPool(admin_workers); };
+  // cpp-httplib listens with a backlog of 5 (CPPHTTPLIB_LISTEN_BACKLOG, compiled into Debian's
+  // library): 64 clients connecting at once overflow it and the kernel resets some of them
+  // (seen on the 16-core GPU machine). The socket-options hook sees each listening socket
+  // before bind; after bind a second listen() raises the backlog (Linux applies it).
+  auto listen_fds = std::make_shared<std::array<int, 2>>(std::array<int, 2>{-1, -1});
+  int which = 0;
   for (auto* srv : {s->api_.get(), s->admin_.get()}) {
+    srv->set_socket_options([listen_fds, which](int sock) {
+      int yes = 1;
+      setsockopt(sock, SOL_SOCKET, SO_REUSEADDR, &yes, sizeof yes);
+      (*listen_fds)[which] = sock;
+    });
+    ++which;
     srv->set_tcp_nodelay(true);
     srv->set_payload_max_length(o.max_body_bytes);
     srv->set_read_timeout(30, 0);
@@ -155,6 +171,9 @@ Result<std::unique_ptr<Server>> Server::Start(ServerOptions options) {
       o.admin_port == 0 ? s->admin_->bind_to_any_port(o.host) : (s->admin_->bind_to_port(o.host, o.admin_port) ? o.admin_port : -1);
   if (s->admin_port_ <= 0) {
     return Status::IoError("serve: cannot listen on " + o.host + ":" + std::to_string(o.admin_port) + " (admin)");
+  }
+  for (int fd : *listen_fds) {
+    if (fd >= 0) ::listen(fd, SOMAXCONN);
   }
   s->api_thread_ = std::thread([p = s->api_.get()] { p->listen_after_bind(); });
   s->admin_thread_ = std::thread([p = s->admin_.get()] { p->listen_after_bind(); });
