@@ -88,6 +88,9 @@ void EngineFlags::Register(CLI::App* app) {
       ->check(CLI::IsMember({"fp32", "bf16", "fp8_e4m3"}));
   app->add_option("--kernel", kernels, "Kernel variant override op=variant (repeatable; `lockstep kernels` lists them)");
   app->add_option("--max-batch", max_batch, "Requests run together per step")->check(CLI::PositiveNumber);
+  app->add_option("--max-prefill-tokens", max_prefill_tokens,
+                  "Chunked prefill: prompt tokens per step across requests (0 = whole prompts); numbers do not change")
+      ->check(CLI::NonNegativeNumber);
   app->add_option("--page-size", page_size, "Tokens per KV-cache page")->check(CLI::PositiveNumber);
   app->add_option("--kv-cache-tokens", kv_cache_tokens, "KV-cache capacity in tokens, across all requests")
       ->check(CLI::PositiveNumber);
@@ -132,6 +135,7 @@ Result<engine::EngineOptions> EngineFlags::ToOptions() const {
   o.fault = fault;
   o.backend = backend;
   o.max_batch = max_batch;
+  o.max_prefill_tokens = max_prefill_tokens;
   o.page_size = page_size;
   o.kv_cache_tokens = kv_cache_tokens;
   return o;

@@ -46,6 +46,7 @@ struct EngineFlags {
   std::string kv_cache = "fp32";
   std::vector<std::string> kernels;
   int64_t max_batch = 8;
+  int64_t max_prefill_tokens = 0;
   int64_t page_size = 64;
   int64_t kv_cache_tokens = 1 << 16;
   bool ignore_eos = false;

@@ -14,6 +14,7 @@ Result<std::unique_ptr<Engine>> Engine::Create(std::shared_ptr<Model> model, Eng
                                    std::to_string(options.page_size) + " tokens)");
   }
   if (options.max_batch <= 0) return Status::InvalidArgument("--max-batch: must be > 0");
+  if (options.max_prefill_tokens < 0) return Status::InvalidArgument("--max-prefill-tokens: must be ≥ 0");
   std::unique_ptr<Engine> e(new Engine());
   LS_ASSIGN_OR_RETURN(e->kernels_, kernels::Registry::Get().Resolve(options.kernels, options.backend, options.fault));
   e->cache_ = std::make_unique<PagedKvCache>(model->config(), options.kv_format, options.page_size,
@@ -87,8 +88,13 @@ Result<bool> Engine::Step() {
   }
   if (running_.empty()) return false;
 
+  // One segment per running request: its next prompt chunk, or its last token. Chunked
+  // prefill (max_prefill_tokens) shares a prompt-token budget across the step in admission
+  // order; a request the budget does not reach sits this step out.
   std::vector<Segment> segs;
+  std::vector<size_t> seg_owner;  // index into running_ of each segment
   std::vector<int32_t> last(running_.size());
+  int64_t budget = options_.max_prefill_tokens > 0 ? options_.max_prefill_tokens : INT64_MAX;
   for (size_t i = 0; i < running_.size(); ++i) {
     RequestState& r = *requests_[running_[i]];
     Segment g;
@@ -96,28 +102,41 @@ Result<bool> Engine::Step() {
     g.cache = &r.cache;
     g.start_pos = r.cache.length;
     if (!r.prefilled) {
-      g.tokens = r.request.prompt;
+      const int64_t remaining = static_cast<int64_t>(r.request.prompt.size()) - r.cache.length;
+      const int64_t n = std::min(remaining, budget);
+      if (n <= 0) continue;
+      budget -= n;
+      g.tokens = std::span<const int32_t>(r.request.prompt).subspan(static_cast<size_t>(r.cache.length),
+                                                                     static_cast<size_t>(n));
       g.all_logits = r.request.all_prompt_logits;
+      g.prefill = true;
+      r.prompt_chunks.push_back(r.cache.length);
     } else {
       last[i] = r.generated.back();
       g.tokens = std::span<const int32_t>(&last[i], 1);
     }
     segs.push_back(g);
+    seg_owner.push_back(i);
   }
   ForwardOutput out;
   LS_RETURN_IF_ERROR(backend_->Forward(segs, *cache_, kernels_, hook_, &out));
   if (on_forward_) on_forward_(segs, *cache_);
 
   const int64_t V = model_->config().vocab_size;
-  std::vector<int64_t> batch_ids = running_;
-  std::vector<int64_t> still;
-  for (size_t i = 0; i < running_.size(); ++i) {
-    RequestState& r = *requests_[running_[i]];
-    const std::vector<float>& lg = out.logits[i];
-    if (!r.prefilled && r.request.all_prompt_logits) r.prompt_logits = lg;
-    r.prefilled = true;
+  std::vector<int64_t> batch_ids;
+  for (size_t k : seg_owner) batch_ids.push_back(running_[k]);
+  std::vector<bool> stays(running_.size(), true);
+  for (size_t k = 0; k < segs.size(); ++k) {
+    RequestState& r = *requests_[running_[seg_owner[k]]];
+    std::vector<float>& lg = out.logits[k];
+    if (!r.prefilled) {
+      if (r.request.all_prompt_logits) r.prompt_logits.insert(r.prompt_logits.end(), lg.begin(), lg.end());
+      // A middle chunk: its last row's logits predict a prompt token; nothing to sample.
+      if (r.cache.length < static_cast<int64_t>(r.request.prompt.size())) continue;
+      r.prefilled = true;
+    }
     if (static_cast<int64_t>(lg.size()) == V) {
-      r.last_logits.swap(out.logits[i]);  // one row (decode): take it, no copy; `lg` is not used again
+      r.last_logits.swap(lg);  // one row (decode): take it, no copy
     } else {
       r.last_logits.assign(lg.end() - V, lg.end());
     }
@@ -134,6 +153,7 @@ Result<bool> Engine::Step() {
     }
     ev.batch_size = static_cast<int64_t>(batch_ids.size());
     ev.batch = batch_ids;
+    if (r.generated.empty() && r.prompt_chunks.size() > 1) ev.prompt_chunks = r.prompt_chunks;
     r.generated.push_back(ev.token);
     const auto& stops = r.request.stop_tokens;
     if (std::find(stops.begin(), stops.end(), ev.token) != stops.end()) {
@@ -147,10 +167,13 @@ Result<bool> Engine::Step() {
     ev.finish_reason = r.finish_reason;
     if (r.finished) {
       cache_->Release(&r.cache);
-    } else {
-      still.push_back(r.id);
+      stays[seg_owner[k]] = false;
     }
     if (on_step_) on_step_(ev);
+  }
+  std::vector<int64_t> still;
+  for (size_t i = 0; i < running_.size(); ++i) {
+    if (stays[i]) still.push_back(running_[i]);
   }
   running_ = std::move(still);
   ++step_;

@@ -31,6 +31,10 @@ struct EngineOptions {
   int64_t page_size = 64;             // tokens per KV page (FlashMLA uses 64)
   int64_t kv_cache_tokens = 1 << 16;  // pool capacity, in tokens, across all requests
   int64_t max_batch = 8;              // requests per step
+  // Chunked prefill: at most this many prompt tokens enter a step (across requests; decode
+  // tokens are not counted); a longer prompt is fed over several steps. 0 = whole prompts.
+  // A token's numbers do not depend on the chunking (batch invariance).
+  int64_t max_prefill_tokens = 0;
   kernels::KernelChoice kernels;      // op → variant; empty = defaults
   std::string fault;                  // a fault-zoo variant (docs/fault-zoo.md); empty = none
 };
@@ -57,6 +61,9 @@ struct StepEvent {
   SampleResult sample;        // what the sampler chose from these logits
   int64_t batch_size = 0;    // requests in this step's forward
   std::vector<int64_t> batch;  // their ids
+  // Chunked prefill: the positions at which this request's prompt chunks began (0, c1, c2, …),
+  // on the event of its first token; empty otherwise.
+  std::vector<int64_t> prompt_chunks;
   bool finished = false;
   std::string finish_reason;   // "length" | "stop"
 };
@@ -69,6 +76,7 @@ struct RequestState {
   std::vector<float> prompt_logits;  // [prompt, vocab] when all_prompt_logits
   std::vector<float> last_logits;    // logits that chose the last token
   bool prefilled = false;
+  std::vector<int64_t> prompt_chunks;  // start position of each prefill chunk
   bool finished = false;
   std::string finish_reason;
 };

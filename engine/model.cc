@@ -424,7 +424,7 @@ Status Model::Forward(std::span<Segment> segs, PagedKvCache& cache, const kernel
       const float* cs = &rope_cos_[pos[r] * half];
       const float* sn = &rope_sin_[pos[r] * half];
       const Segment& sg = segs[seg_of[r]];
-      const bool decode_row = sg.tokens.size() == 1 && sg.start_pos > 0;
+      const bool decode_row = !sg.prefill && sg.tokens.size() == 1 && sg.start_pos > 0;
       const RopeStyle style = fault_rope && decode_row ? OtherRopeStyle(c.rope_style) : c.rope_style;
       auto apply = [&](float* v) {
         switch (style) {
@@ -527,7 +527,7 @@ Status Model::Forward(std::span<Segment> segs, PagedKvCache& cache, const kernel
         view.pages[1] = p;
       }
       for (int64_t t = 0; t < T; ++t) cache.ReadLatent(l, view, t, &lat[t * C], &kr[t * dr]);
-      const bool decode = n == 1 && g.start_pos > 0;
+      const bool decode = !g.prefill && n == 1 && g.start_pos > 0;
       const bool expanded = decode ? decode_expanded : !prefill_absorbed;
       std::vector<float> kvx;  // [T, nh, dn + dv] when expanded
       if (expanded) {

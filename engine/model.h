@@ -37,6 +37,9 @@ struct Segment {
   std::span<const int32_t> tokens;
   int64_t start_pos = 0;
   bool all_logits = false;        // logits for every row, not only the last
+  // Prompt tokens (a whole prompt or a chunk of one): attention takes the prefill variant even
+  // for a one-token chunk, so a token's numbers do not depend on where chunks were cut.
+  bool prefill = false;
 };
 
 struct ForwardOutput {

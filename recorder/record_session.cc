@@ -83,7 +83,8 @@ Result<RecordSessionResult> RecordRun(engine::Engine& eng, const std::vector<Rec
                          {"max_batch", eo.max_batch},
                          {"kernels", eo.kernels},
                          {"fault", eo.fault},
-                         {"backend", eo.backend}};
+                         {"backend", eo.backend},
+                         {"max_prefill_tokens", eo.max_prefill_tokens}};
   char host[256] = {0};
   gethostname(host, sizeof host - 1);
   std::map<std::string, std::string> meta = {

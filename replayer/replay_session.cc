@@ -154,6 +154,7 @@ Result<engine::EngineOptions> RecordedEngineOptions(const traces::TraceReader& t
     o.kernels = j.value("kernels", kernels::KernelChoice{});
     o.fault = j.value("fault", std::string());
     o.backend = j.value("backend", std::string("cpu"));
+    o.max_prefill_tokens = j.value("max_prefill_tokens", int64_t{0});
   } catch (const json::exception& e) {
     return Status::Corruption(where + ": " + e.what());
   }

@@ -134,6 +134,7 @@ json LiveJson(const LiveRecord& live, const CaptureResult& r) {
           {"finish_reason", live.finish_reason},
           {"created_unix", live.created_unix},
           {"engine_epoch", live.engine_epoch},
+          {"prompt_chunks", live.prompt_chunks},
           {"prompt_ids", q.prompt},
           {"max_new_tokens", q.max_new_tokens},
           {"stop_tokens", q.stop_tokens},

@@ -12,7 +12,7 @@ std::vector<int32_t> LiveRecord::tokens() const {
 
 size_t LiveRecord::Bytes() const {
   size_t b = sizeof(*this) + id.size() + prompt_text.size() + request.prompt.size() * 4 +
-             request.stop_tokens.size() * 4 + request.name.size();
+             request.stop_tokens.size() * 4 + request.name.size() + prompt_chunks.capacity() * 8;
   for (const auto& s : steps) b += sizeof(s) + s.batch.capacity() * 8;
   b += (steps.capacity() - steps.size()) * sizeof(LiveStep);
   for (const auto& t : taps) b += sizeof(t) + t.name.capacity() + t.rows.capacity() * sizeof(LiveTapRow);

@@ -60,6 +60,7 @@ struct LiveRecord {
   std::string finish_reason;      // "stop" | "length" | "abort" (client gone, stop string)
   double created_unix = 0;
   int64_t engine_epoch = 0;       // which engine instance the batch ids refer to
+  std::vector<int64_t> prompt_chunks;  // chunked prefill: where each prompt chunk began (else empty)
 
   std::vector<int32_t> tokens() const;
   size_t Bytes() const;           // memory held (steps, tap summaries, strings), for the ring's budget

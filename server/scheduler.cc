@@ -191,6 +191,7 @@ void Scheduler::OnStep(const engine::StepEvent& ev) {
     st.candidates = ev.sample.candidates;
     st.logits_hash = XXH3_64bits(logits.data(), logits.size() * sizeof(float));
     st.batch = ev.batch;
+    if (!ev.prompt_chunks.empty()) a.record->prompt_chunks = ev.prompt_chunks;
     a.record->steps.push_back(std::move(st));
   }
 

@@ -17,10 +17,11 @@ struct Outcome {
 };
 
 Outcome Generate(std::shared_ptr<Model> m, const std::vector<std::vector<int32_t>>& prompts, int64_t max_batch,
-             double temperature, KvFormat kv = KvFormat::kFp32,
-                 uint64_t seed_base = 1000) {
+                 double temperature, KvFormat kv = KvFormat::kFp32, uint64_t seed_base = 1000,
+                 int64_t max_prefill_tokens = 0, std::vector<std::vector<float>>* prompt_logits = nullptr) {
   EngineOptions o;
   o.max_batch = max_batch;
+  o.max_prefill_tokens = max_prefill_tokens;
   o.page_size = 8;
   o.kv_format = kv;
   auto e = Engine::Create(m, o);
@@ -32,6 +33,7 @@ Outcome Generate(std::shared_ptr<Model> m, const std::vector<std::vector<int32_t
     r.sampling.temperature = temperature;
     r.sampling.top_p = 0.95;
     r.sampling.seed = seed_base + i;
+    r.all_prompt_logits = prompt_logits != nullptr;
     EXPECT_TRUE((*e)->AddRequest(r).ok());
   }
   Status s = (*e)->RunToCompletion();
@@ -40,6 +42,7 @@ Outcome Generate(std::shared_ptr<Model> m, const std::vector<std::vector<int32_t
   for (int64_t i = 0; i < (*e)->num_requests(); ++i) {
     run.tokens.push_back((*e)->request(i).generated);
     run.logits.push_back((*e)->request(i).last_logits);
+    if (prompt_logits != nullptr) prompt_logits->push_back((*e)->request(i).prompt_logits);
   }
   return run;
 }
@@ -76,7 +79,58 @@ TEST_P(BatchInvariance, SameBitsAtBatch1AndBatch8) {
   }
 }
 
+// Chunked prefill (max_prefill_tokens): prompts fed over several steps, chunks cut anywhere —
+// one-token chunks included — beside running decodes. Every prompt position's logits, the
+// sampled tokens and the last logits are the bits of the unchunked run.
+TEST_P(BatchInvariance, ChunkedPrefillChangesNoBits) {
+  auto m = Model::Load(testing::FixtureDir() / "models" / GetParam());
+  ASSERT_TRUE(m.ok()) << m.status().message();
+  const auto prompts = Prompts((*m)->config().vocab_size, 6);
+  std::vector<std::vector<float>> whole_prompt;
+  const Outcome whole = Generate(*m, prompts, 4, 0.9, KvFormat::kFp32, 1000, 0, &whole_prompt);
+  for (int64_t budget : {1, 7, 16}) {
+    std::vector<std::vector<float>> chunked_prompt;
+    const Outcome chunked = Generate(*m, prompts, 4, 0.9, KvFormat::kFp32, 1000, budget, &chunked_prompt);
+    for (size_t i = 0; i < prompts.size(); ++i) {
+      EXPECT_EQ(chunked.tokens[i], whole.tokens[i]) << "request " << i << " budget " << budget;
+      ASSERT_EQ(chunked_prompt[i].size(), whole_prompt[i].size()) << "request " << i << " budget " << budget;
+      EXPECT_EQ(0, std::memcmp(chunked_prompt[i].data(), whole_prompt[i].data(), whole_prompt[i].size() * 4))
+          << "request " << i << " budget " << budget << ": prompt logits differ when chunked";
+      EXPECT_EQ(0, std::memcmp(chunked.logits[i].data(), whole.logits[i].data(), whole.logits[i].size() * 4))
+          << "request " << i << " budget " << budget;
+    }
+  }
+}
+
 INSTANTIATE_TEST_SUITE_P(Fixtures, BatchInvariance, ::testing::Values("v3_basic", "v32_sparse", "v2_lite_like"));
+
+TEST(Engine, ChunkedPrefillReportsItsChunks) {
+  auto m = Model::Load(testing::FixtureDir() / "models" / "v3_basic");
+  ASSERT_TRUE(m.ok());
+  EngineOptions o;
+  o.max_prefill_tokens = 10;
+  auto e = Engine::Create(*m, o);
+  ASSERT_TRUE(e.ok());
+  Request r;
+  r.prompt.assign(25, 7);
+  r.max_new_tokens = 3;
+  ASSERT_TRUE((*e)->AddRequest(r).ok());
+  std::vector<StepEvent> events;
+  (*e)->SetStepCallback([&](const StepEvent& ev) { events.push_back(ev); });
+  int steps = 0;
+  while (true) {
+    auto more = (*e)->Step();
+    ASSERT_TRUE(more.ok());
+    if (!*more) break;
+    ++steps;
+  }
+  EXPECT_EQ(steps, 3 + 2);  // chunks of 10, 10, 5 (the last one samples), then 2 decode steps
+  ASSERT_EQ(events.size(), 3u);
+  EXPECT_EQ(events[0].prompt_chunks, (std::vector<int64_t>{0, 10, 20}));
+  EXPECT_TRUE(events[1].prompt_chunks.empty());
+  o.max_prefill_tokens = -1;
+  EXPECT_FALSE(Engine::Create(*m, o).ok());
+}
 
 TEST(Engine, ReducedPrecisionCachesStayCloseButDiffer) {
   auto m = Model::Load(testing::FixtureDir() / "models" / "v3_basic");
