@@ -201,6 +201,55 @@ TEST_F(ServerTest, BatchInvariantThroughTheServer) {
   EXPECT_EQ(alone, together);
 }
 
+// Chunked prefill (--max-prefill-tokens 3): the same text as the unchunked server for the same
+// seed, and a capture of a chunked request verifies and records where its chunks began.
+TEST_F(ServerTest, ChunkedPrefillGivesTheSameTextAndVerifiedCaptures) {
+  const auto dir = testing::SourceDir() / "models" / "lockstep-tiny-v32";
+  auto tok = engine::Tokenizer::Load(dir / "tokenizer.json");
+  ASSERT_TRUE(tok.ok());
+  auto model = engine::Model::Load(dir);
+  ASSERT_TRUE(model.ok());
+  const auto caps = capture_dir_->parent_path() / "chunked-caps";
+  ServerOptions o;
+  o.port = 0;
+  o.admin_port = 0;
+  o.model = *model;
+  o.tokenizer = *tok;
+  for (int64_t e : (*model)->config().eos_token_ids) o.eos_ids.push_back(static_cast<int32_t>(e));
+  o.engine.max_batch = 4;
+  o.engine.max_prefill_tokens = 3;
+  o.engine.kv_cache_tokens = 1 << 13;
+  o.capture_dir = caps;
+  o.admin_token = kToken;
+  o.quiet = true;
+  auto fp = recorder::ModelFingerprint(dir);
+  ASSERT_TRUE(fp.ok());
+  o.trace_meta = {{"model_dir", std::filesystem::absolute(dir).string()}, {"model_fingerprint", *fp}};
+  auto chunked = Server::Start(std::move(o));
+  ASSERT_TRUE(chunked.ok()) << chunked.status().message();
+  httplib::Client c("127.0.0.1", (*chunked)->port());
+  c.set_read_timeout(60, 0);
+  const json body = {{"prompt", "<!DOCTYPE html>\n<html lang=\"en\">\n<head>"}, {"max_tokens", 16},
+                     {"temperature", 0.8}, {"seed", 21}};
+  auto r = c.Post("/v1/completions", {{"X-Lockstep-Capture", "full"}, {"X-Lockstep-Token", kToken},
+                                      {"x-request-id", "chunked-1"}},
+                  body.dump(), "application/json");
+  ASSERT_TRUE(r);
+  ASSERT_EQ(r->status, 200) << r->body;
+  const json j = json::parse(r->body);
+  EXPECT_EQ(Text(j), Text(Complete(body)));  // the unchunked fixture server
+  const json& cap = j["lockstep"]["captures"][0];
+  EXPECT_TRUE(cap["verified"].get<bool>()) << cap.dump();
+  std::ifstream live(caps / "chunked-1.live.json");
+  ASSERT_TRUE(live.good());
+  const json lj = json::parse(live);
+  ASSERT_TRUE(lj.contains("prompt_chunks")) << lj.dump().substr(0, 400);
+  const auto chunks = lj["prompt_chunks"].get<std::vector<int64_t>>();
+  ASSERT_GE(chunks.size(), 2u);
+  EXPECT_EQ(chunks[0], 0);
+  EXPECT_EQ(chunks[1], 3);
+}
+
 TEST_F(ServerTest, MalformedJsonIs400WithEnvelope) {
   auto r = Api().Post("/v1/completions", "{not json", "application/json");
   ASSERT_TRUE(r);
