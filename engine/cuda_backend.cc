@@ -131,32 +131,16 @@ struct Scratch {
   }
 };
 
-cu::LatentFormat ToLatentFormat(KvFormat f) {
-  switch (f) {
-    case KvFormat::kFp32: return cu::LatentFormat::kFp32;
-    case KvFormat::kBf16: return cu::LatentFormat::kBf16;
-    case KvFormat::kFp8E4m3: return cu::LatentFormat::kFp8E4m3;
-  }
-  return cu::LatentFormat::kFp32;
-}
-
-cu::RopeStyle ToRopeStyle(RopeStyle s) {
-  switch (s) {
-    case RopeStyle::kPairsAdjacent: return cu::RopeStyle::kPairsAdjacent;
-    case RopeStyle::kPairsToHalves: return cu::RopeStyle::kPairsToHalves;
-    case RopeStyle::kHalves: return cu::RopeStyle::kHalves;
-  }
-  return cu::RopeStyle::kPairsAdjacent;
-}
-
-cu::GateKind ToGateKind(GateKind g) {
-  switch (g) {
-    case GateKind::kSoftmaxGreedy: return cu::GateKind::kSoftmaxGreedy;
-    case GateKind::kSoftmaxGroupLimited: return cu::GateKind::kSoftmaxGroupLimited;
-    case GateKind::kSigmoidNoauxTc: return cu::GateKind::kSigmoidNoauxTc;
-  }
-  return cu::GateKind::kSoftmaxGreedy;
-}
+// kernels/cuda mirrors the engine's enumerations in the same order (ops.h says so).
+static_assert(static_cast<int>(cu::LatentFormat::kFp8E4m3) == static_cast<int>(KvFormat::kFp8E4m3) &&
+              static_cast<int>(cu::LatentFormat::kBf16) == static_cast<int>(KvFormat::kBf16));
+static_assert(static_cast<int>(cu::RopeStyle::kHalves) == static_cast<int>(RopeStyle::kHalves) &&
+              static_cast<int>(cu::RopeStyle::kPairsToHalves) == static_cast<int>(RopeStyle::kPairsToHalves));
+static_assert(static_cast<int>(cu::GateKind::kSigmoidNoauxTc) == static_cast<int>(GateKind::kSigmoidNoauxTc) &&
+              static_cast<int>(cu::GateKind::kSoftmaxGroupLimited) == static_cast<int>(GateKind::kSoftmaxGroupLimited));
+cu::LatentFormat ToLatentFormat(KvFormat f) { return static_cast<cu::LatentFormat>(f); }
+cu::RopeStyle ToRopeStyle(RopeStyle s) { return static_cast<cu::RopeStyle>(s); }
+cu::GateKind ToGateKind(GateKind g) { return static_cast<cu::GateKind>(g); }
 
 class CudaBackend final : public Backend {
  public:
@@ -586,26 +570,10 @@ Status CudaBackend::Forward(std::span<Segment> segs, PagedKvCache& cache, const 
   cu::Stream s = stream_->get();
 
   // Rows, positions, validation, cache pages (the host cache allocates; the device mirrors ids).
-  row0_.assign(segs.size(), 0);
-  int64_t R = 0, max_len = 0, max_pages = 1;
-  for (size_t i = 0; i < segs.size(); ++i) {
-    const Segment& g = segs[i];
-    if (g.cache == nullptr || g.cache->length != g.start_pos) {
-      return Status::Internal("Forward: segment of request " + std::to_string(g.request_id) +
-                              " starts at position " + std::to_string(g.start_pos) + " but its cache holds " +
-                              std::to_string(g.cache ? g.cache->length : -1) + " tokens");
-    }
-    if (g.tokens.empty()) return Status::Internal("Forward: empty segment");
-    for (int32_t t : g.tokens) {
-      if (t < 0 || t >= V) {
-        return Status::InvalidArgument("token id " + std::to_string(t) + " outside the vocabulary (0.." +
-                                       std::to_string(V - 1) + ")");
-      }
-    }
-    row0_[i] = R;
-    R += static_cast<int64_t>(g.tokens.size());
-    max_len = std::max<int64_t>(max_len, g.start_pos + static_cast<int64_t>(g.tokens.size()));
-  }
+  LS_ASSIGN_OR_RETURN(SegmentLayout layout, LayOutSegments(segs, c));
+  row0_ = std::move(layout.row0);
+  const int64_t R = layout.rows;
+  int64_t max_len = layout.max_end, max_pages = 1;
   if (max_len > rope_positions_) {
     return Status::InvalidArgument("position " + std::to_string(max_len - 1) + " beyond the cuda backend's RoPE table (" +
                                    std::to_string(rope_positions_) + " positions)");

@@ -236,63 +236,92 @@ int64_t Model::ActiveParameterCount() const {
 // ---------------------------------------------------------------------------------------------
 // The forward pass.
 
+Result<SegmentLayout> LayOutSegments(std::span<const Segment> segs, const ModelConfig& c) {
+  SegmentLayout out;
+  out.row0.resize(segs.size());
+  for (size_t s = 0; s < segs.size(); ++s) {
+    const Segment& g = segs[s];
+    if (g.cache == nullptr || g.cache->length != g.start_pos) {
+      return Status::Internal("Forward: segment of request " + std::to_string(g.request_id) +
+                              " starts at position " + std::to_string(g.start_pos) + " but its cache holds " +
+                              std::to_string(g.cache ? g.cache->length : -1) + " tokens");
+    }
+    if (g.tokens.empty()) return Status::Internal("Forward: empty segment");
+    for (int32_t t : g.tokens) {
+      if (t < 0 || t >= c.vocab_size) {
+        return Status::InvalidArgument("token id " + std::to_string(t) + " outside the vocabulary (0.." +
+                                       std::to_string(c.vocab_size - 1) + ")");
+      }
+    }
+    out.row0[s] = out.rows;
+    out.rows += static_cast<int64_t>(g.tokens.size());
+    out.max_end = std::max<int64_t>(out.max_end, g.start_pos + static_cast<int64_t>(g.tokens.size()));
+  }
+  return out;
+}
+
+void RouteExperts(const ModelConfig& c, const float* bias, const float* logits_in, int32_t* ids, float* w) {
+  const int64_t E = c.n_routed_experts, k = c.num_experts_per_tok;
+  std::vector<float> logits(logits_in, logits_in + E), scores(E), choice(E);
+  std::vector<bool> allowed(E, true);
+  if (c.gate == GateKind::kSigmoidNoauxTc) {
+    for (int64_t e = 0; e < E; ++e) {
+      scores[e] = 1.0f / (1.0f + std::exp(-logits[e]));
+      choice[e] = scores[e] + bias[e];
+    }
+  } else {
+    scores = logits;
+    cpu::Softmax(scores.data(), E);
+    choice = scores;
+  }
+  // Group-limited selection (V3: group score = sum of its top-2; V2 group_limited: its max).
+  if (c.gate != GateKind::kSoftmaxGreedy && c.n_group > 1) {
+    const int64_t G = c.n_group, per = E / G;
+    std::vector<std::pair<float, int64_t>> gs(G);
+    for (int64_t g = 0; g < G; ++g) {
+      float a = -INFINITY, b = -INFINITY;
+      for (int64_t j = 0; j < per; ++j) {
+        float v = choice[g * per + j];
+        if (v > a) {
+          b = a;
+          a = v;
+        } else if (v > b) {
+          b = v;
+        }
+      }
+      gs[g] = {c.gate == GateKind::kSigmoidNoauxTc ? a + b : a, g};
+    }
+    std::stable_sort(gs.begin(), gs.end(), [](auto& p, auto& q) { return p.first > q.first; });
+    std::vector<bool> gkeep(G, false);
+    for (int64_t i = 0; i < c.topk_group; ++i) gkeep[gs[i].second] = true;
+    for (int64_t e = 0; e < E; ++e) allowed[e] = gkeep[e / per];
+  }
+  std::vector<int32_t> order;
+  for (int64_t e = 0; e < E; ++e) {
+    if (allowed[e]) order.push_back(static_cast<int32_t>(e));
+  }
+  std::stable_sort(order.begin(), order.end(), [&](int32_t a, int32_t b) { return choice[a] > choice[b]; });
+  order.resize(k);
+  std::sort(order.begin(), order.end());
+  double sum = 0;
+  for (int64_t i = 0; i < k; ++i) {
+    ids[i] = order[i];
+    w[i] = scores[order[i]];
+    sum += w[i];
+  }
+  if (c.norm_topk_prob) {
+    const float denom = static_cast<float>(sum) + 1e-20f;
+    for (int64_t i = 0; i < k; ++i) w[i] /= denom;
+  }
+  for (int64_t i = 0; i < k; ++i) w[i] *= static_cast<float>(c.routed_scaling_factor);
+}
+
 struct Model::Impl {
   // Chooses the experts of one token. Returns ids (ascending) and their weights.
   static void Route(const ModelConfig& c, const LayerWeights& L, const float* x, int32_t* ids, float* w) {
-    const int64_t E = c.n_routed_experts, k = c.num_experts_per_tok;
-    std::vector<float> logits(E), scores(E), choice(E);
-    for (int64_t e = 0; e < E; ++e) logits[e] = cpu::Dot(x, L.router.row(e), c.hidden_size);
-    std::vector<bool> allowed(E, true);
-    if (c.gate == GateKind::kSigmoidNoauxTc) {
-      for (int64_t e = 0; e < E; ++e) {
-        scores[e] = 1.0f / (1.0f + std::exp(-logits[e]));
-        choice[e] = scores[e] + L.router_bias.data[e];
-      }
-    } else {
-      scores = logits;
-      cpu::Softmax(scores.data(), E);
-      choice = scores;
-    }
-    // Group-limited selection (V3: group score = sum of its top-2; V2 group_limited: its max).
-    if (c.gate != GateKind::kSoftmaxGreedy && c.n_group > 1) {
-      const int64_t G = c.n_group, per = E / G;
-      std::vector<std::pair<float, int64_t>> gs(G);
-      for (int64_t g = 0; g < G; ++g) {
-        float a = -INFINITY, b = -INFINITY;
-        for (int64_t j = 0; j < per; ++j) {
-          float v = choice[g * per + j];
-          if (v > a) {
-            b = a;
-            a = v;
-          } else if (v > b) {
-            b = v;
-          }
-        }
-        gs[g] = {c.gate == GateKind::kSigmoidNoauxTc ? a + b : a, g};
-      }
-      std::stable_sort(gs.begin(), gs.end(), [](auto& p, auto& q) { return p.first > q.first; });
-      std::vector<bool> gkeep(G, false);
-      for (int64_t i = 0; i < c.topk_group; ++i) gkeep[gs[i].second] = true;
-      for (int64_t e = 0; e < E; ++e) allowed[e] = gkeep[e / per];
-    }
-    std::vector<int32_t> order;
-    for (int64_t e = 0; e < E; ++e) {
-      if (allowed[e]) order.push_back(static_cast<int32_t>(e));
-    }
-    std::stable_sort(order.begin(), order.end(), [&](int32_t a, int32_t b) { return choice[a] > choice[b]; });
-    order.resize(k);
-    std::sort(order.begin(), order.end());
-    double sum = 0;
-    for (int64_t i = 0; i < k; ++i) {
-      ids[i] = order[i];
-      w[i] = scores[order[i]];
-      sum += w[i];
-    }
-    if (c.norm_topk_prob) {
-      const float denom = static_cast<float>(sum) + 1e-20f;
-      for (int64_t i = 0; i < k; ++i) w[i] /= denom;
-    }
-    for (int64_t i = 0; i < k; ++i) w[i] *= static_cast<float>(c.routed_scaling_factor);
+    std::vector<float> logits(c.n_routed_experts);
+    for (int64_t e = 0; e < c.n_routed_experts; ++e) logits[e] = cpu::Dot(x, L.router.row(e), c.hidden_size);
+    RouteExperts(c, L.router_bias.empty() ? nullptr : L.router_bias.data.data(), logits.data(), ids, w);
   }
 
   static void Mlp(const Gemm& gemm, const MlpWeights& m, const float* x, int64_t rows, int64_t hidden, float* y) {
@@ -336,26 +365,9 @@ Status Model::Forward(std::span<Segment> segs, PagedKvCache& cache, const kernel
   }
 
   // Rows, positions, and validation.
-  std::vector<int64_t> row0(segs.size());
-  int64_t R = 0, max_pos = 0;
-  for (size_t s = 0; s < segs.size(); ++s) {
-    const Segment& g = segs[s];
-    if (g.cache == nullptr || g.cache->length != g.start_pos) {
-      return Status::Internal("Forward: segment of request " + std::to_string(g.request_id) +
-                              " starts at position " + std::to_string(g.start_pos) + " but its cache holds " +
-                              std::to_string(g.cache ? g.cache->length : -1) + " tokens");
-    }
-    if (g.tokens.empty()) return Status::Internal("Forward: empty segment");
-    for (int32_t t : g.tokens) {
-      if (t < 0 || t >= c.vocab_size) {
-        return Status::InvalidArgument("token id " + std::to_string(t) + " outside the vocabulary (0.." +
-                                       std::to_string(c.vocab_size - 1) + ")");
-      }
-    }
-    row0[s] = R;
-    R += static_cast<int64_t>(g.tokens.size());
-    max_pos = std::max<int64_t>(max_pos, g.start_pos + static_cast<int64_t>(g.tokens.size()));
-  }
+  LS_ASSIGN_OR_RETURN(SegmentLayout layout, LayOutSegments(segs, c));
+  const std::vector<int64_t>& row0 = layout.row0;
+  const int64_t R = layout.rows, max_pos = layout.max_end;
   for (auto& g : segs) LS_RETURN_IF_ERROR(cache.Reserve(g.cache, g.start_pos + static_cast<int64_t>(g.tokens.size())));
   // Held for the rest of the pass: another thread's Forward may need longer tables.
   std::shared_lock<std::shared_mutex> rope_lock(rope_mu_);

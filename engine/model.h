@@ -42,10 +42,26 @@ struct Segment {
   bool prefill = false;
 };
 
+// A step's segments checked (each continues its request's cache, none empty, every token in
+// the vocabulary) and laid out as rows: segment s owns rows [row0[s], row0[s] + tokens).
+struct SegmentLayout {
+  std::vector<int64_t> row0;
+  int64_t rows = 0;
+  int64_t max_end = 0;  // the largest start_pos + tokens
+};
+Result<SegmentLayout> LayOutSegments(std::span<const Segment> segs, const ModelConfig& c);
+
 struct ForwardOutput {
   // Per segment: its logits rows ([rows, vocab], rows = tokens or 1).
   std::vector<std::vector<float>> logits;
 };
+
+// MoE routing of one token from its router logits [n_routed_experts] (fp32, cpu::Dot of the
+// normalised hidden state with each router row): the config's gate (softmax greedy, V2's
+// group-limited greedy, V3's sigmoid noaux_tc with `bias` = e_score_correction_bias, null
+// otherwise), ties to the lower expert id; writes num_experts_per_tok ids ascending and their
+// weights (normalised when norm_topk_prob, × routed_scaling_factor). The CUDA Route kernel's twin.
+void RouteExperts(const ModelConfig& c, const float* bias, const float* logits, int32_t* ids, float* weights);
 
 class Model {
  public:

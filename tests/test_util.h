@@ -70,4 +70,23 @@ inline double RelMaxErr(const float* a, const float* b, int64_t n) {
   return den == 0 ? num : num / den;
 }
 
+// A transformers fixture's reference (tools/fixtures/make_model_fixtures.py): prompt ids, fp32
+// prefill logits at every position, and 32 greedy decode steps (ids and logits).
+struct Reference {
+  std::vector<int32_t> prompt, decode_ids;
+  std::vector<float> prefill, decode;
+};
+inline Reference LoadReference(const std::filesystem::path& dir) {
+  auto ck = engine::SafetensorsFile::Open(dir / "reference.safetensors");
+  EXPECT_TRUE(ck.ok()) << ck.status().message();
+  Reference r;
+  if (!ck.ok()) return r;
+  const auto& t = (*ck)->tensors();
+  r.prompt = ReadIds(t.at("prompt_ids"));
+  r.decode_ids = ReadIds(t.at("decode_ids"));
+  r.prefill = ReadF32(t.at("prefill_logits"));
+  r.decode = ReadF32(t.at("decode_logits"));
+  return r;
+}
+
 }  // namespace lockstep::testing

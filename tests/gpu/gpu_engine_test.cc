@@ -49,22 +49,8 @@ EngineOptions Cuda(engine::KvFormat f = engine::KvFormat::kFp32, const std::stri
   return o;
 }
 
-struct Reference {
-  std::vector<int32_t> prompt, decode_ids;
-  std::vector<float> prefill, decode;
-};
-
-Reference LoadReference(const std::filesystem::path& dir) {
-  auto ck = engine::SafetensorsFile::Open(dir / "reference.safetensors");
-  EXPECT_TRUE(ck.ok()) << ck.status().message();
-  Reference r;
-  const auto& t = (*ck)->tensors();
-  r.prompt = testing::ReadIds(t.at("prompt_ids"));
-  r.decode_ids = testing::ReadIds(t.at("decode_ids"));
-  r.prefill = testing::ReadF32(t.at("prefill_logits"));
-  r.decode = testing::ReadF32(t.at("decode_logits"));
-  return r;
-}
+using testing::LoadReference;
+using testing::Reference;
 
 class GpuModelReference : public ::testing::TestWithParam<std::tuple<std::string, std::string>> {};
 

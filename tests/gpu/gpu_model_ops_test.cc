@@ -13,6 +13,7 @@
 #include <string>
 #include <vector>
 
+#include "engine/model.h"
 #include "kernels/cpu/numerics.h"
 #include "kernels/cpu/ops.h"
 #include "kernels/cuda/ops.h"
@@ -188,61 +189,18 @@ struct RouteConfig {
   float scale;
 };
 
-// engine/model.cc Model::Impl::Route after its logits loop, transcribed (that function is
-// private to the engine and also computes the logits; the test feeds both sides the same).
+// The CPU's routing from the same logits (engine::RouteExperts, which the engine's forward
+// pass calls after its router products).
 void CpuRoute(const RouteConfig& c, const float* logits, const float* bias, int32_t* ids, float* w) {
-  const int64_t E = c.experts, k = c.k;
-  std::vector<float> scores(E), choice(E);
-  std::vector<bool> allowed(E, true);
-  if (c.gate == cu::GateKind::kSigmoidNoauxTc) {
-    for (int64_t e = 0; e < E; ++e) {
-      scores[e] = 1.0f / (1.0f + std::exp(-logits[e]));
-      choice[e] = scores[e] + bias[e];
-    }
-  } else {
-    scores.assign(logits, logits + E);
-    kernels::cpu::Softmax(scores.data(), E);
-    choice = scores;
-  }
-  if (c.gate != cu::GateKind::kSoftmaxGreedy && c.n_group > 1) {
-    const int64_t G = c.n_group, per = E / G;
-    std::vector<std::pair<float, int64_t>> gs(G);
-    for (int64_t g = 0; g < G; ++g) {
-      float a = -INFINITY, b = -INFINITY;
-      for (int64_t j = 0; j < per; ++j) {
-        float v = choice[g * per + j];
-        if (v > a) {
-          b = a;
-          a = v;
-        } else if (v > b) {
-          b = v;
-        }
-      }
-      gs[g] = {c.gate == cu::GateKind::kSigmoidNoauxTc ? a + b : a, g};
-    }
-    std::stable_sort(gs.begin(), gs.end(), [](auto& p, auto& q) { return p.first > q.first; });
-    std::vector<bool> gkeep(G, false);
-    for (int64_t i = 0; i < c.topk_group; ++i) gkeep[gs[i].second] = true;
-    for (int64_t e = 0; e < E; ++e) allowed[e] = gkeep[e / per];
-  }
-  std::vector<int32_t> order;
-  for (int64_t e = 0; e < E; ++e) {
-    if (allowed[e]) order.push_back(static_cast<int32_t>(e));
-  }
-  std::stable_sort(order.begin(), order.end(), [&](int32_t a, int32_t b) { return choice[a] > choice[b]; });
-  order.resize(k);
-  std::sort(order.begin(), order.end());
-  double sum = 0;
-  for (int64_t i = 0; i < k; ++i) {
-    ids[i] = order[i];
-    w[i] = scores[order[i]];
-    sum += w[i];
-  }
-  if (c.norm) {
-    const float denom = static_cast<float>(sum) + 1e-20f;
-    for (int64_t i = 0; i < k; ++i) w[i] /= denom;
-  }
-  for (int64_t i = 0; i < k; ++i) w[i] *= c.scale;
+  engine::ModelConfig mc;
+  mc.n_routed_experts = c.experts;
+  mc.num_experts_per_tok = c.k;
+  mc.n_group = c.n_group;
+  mc.topk_group = c.topk_group;
+  mc.gate = static_cast<engine::GateKind>(c.gate);  // same enumerators (ops.h)
+  mc.norm_topk_prob = c.norm;
+  mc.routed_scaling_factor = c.scale;
+  engine::RouteExperts(mc, c.gate == cu::GateKind::kSigmoidNoauxTc ? bias : nullptr, logits, ids, w);
 }
 
 struct RouteOut {
