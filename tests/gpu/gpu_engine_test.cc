@@ -263,6 +263,24 @@ TEST(GpuEngine, GraphsChangeNoBits) {
   EXPECT_EQ(a, b);
 }
 
+// Chunked prefill on the GPU: prompts fed 5 tokens per step beside running decodes give the
+// bits of whole-prompt prefill (every row is its own absorbed query, whatever the chunking).
+TEST(GpuEngine, ChunkedPrefillChangesNoBits) {
+  LS_REQUIRE_GPU();
+  std::vector<std::vector<int32_t>> a, b;
+  EngineOptions chunked = Cuda(engine::KvFormat::kFp8E4m3, "bf16");
+  chunked.max_prefill_tokens = 5;
+  const Logits whole = RunBatch(Cuda(engine::KvFormat::kFp8E4m3, "bf16"), 4, true, &a);
+  const Logits parts = RunBatch(chunked, 4, true, &b);
+  for (const auto& [id, steps] : whole) {
+    ASSERT_EQ(steps.size(), parts.at(id).size());
+    for (size_t s = 0; s < steps.size(); ++s) {
+      EXPECT_TRUE(Bitwise(steps[s], parts.at(id)[s])) << "request " << id << " step " << s;
+    }
+  }
+  EXPECT_EQ(a, b);
+}
+
 // The heuristic cuBLAS variant is deterministic but not batch-invariant; the test documents
 // that the difference is real on this GPU (or reports that it was not observed).
 TEST(GpuEngine, HeuristicGemmIsDeterministic) {
