@@ -71,16 +71,26 @@ Result<std::map<std::string, std::string>> ModelMeta(const LoadedModel& m) {
                                             {"tokenizer_hash", tok_hash}};
 }
 
+// CLI11's NonNegativeNumber names its range as 0 to 1.797e308 when it refuses; this says it plainly.
+const CLI::Validator kNonNegative(
+    [](std::string& in) -> std::string {
+      char* end = nullptr;
+      const double v = std::strtod(in.c_str(), &end);
+      if (end == in.c_str() || *end != '\0') return "not a number: " + in;
+      return v >= 0 ? std::string() : "must be ≥ 0 (got " + in + ")";
+    },
+    "≥ 0", "non-negative");
+
 void EngineFlags::Register(CLI::App* app) {
-  app->add_option("--max-tokens,-n", max_tokens, "Tokens to generate per prompt")->check(CLI::NonNegativeNumber);
+  app->add_option("--max-tokens,-n", max_tokens, "Tokens to generate per prompt")->check(kNonNegative);
   sampling_options_ = {
       app->add_option("--temperature,-t", temperature,
                       "Sampling temperature; 0 = greedy (argmax). Default: the model's generation_config.json, else 0")
-          ->check(CLI::NonNegativeNumber),
+          ->check(kNonNegative),
       app->add_option("--top-p", top_p, "Nucleus sampling mass in (0, 1]; 1 = off (default: generation_config.json)")
           ->check(CLI::Range(0.0, 1.0)),
       app->add_option("--top-k", top_k, "Keep the k most likely tokens; 0 = off (default: generation_config.json)")
-          ->check(CLI::NonNegativeNumber),
+          ->check(kNonNegative),
       app->add_option("--min-p", min_p, "Drop tokens below min_p × the top probability; 0 = off")
           ->check(CLI::Range(0.0, 1.0))};
   app->add_option("--seed", seed, "Per-request sampling seed (Philox key); request i of --prompts uses seed + i");
@@ -90,7 +100,7 @@ void EngineFlags::Register(CLI::App* app) {
   app->add_option("--max-batch", max_batch, "Requests run together per step")->check(CLI::PositiveNumber);
   app->add_option("--max-prefill-tokens", max_prefill_tokens,
                   "Chunked prefill: prompt tokens per step across requests (0 = whole prompts); numbers do not change")
-      ->check(CLI::NonNegativeNumber);
+      ->check(kNonNegative);
   app->add_option("--page-size", page_size, "Tokens per KV-cache page")->check(CLI::PositiveNumber);
   app->add_option("--kv-cache-tokens", kv_cache_tokens, "KV-cache capacity in tokens, across all requests")
       ->check(CLI::PositiveNumber);

@@ -49,6 +49,10 @@ expect_error "truncated safetensors" "model.safetensors" "$LS" model info "$TMP/
 sed 's/deepseek_v3/mixtral/' "$FIX/v3_basic/config.json" >"$TMP/m/config.json"
 expect_error "unknown model_type" "model_type" "$LS" model info "$TMP/m"
 expect_error "unknown subcommand" "" "$LS" frobnicate
+expect_error "unknown backend" "--backend" "$LS" generate -m "$FIX/v3_basic" --prompt-ids 1 --backend tpu -q
+expect_error "negative prefill budget" "--max-prefill-tokens" "$LS" generate -m "$FIX/v3_basic" --prompt-ids 1 --max-prefill-tokens -1 -q
+expect_error "random weights on the cpu" "--random-weights" "$LS" generate -m "$FIX/v3_basic" --prompt-ids 1 --random-weights -q
+expect_error "fault on the cuda backend" "" "$LS" generate -m "$FIX/v3_basic" --prompt-ids 1 --backend cuda --fault fault_fp8_no_clamp -q
 
 # Good runs: JSON output parses and greedy tokens equal the transformers reference's first tokens.
 out=$("$LS" generate -m "$FIX/v3_basic" --prompts <(printf '{"prompt_ids":[5,6,7],"id":"a"}\n{"prompt_ids":[9],"id":"b","temperature":0.7,"seed":3}\n') -n 5 --json) || { echo "FAIL json run"; fail=1; }
@@ -84,6 +88,12 @@ assert f["tensor"] == "taps/layers.0.attn.heads" and f["position"] == 0, f
 "$LS" diff "$TMP/fails/degen-T0-p0-s0.h5" "$TMP/rep.h5" >/dev/null; rc1=$?
 "$LS" diff "$TMP/fails/degen-T0-p0-s0.h5" "$TMP/fp8.h5" --html "$TMP/report.html" >/dev/null; rc2=$?
 if [ $rc1 -eq 0 ] && [ $rc2 -eq 3 ] && grep -q 'id="heatmap"' "$TMP/report.html"; then echo "ok   diff exit codes and HTML report"; else echo "FAIL diff rc=$rc1/$rc2"; fail=1; fi
+# Chunked prefill through the binary: the same tokens as whole-prompt prefill.
+a=$("$LS" generate -m "$FIX/v3_basic" --prompt-ids 5,6,7,8,9,10,11,12,13 -n 6 --temperature 0.8 --seed 4 --json -q)
+b=$("$LS" generate -m "$FIX/v3_basic" --prompt-ids 5,6,7,8,9,10,11,12,13 -n 6 --temperature 0.8 --seed 4 --json -q --max-prefill-tokens 2)
+if [ -n "$a" ] && [ "$(printf '%s' "$a" | grep -o '"tokens":\[[0-9,]*\]')" = "$(printf '%s' "$b" | grep -o '"tokens":\[[0-9,]*\]')" ]; then
+  echo "ok   --max-prefill-tokens gives the same tokens"
+else echo "FAIL chunked prefill: $a vs $b"; fail=1; fi
 expect_error "diff of a non-trace" "" "$LS" diff "$TMP/fails/degen-T0-p0-s0.h5" "$FIX/v3_basic/config.json"
 expect_error "degen bad temperatures" "--temperatures" "$LS" degen -p x --temperatures 0,hot -q
 
