@@ -9,7 +9,7 @@
 // latent cache — over the step time, against a device-to-device copy (read + write bytes).
 //
 //   bench_gpu_decode [--model DIR] [--batch 1,64] [--prompt-len 512] [--tokens 64]
-//                    [--kv-cache bf16] [--gemm bf16] [--json]
+//                    [--kv-cache bf16] [--gemm bf16] [--profile] [--no-cuda-graphs] [--json]
 #include <chrono>
 #include <cmath>
 #include <cstdio>
@@ -84,11 +84,13 @@ StepBytes MinimumBytes(const engine::ModelConfig& c, int64_t batch, int64_t cont
 int main(int argc, char** argv) {
   std::string model_dir = "models/shapes/deepseek-v2-lite", kv = "bf16", gemm = "bf16", batches = "1,64";
   int64_t prompt_len = 512, tokens = 64;
-  bool json_out = false;
+  bool json_out = false, profile = false, graphs = true;
   for (int i = 1; i < argc; ++i) {
     std::string k = argv[i];
-    if (k == "--json") {
-      json_out = true;
+    if (k == "--json" || k == "--profile" || k == "--no-cuda-graphs") {
+      json_out |= k == "--json";
+      profile |= k == "--profile";
+      graphs &= k != "--no-cuda-graphs";
       continue;
     }
     if (i + 1 >= argc) {
@@ -133,6 +135,8 @@ int main(int argc, char** argv) {
     o.max_batch = batch;
     o.kv_format = *engine::ParseKvFormat(kv);
     o.kernels = {{"gemm", gemm}};
+    o.device.cuda_graphs = graphs;
+    o.device.profile = profile;  // per-phase GPU time on stderr when the engine ends
     o.kv_cache_tokens = batch * (prompt_len + tokens + 64);
     eng.reset();  // free the previous engine's device memory first
     auto t_load = std::chrono::steady_clock::now();

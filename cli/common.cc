@@ -110,6 +110,11 @@ void EngineFlags::Register(CLI::App* app) {
   app->add_option("--backend", backend,
                   "Where the forward pass runs: cpu (the fp32 reference) | cuda (needs a GPU and a CUDA build)")
       ->check(CLI::IsMember({"cpu", "cuda"}));
+  app->add_flag("--no-cuda-graphs", no_cuda_graphs,
+                "--backend cuda: launch every decode step kernel by kernel instead of replaying a CUDA graph "
+                "(slower; the same bits)");
+  app->add_flag("--gpu-profile", gpu_profile,
+                "--backend cuda: print the GPU time of each phase of a step (ms/step) on stderr at the end");
   app->add_option("--fault", fault,
                   "Enable one deliberately wrong kernel, a test instrument (docs/fault-zoo.md; `lockstep kernels "
                   "--faults` lists them)");
@@ -144,6 +149,8 @@ Result<engine::EngineOptions> EngineFlags::ToOptions() const {
   for (const auto& k : kernels) LS_RETURN_IF_ERROR(kernels::ParseKernelOverride(k, &o.kernels));
   o.fault = fault;
   o.backend = backend;
+  o.device.cuda_graphs = !no_cuda_graphs;
+  o.device.profile = gpu_profile;
   o.max_batch = max_batch;
   o.max_prefill_tokens = max_prefill_tokens;
   o.page_size = page_size;

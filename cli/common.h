@@ -53,6 +53,8 @@ struct EngineFlags {
   bool no_special_tokens = false;  // encode prompts without the tokenizer's template (BOS)
   std::string fault;
   std::string backend = "cpu";
+  bool no_cuda_graphs = false;
+  bool gpu_profile = false;
   std::vector<CLI::Option*> sampling_options_;  // temperature, top_p, top_k, min_p: were they given?
 
   void Register(CLI::App* app);

@@ -84,8 +84,11 @@ Status RunServe(ServeArgs& a) {
   g_server = srv.get();
   std::signal(SIGINT, OnSignal);
   std::signal(SIGTERM, OnSignal);
-  std::cerr << "lockstep serve: API on http://" << a.host << ":" << srv->port() << "/v1, health/metrics/admin on http://"
-            << a.host << ":" << srv->admin_port() << "\n";
+  // One write: scripts read this line to find the ports (std::cerr is unbuffered, so a chain of
+  // << would reach them in pieces).
+  std::cerr << ("lockstep serve: API on http://" + a.host + ":" + std::to_string(srv->port()) +
+                "/v1, health/metrics/admin on http://" + a.host + ":" + std::to_string(srv->admin_port()) + "\n")
+            << std::flush;
   srv->Wait();
   g_server = nullptr;
   return Status::Ok();

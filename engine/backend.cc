@@ -28,12 +28,13 @@ class CpuBackend final : public Backend {
 }  // namespace
 
 Result<std::unique_ptr<Backend>> CreateBackend(std::string_view name, std::shared_ptr<Model> model,
-                                               const PagedKvCache& cache, const kernels::KernelChoice& kernels) {
+                                               const PagedKvCache& cache, const kernels::KernelChoice& kernels,
+                                               const BackendOptions& options) {
   if (name == "cpu" && model->random_weights()) {
     return Status::Unsupported("--random-weights: the weights exist only on the GPU; run with --backend cuda");
   }
   if (name == "cpu") return std::unique_ptr<Backend>(new CpuBackend(std::move(model)));
-  if (name == "cuda") return CreateCudaBackend(std::move(model), cache, kernels);
+  if (name == "cuda") return CreateCudaBackend(std::move(model), cache, kernels, options);
   return Status::InvalidArgument("--backend " + std::string(name) + ": unknown backend (backends: cpu, cuda)");
 }
 

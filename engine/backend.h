@@ -24,6 +24,12 @@
 
 namespace lockstep::engine {
 
+// How a device backend runs (no effect on the CPU backend, and none on any result).
+struct BackendOptions {
+  bool cuda_graphs = true;  // decode steps captured once per batch size and replayed as CUDA graphs
+  bool profile = false;     // GPU time per phase of a step, printed to stderr when the backend ends
+};
+
 class Backend {
  public:
   virtual ~Backend() = default;
@@ -42,6 +48,7 @@ bool HaveCudaBackend();
 // Creates the named backend for `model` over a cache of `cache`'s geometry. "cuda" fails with
 // a one-line reason when the build has no CUDA or the machine no GPU.
 Result<std::unique_ptr<Backend>> CreateBackend(std::string_view name, std::shared_ptr<Model> model,
-                                               const PagedKvCache& cache, const kernels::KernelChoice& kernels);
+                                               const PagedKvCache& cache, const kernels::KernelChoice& kernels,
+                                               const BackendOptions& options = {});
 
 }  // namespace lockstep::engine

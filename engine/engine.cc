@@ -20,7 +20,7 @@ Result<std::unique_ptr<Engine>> Engine::Create(std::shared_ptr<Model> model, Eng
   e->cache_ = std::make_unique<PagedKvCache>(model->config(), options.kv_format, options.page_size,
                                              (options.kv_cache_tokens + options.page_size - 1) / options.page_size);
   e->cache_->SetFaultFp8NoClamp(e->kernels_["kv_quant"] == "fault_fp8_no_clamp");
-  LS_ASSIGN_OR_RETURN(e->backend_, CreateBackend(options.backend, model, *e->cache_, e->kernels_));
+  LS_ASSIGN_OR_RETURN(e->backend_, CreateBackend(options.backend, model, *e->cache_, e->kernels_, options.device));
   e->model_ = std::move(model);
   e->options_ = std::move(options);
   return e;

@@ -37,6 +37,7 @@ struct EngineOptions {
   int64_t max_prefill_tokens = 0;
   kernels::KernelChoice kernels;      // op → variant; empty = defaults
   std::string fault;                  // a fault-zoo variant (docs/fault-zoo.md); empty = none
+  BackendOptions device;              // how a device backend runs (graphs, profiling); no effect on results
 };
 
 struct Request {

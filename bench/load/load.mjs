@@ -123,7 +123,7 @@ function startServer(o, work) {
     child.stderr.setEncoding('utf8');
     child.stderr.on('data', (d) => {
       if (err.length < 1 << 20) err += d;
-      const m = /API on (http:\/\/[^\s,]+), health\/metrics\/admin on (http:\/\/\S+)/.exec(err);
+      const m = /API on (http:\/\/[^\s,]+), health\/metrics\/admin on (http:\/\/\S+)\r?\n/.exec(err);
       if (m && !child.ready) {
         child.ready = true;
         clearTimeout(timer);

@@ -83,7 +83,7 @@ class CudaGraph {
 
 // Attributes GPU time to named phases of a stream's work: Mark(name) closes the interval that
 // began at the previous mark; Collect() waits for the stream and adds each interval (ms) to
-// `totals`. Diagnostics only (LOCKSTEP_CUDA_PROFILE=1): the events serialise nothing but cost
+// `totals`. Diagnostics only (--gpu-profile): the events serialise nothing but cost
 // a little launch time. Marks may be captured into a CUDA graph (event-record nodes).
 class EventTimer {
  public:

@@ -247,9 +247,9 @@ TEST(GpuEngine, GraphsChangeNoBits) {
   LS_REQUIRE_GPU();
   std::vector<std::vector<int32_t>> a, b;
   std::vector<std::vector<uint8_t>> rows_a, rows_b;
-  setenv("LOCKSTEP_CUDA_GRAPHS", "0", 1);
-  const Logits plain = RunBatch(Cuda(engine::KvFormat::kFp8E4m3, "bf16"), 4, false, &a, &rows_a);
-  unsetenv("LOCKSTEP_CUDA_GRAPHS");
+  EngineOptions no_graphs = Cuda(engine::KvFormat::kFp8E4m3, "bf16");
+  no_graphs.device.cuda_graphs = false;
+  const Logits plain = RunBatch(no_graphs, 4, false, &a, &rows_a);
   const Logits graphed = RunBatch(Cuda(engine::KvFormat::kFp8E4m3, "bf16"), 4, false, &b, &rows_b);
   // The cache rows mirrored to the host (a recorder's view) are the same with graphs.
   ASSERT_EQ(rows_a.size(), rows_b.size());
@@ -321,9 +321,10 @@ class TapRecorder : public engine::TapHook {
 // Taps of steps replayed from a CUDA graph are the taps of the same steps launched plainly.
 TEST(GpuEngine, TapsFromGraphsAreTheSame) {
   LS_REQUIRE_GPU();
-  auto run = [&](TapRecorder* rec) {
+  auto run = [&](TapRecorder* rec, bool graphs) {
     EngineOptions o = Cuda(engine::KvFormat::kFp8E4m3, "bf16");
     o.max_batch = 2;
+    o.device.cuda_graphs = graphs;
     auto eng = Engine::Create(Tiny(), o);
     ASSERT_TRUE(eng.ok()) << eng.status().message();
     (*eng)->SetTapHook(rec);
@@ -337,10 +338,8 @@ TEST(GpuEngine, TapsFromGraphsAreTheSame) {
     ASSERT_TRUE(st.ok()) << st.message();
   };
   TapRecorder plain, graphed;
-  setenv("LOCKSTEP_CUDA_GRAPHS", "0", 1);
-  run(&plain);
-  unsetenv("LOCKSTEP_CUDA_GRAPHS");
-  run(&graphed);
+  run(&plain, false);
+  run(&graphed, true);
   ASSERT_EQ(plain.taps.size(), graphed.taps.size());
   for (const auto& [name, t] : plain.taps) {
     auto it = graphed.taps.find(name);

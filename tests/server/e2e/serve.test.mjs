@@ -36,7 +36,7 @@ function startServer() {
     server.stderr.setEncoding('utf8');
     server.stderr.on('data', (d) => {
       stderr += d;
-      const m = /API on (http:\/\/[^\s,]+), health\/metrics\/admin on (http:\/\/\S+)/.exec(stderr);
+      const m = /API on (http:\/\/[^\s,]+), health\/metrics\/admin on (http:\/\/\S+)\r?\n/.exec(stderr);
       if (m) {
         clearTimeout(timer);
         resolve({ api: m[1], admin: m[2] });

@@ -1,0 +1,186 @@
+// engine/cuda_backend_impl.h — the CUDA backend's class, private to engine/cuda_backend.cc
+// (set-up: weights, cache, GEMMs, taps) and engine/cuda_forward.cc (the forward pass).
+// Use it through engine/backend.h.
+#pragma once
+
+#include <algorithm>
+#include <cstdio>
+#include <map>
+#include <memory>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "engine/cuda_backend.h"
+#include "kernels/cuda/ops.h"
+#include "kernels/cuda/runtime.h"
+
+namespace lockstep::engine::cuda_impl {
+
+namespace cu = kernels::cuda;
+
+// A weight on the device: fp32, or bf16 bits for the bf16 GEMM variants.
+struct DevTensor {
+  cu::DeviceBuffer buf;
+  int64_t rows = 0, cols = 0;
+  bool bf16 = false;
+  const void* ptr() const { return buf.data(); }
+  const float* f32() const { return buf.as<const float>(); }
+  bool empty() const { return rows == 0; }
+};
+
+struct DevLayer {
+  DevTensor input_norm, post_attn_norm, q_a_norm, kv_a_norm;  // fp32 vectors
+  DevTensor q_proj, q_a_proj, q_b_proj, kv_a_proj, o_proj;
+  DevTensor w_ukt;  // [nh·C, dn]: per head W_UKᵀ (q absorption)
+  DevTensor kv_b;   // [nh·(dn + dv), C]: W_UV rows are read in place
+  DevTensor iq_b, ik, ik_norm_w, ik_norm_b, iw_proj;  // V3.2 indexer (k_norm fp32)
+  DevTensor mlp_gate_up, mlp_down;                     // dense FFN: [2I, H], [H, I]
+  DevTensor router, router_bias;                       // fp32, as inference stacks keep them
+  DevTensor experts_gate_up, experts_down;             // [E·2I, H], [E·H, I]
+  DevTensor shared_gate_up, shared_down;
+  int64_t mlp_inter = 0, moe_inter = 0, shared_inter = 0;
+};
+
+// A grow-only device scratch buffer. Every move bumps its backend's generation counter:
+// captured CUDA graphs hold the old address and must be captured again.
+struct Scratch {
+  cu::DeviceBuffer buf;
+  int64_t* generation = nullptr;  // the owning backend's
+  Status Ensure(size_t bytes) {
+    if (buf.size() >= bytes) return Status::Ok();
+    const size_t grown = std::max(bytes, buf.size() * 3 / 2);
+    buf = cu::DeviceBuffer();  // free first: the pool may be nearly full
+    LS_ASSIGN_OR_RETURN(buf, cu::DeviceBuffer::Allocate(grown));
+    ++*generation;
+    return Status::Ok();
+  }
+  template <typename T>
+  T* as() const {
+    return buf.as<T>();
+  }
+};
+
+// kernels/cuda mirrors the engine's enumerations in the same order (ops.h says so).
+static_assert(static_cast<int>(cu::LatentFormat::kFp8E4m3) == static_cast<int>(KvFormat::kFp8E4m3) &&
+              static_cast<int>(cu::LatentFormat::kBf16) == static_cast<int>(KvFormat::kBf16));
+static_assert(static_cast<int>(cu::RopeStyle::kHalves) == static_cast<int>(RopeStyle::kHalves) &&
+              static_cast<int>(cu::RopeStyle::kPairsToHalves) == static_cast<int>(RopeStyle::kPairsToHalves));
+static_assert(static_cast<int>(cu::GateKind::kSigmoidNoauxTc) == static_cast<int>(GateKind::kSigmoidNoauxTc) &&
+              static_cast<int>(cu::GateKind::kSoftmaxGroupLimited) == static_cast<int>(GateKind::kSoftmaxGroupLimited));
+inline cu::LatentFormat ToLatentFormat(KvFormat f) { return static_cast<cu::LatentFormat>(f); }
+inline cu::RopeStyle ToRopeStyle(RopeStyle s) { return static_cast<cu::RopeStyle>(s); }
+inline cu::GateKind ToGateKind(GateKind g) { return static_cast<cu::GateKind>(g); }
+
+class CudaBackend final : public Backend {
+ public:
+  std::string_view name() const override { return "cuda"; }
+  ~CudaBackend() override {
+    if (!prof_) return;
+    double total = 0;
+    for (const auto& [k, v] : prof_ms_) total += v;
+    std::fprintf(stderr, "lockstep: cuda backend GPU time over %lld steps (ms/step, share):\n",
+                 static_cast<long long>(prof_steps_));
+    for (const auto& [k, v] : prof_ms_) {
+      std::fprintf(stderr, "  %-16s %8.3f  %5.1f%%\n", k.c_str(), v / std::max<int64_t>(prof_steps_, 1),
+                   100 * v / std::max(total, 1e-9));
+    }
+  }
+  std::string device() const override { return device_; }
+  void SetMirrorCache(bool on) override { mirror_ = on; }
+
+  static Result<std::unique_ptr<Backend>> Create(std::shared_ptr<Model> model, const PagedKvCache& cache,
+                                                 const kernels::KernelChoice& kernels, const BackendOptions& options);
+
+  Status Forward(std::span<Segment> segs, PagedKvCache& cache, const kernels::KernelChoice& kernels, TapHook* hook,
+                 ForwardOutput* out) override;
+
+ private:
+  CudaBackend() {
+    for (Scratch* sc : {&dev_in_, &act_, &xb_, &mla_ws_, &scores_, &logits_dev_, &gather_, &tap_arena_, &mirror_dev_}) {
+      sc->generation = &alloc_generation_;
+    }
+  }
+  int64_t alloc_generation_ = 0;  // see Scratch
+  Status UploadWeights();
+  Status RandomWeights(uint64_t seed);
+  Status AllocateCache(const PagedKvCache& cache);
+
+  // y[rows, out] = x[rows, in] · wᵀ through the chosen GEMM; bf16 weights take x rounded to bf16.
+  Status Linear(const float* x, int64_t x_stride, int64_t rows, const void* w, int64_t w_stride, bool w_bf16,
+                int64_t out, int64_t in, float* y, int64_t y_stride);
+  Status Linear(const float* x, int64_t x_stride, int64_t rows, const DevTensor& w, float* y, int64_t y_stride) {
+    return Linear(x, x_stride, rows, w.ptr(), w.cols, w.bf16, w.rows, w.cols, y, y_stride);
+  }
+  Status SwiGluMlp(const DevTensor& gate_up, const DevTensor& down, int64_t inter, const float* x, int64_t rows,
+                   float* y);
+
+  // Taps: tensors are copied on the device into an arena and handed to the hook together
+  // (one device→host copy, one synchronisation) at the end of the step, or earlier when the
+  // arena fills or an Override needs the values now.
+  struct PendingTap {
+    std::string name;
+    size_t offset = 0;
+    int64_t cols = 0;
+    TapDType dtype = TapDType::kF32;
+  };
+  Status Tap(std::string_view name, const void* dev, int64_t cols, int64_t stride, TapDType dtype);
+  Status FlushTaps();
+  // BackendOptions::profile: GPU time per phase, printed when the backend is destroyed.
+  Status Mark(const char* name) { return prof_ ? prof_->Mark(name, stream_->get()) : Status::Ok(); }
+  std::unique_ptr<cu::EventTimer> prof_;
+  std::map<std::string, double> prof_ms_;
+  int64_t prof_steps_ = 0;
+  // Offers x (the values feeding the next layer) to the hook for overwriting (replay --graft).
+  Status OverrideRows(std::string_view name, float* dev_x, int64_t cols);
+
+  std::shared_ptr<Model> model_;
+  std::string device_;
+  std::string gemm_variant_;
+  bool bf16_ = false;
+  bool mirror_ = false;
+  std::unique_ptr<cu::CudaStream> stream_;
+  std::unique_ptr<cu::Gemm> gemm_f32_, gemm_bf16_;
+
+  DevTensor embed_, final_norm_, lm_head_;
+  std::vector<DevLayer> layers_;
+  DevTensor rope_cos_, rope_sin_;
+  int64_t rope_positions_ = 0;
+
+  // The device cache: per layer, the latent pool and (V3.2) the index-key pool, slot-major.
+  std::vector<cu::DeviceBuffer> latent_pool_, index_pool_;
+  int64_t num_pages_ = 0, page_size_ = 0, latent_bytes_ = 0;
+  cu::LatentFormat format_ = cu::LatentFormat::kFp32;
+
+  // Step inputs (pinned host → device) and scratch.
+  cu::PinnedBuffer host_in_;
+  Scratch dev_in_, act_, xb_, mla_ws_, scores_, logits_dev_, gather_, tap_arena_, mirror_dev_;
+  cu::PinnedBuffer logits_host_, tap_host_, mirror_host_;
+  cu::DeviceBuffer error_flag_;
+
+  // CUDA graphs of decode steps, by batch size: captured on the second step of a size (the
+  // first grows every buffer to its final size), replayed while no buffer moved since.
+  struct StepGraph {
+    std::unique_ptr<cu::CudaGraph> graph;
+    size_t marks = 0;  // profiling events recorded inside the graph
+    // Taps copied into the arena by the graph: what FlushTaps hands to the hook after a launch.
+    std::vector<PendingTap> pending;
+    size_t tap_used = 0;
+    int64_t generation = -1;
+    bool failed = false;
+  };
+  std::map<int64_t, StepGraph> graphs_;
+  std::map<int64_t, int64_t> warmed_;  // batch size → generation after its uncaptured run
+  bool use_graphs_ = true;
+  bool capturing_ = false;
+
+  // Per-step state used by the tap helpers.
+  TapHook* hook_ = nullptr;
+  std::span<Segment> segs_;
+  std::vector<int64_t> row0_;
+  int64_t rows_ = 0;
+  std::vector<PendingTap> pending_;
+  size_t tap_used_ = 0;
+};
+
+}  // namespace lockstep::engine::cuda_impl

@@ -1,0 +1,678 @@
+// engine/cuda_forward.cc — CudaBackend::Forward: one engine step on the GPU (the class and the
+// set-up are engine/cuda_backend_impl.h and engine/cuda_backend.cc; the file header there
+// describes the computation).
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include "engine/cuda_backend_impl.h"
+
+namespace lockstep::engine::cuda_impl {
+
+Status CudaBackend::Forward(std::span<Segment> segs, PagedKvCache& cache, const kernels::KernelChoice& kernels,
+                            TapHook* hook, ForwardOutput* out) {
+  const ModelConfig& c = model_->config();
+  const int64_t H = c.hidden_size, nh = c.num_attention_heads, dn = c.qk_nope_head_dim, dr = c.qk_rope_head_dim,
+                dv = c.v_head_dim, C = c.kv_lora_rank, dqk = dn + dr, V = c.vocab_size;
+  const float scale = static_cast<float>(c.softmax_scale());
+  auto it = kernels.find("gemm");
+  const std::string gemm = it == kernels.end() ? "fp32" : it->second;
+  if (gemm != gemm_variant_) {
+    return Status::Internal("cuda backend: weights were loaded for gemm=" + gemm_variant_ + ", step asks gemm=" + gemm);
+  }
+  cu::Stream s = stream_->get();
+
+  // Rows, positions, validation, cache pages (the host cache allocates; the device mirrors ids).
+  LS_ASSIGN_OR_RETURN(SegmentLayout layout, LayOutSegments(segs, c));
+  row0_ = std::move(layout.row0);
+  const int64_t R = layout.rows;
+  int64_t max_len = layout.max_end, max_pages = 1;
+  if (max_len > rope_positions_) {
+    return Status::InvalidArgument("position " + std::to_string(max_len - 1) + " beyond the cuda backend's RoPE table (" +
+                                   std::to_string(rope_positions_) + " positions)");
+  }
+  for (auto& g : segs) {
+    LS_RETURN_IF_ERROR(cache.Reserve(g.cache, g.start_pos + static_cast<int64_t>(g.tokens.size())));
+    max_pages = std::max<int64_t>(max_pages, static_cast<int64_t>(g.cache->pages.size()));
+  }
+  segs_ = segs;
+  rows_ = R;
+  hook_ = hook;
+
+  // Decode-only steps run as a CUDA graph (taps too: their device copies are graph nodes and
+  // the arena is handed over after the launch; not when grafting, which needs the host inside
+  // the step). Their launches
+  // must not depend on the step: keys up to the cache's capacity (kernels skip what a
+  // request does not have; results do not depend on this bound) and a full-width page table.
+  bool all_decode = true;
+  for (const auto& g : segs) all_decode = all_decode && g.tokens.size() == 1;
+  const bool graph = use_graphs_ && all_decode && (hook == nullptr || !hook->WantsOverride());
+  if (graph) {
+    max_len = std::min<int64_t>(rope_positions_, num_pages_ * page_size_);
+    max_pages = num_pages_;
+  }
+
+  // Logit rows: every row of an all_logits segment, else its last.
+  std::vector<int32_t> logit_rows;
+  for (size_t i = 0; i < segs.size(); ++i) {
+    const int64_t n = static_cast<int64_t>(segs[i].tokens.size());
+    for (int64_t j = segs[i].all_logits ? 0 : n - 1; j < n; ++j) logit_rows.push_back(static_cast<int32_t>(row0_[i] + j));
+  }
+  const int64_t RL = static_cast<int64_t>(logit_rows.size());
+
+  // Host inputs, packed: tokens | positions | slots | seq_lens | logit rows | page table [R, P]
+  // | head ids [R, nh] (0..nh−1 per row: the per-head absorption products run as grouped GEMVs)
+  const int64_t P = max_pages;
+  const size_t in_ints = static_cast<size_t>(4 * R + RL + R * P + R * nh);
+  if (host_in_.size() < in_ints * 4) {
+    LS_ASSIGN_OR_RETURN(host_in_, cu::PinnedBuffer::Allocate(in_ints * 4 * 2));
+  }
+  int32_t* hin = host_in_.as<int32_t>();
+  int32_t *h_tok = hin, *h_pos = hin + R, *h_slot = hin + 2 * R, *h_len = hin + 3 * R, *h_lrow = hin + 4 * R,
+          *h_table = hin + 4 * R + RL;
+  for (size_t i = 0; i < segs.size(); ++i) {
+    const Segment& g = segs[i];
+    for (size_t j = 0; j < g.tokens.size(); ++j) {
+      const int64_t r = row0_[i] + static_cast<int64_t>(j);
+      const int64_t p = g.start_pos + static_cast<int64_t>(j);
+      h_tok[r] = g.tokens[j];
+      h_pos[r] = static_cast<int32_t>(p);
+      h_slot[r] = static_cast<int32_t>(g.cache->pages[p / page_size_] * page_size_ + p % page_size_);
+      h_len[r] = static_cast<int32_t>(p + 1);
+      int32_t* row = h_table + r * P;
+      std::fill(row, row + P, 0);
+      std::copy(g.cache->pages.begin(), g.cache->pages.end(), row);
+    }
+  }
+  std::copy(logit_rows.begin(), logit_rows.end(), h_lrow);
+  int32_t* h_heads = h_table + R * P;
+  for (int64_t r = 0; r < R; ++r) {
+    for (int64_t hd = 0; hd < nh; ++hd) h_heads[r * nh + hd] = static_cast<int32_t>(hd);
+  }
+
+  LS_RETURN_IF_ERROR(dev_in_.Ensure(in_ints * 4));
+  LS_RETURN_IF_ERROR(cu::CopyAsync(dev_in_.buf.data(), hin, in_ints * 4, s));
+  const int32_t* d_in = dev_in_.as<int32_t>();
+  const int32_t *d_tok = d_in, *d_pos = d_in + R, *d_slot = d_in + 2 * R, *d_len = d_in + 3 * R,
+                *d_lrow = d_in + 4 * R, *d_table = d_in + 4 * R + RL, *d_heads = d_table + R * P;
+
+  // Activations, one allocation carved up (floats unless noted).
+  const int64_t qlora = std::max<int64_t>(c.q_lora_rank, 1);
+  const int64_t nhi = c.has_indexer() ? c.index_n_heads : 0, di = c.has_indexer() ? c.index_head_dim : 0;
+  const int64_t topk = c.has_indexer() ? c.index_topk : 0;
+  const int64_t k = c.num_experts_per_tok, E = c.n_routed_experts;
+  const int64_t E_ = E > 0 ? E : 1, k_ = k > 0 ? k : 1;
+  int64_t moe_inter = 1;
+  for (const DevLayer& D : layers_) moe_inter = std::max(moe_inter, D.moe_inter);
+  struct Part {
+    float** ptr;
+    int64_t n;
+  };
+  float *x, *h, *o, *qa, *qr, *q, *kv, *latent, *qlat, *olat, *heads, *iq, *ik, *ikn, *iw, *rlog, *wts, *gu, *act,
+      *ey, *sh;
+  float *topk_pos_f, *topk_slot_f, *ids_f;
+  std::vector<Part> parts = {{&x, R * H},          {&h, R * H},
+                             {&o, R * H},          {&qa, R * qlora},
+                             {&qr, R * qlora},     {&q, R * nh * dqk},
+                             {&kv, R * (C + dr)},  {&latent, R * C},
+                             {&qlat, R * nh * C},  {&olat, R * nh * C},
+                             {&heads, R * nh * dv}, {&iq, R * std::max<int64_t>(nhi * di, 1)},
+                             {&ik, R * std::max<int64_t>(di, 1)}, {&ikn, R * std::max<int64_t>(di, 1)},
+                             {&iw, R * std::max<int64_t>(nhi, 1)}, {&topk_pos_f, R * std::max<int64_t>(topk, 1)},
+                             {&topk_slot_f, R * std::max<int64_t>(topk, 1)}, {&rlog, R * E_},
+                             {&ids_f, R * k_},     {&wts, R * k_},
+                             {&gu, R * k_ * 2 * moe_inter}, {&act, R * k_ * moe_inter},
+                             {&ey, R * k_ * H},    {&sh, R * H}};
+  size_t total = 0;
+  for (const Part& p : parts) total += static_cast<size_t>((p.n + 63) / 64 * 64);
+  LS_RETURN_IF_ERROR(act_.Ensure(total * 4));
+  {
+    float* base = act_.as<float>();
+    for (const Part& p : parts) {
+      *p.ptr = base;
+      base += (p.n + 63) / 64 * 64;
+    }
+  }
+  int32_t* topk_pos = reinterpret_cast<int32_t*>(topk_pos_f);
+  int32_t* topk_slot = reinterpret_cast<int32_t*>(topk_slot_f);
+  int32_t* ids = reinterpret_cast<int32_t*>(ids_f);
+  int32_t* err = error_flag_.as<int32_t>();
+  if (hook != nullptr && tap_arena_.buf.size() == 0) {
+    LS_RETURN_IF_ERROR(tap_arena_.Ensure(size_t{64} << 20));
+    LS_ASSIGN_OR_RETURN(tap_host_, cu::PinnedBuffer::Allocate(tap_arena_.buf.size()));
+  }
+
+  if (logits_host_.size() < static_cast<size_t>(RL * V) * 4) {
+    LS_ASSIGN_OR_RETURN(logits_host_, cu::PinnedBuffer::Allocate(static_cast<size_t>(RL * V) * 4 * 3 / 2));
+  }
+  LS_RETURN_IF_ERROR(logits_dev_.Ensure(static_cast<size_t>(RL * V) * 4));
+  // The new cache rows go back into the host cache when a reader wants them: gathered by
+  // slot on the device (inside the step, so a graph includes it), then one copy.
+  std::vector<size_t> mirror_off;
+  size_t mirror_bytes = 0;
+  if (mirror_) {
+    for (int64_t l = 0; l < c.num_hidden_layers; ++l) {
+      for (const StreamSpec& st : cache.streams(l)) {
+        if (st.bytes_per_token % 4 != 0) {
+          return Status::Internal("cuda backend: cache stream '" + st.name + "' has " +
+                                  std::to_string(st.bytes_per_token) + " bytes per token, not a multiple of 4");
+        }
+        mirror_off.push_back(mirror_bytes);
+        mirror_bytes += static_cast<size_t>(R * st.bytes_per_token + 255) / 256 * 256;
+      }
+    }
+    LS_RETURN_IF_ERROR(mirror_dev_.Ensure(mirror_bytes));
+    if (mirror_host_.size() < mirror_bytes) {
+      LS_ASSIGN_OR_RETURN(mirror_host_, cu::PinnedBuffer::Allocate(mirror_bytes * 3 / 2));
+    }
+  }
+  auto body = [&]() -> Status {
+LS_RETURN_IF_ERROR(Mark("start"));
+    // x = embed(tokens)
+    {
+      cu::EmbedParams ep;
+      ep.table = embed_.f32();
+      ep.vocab = V;
+      ep.n = H;
+      ep.ids = d_tok;
+      ep.rows = R;
+      ep.y = x;
+      ep.y_stride = H;
+      ep.error_flag = err;
+      LS_RETURN_IF_ERROR(cu::Embed(ep, s));
+    }
+    LS_RETURN_IF_ERROR(Tap("embed", x, H, H, TapDType::kF32));
+    LS_RETURN_IF_ERROR(OverrideRows("embed", x, H));
+    LS_RETURN_IF_ERROR(Mark("embed"));
+  
+    auto rmsnorm = [&](const float* in, int64_t in_stride, const DevTensor& w, int64_t n, float eps, float* y,
+                       int64_t y_stride) {
+      cu::RmsNormParams p;
+      p.x = in;
+      p.x_stride = in_stride;
+      p.weight = w.f32();
+      p.y = y;
+      p.y_stride = y_stride;
+      p.rows = R;
+      p.n = n;
+      p.eps = eps;
+      return cu::RmsNorm(p, s);
+    };
+    auto rope = [&](float* v, int64_t row_stride, int64_t heads_n, int64_t head_stride, cu::RopeStyle style) {
+      cu::RopeParams p;
+      p.x = v;
+      p.row_stride = row_stride;
+      p.head_stride = head_stride;
+      p.rows = R;
+      p.heads = heads_n;
+      p.dim = dr;
+      p.positions = d_pos;
+      p.cos = rope_cos_.f32();
+      p.sin = rope_sin_.f32();
+      p.max_position = rope_positions_;
+      p.style = style;
+      p.error_flag = err;
+      return cu::Rope(p, s);
+    };
+    const float rms_eps = static_cast<float>(c.rms_norm_eps);
+    LS_RETURN_IF_ERROR(mla_ws_.Ensure(256));
+  
+    for (int64_t l = 0; l < c.num_hidden_layers; ++l) {
+      const DevLayer& D = layers_[l];
+      auto tn = [&](TapId t) -> const std::string& { return model_->tap_name(l, t); };
+  
+      LS_RETURN_IF_ERROR(rmsnorm(x, H, D.input_norm, H, rms_eps, h, H));
+      LS_RETURN_IF_ERROR(Tap(tn(kTapAttnNorm), h, H, H, TapDType::kF32));
+      LS_RETURN_IF_ERROR(Mark("rmsnorm"));
+  
+      // q = q_b(RMSNorm(q_a(h))) or q_proj(h)
+      if (c.q_lora_rank > 0) {
+        LS_RETURN_IF_ERROR(Linear(h, H, R, D.q_a_proj, qa, c.q_lora_rank));
+        LS_RETURN_IF_ERROR(rmsnorm(qa, c.q_lora_rank, D.q_a_norm, c.q_lora_rank, 1e-6f, qr, c.q_lora_rank));
+        LS_RETURN_IF_ERROR(Linear(qr, c.q_lora_rank, R, D.q_b_proj, q, nh * dqk));
+        LS_RETURN_IF_ERROR(Mark("q_proj"));
+      } else {
+        LS_RETURN_IF_ERROR(Linear(h, H, R, D.q_proj, q, nh * dqk));
+        LS_RETURN_IF_ERROR(Mark("q_proj"));
+      }
+      // [c_kv | k_rope] = kv_a(h); latent = RMSNorm(c_kv); RoPE on q's rope part and k_rope in place.
+      LS_RETURN_IF_ERROR(Linear(h, H, R, D.kv_a_proj, kv, C + dr));
+      LS_RETURN_IF_ERROR(Mark("kv_a_proj"));
+      LS_RETURN_IF_ERROR(rmsnorm(kv, C + dr, D.kv_a_norm, C, 1e-6f, latent, C));
+      const cu::RopeStyle style = ToRopeStyle(c.rope_style);
+      LS_RETURN_IF_ERROR(rope(q + dn, nh * dqk, nh, dqk, style));
+      LS_RETURN_IF_ERROR(rope(kv + C, C + dr, 1, dr, style));
+      LS_RETURN_IF_ERROR(Tap(tn(kTapQ), q, nh * dqk, nh * dqk, TapDType::kF32));
+      LS_RETURN_IF_ERROR(Tap(tn(kTapLatent), latent, C, C, TapDType::kF32));
+      LS_RETURN_IF_ERROR(Tap(tn(kTapKRope), kv + C, dr, C + dr, TapDType::kF32));
+  
+      // Append to the device cache in its format; attention reads what was stored.
+      {
+        cu::LatentWriteParams wp;
+        wp.latent = latent;
+        wp.latent_stride = C;
+        wp.rope = kv + C;
+        wp.rope_stride = C + dr;
+        wp.slots = d_slot;
+        wp.cache = latent_pool_[l].as<uint8_t>();
+        wp.num_slots = num_pages_ * page_size_;
+        wp.rows = R;
+        wp.kv_lora = C;
+        wp.rope_dim = dr;
+        wp.format = format_;
+        wp.error_flag = err;
+        LS_RETURN_IF_ERROR(cu::WriteLatent(wp, s));
+        LS_RETURN_IF_ERROR(Mark("norm_rope_write"));
+      }
+  
+      // V3.2 indexer: scores over every causal key, exact top-k → the keys sparse attention reads.
+      const bool sparse = c.layers[l].attention == AttentionKind::kMlaSparse;
+      if (sparse) {
+        LS_RETURN_IF_ERROR(Linear(qr, c.q_lora_rank, R, D.iq_b, iq, nhi * di));
+        LS_RETURN_IF_ERROR(Linear(h, H, R, D.ik, ik, di));
+        cu::LayerNormParams lp;
+        lp.x = ik;
+        lp.x_stride = di;
+        lp.weight = D.ik_norm_w.f32();
+        lp.bias = D.ik_norm_b.f32();
+        lp.y = ikn;
+        lp.y_stride = di;
+        lp.rows = R;
+        lp.n = di;
+        lp.eps = 1e-6;
+        LS_RETURN_IF_ERROR(cu::LayerNorm(lp, s));
+        LS_RETURN_IF_ERROR(Linear(h, H, R, D.iw_proj, iw, nhi));
+        LS_RETURN_IF_ERROR(rope(iq, nhi * di, nhi, di, cu::RopeStyle::kHalves));
+        LS_RETURN_IF_ERROR(rope(ikn, di, 1, di, cu::RopeStyle::kHalves));
+        LS_RETURN_IF_ERROR(cu::Scale(iw, nhi, R, nhi, 1.0f / std::sqrt(static_cast<float>(nhi)), s));
+        cu::ScatterRowsParams sp;
+        sp.src = ikn;
+        sp.src_stride = di * 4;
+        sp.slots = d_slot;
+        sp.n = R;
+        sp.dst = index_pool_[l].data();
+        sp.dst_rows = num_pages_ * page_size_;
+        sp.dst_stride = di * 4;
+        sp.row_bytes = di * 4;
+        sp.error_flag = err;
+        LS_RETURN_IF_ERROR(cu::ScatterRows(sp, s));
+  
+        LS_RETURN_IF_ERROR(scores_.Ensure(static_cast<size_t>(R * max_len) * 4));
+        cu::IndexerScoreParams ip;
+        ip.batch = R;
+        ip.heads = nhi;
+        ip.head_dim = di;
+        ip.q = iq;
+        ip.q_batch_stride = nhi * di;
+        ip.q_head_stride = di;
+        ip.weights = iw;
+        ip.weights_stride = nhi;
+        ip.key_scale = 1.0f / std::sqrt(static_cast<float>(di));
+        ip.keys = index_pool_[l].as<float>();
+        ip.num_pages = num_pages_;
+        ip.page_size = page_size_;
+        ip.page_table = d_table;
+        ip.page_table_stride = P;
+        ip.seq_lens = d_len;
+        ip.max_seq_len = max_len;
+        ip.scores = scores_.as<float>();
+        ip.scores_stride = max_len;
+        ip.error_flag = err;
+        LS_RETURN_IF_ERROR(cu::IndexerScores(ip, s));
+        cu::TopKParams tp;
+        tp.batch = R;
+        tp.topk = topk;
+        tp.scores = scores_.as<float>();
+        tp.scores_stride = max_len;
+        tp.seq_lens = d_len;
+        tp.max_seq_len = max_len;
+        tp.positions = topk_pos;
+        tp.slots = topk_slot;
+        tp.page_table = d_table;
+        tp.page_table_stride = P;
+        tp.page_size = page_size_;
+        tp.num_pages = num_pages_;
+        tp.error_flag = err;
+        LS_RETURN_IF_ERROR(cu::TopK(tp, s));
+        LS_RETURN_IF_ERROR(Tap(tn(kTapIndexerTopk), topk_pos, topk, topk, TapDType::kI32));
+        LS_RETURN_IF_ERROR(Mark("indexer"));
+      }
+  
+      // Absorbed attention for every row: q_lat_h = W_UK_hᵀ q_nope_h; attend over the latent;
+      // heads_h = W_UV_h o_lat_h.
+      // Per head as a grouped GEMV (heads = "experts", one slot per head): a fixed reduction
+      // order per output element whatever the number of rows (ExpertGemm is cpu::MatMulNT's).
+      cu::ExpertGemmParams ab;
+      ab.rows = R;
+      ab.k = nh;
+      ab.experts = nh;
+      ab.out = C;
+      ab.in = dn;
+      ab.w = D.w_ukt.ptr();
+      ab.w_bf16 = D.w_ukt.bf16;
+      ab.w_expert_stride = C * dn;
+      ab.w_row_stride = dn;
+      ab.x = q;  // slot (r, h) reads q[r, h, 0:dn]: row (r·nh + h) at stride dqk
+      ab.x_stride = dqk;
+      ab.x_per_slot = true;
+      ab.round_x_bf16 = bf16_;
+      ab.ids = d_heads;
+      ab.y = qlat;
+      ab.y_stride = C;
+      ab.error_flag = err;
+      LS_RETURN_IF_ERROR(cu::ExpertGemm(ab, s));
+      LS_RETURN_IF_ERROR(Mark("absorb_q"));
+      {
+        cu::MlaDecodeParams mp;
+        mp.batch = R;
+        mp.heads = nh;
+        mp.kv_lora = C;
+        mp.rope_dim = dr;
+        mp.format = format_;
+        mp.softmax_scale = scale;
+        mp.q_latent = qlat;
+        mp.q_latent_batch_stride = nh * C;
+        mp.q_latent_head_stride = C;
+        mp.q_rope = q + dn;
+        mp.q_rope_batch_stride = nh * dqk;
+        mp.q_rope_head_stride = dqk;
+        mp.cache = latent_pool_[l].as<uint8_t>();
+        mp.num_pages = num_pages_;
+        mp.page_size = page_size_;
+        mp.o_latent = olat;
+        mp.o_batch_stride = nh * C;
+        mp.o_head_stride = C;
+        mp.error_flag = err;
+        if (sparse) {
+          mp.indices = topk_slot;
+          mp.indices_stride = topk;
+          mp.topk = topk;
+        } else {
+          mp.page_table = d_table;
+          mp.page_table_stride = P;
+          mp.seq_lens = d_len;
+          mp.max_seq_len = max_len;
+        }
+        const size_t need = cu::MlaDecodeWorkspaceBytes(mp);
+        LS_RETURN_IF_ERROR(mla_ws_.Ensure(std::max<size_t>(need, 256)));
+        mp.workspace = mla_ws_.buf.data();
+        mp.workspace_bytes = mla_ws_.buf.size();
+        LS_RETURN_IF_ERROR(sparse ? cu::MlaSparseDecode(mp, s) : cu::MlaDecode(mp, s));
+        LS_RETURN_IF_ERROR(Mark("mla_decode"));
+      }
+      // heads_h = W_UV_h o_lat_h: W_UV_h is rows [h·(dn+dv) + dn, +dv) of kv_b_proj.
+      ab.out = dv;
+      ab.in = C;
+      ab.w = static_cast<const char*>(D.kv_b.ptr()) + dn * C * (D.kv_b.bf16 ? 2 : 4);
+      ab.w_bf16 = D.kv_b.bf16;
+      ab.w_expert_stride = (dn + dv) * C;
+      ab.w_row_stride = C;
+      ab.x = olat;
+      ab.x_stride = C;
+      ab.y = heads;
+      ab.y_stride = dv;
+      LS_RETURN_IF_ERROR(cu::ExpertGemm(ab, s));
+      LS_RETURN_IF_ERROR(Mark("absorb_v"));
+      LS_RETURN_IF_ERROR(Tap(tn(kTapHeads), heads, nh * dv, nh * dv, TapDType::kF32));
+  
+      // x = x + o_proj(heads)
+      LS_RETURN_IF_ERROR(Linear(heads, nh * dv, R, D.o_proj, o, H));
+      LS_RETURN_IF_ERROR(Mark("o_proj"));
+      LS_RETURN_IF_ERROR(Tap(tn(kTapAttnOut), o, H, H, TapDType::kF32));
+      LS_RETURN_IF_ERROR(cu::AddInPlace(x, H, o, H, R, H, s));
+      LS_RETURN_IF_ERROR(Tap(tn(kTapResidMid), x, H, H, TapDType::kF32));
+  
+      // FFN on RMSNorm(x).
+      LS_RETURN_IF_ERROR(rmsnorm(x, H, D.post_attn_norm, H, rms_eps, h, H));
+      LS_RETURN_IF_ERROR(Tap(tn(kTapFfnNorm), h, H, H, TapDType::kF32));
+      if (c.layers[l].ffn == FfnKind::kDense) {
+        LS_RETURN_IF_ERROR(SwiGluMlp(D.mlp_gate_up, D.mlp_down, D.mlp_inter, h, R, o));
+        LS_RETURN_IF_ERROR(Mark("dense_mlp"));
+      } else {
+        // Router logits in fp32 (the router is never rounded), routing on the device.
+        // Router logits: fp32 weights, cpu::Dot's order (RowDots) — the CPU's exact bits,
+        // so the experts chosen are the CPU's whenever the inputs are.
+        cu::RowDotsParams rg;
+        rg.x = h;
+        rg.x_stride = H;
+        rg.w = D.router.f32();
+        rg.w_stride = H;
+        rg.y = rlog;
+        rg.y_stride = E;
+        rg.rows = R;
+        rg.outs = E;
+        rg.n = H;
+        LS_RETURN_IF_ERROR(cu::RowDots(rg, s));
+        cu::RouteParams rp;
+        rp.logits = rlog;
+        rp.logits_stride = E;
+        rp.bias = D.router_bias.empty() ? nullptr : D.router_bias.f32();
+        rp.rows = R;
+        rp.experts = E;
+        rp.k = k;
+        // Groups matter only with more than one (the CPU ignores n_group ≤ 1, e.g. V2's null).
+        const bool grouped = c.gate != GateKind::kSoftmaxGreedy && c.n_group > 1;
+        rp.n_group = grouped ? c.n_group : 1;
+        rp.topk_group = grouped ? c.topk_group : 1;
+        rp.gate = ToGateKind(c.gate);
+        rp.norm_topk_prob = c.norm_topk_prob;
+        rp.routed_scaling_factor = static_cast<float>(c.routed_scaling_factor);
+        rp.ids = ids;
+        rp.weights = wts;
+        LS_RETURN_IF_ERROR(cu::Route(rp, s));
+        LS_RETURN_IF_ERROR(Mark("router"));
+        LS_RETURN_IF_ERROR(Tap(tn(kTapTopkIds), ids, k, k, TapDType::kI32));
+        LS_RETURN_IF_ERROR(Tap(tn(kTapTopkWeights), wts, k, k, TapDType::kF32));
+        // Each (row, slot) through its expert: gate_up, SwiGLU, down; combined in slot order.
+        const int64_t I = D.moe_inter;
+        cu::ExpertGemmParams ge;
+        ge.rows = R;
+        ge.k = k;
+        ge.experts = E;
+        ge.out = 2 * I;
+        ge.in = H;
+        ge.w = D.experts_gate_up.ptr();
+        ge.w_bf16 = D.experts_gate_up.bf16;
+        ge.w_expert_stride = 2 * I * H;
+        ge.w_row_stride = H;
+        ge.x = h;
+        ge.x_stride = H;
+        ge.x_per_slot = false;
+        ge.round_x_bf16 = bf16_;
+        ge.ids = ids;
+        ge.y = gu;
+        ge.y_stride = 2 * I;
+        ge.error_flag = err;
+        LS_RETURN_IF_ERROR(cu::ExpertGemm(ge, s));
+        LS_RETURN_IF_ERROR(Mark("experts_gate_up"));
+        cu::SwiGluParams sp;
+        sp.g = gu;
+        sp.g_stride = 2 * I;
+        sp.u = gu + I;
+        sp.u_stride = 2 * I;
+        sp.out = act;
+        sp.out_stride = I;
+        sp.rows = R * k;
+        sp.n = I;
+        LS_RETURN_IF_ERROR(cu::SwiGlu(sp, s));
+        ge.out = H;
+        ge.in = I;
+        ge.w = D.experts_down.ptr();
+        ge.w_bf16 = D.experts_down.bf16;
+        ge.w_expert_stride = H * I;
+        ge.w_row_stride = I;
+        ge.x = act;
+        ge.x_stride = I;
+        ge.x_per_slot = true;
+        ge.y = ey;
+        ge.y_stride = H;
+        LS_RETURN_IF_ERROR(cu::ExpertGemm(ge, s));
+        LS_RETURN_IF_ERROR(Mark("experts_down"));
+        if (c.n_shared_experts > 0) {
+          LS_RETURN_IF_ERROR(SwiGluMlp(D.shared_gate_up, D.shared_down, D.shared_inter, h, R, sh));
+          LS_RETURN_IF_ERROR(Mark("shared_experts"));
+        }
+        cu::MoeCombineParams mc;
+        mc.y = ey;
+        mc.y_stride = H;
+        mc.weights = wts;
+        mc.shared = c.n_shared_experts > 0 ? sh : nullptr;
+        mc.shared_stride = H;
+        mc.out = o;
+        mc.out_stride = H;
+        mc.rows = R;
+        mc.k = k;
+        mc.n = H;
+        LS_RETURN_IF_ERROR(cu::MoeCombine(mc, s));
+        LS_RETURN_IF_ERROR(Mark("combine"));
+      }
+      LS_RETURN_IF_ERROR(Tap(tn(kTapFfnOut), o, H, H, TapDType::kF32));
+      LS_RETURN_IF_ERROR(cu::AddInPlace(x, H, o, H, R, H, s));
+      LS_RETURN_IF_ERROR(Tap(tn(kTapResidOut), x, H, H, TapDType::kF32));
+      LS_RETURN_IF_ERROR(OverrideRows(tn(kTapResidOut), x, H));
+    }
+  
+    // Final norm; logits for the rows that need them, gathered first so lm_head is read once.
+    LS_RETURN_IF_ERROR(rmsnorm(x, H, final_norm_, H, rms_eps, h, H));
+    LS_RETURN_IF_ERROR(Tap("final_norm", h, H, H, TapDType::kF32));
+    {
+      cu::GatherRowsParams gp;
+      gp.src = h;
+      gp.src_rows = R;
+      gp.src_stride = H * 4;
+      gp.rows = d_lrow;
+      gp.n = RL;
+      gp.dst = o;  // o has R ≥ RL rows
+      gp.dst_stride = H * 4;
+      gp.row_bytes = H * 4;
+      gp.error_flag = err;
+      LS_RETURN_IF_ERROR(cu::GatherRows(gp, s));
+    }
+    LS_RETURN_IF_ERROR(Linear(o, H, RL, lm_head_, logits_dev_.as<float>(), V));
+    LS_RETURN_IF_ERROR(Mark("lm_head"));
+    if (mirror_) {
+      size_t idx = 0;
+      for (int64_t l = 0; l < c.num_hidden_layers; ++l) {
+        for (const StreamSpec& st : cache.streams(l)) {
+          cu::GatherRowsParams gp;
+          gp.src = st.kind == StreamKind::kMlaLatent ? latent_pool_[l].data() : index_pool_[l].data();
+          gp.src_rows = num_pages_ * page_size_;
+          gp.src_stride = st.bytes_per_token;
+          gp.rows = d_slot;
+          gp.n = R;
+          gp.dst = mirror_dev_.as<char>() + mirror_off[idx++];
+          gp.dst_stride = st.bytes_per_token;
+          gp.row_bytes = st.bytes_per_token;
+          gp.error_flag = err;
+          LS_RETURN_IF_ERROR(cu::GatherRows(gp, s));
+        }
+      }
+      LS_RETURN_IF_ERROR(Mark("cache_mirror"));
+    }
+    return Status::Ok();
+  };
+  if (!graph) {
+    LS_RETURN_IF_ERROR(body());
+  } else {
+    const int64_t key = 2 * R + (hook != nullptr ? 1 : 0);  // with taps the graph has the arena copies
+    StepGraph& sg = graphs_[key];
+    auto warm = warmed_.find(key);
+    if (sg.graph && sg.generation == alloc_generation_) {
+      LS_RETURN_IF_ERROR(sg.graph->Launch(s));
+      if (prof_) prof_->SetUsed(sg.marks);
+      pending_ = sg.pending;
+      tap_used_ = sg.tap_used;
+    } else if (!sg.failed && warm != warmed_.end() && warm->second == alloc_generation_) {
+      LS_RETURN_IF_ERROR(cu::CudaGraph::BeginCapture(s));
+      capturing_ = true;
+      const Status st = body();
+      capturing_ = false;
+      auto captured = cu::CudaGraph::EndCapture(s);
+      if (st.ok() && captured.ok() && alloc_generation_ == warm->second) {
+        sg.graph = std::move(*captured);
+        sg.generation = alloc_generation_;
+        if (prof_) sg.marks = prof_->used();
+        sg.pending = pending_;
+        sg.tap_used = tap_used_;
+        LS_RETURN_IF_ERROR(sg.graph->Launch(s));
+      } else {
+        // Something in the step cannot be captured: run it plainly from now on.
+        sg.failed = true;
+        sg.graph.reset();
+        cu::ClearLastError();
+        pending_.clear();
+        tap_used_ = 0;
+        if (prof_) prof_->SetUsed(0);
+        LS_RETURN_IF_ERROR(body());
+      }
+    } else {
+      LS_RETURN_IF_ERROR(body());
+      warmed_[key] = alloc_generation_;
+    }
+  }
+  LS_RETURN_IF_ERROR(cu::CopyAsync(logits_host_.data(), logits_dev_.buf.data(), static_cast<size_t>(RL * V) * 4, s));
+
+  if (mirror_) {
+    LS_RETURN_IF_ERROR(cu::CopyAsync(mirror_host_.data(), mirror_dev_.buf.data(), mirror_bytes, s));
+  }
+
+  // One synchronisation: taps, logits, cache rows and the kernels' error flag.
+  int32_t flag = 0;
+  LS_RETURN_IF_ERROR(cu::CopyAsync(&flag, err, 4, s));
+  LS_RETURN_IF_ERROR(FlushTaps());
+  LS_RETURN_IF_ERROR(stream_->Synchronize());
+  if (flag != 0) {
+    LS_RETURN_IF_ERROR(error_flag_.Fill(0));
+    return Status::Internal("cuda backend: a kernel reported bad device arguments (KernelError bits " +
+                            std::to_string(flag) + ")");
+  }
+  if (prof_) {
+    LS_RETURN_IF_ERROR(prof_->Collect(&prof_ms_));
+    ++prof_steps_;
+  }
+  if (mirror_) {
+    size_t idx = 0;
+    for (int64_t l = 0; l < c.num_hidden_layers; ++l) {
+      const auto& streams = cache.streams(l);
+      for (size_t si = 0; si < streams.size(); ++si) {
+        const char* base = mirror_host_.as<char>() + mirror_off[idx++];
+        for (size_t i = 0; i < segs.size(); ++i) {
+          for (size_t j = 0; j < segs[i].tokens.size(); ++j) {
+            const int64_t r = row0_[i] + static_cast<int64_t>(j);
+            std::memcpy(cache.MutableTokenBytes(l, si, *segs[i].cache, segs[i].start_pos + static_cast<int64_t>(j)),
+                        base + r * streams[si].bytes_per_token, static_cast<size_t>(streams[si].bytes_per_token));
+          }
+        }
+      }
+    }
+  }
+
+  out->logits.assign(segs.size(), {});
+  const float* lg = logits_host_.as<float>();
+  int64_t lr = 0;
+  for (size_t i = 0; i < segs.size(); ++i) {
+    const int64_t n = static_cast<int64_t>(segs[i].tokens.size());
+    const int64_t first = segs[i].all_logits ? 0 : n - 1;
+    const int64_t rows = n - first;
+    out->logits[i].assign(lg + lr * V, lg + (lr + rows) * V);
+    lr += rows;
+    if (hook != nullptr) {
+      TapEvent e;
+      e.name = "logits";
+      e.request_id = segs[i].request_id;
+      e.position = segs[i].start_pos + first;
+      e.rows = rows;
+      e.cols = V;
+      e.data = out->logits[i].data();
+      hook->OnTap(e);
+    }
+  }
+  for (auto& g : segs) g.cache->length = g.start_pos + static_cast<int64_t>(g.tokens.size());
+  hook_ = nullptr;
+  segs_ = {};
+  return Status::Ok();
+}
+
+}  // namespace lockstep::engine::cuda_impl
