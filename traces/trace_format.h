@@ -7,10 +7,14 @@
 //   /                      attrs: lockstep_trace, format_version [major, minor], complete,
 //                                 flushed_steps, writer
 //   /meta                  attrs: one string per key (model config JSON, fingerprint, …)
-//   /requests/<id>         attrs: name, max_new_tokens, seed, temperature, top_k, top_p, min_p;
-//                                 when finished: finish_reason
-//                          datasets: prompt int32 [P], prompt_text; when finished (written
-//                                 at close): generated int32 [G], generated_text
+//   /requests/<id>         attrs: name, max_new_tokens, seed, temperature, top_k, top_p, min_p
+//                          datasets: prompt int32 [P], prompt_text
+//   /requests/<id>/final   (format 1.1; created with the request, filled when it finishes)
+//                          attr finish_reason; datasets generated int32 [G], generated_text.
+//                          Finishing writes only into this child, never into the request's
+//                          own object header, so a kill while it is flushed cannot tear what
+//                          an earlier flush made durable. Format 1.0 kept these three in
+//                          /requests/<id> itself; readers accept both.
 //   /sampling              SamplingRow [N]: one row per generated token, any request
 //   /steps                 StepRow [N]: one row per engine step
 //   /step_batch            int64 [N, batch_width]: the request ids of each step, −1 padded
@@ -42,7 +46,7 @@ namespace lockstep::traces {
 // Version: a reader refuses a trace whose major is newer than its own; a larger minor
 // only adds things an older reader may ignore.
 inline constexpr int32_t kFormatMajor = 1;
-inline constexpr int32_t kFormatMinor = 0;
+inline constexpr int32_t kFormatMinor = 1;  // 1.1: /requests/<id>/final
 
 // Root attributes.
 inline constexpr char kAttrMagic[] = "lockstep_trace";         // string, value kMagicValue
@@ -90,6 +94,7 @@ inline constexpr char kAttrName[] = "name";
 inline constexpr char kPromptTextDataset[] = "prompt_text";        // scalar UTF-8 string
 inline constexpr char kGeneratedTextDataset[] = "generated_text";  // scalar UTF-8 string
 inline constexpr char kAttrFinishReason[] = "finish_reason";
+inline constexpr char kFinalGroup[] = "final";  // /requests/<id>/final (format ≥ 1.1)
 inline constexpr char kAttrMaxNewTokens[] = "max_new_tokens";
 inline constexpr char kAttrSeed[] = "seed";
 inline constexpr char kAttrTemperature[] = "temperature";

@@ -358,6 +358,9 @@ Status TraceReader::LoadRequests() {
   bool sampling_read = false;
   for (const auto& n : names) {
     const std::string p = Join(kRequestsGroup, n);
+    // One request; in an incomplete trace, a request that a kill left unreadable (its group
+    // created after the last durable flush) is skipped with a note instead of failing the trace.
+    const Status one = [&]() -> Status {
     RequestInfo r;
     char* end = nullptr;
     const long id = std::strtol(n.c_str(), &end, 10);
@@ -376,14 +379,25 @@ Status TraceReader::LoadRequests() {
       if (!t.ok()) return t.status().WithContext(p + ": ");
       r.prompt_text = *t;
     }
-    // What close writes (finish reason, generated tokens and text) may be torn in a trace
-    // whose recorder died while closing: an incomplete trace falls back to /sampling.
-    if (h5::HasAttr(rg.get(), kAttrFinishReason) && h5::Exists(f, Join(p, kGeneratedTextDataset)) &&
-        h5::Exists(f, Join(p, kGeneratedDataset))) {
-      Status st = str(kAttrFinishReason, &r.finish_reason);
-      if (!st.ok() && complete_) return st;
-      auto t = h5::ReadStringDataset(f, Join(p, kGeneratedTextDataset), 1u << 30);
-      if (!t.ok() && complete_) return t.status().WithContext(p + ": ");
+    // What finishing writes (finish reason, generated tokens and text) lives in <p>/final
+    // (format ≥ 1.1; 1.0 wrote it into <p>) and may be torn in a trace whose recorder died
+    // while flushing it: an incomplete trace then falls back to /sampling.
+    std::string fp = p;
+    h5::Hid fg;
+    if (h5::Exists(f, Join(p, kFinalGroup))) {
+      fp = Join(p, kFinalGroup);
+      auto opened = h5::OpenGroup(f, fp);
+      if (!opened.ok() && complete_) return opened.status();
+      if (opened.ok()) fg = std::move(*opened);
+    }
+    const hid_t fin = fp == p ? rg.get() : fg.get();
+    if (fin >= 0 && h5::HasAttr(fin, kAttrFinishReason) && h5::Exists(f, Join(fp, kGeneratedTextDataset)) &&
+        h5::Exists(f, Join(fp, kGeneratedDataset))) {
+      auto reason = h5::ReadStringAttr(fin, kAttrFinishReason);
+      if (!reason.ok() && complete_) return reason.status().WithContext(fp + ": ");
+      if (reason.ok()) r.finish_reason = *reason;
+      auto t = h5::ReadStringDataset(f, Join(fp, kGeneratedTextDataset), 1u << 30);
+      if (!t.ok() && complete_) return t.status().WithContext(fp + ": ");
       if (t.ok()) r.generated_text = *t;
     }
     auto num = [&](const char* k, auto* out) -> Status {
@@ -402,8 +416,8 @@ Status TraceReader::LoadRequests() {
       if (!seed.ok()) return seed.status().WithContext(p + ": ");
       r.seed = static_cast<uint64_t>(*seed);
     }
-    auto read_tokens = [&](const char* name, std::vector<int32_t>* out) -> Status {
-      const std::string dp = Join(p, name);
+    auto read_tokens = [&](const std::string& dir, const char* name, std::vector<int32_t>* out) -> Status {
+      const std::string dp = Join(dir, name);
       LS_ASSIGN_OR_RETURN(h5::Hid d, h5::OpenDataset(f, dp));
       auto dims = h5::Dims(d.get(), 1);
       if (!dims.ok() || dims->size() != 1) return Status::Corruption(dp + ": expected a 1-D token list");
@@ -414,10 +428,10 @@ Status TraceReader::LoadRequests() {
       }
       return Status::Ok();
     };
-    LS_RETURN_IF_ERROR(read_tokens(kPromptDataset, &r.prompt));
+    LS_RETURN_IF_ERROR(read_tokens(p, kPromptDataset, &r.prompt));
     Status gen = Status::NotFound("");
-    if (h5::Exists(f, Join(p, kGeneratedDataset))) {
-      gen = read_tokens(kGeneratedDataset, &r.generated);
+    if (fin >= 0 && h5::Exists(f, Join(fp, kGeneratedDataset))) {
+      gen = read_tokens(fp, kGeneratedDataset, &r.generated);
       if (!gen.ok() && complete_) return gen;
     }
     if (!gen.ok()) {
@@ -439,6 +453,12 @@ Status TraceReader::LoadRequests() {
       }
     }
     requests_.push_back(std::move(r));
+    return Status::Ok();
+    }();
+    if (!one.ok()) {
+      if (complete_) return one;
+      notes_.push_back(p + ": unreadable in this incomplete trace, skipped (" + one.message() + ")");
+    }
   }
   std::sort(requests_.begin(), requests_.end(), [](const auto& a, const auto& b) { return a.id < b.id; });
   return Status::Ok();

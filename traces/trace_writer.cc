@@ -733,6 +733,9 @@ Status TraceWriter::Impl::DoClose() {
 Status TraceWriter::Impl::DoAddRequest(const RequestRecord& r) {
   const std::string name = std::to_string(r.id);
   LS_ASSIGN_OR_RETURN(h5::Hid g, h5::CreateGroup(requests_.get(), name));
+  // Where finishing writes (trace_format.h): created now, so that the request's own header
+  // is complete at its first flush and never rewritten.
+  LS_ASSIGN_OR_RETURN(h5::Hid fin, h5::CreateGroup(g.get(), kFinalGroup));
   LS_RETURN_IF_ERROR(h5::WriteAttr(g.get(), kAttrName, r.name));
   LS_RETURN_IF_ERROR(h5::WriteStringDataset(g.get(), kPromptTextDataset, r.prompt_text));
   LS_RETURN_IF_ERROR(h5::WriteAttr(g.get(), kAttrMaxNewTokens, r.max_new_tokens));
@@ -753,7 +756,7 @@ Status TraceWriter::Impl::DoAddRequest(const RequestRecord& r) {
 
 Status TraceWriter::Impl::DoFinishRequest(const Command& c) {
   const std::string name = std::to_string(c.request.id);
-  LS_ASSIGN_OR_RETURN(h5::Hid g, h5::OpenGroup(requests_.get(), name));
+  LS_ASSIGN_OR_RETURN(h5::Hid g, h5::OpenGroup(requests_.get(), name + "/" + kFinalGroup));
   const std::vector<int32_t>& gen = c.request.prompt;
   const hsize_t n = gen.size();
   h5::Hid space(H5Screate_simple(1, &n, nullptr));

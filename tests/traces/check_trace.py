@@ -169,7 +169,7 @@ def main():
     exp = json.load(open(expect_path))
     f, side = open_trace(trace)
     assert text(f.attrs["lockstep_trace"]) == "lockstep trace"
-    assert list(f.attrs["format_version"]) == [1, 0]
+    assert list(f.attrs["format_version"]) == [1, 1]
     assert int(f.attrs["complete"]) == 1
     full = exp["capture"] == "full"
 
@@ -226,8 +226,9 @@ def main():
     for rid, want in enumerate(exp["requests"]):
         g = f[f"requests/{rid}"]
         assert list(g["prompt"][...]) == want["prompt"]
-        assert list(g["generated"][...]) == want["generated"], f"request {rid}: generated tokens"
-        assert text(g.attrs["finish_reason"]) == want["finish_reason"]
+        fin = g["final"] if "final" in g else g  # format 1.1 / 1.0
+        assert list(fin["generated"][...]) == want["generated"], f"request {rid}: generated tokens"
+        assert text(fin.attrs["finish_reason"]) == want["finish_reason"]
         mine = samp[samp["request"] == rid]
         assert list(mine["token"][np.argsort(mine["token_index"])]) == want["generated"]
         assert np.all(mine["counter"] == mine["token_index"])  # Philox counter = token index
