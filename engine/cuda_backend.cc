@@ -17,6 +17,8 @@
 #include <cmath>
 #include <cstdio>
 #include <cstring>
+#include <map>
+#include <mutex>
 #include <string>
 #include <vector>
 
@@ -114,12 +116,7 @@ Result<std::unique_ptr<Backend>> CudaBackend::Create(std::shared_ptr<Model> mode
     go.variant = cu::GemmVariant::kBf16;
     LS_ASSIGN_OR_RETURN(b->gemm_bf16_, cu::Gemm::Create(go));
   }
-  const ModelWeights& w = b->model_->weights();
-  if (w.random_seed.has_value()) {
-    LS_RETURN_IF_ERROR(b->RandomWeights(*w.random_seed));
-  } else {
-    LS_RETURN_IF_ERROR(b->UploadWeights());
-  }
+  LS_RETURN_IF_ERROR(b->AcquireWeights());
   LS_RETURN_IF_ERROR(b->AllocateCache(cache));
   LS_ASSIGN_OR_RETURN(b->error_flag_, cu::DeviceBuffer::Allocate(4));
   LS_RETURN_IF_ERROR(b->error_flag_.Fill(0));
@@ -127,17 +124,39 @@ Result<std::unique_ptr<Backend>> CudaBackend::Create(std::shared_ptr<Model> mode
   return std::unique_ptr<Backend>(std::move(b));
 }
 
-Status CudaBackend::UploadWeights() {
+Status CudaBackend::AcquireWeights() {
+  static std::mutex mu;
+  static std::map<std::pair<const Model*, bool>, std::weak_ptr<const DeviceWeights>> shared;
+  std::lock_guard<std::mutex> lock(mu);  // held while uploading: a second engine waits, then shares
+  auto& slot = shared[{model_.get(), bf16_}];
+  if (auto live = slot.lock()) {
+    weights_ = std::move(live);
+    return Status::Ok();
+  }
+  auto w = std::make_shared<DeviceWeights>();
+  const ModelWeights& host = model_->weights();
+  if (host.random_seed.has_value()) {
+    LS_RETURN_IF_ERROR(RandomWeights(*host.random_seed, w.get()));
+  } else {
+    LS_RETURN_IF_ERROR(UploadWeights(w.get()));
+  }
+  LS_RETURN_IF_ERROR(stream_->Synchronize());  // complete before another engine's stream reads them
+  weights_ = w;
+  slot = w;
+  return Status::Ok();
+}
+
+Status CudaBackend::UploadWeights(DeviceWeights* dw) {
   const ModelConfig& c = model_->config();
   const ModelWeights& W = model_->weights();
   const int64_t nh = c.num_attention_heads, dn = c.qk_nope_head_dim, dv = c.v_head_dim, C = c.kv_lora_rank;
-  LS_ASSIGN_OR_RETURN(embed_, Upload(W.embed, false));
-  LS_ASSIGN_OR_RETURN(final_norm_, Upload(W.final_norm, false));
-  LS_ASSIGN_OR_RETURN(lm_head_, Upload(W.lm_head, bf16_));
-  layers_.resize(c.num_hidden_layers);
+  LS_ASSIGN_OR_RETURN(dw->embed, Upload(W.embed, false));
+  LS_ASSIGN_OR_RETURN(dw->final_norm, Upload(W.final_norm, false));
+  LS_ASSIGN_OR_RETURN(dw->lm_head, Upload(W.lm_head, bf16_));
+  dw->layers.resize(c.num_hidden_layers);
   for (int64_t l = 0; l < c.num_hidden_layers; ++l) {
     const LayerWeights& L = W.layers[l];
-    DevLayer& D = layers_[l];
+    DevLayer& D = dw->layers[l];
     LS_ASSIGN_OR_RETURN(D.input_norm, Upload(L.input_norm, false));
     LS_ASSIGN_OR_RETURN(D.post_attn_norm, Upload(L.post_attn_norm, false));
     if (c.q_lora_rank > 0) {
@@ -194,7 +213,7 @@ Status CudaBackend::UploadWeights() {
   return Status::Ok();
 }
 
-Status CudaBackend::RandomWeights(uint64_t seed) {
+Status CudaBackend::RandomWeights(uint64_t seed, DeviceWeights* dw) {
   const ModelConfig& c = model_->config();
   const int64_t H = c.hidden_size, nh = c.num_attention_heads, dn = c.qk_nope_head_dim, dr = c.qk_rope_head_dim,
                 dv = c.v_head_dim, C = c.kv_lora_rank, dqk = dn + dr, V = c.vocab_size;
@@ -204,12 +223,12 @@ Status CudaBackend::RandomWeights(uint64_t seed) {
   auto rnd = [&](int64_t rows, int64_t cols, bool bf16) {
     return Random(rows, cols, bf16, 1.0f / std::sqrt(static_cast<float>(cols)), seed * 1000003u + tensor++, s);
   };
-  LS_ASSIGN_OR_RETURN(embed_, Random(V, H, false, 1.0f, seed * 1000003u + tensor++, s));
-  LS_ASSIGN_OR_RETURN(final_norm_, Constant(1, H, 1.0f, s));
-  LS_ASSIGN_OR_RETURN(lm_head_, rnd(V, H, bf16_));
-  layers_.resize(c.num_hidden_layers);
+  LS_ASSIGN_OR_RETURN(dw->embed, Random(V, H, false, 1.0f, seed * 1000003u + tensor++, s));
+  LS_ASSIGN_OR_RETURN(dw->final_norm, Constant(1, H, 1.0f, s));
+  LS_ASSIGN_OR_RETURN(dw->lm_head, rnd(V, H, bf16_));
+  dw->layers.resize(c.num_hidden_layers);
   for (int64_t l = 0; l < c.num_hidden_layers; ++l) {
-    DevLayer& D = layers_[l];
+    DevLayer& D = dw->layers[l];
     LS_ASSIGN_OR_RETURN(D.input_norm, Constant(1, H, 1.0f, s));
     LS_ASSIGN_OR_RETURN(D.post_attn_norm, Constant(1, H, 1.0f, s));
     if (c.q_lora_rank > 0) {

@@ -42,6 +42,13 @@ struct DevLayer {
   int64_t mlp_inter = 0, moe_inter = 0, shared_inter = 0;
 };
 
+// Every weight of a model on the device. Immutable once made, so engines over the same Model
+// and GEMM precision share one copy (a server's live engine and its capture re-runs).
+struct DeviceWeights {
+  DevTensor embed, final_norm, lm_head;
+  std::vector<DevLayer> layers;
+};
+
 // A grow-only device scratch buffer. Every move bumps its backend's generation counter:
 // captured CUDA graphs hold the old address and must be captured again.
 struct Scratch {
@@ -102,8 +109,10 @@ class CudaBackend final : public Backend {
     }
   }
   int64_t alloc_generation_ = 0;  // see Scratch
-  Status UploadWeights();
-  Status RandomWeights(uint64_t seed);
+  Status UploadWeights(DeviceWeights* w);
+  Status RandomWeights(uint64_t seed, DeviceWeights* w);
+  // The shared device weights of (model_, bf16_): made now, or taken from a live engine.
+  Status AcquireWeights();
   Status AllocateCache(const PagedKvCache& cache);
 
   // y[rows, out] = x[rows, in] · wᵀ through the chosen GEMM; bf16 weights take x rounded to bf16.
@@ -142,8 +151,7 @@ class CudaBackend final : public Backend {
   std::unique_ptr<cu::CudaStream> stream_;
   std::unique_ptr<cu::Gemm> gemm_f32_, gemm_bf16_;
 
-  DevTensor embed_, final_norm_, lm_head_;
-  std::vector<DevLayer> layers_;
+  std::shared_ptr<const DeviceWeights> weights_;
   DevTensor rope_cos_, rope_sin_;
   int64_t rope_positions_ = 0;
 

@@ -105,7 +105,7 @@ Status CudaBackend::Forward(std::span<Segment> segs, PagedKvCache& cache, const 
   const int64_t k = c.num_experts_per_tok, E = c.n_routed_experts;
   const int64_t E_ = E > 0 ? E : 1, k_ = k > 0 ? k : 1;
   int64_t moe_inter = 1;
-  for (const DevLayer& D : layers_) moe_inter = std::max(moe_inter, D.moe_inter);
+  for (const DevLayer& D : weights_->layers) moe_inter = std::max(moe_inter, D.moe_inter);
   struct Part {
     float** ptr;
     int64_t n;
@@ -173,7 +173,7 @@ LS_RETURN_IF_ERROR(Mark("start"));
     // x = embed(tokens)
     {
       cu::EmbedParams ep;
-      ep.table = embed_.f32();
+      ep.table = weights_->embed.f32();
       ep.vocab = V;
       ep.n = H;
       ep.ids = d_tok;
@@ -220,7 +220,7 @@ LS_RETURN_IF_ERROR(Mark("start"));
     LS_RETURN_IF_ERROR(mla_ws_.Ensure(256));
   
     for (int64_t l = 0; l < c.num_hidden_layers; ++l) {
-      const DevLayer& D = layers_[l];
+      const DevLayer& D = weights_->layers[l];
       auto tn = [&](TapId t) -> const std::string& { return model_->tap_name(l, t); };
   
       LS_RETURN_IF_ERROR(rmsnorm(x, H, D.input_norm, H, rms_eps, h, H));
@@ -535,7 +535,7 @@ LS_RETURN_IF_ERROR(Mark("start"));
     }
   
     // Final norm; logits for the rows that need them, gathered first so lm_head is read once.
-    LS_RETURN_IF_ERROR(rmsnorm(x, H, final_norm_, H, rms_eps, h, H));
+    LS_RETURN_IF_ERROR(rmsnorm(x, H, weights_->final_norm, H, rms_eps, h, H));
     LS_RETURN_IF_ERROR(Tap("final_norm", h, H, H, TapDType::kF32));
     {
       cu::GatherRowsParams gp;
@@ -550,7 +550,7 @@ LS_RETURN_IF_ERROR(Mark("start"));
       gp.error_flag = err;
       LS_RETURN_IF_ERROR(cu::GatherRows(gp, s));
     }
-    LS_RETURN_IF_ERROR(Linear(o, H, RL, lm_head_, logits_dev_.as<float>(), V));
+    LS_RETURN_IF_ERROR(Linear(o, H, RL, weights_->lm_head, logits_dev_.as<float>(), V));
     LS_RETURN_IF_ERROR(Mark("lm_head"));
     if (mirror_) {
       size_t idx = 0;

@@ -281,6 +281,32 @@ TEST(GpuEngine, ChunkedPrefillChangesNoBits) {
   EXPECT_EQ(a, b);
 }
 
+// Engines over the same Model share one copy of the device weights (a server's capture re-runs
+// beside its live engine): both give the same bits, and the weights outlive the engine that
+// made them.
+TEST(GpuEngine, EnginesShareDeviceWeights) {
+  LS_REQUIRE_GPU();
+  auto run = [](Engine& e) {
+    engine::Request r;
+    for (int j = 0; j < 12; ++j) r.prompt.push_back(static_cast<int32_t>(31 * j % 5000 + 7));
+    r.max_new_tokens = 6;
+    r.sampling.temperature = 0.7;
+    r.sampling.seed = 5;
+    EXPECT_TRUE(e.AddRequest(r).ok());
+    const Status st = e.RunToCompletion();
+    EXPECT_TRUE(st.ok()) << st.message();
+    return e.request(e.num_requests() - 1).last_logits;
+  };
+  auto first = Engine::Create(Tiny(), Cuda(engine::KvFormat::kFp32, "bf16"));
+  ASSERT_TRUE(first.ok()) << first.status().message();
+  auto second = Engine::Create(Tiny(), Cuda(engine::KvFormat::kFp32, "bf16"));
+  ASSERT_TRUE(second.ok()) << second.status().message();
+  const auto a = run(**first);
+  first->reset();  // the second engine keeps the shared weights alive
+  const auto b = run(**second);
+  EXPECT_TRUE(Bitwise(a, b));
+}
+
 // The heuristic cuBLAS variant is deterministic but not batch-invariant; the test documents
 // that the difference is real on this GPU (or reports that it was not observed).
 TEST(GpuEngine, HeuristicGemmIsDeterministic) {
