@@ -30,6 +30,7 @@ lockstep_gpu_test(gpu_indexer_test)
 lockstep_gpu_test(gpu_sampler_test)
 lockstep_gpu_test(gpu_gemm_test)
 lockstep_gpu_test(gpu_engine_test)
+lockstep_gpu_test(gpu_summarize_test lockstep_traces)
 # Twins in kernels/cpu only: this one builds while engine/ is being changed.
 lockstep_gpu_test(gpu_model_ops_test)
 

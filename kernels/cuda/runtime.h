@@ -151,4 +151,21 @@ struct RowDotsParams {
 };
 Status RowDots(const RowDotsParams& p, Stream stream = nullptr);
 
+// Trace summaries of rows on the device (kernels/row_stats.h + kernels/xxh3.h, one thread per
+// row): the SummaryRow fields traces::Summarize computes on the host, the same bits (the one
+// caveat is in row_stats.h), so a device backend can summarise taps without copying them.
+struct RowSummaryOut {
+  uint64_t hash = 0;  // XXH3-64 (seed 0) of the row's bytes
+  uint32_t nan_count = 0, inf_count = 0;
+  float rms = 0, absmax = 0, min = 0, max = 0;
+};
+struct SummarizeRowsParams {
+  const void* x = nullptr;   // [rows, cols] fp32 (or int32 when i32), row stride x_stride elements
+  int64_t x_stride = 0;
+  int64_t rows = 0, cols = 0;
+  bool i32 = false;
+  RowSummaryOut* out = nullptr;  // [rows] device
+};
+Status SummarizeRows(const SummarizeRowsParams& p, Stream stream = nullptr);
+
 }  // namespace lockstep::kernels::cuda
