@@ -20,26 +20,12 @@
 #include <set>
 #include <vector>
 
+#include "bench/cuda_bench.h"
 #include "kernels/cuda/ops.h"
+#include "kernels/cuda/runtime.h"
 
 namespace cu = lockstep::kernels::cuda;
 
-#define CHECK_CUDA(x)                                                                          \
-  do {                                                                                         \
-    cudaError_t e_ = (x);                                                                      \
-    if (e_ != cudaSuccess) {                                                                   \
-      std::fprintf(stderr, "%s:%d: %s: %s\n", __FILE__, __LINE__, #x, cudaGetErrorString(e_)); \
-      std::exit(1);                                                                            \
-    }                                                                                          \
-  } while (0)
-#define CHECK_OK(x)                                                                           \
-  do {                                                                                        \
-    lockstep::Status s_ = (x);                                                                \
-    if (!s_.ok()) {                                                                           \
-      std::fprintf(stderr, "%s:%d: %s: %s\n", __FILE__, __LINE__, #x, s_.message().c_str()); \
-      std::exit(1);                                                                           \
-    }                                                                                         \
-  } while (0)
 
 namespace {
 
@@ -66,24 +52,9 @@ __global__ void FillBf16(uint16_t* w, int64_t n) {
 }
 
 double CopyBandwidth(int reps) {
-  const size_t bytes = size_t{1} << 31;
-  void *a = nullptr, *b = nullptr;
-  CHECK_CUDA(cudaMalloc(&a, bytes));
-  CHECK_CUDA(cudaMalloc(&b, bytes));
-  CHECK_CUDA(cudaMemset(a, 1, bytes));
-  cudaEvent_t e0, e1;
-  CHECK_CUDA(cudaEventCreate(&e0));
-  CHECK_CUDA(cudaEventCreate(&e1));
-  for (int i = 0; i < 2; ++i) CHECK_CUDA(cudaMemcpyAsync(b, a, bytes, cudaMemcpyDeviceToDevice));
-  CHECK_CUDA(cudaEventRecord(e0));
-  for (int i = 0; i < reps; ++i) CHECK_CUDA(cudaMemcpyAsync(b, a, bytes, cudaMemcpyDeviceToDevice));
-  CHECK_CUDA(cudaEventRecord(e1));
-  CHECK_CUDA(cudaEventSynchronize(e1));
-  float ms = 0;
-  CHECK_CUDA(cudaEventElapsedTime(&ms, e0, e1));
-  CHECK_CUDA(cudaFree(a));
-  CHECK_CUDA(cudaFree(b));
-  return 2.0 * bytes * reps / (ms * 1e-3);  // read + write
+  auto bw = cu::MeasureCopyBandwidth(reps);
+  CHECK_OK(bw.status());
+  return *bw;
 }
 
 double RunShape(const Shape& sh, const uint16_t* w, int64_t rows, int reps, double copy) {

@@ -29,23 +29,10 @@ namespace cu = kernels::cuda;
 
 namespace {
 
-// Device copy bandwidth: 2 GiB device → device, read + write counted, best of 5.
+// Device copy bandwidth in GB/s (read + write), the roofline of this run.
 double CopyBandwidthGBs() {
-  const size_t n = size_t{2} << 30;
-  auto a = cu::DeviceBuffer::Allocate(n);
-  auto b = cu::DeviceBuffer::Allocate(n);
-  if (!a.ok() || !b.ok()) return 0;
-  (void)a->Fill(1);
-  double best = 0;
-  for (int rep = 0; rep < 5; ++rep) {
-    (void)cu::Synchronize();
-    auto t0 = std::chrono::steady_clock::now();
-    (void)cu::CopyAsync(b->data(), a->data(), n, nullptr);
-    (void)cu::Synchronize();
-    const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-    best = std::max(best, 2.0 * static_cast<double>(n) / s / 1e9);
-  }
-  return best;
+  auto bw = cu::MeasureCopyBandwidth(5);
+  return bw.ok() ? *bw / 1e9 : 0;
 }
 
 // Bytes one decode step must read at least (bf16 weights, the cache at its format).

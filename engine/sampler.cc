@@ -52,6 +52,25 @@ void SortKeys(std::vector<uint64_t>* keys) {
 
 }  // namespace
 
+std::vector<int32_t> Sampler::Candidates(std::span<const float> logits, int64_t top_k) {
+  // Unique 64-bit keys (order-preserving logit bits, inverted, then the id): any sort of them
+  // gives the one documented order; radix for large vocabularies.
+  const int64_t n = static_cast<int64_t>(logits.size());
+  auto val = [&](int64_t i) { return std::isnan(logits[i]) ? -INFINITY : logits[i]; };
+  std::vector<uint64_t> keys(n);
+  for (int64_t i = 0; i < n; ++i) keys[i] = (static_cast<uint64_t>(~OrderedBits(val(i))) << 32) | static_cast<uint32_t>(i);
+  int64_t k = n;
+  if (top_k > 0 && top_k < n) {
+    k = top_k;
+    std::partial_sort(keys.begin(), keys.begin() + k, keys.end());
+  } else {
+    SortKeys(&keys);
+  }
+  std::vector<int32_t> ids(k);
+  for (int64_t i = 0; i < k; ++i) ids[i] = static_cast<int32_t>(keys[i] & 0xffffffffu);
+  return ids;
+}
+
 SampleResult Sampler::Sample(std::span<const float> logits, const SamplingParams& p, uint64_t step) {
   SampleResult r;
   r.counter = step;
@@ -73,19 +92,9 @@ SampleResult Sampler::Sample(std::span<const float> logits, const SamplingParams
     r.candidates = 1;
     return r;
   }
-  // 1. Candidates sorted by logit descending, id ascending on ties — as unique 64-bit keys
-  //    (order-preserving logit bits, inverted, then the id), so any sort gives the one order.
-  std::vector<uint64_t> keys(n);
-  for (int64_t i = 0; i < n; ++i) keys[i] = (static_cast<uint64_t>(~OrderedBits(val(i))) << 32) | static_cast<uint32_t>(i);
-  int64_t k = n;
-  if (p.top_k > 0 && p.top_k < n) {
-    k = p.top_k;
-    std::partial_sort(keys.begin(), keys.begin() + k, keys.end());
-  } else {
-    SortKeys(&keys);
-  }
-  std::vector<int32_t> ids(k);
-  for (int64_t i = 0; i < k; ++i) ids[i] = static_cast<int32_t>(keys[i] & 0xffffffffu);
+  // 1. Candidates sorted by logit descending, id ascending on ties.
+  const std::vector<int32_t> ids = Candidates(logits, p.top_k);
+  const int64_t k = static_cast<int64_t>(ids.size());
   // 2. Unnormalised probabilities in fp64: w_i = exp((l_i − l_max) / T).
   const double lmax = val(ids[0]);
   std::vector<double> w(k);

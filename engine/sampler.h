@@ -8,6 +8,7 @@
 
 #include <cstdint>
 #include <span>
+#include <vector>
 
 namespace lockstep::engine {
 
@@ -31,6 +32,9 @@ class Sampler {
  public:
   // `step` is the index of the generated token within its request (0 for the first).
   static SampleResult Sample(std::span<const float> logits, const SamplingParams& p, uint64_t step);
+  // Step 1 of docs/sampling.md: the first min(top_k, n) token ids (all when top_k is 0) by logit
+  // descending, id ascending on ties, NaN as −∞ and −0 equal to +0.
+  static std::vector<int32_t> Candidates(std::span<const float> logits, int64_t top_k);
 };
 
 }  // namespace lockstep::engine

@@ -130,83 +130,30 @@ TEST(Sampler, ReplayingOneStepNeedsNoHistory) {
 namespace lockstep {
 namespace {
 
-// The sampler's candidate order, spelled out as the docs define it (logit descending, id
-// ascending on ties, NaN as −∞, −0 == +0) with a comparison sort: the reference the sampler's
-// key-based sorts (comparison below 32k tokens, radix above) must reproduce exactly.
-engine::SampleResult ReferenceSample(const std::vector<float>& logits, const engine::SamplingParams& p, uint64_t step) {
-  const int64_t n = static_cast<int64_t>(logits.size());
-  auto val = [&](int64_t i) { return std::isnan(logits[i]) ? -INFINITY : logits[i]; };
-  std::vector<int32_t> ids(n);
-  std::iota(ids.begin(), ids.end(), 0);
-  std::stable_sort(ids.begin(), ids.end(), [&](int32_t a, int32_t b) { return val(a) > val(b); });
-  const int64_t k = p.top_k > 0 && p.top_k < n ? p.top_k : n;
-  const double lmax = val(ids[0]);
-  std::vector<double> w(k);
-  double total = 0;
-  for (int64_t i = 0; i < k; ++i) total += (w[i] = std::exp((static_cast<double>(val(ids[i])) - lmax) / p.temperature));
-  int64_t keep = k;
-  if (p.top_p < 1.0) {
-    double cum = 0;
-    for (int64_t i = 0; i < k; ++i) {
-      cum += w[i];
-      if (cum >= p.top_p * total) {
-        keep = i + 1;
-        break;
-      }
-    }
-  }
-  if (p.min_p > 0.0) {
-    int64_t m = 1;
-    while (m < keep && w[m] >= p.min_p) ++m;
-    keep = m;
-  }
-  double kept = 0;
-  for (int64_t i = 0; i < keep; ++i) kept += w[i];
-  const double u = kernels::PhiloxUniform(p.seed, step, 0);
-  double cum = 0;
-  int64_t chosen = keep - 1;
-  for (int64_t i = 0; i < keep; ++i) {
-    cum += w[i];
-    if (cum > u * kept) {
-      chosen = i;
-      break;
-    }
-  }
-  engine::SampleResult r;
-  r.token = ids[chosen];
-  r.probability = w[chosen] / kept;
-  r.candidates = keep;
-  return r;
-}
-
-TEST(Sampler, KeySortsGiveTheDocumentedOrderAtEveryVocabularySize) {
+// The candidate order (docs/sampling.md step 1) against its definition spelled out with a
+// comparison sort — logit descending, id ascending on ties, NaN as −∞, −0 equal to +0 — at
+// vocabulary sizes on both sides of the radix-sort threshold (32k), with and without top-k.
+// Steps 2–5 run on this order unchanged; the other tests here check them.
+TEST(Sampler, CandidatesFollowTheDocumentedOrderAtEveryVocabularySize) {
   std::mt19937 rng(5);
   for (int64_t n : {7, 6144, 40000, 129280}) {
-    for (int trial = 0; trial < 6; ++trial) {
+    for (int trial = 0; trial < 4; ++trial) {
       std::vector<float> l(n);
       std::normal_distribution<float> nd(0.0f, 3.0f);
       for (auto& v : l) v = nd(rng);
-      // Ties, signed zeros, infinities and NaN.
-      for (int64_t i = 0; i < n; i += 5) l[i] = std::round(l[i]);
+      for (int64_t i = 0; i < n; i += 5) l[i] = std::round(l[i]);  // many ties
       l[n / 2] = -0.0f;
       l[n / 3] = 0.0f;
       l[n - 1] = -INFINITY;
       if (n > 7) l[n / 4] = std::nanf("");
-      l[0] = trial % 2 ? INFINITY : l[0];
-      engine::SamplingParams p;
-      p.temperature = trial % 3 == 0 ? 0.6 : 1.0;
-      p.top_p = trial % 2 ? 0.9 : 1.0;
-      p.top_k = trial == 4 ? 50 : 0;
-      p.min_p = trial == 5 ? 0.05 : 0.0;
-      p.seed = 100 + trial;
-      for (uint64_t step = 0; step < 4; ++step) {
-        const auto got = engine::Sampler::Sample(l, p, step);
-        const auto want = ReferenceSample(l, p, step);
-        ASSERT_EQ(got.token, want.token) << "n " << n << " trial " << trial << " step " << step;
-        ASSERT_EQ(got.candidates, want.candidates) << "n " << n << " trial " << trial;
-        ASSERT_EQ(std::memcmp(&got.probability, &want.probability, 8), 0)  // bits: NaN (a +inf logit) too
-            << "n " << n << " trial " << trial << ": " << got.probability << " vs " << want.probability;
-      }
+      if (trial % 2) l[0] = INFINITY;
+      auto val = [&](int32_t i) { return std::isnan(l[i]) ? -INFINITY : l[i]; };
+      std::vector<int32_t> want(n);
+      std::iota(want.begin(), want.end(), 0);
+      std::stable_sort(want.begin(), want.end(), [&](int32_t a, int32_t b) { return val(a) > val(b); });
+      const int64_t top_k = trial >= 2 ? 50 : 0;
+      if (top_k > 0) want.resize(std::min<int64_t>(top_k, n));
+      ASSERT_EQ(engine::Sampler::Candidates(l, top_k), want) << "n " << n << " trial " << trial;
     }
   }
 }

@@ -103,6 +103,11 @@ class EventTimer {
   size_t used_ = 0;
 };
 
+// The device-to-device copy bandwidth, bytes/s with read and write both counted: `reps`
+// copies of 2 GiB after two warm-ups, timed with events. The roofline every GPU benchmark
+// sets its bandwidth against, measured in the same run.
+Result<double> MeasureCopyBandwidth(int reps);
+
 // Fills n values with Philox uniforms in [lo, hi): value i is a pure function of (seed, i),
 // so a random-weights model is the same on every run and device. bf16 = raw uint16 bits
 // (round to nearest even), else fp32.

@@ -67,6 +67,28 @@ Status MemsetAsync(void* dst, int value, size_t bytes, Stream stream) {
 
 void ClearLastError() { cudaGetLastError(); }
 
+Result<double> MeasureCopyBandwidth(int reps) {
+  const size_t bytes = size_t{1} << 31;
+  LS_ASSIGN_OR_RETURN(DeviceBuffer a, DeviceBuffer::Allocate(bytes));
+  LS_ASSIGN_OR_RETURN(DeviceBuffer b, DeviceBuffer::Allocate(bytes));
+  LS_RETURN_IF_ERROR(a.Fill(1));
+  cudaEvent_t e0 = nullptr, e1 = nullptr;
+  LS_CUDA_RETURN_IF_ERROR(cudaEventCreate(&e0));
+  LS_CUDA_RETURN_IF_ERROR(cudaEventCreate(&e1));
+  for (int i = 0; i < 2; ++i) LS_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(b.data(), a.data(), bytes, cudaMemcpyDeviceToDevice));
+  LS_CUDA_RETURN_IF_ERROR(cudaEventRecord(e0));
+  for (int i = 0; i < reps; ++i) {
+    LS_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(b.data(), a.data(), bytes, cudaMemcpyDeviceToDevice));
+  }
+  LS_CUDA_RETURN_IF_ERROR(cudaEventRecord(e1));
+  LS_CUDA_RETURN_IF_ERROR(cudaEventSynchronize(e1));
+  float ms = 0;
+  LS_CUDA_RETURN_IF_ERROR(cudaEventElapsedTime(&ms, e0, e1));
+  cudaEventDestroy(e0);
+  cudaEventDestroy(e1);
+  return 2.0 * static_cast<double>(bytes) * reps / (ms * 1e-3);
+}
+
 EventTimer::~EventTimer() {
   for (void* e : events_) cudaEventDestroy(static_cast<cudaEvent_t>(e));
 }

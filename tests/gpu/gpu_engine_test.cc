@@ -282,9 +282,10 @@ TEST(GpuEngine, ChunkedPrefillChangesNoBits) {
 }
 
 // Engines over the same Model share one copy of the device weights (a server's capture re-runs
-// beside its live engine): both give the same bits, and the weights outlive the engine that
-// made them.
-TEST(GpuEngine, EnginesShareDeviceWeights) {
+// beside its live engine). What this checks: a second engine over the model gives the first's
+// bits, also after the first (which made the weights) is gone. That the copy is not made twice
+// is not observable from here.
+TEST(GpuEngine, SecondEngineOverAModelGivesTheSameBitsAfterTheFirstIsGone) {
   LS_REQUIRE_GPU();
   auto run = [](Engine& e) {
     engine::Request r;
