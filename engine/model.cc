@@ -350,7 +350,8 @@ Status Model::Forward(std::span<Segment> segs, PagedKvCache& cache, const kernel
   const bool prefill_absorbed = kernel("attn_prefill") == "absorbed";
   const bool decode_expanded = kernel("attn_decode") == "expanded";
   const bool indexer_hadamard = kernel("indexer") == "hadamard";
-  const Gemm gemm{kernel("gemm") == "bf16"};
+  // *_dot name the GPU's CPU-order GEMMs; the CPU's GEMM is in that order already.
+  const Gemm gemm{kernel("gemm") == "bf16" || kernel("gemm") == "bf16_dot"};
   const ModelWeights& W = gemm.bf16 ? Bf16Weights() : weights_;
   // Fault zoo (docs/fault-zoo.md); all false unless --fault chose one.
   const bool fault_skip_partial = kernel("indexer") == "fault_skip_partial_page";

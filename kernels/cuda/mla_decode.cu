@@ -36,7 +36,7 @@ constexpr int kColGroups = 64;                                       // P·V col
 constexpr int kColsPerThread = kMaxLora / kColGroups;                // 8
 constexpr int kPvHeads = kHeadsPerCta / (kThreads / kColGroups);     // 4 heads per thread
 constexpr int kMaxSplits = 64;
-constexpr int kBaseSplitKeys = 64;  // small splits: a batch-1 decode still fills the GPU
+constexpr int kBaseSplitKeys = 32;  // one tile per split up to 2048 keys: a batch-1 decode still spreads
 constexpr int kCombineThreads = 128;
 static_assert(kHeadsPerCta == 2 * kWarps, "score phase: two heads per warp");
 static_assert(kBaseSplitKeys % kTileKeys == 0);
@@ -149,7 +149,7 @@ __device__ __forceinline__ void DequantRow(LatentFormat format, const uint8_t* s
 
 template <bool kSparse>
 __global__ void __launch_bounds__(kThreads) MlaSplitKernel(MlaDecodeParams p, int64_t bytes_per_token, Workspace ws) {
-  extern __shared__ float smem[];
+  extern __shared__ __align__(16) float smem[];
   const int b = blockIdx.z, group = blockIdx.y, split = blockIdx.x;
   const int C = static_cast<int>(p.kv_lora), R = static_cast<int>(p.rope_dim), D = C + R;
   const int H = static_cast<int>(p.heads);
@@ -169,14 +169,26 @@ __global__ void __launch_bounds__(kThreads) MlaSplitKernel(MlaDecodeParams p, in
   int* valid_s = reinterpret_cast<int*>(alpha_s + kHeadsPerCta);  // [32]
   const int k_stride = D + 1;
 
-  for (int idx = tid; idx < kHeadsPerCta * D; idx += kThreads) {
-    const int h = idx / D, j = idx - h * D, head = head0 + h;
-    float v = 0.0f;
-    if (head < H) {
-      v = j < C ? p.q_latent[b * p.q_latent_batch_stride + head * p.q_latent_head_stride + j]
-                : p.q_rope[b * p.q_rope_batch_stride + head * p.q_rope_head_stride + (j - C)];
+  // q for the 16 heads: 12 loads per thread in flight before their stores (latency, not
+  // bandwidth, sets the cost of these 36 KB).
+  constexpr int kQBatch = 12;
+  for (int base = 0; base < kHeadsPerCta * D; base += kThreads * kQBatch) {
+    float v[kQBatch];
+#pragma unroll
+    for (int u = 0; u < kQBatch; ++u) {
+      const int idx = base + u * kThreads + tid;
+      const int h = idx / D, j = idx - h * D, head = head0 + h;
+      v[u] = 0.0f;
+      if (idx < kHeadsPerCta * D && head < H) {
+        v[u] = j < C ? p.q_latent[b * p.q_latent_batch_stride + head * p.q_latent_head_stride + j]
+                     : p.q_rope[b * p.q_rope_batch_stride + head * p.q_rope_head_stride + (j - C)];
+      }
     }
-    q_s[idx] = v;
+#pragma unroll
+    for (int u = 0; u < kQBatch; ++u) {
+      const int idx = base + u * kThreads + tid;
+      if (idx < kHeadsPerCta * D) q_s[idx] = v[u];
+    }
   }
 
   // Score role: heads sh[0] = warp, sh[1] = warp + 8; state replicated across the warp's lanes.
@@ -211,8 +223,13 @@ __global__ void __launch_bounds__(kThreads) MlaSplitKernel(MlaDecodeParams p, in
     const float* ql[2] = {q_s + sh[0] * D, q_s + sh[1] * D};
     const float* qr[2] = {ql[0] + C, ql[1] + C};
     float dot_l[2], dot_r[2];
-    dev::Dot16<2>(ql, krow, C, dot_l);
-    dev::Dot16<2>(qr, krow + C, R, dot_r);
+    if (C % 4 == 0 && R % 4 == 0) {  // q rows 16-byte aligned: broadcast float4 reads of q
+      dev::Dot16A4<2>(ql, krow, C, dot_l);
+      dev::Dot16A4<2>(qr, krow + C, R, dot_r);
+    } else {
+      dev::Dot16<2>(ql, krow, C, dot_l);
+      dev::Dot16<2>(qr, krow + C, R, dot_r);
+    }
     const bool valid = valid_s[lane] != 0;
 #pragma unroll
     for (int i = 0; i < 2; ++i) {
@@ -277,26 +294,42 @@ __global__ void __launch_bounds__(kThreads) MlaSplitKernel(MlaDecodeParams p, in
 
 template <bool kSparse>
 __global__ void __launch_bounds__(kCombineThreads) MlaCombineKernel(MlaDecodeParams p, Workspace ws) {
-  __shared__ float f_s[kMaxSplits];
+  __shared__ float f_s[kMaxSplits], m_s[kMaxSplits], l_s[kMaxSplits];
   const int H = static_cast<int>(p.heads), C = static_cast<int>(p.kv_lora);
   const int b = blockIdx.x / H, h = blockIdx.x % H;
   const int64_t n_keys = KeyCount<kSparse>(p, b, false);
   const int S = static_cast<int>(NumSplits(n_keys));
   const int64_t base = (static_cast<int64_t>(b) * H + h) * ws.splits;
+  // The splits' m and l into shared memory in one round trip (S ≤ 64 < threads).
+  static_assert(kMaxSplits <= kCombineThreads);
+  if (threadIdx.x < S) {
+    m_s[threadIdx.x] = ws.m_part[base + threadIdx.x];
+    l_s[threadIdx.x] = ws.l_part[base + threadIdx.x];
+  }
+  __syncthreads();
   // Every thread computes M and L itself, in the same order: identical bits, no broadcast.
   float M = -INFINITY;
-  for (int s = 0; s < S; ++s) M = fmaxf(M, ws.m_part[base + s]);
+  for (int s = 0; s < S; ++s) M = fmaxf(M, m_s[s]);
   for (int s = threadIdx.x; s < S; s += kCombineThreads) {
-    const float m = ws.m_part[base + s];
+    const float m = m_s[s];
     f_s[s] = m == -INFINITY ? 0.0f : expf(__fsub_rn(m, M));
   }
   __syncthreads();
   float L = 0.0f;
-  for (int s = 0; s < S; ++s) L = __fadd_rn(L, __fmul_rn(ws.l_part[base + s], f_s[s]));
+  for (int s = 0; s < S; ++s) L = __fadd_rn(L, __fmul_rn(l_s[s], f_s[s]));
   float* out = p.o_latent + b * p.o_batch_stride + h * p.o_head_stride;
   for (int c = threadIdx.x; c < C; c += kCombineThreads) {
+    // The partials' loads go out 16 at a time ahead of the FMAs, which keep ascending s.
     float acc = 0.0f;
-    for (int s = 0; s < S; ++s) acc = __fmaf_rn(ws.o_part[(base + s) * C + c], f_s[s], acc);
+    for (int s0 = 0; s0 < S; s0 += 16) {
+      float o[16];
+#pragma unroll
+      for (int u = 0; u < 16; ++u) o[u] = s0 + u < S ? ws.o_part[(base + s0 + u) * C + c] : 0.0f;
+#pragma unroll
+      for (int u = 0; u < 16; ++u) {
+        if (s0 + u < S) acc = __fmaf_rn(o[u], f_s[s0 + u], acc);
+      }
+    }
     out[c] = L == 0.0f ? 0.0f : __fdiv_rn(acc, L);
   }
   if (threadIdx.x == 0 && p.lse != nullptr) {

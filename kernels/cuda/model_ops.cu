@@ -14,6 +14,7 @@ namespace lockstep::kernels::cuda {
 namespace {
 
 constexpr int64_t kMaxGrid = 65535;  // grid.y / grid.z limit
+
 constexpr int kElemThreads = 256;
 
 __device__ __forceinline__ float QuietNan() { return __uint_as_float(0x7fc00000u); }
@@ -51,6 +52,11 @@ __global__ void EmbedKernel(EmbedParams p) {
 
 __global__ void AddInPlaceKernel(float* y, int64_t ys, const float* x, int64_t xs, int64_t rows, int64_t n) {
   LS_FOR_EACH_ELEMENT(rows, n) y[r * ys + i] = __fadd_rn(y[r * ys + i], x[r * xs + i]);
+}
+
+__global__ void AddKernel(float* y, int64_t ys, const float* a, int64_t as, const float* b, int64_t bs, int64_t rows,
+                          int64_t n) {
+  LS_FOR_EACH_ELEMENT(rows, n) y[r * ys + i] = __fadd_rn(a[r * as + i], b[r * bs + i]);
 }
 
 __global__ void ScaleKernel(float* x, int64_t xs, int64_t rows, int64_t n, float s) {
@@ -261,6 +267,7 @@ __global__ void __launch_bounds__(kRouteWarps * 32) RouteKernel(RouteParams p, i
 
 constexpr int kEgTileIn = 1024;  // x elements per slot staged at a time (a multiple of 16)
 constexpr int64_t kEgSlotModeMax = 16;  // slots up to which the grid runs over slots, not experts
+constexpr int64_t kEgRegSlotMax = 96;   // … on the register path, for MoE (measured: README)
 
 template <bool kBf16, bool kVec>
 __device__ __forceinline__ void LoadW8(const void* w, int64_t off, float (&v)[8]) {
@@ -301,6 +308,58 @@ __device__ __forceinline__ void Fma8(const float (&w)[8], const float (*xs)[kEgT
       const float x[8] = {a.x, a.y, a.z, a.w, b.x, b.y, b.z, b.w};
 #pragma unroll
       for (int q = 0; q < 8; ++q) acc[s][q] = __fmaf_rn(w[q], x[q], acc[s][q]);
+    }
+  }
+}
+
+// x[row of slots[s], t0 : t0 + tn) → xs[s][0 : tn) for s < ns, rounded to bf16 when asked.
+// Staging is latency-bound (a few KB): every thread issues a batch of loads before storing
+// any (16-byte loads when the rows allow), so a tile costs one or two memory round trips
+// instead of one per element a thread copies.
+template <int kThreads, int kTileIn>
+__device__ __forceinline__ void StageX(float (*xs)[kTileIn], const int32_t* slots, int ns, const ExpertGemmParams& p,
+                                       int64_t t0, int tn, int tid) {
+  constexpr int kBatch = 8;
+  auto row = [&](int s) {
+    const int64_t slot = slots[s];
+    return p.x + (p.x_per_slot ? slot : slot / p.k) * p.x_stride + t0;
+  };
+  auto round = [&](float v) { return p.round_x_bf16 ? dev::Bf16ToF32(dev::F32ToBf16(v)) : v; };
+  const bool vec = (reinterpret_cast<uintptr_t>(p.x) & 15) == 0 && (p.x_stride & 3) == 0 && (t0 & 3) == 0 &&
+                   (tn & 3) == 0;
+  if (vec) {
+    const int per = tn / 4, total = ns * per;
+    for (int base = 0; base < total; base += kThreads * kBatch) {
+      float4 v[kBatch];
+#pragma unroll
+      for (int j = 0; j < kBatch; ++j) {
+        const int i = base + j * kThreads + tid;
+        if (i < total) v[j] = __ldg(reinterpret_cast<const float4*>(row(i / per)) + i % per);
+      }
+#pragma unroll
+      for (int j = 0; j < kBatch; ++j) {
+        const int i = base + j * kThreads + tid;
+        if (i < total) {
+          const float4 a = v[j];
+          *reinterpret_cast<float4*>(&xs[i / per][4 * (i % per)]) =
+              make_float4(round(a.x), round(a.y), round(a.z), round(a.w));
+        }
+      }
+    }
+  } else {
+    const int total = ns * tn;
+    for (int base = 0; base < total; base += kThreads * kBatch) {
+      float v[kBatch];
+#pragma unroll
+      for (int j = 0; j < kBatch; ++j) {
+        const int i = base + j * kThreads + tid;
+        if (i < total) v[j] = row(i / tn)[i % tn];
+      }
+#pragma unroll
+      for (int j = 0; j < kBatch; ++j) {
+        const int i = base + j * kThreads + tid;
+        if (i < total) xs[i / tn][i % tn] = round(v[j]);
+      }
     }
   }
 }
@@ -377,17 +436,7 @@ __global__ void __launch_bounds__(kWarps * 32) ExpertGemmKernel(ExpertGemmParams
     }
     for (int64_t t0 = 0; t0 < p.in; t0 += kEgTileIn) {
       const int tn = static_cast<int>(p.in - t0 < kEgTileIn ? p.in - t0 : kEgTileIn);
-      for (int idx = tid; idx < ns * kEgTileIn; idx += kThreads) {
-        const int s = idx / kEgTileIn, c = idx % kEgTileIn;
-        const int64_t slot = slots[s];
-        const int64_t xrow = p.x_per_slot ? slot : slot / p.k;
-        float v = 0.0f;
-        if (c < tn) {
-          v = p.x[xrow * p.x_stride + t0 + c];
-          if (p.round_x_bf16) v = dev::Bf16ToF32(dev::F32ToBf16(v));
-        }
-        xs[s][c] = v;
-      }
+      StageX<kThreads, kEgTileIn>(xs, slots, ns, p, t0, tn, tid);
       __syncthreads();
       if (row_ok) {
         const int full = tn / 16 * 16;
@@ -622,15 +671,7 @@ __global__ void __launch_bounds__(kWarps * 32) ExpertGemmFastKernel(ExpertGemmPa
           __syncthreads();
           const int64_t t0 = col0;
           const int tn = static_cast<int>(p.in - t0 < kTileIn ? p.in - t0 : kTileIn);
-          for (int s = 0; s < ns; ++s) {
-            const int64_t slot = slots[s];
-            const float* xrow = p.x + (p.x_per_slot ? slot : slot / p.k) * p.x_stride + t0;
-            for (int c = tid; c < tn; c += kThreads) {
-              float v = xrow[c];
-              if (p.round_x_bf16) v = dev::Bf16ToF32(dev::F32ToBf16(v));
-              xs[s][c] = v;
-            }
-          }
+          StageX<kThreads, kTileIn>(xs, slots, ns, p, t0, tn, tid);
           __syncthreads();
         }
         CpAsyncWait<kStages - 1>();
@@ -756,6 +797,22 @@ Status AddInPlace(float* y, int64_t y_stride, const float* x, int64_t x_stride, 
   return Status::Ok();
 }
 
+Status Add(float* out, int64_t out_stride, const float* a, int64_t a_stride, const float* b, int64_t b_stride,
+           int64_t rows, int64_t n, Stream stream) {
+  constexpr const char* op = "Add";
+  LS_CHECK_ARG(out != nullptr, op, "out", static_cast<const void*>(out));
+  LS_CHECK_ARG(a != nullptr, op, "a", static_cast<const void*>(a));
+  LS_CHECK_ARG(b != nullptr, op, "b", static_cast<const void*>(b));
+  LS_RETURN_IF_ERROR(CheckRows(op, rows, n));
+  LS_CHECK_ARG(out_stride >= n, op, "out_stride", out_stride);
+  LS_CHECK_ARG(a_stride >= n, op, "a_stride", a_stride);
+  LS_CHECK_ARG(b_stride >= n, op, "b_stride", b_stride);
+  if (rows == 0 || n == 0) return Status::Ok();
+  AddKernel<<<ElementGrid(rows, n), kElemThreads, 0, stream>>>(out, out_stride, a, a_stride, b, b_stride, rows, n);
+  LS_CUDA_LAUNCH_CHECK();
+  return Status::Ok();
+}
+
 Status Scale(float* x, int64_t stride, int64_t rows, int64_t n, float s, Stream stream) {
   constexpr const char* op = "Scale";
   LS_CHECK_ARG(x != nullptr, op, "x", static_cast<const void*>(x));
@@ -865,22 +922,57 @@ Status ExpertGemm(const ExpertGemmParams& p, Stream stream) {
   const int64_t es = p.w_bf16 ? 2 : 4;
   const bool vec = reinterpret_cast<uintptr_t>(p.w) % 16 == 0 && (p.w_row_stride * es) % 16 == 0 &&
                    (p.w_expert_stride * es) % 16 == 0;
-  // The launch shape changes speed only: each output's order is fixed by `in` (see above).
-  // Up to kEgSlotModeMax slots: one CTA column per slot, 8 loads of 16 bytes in flight per
-  // thread (decode is latency-bound: bytes in flight per SM set the bandwidth).
-  // bf16 weights with 16-byte aligned rows and whole 16-element blocks (every DeepSeek shape)
-  // take the cp.async path; anything else the register path. Both give the same bits.
-  // Measured on the H200 (README): the cp.async path wins at ≤ 16 slots and when experts
-  // average a chunk of slots or more (heads as experts); the register path is as fast or
-  // faster for MoE batches of 4–64 tokens.
-  const bool by_slot = p.rows * p.k <= kEgSlotModeMax;
-  const bool crowded = p.rows * p.k >= kEgFastChunk * p.experts;
-  if (p.w_bf16 && vec && p.in % 16 == 0 && (by_slot || crowded)) {
-    if (by_slot) return LaunchExpertGemmFast<4, 1, 3, 2048, true>(p, stream);
-    return LaunchExpertGemmFast<4, kEgFastChunk, 2, 1024, false>(p, stream);
+  // The launch shape changes speed only: each output's order is fixed by `in` (see above);
+  // gpu_model_ops_test runs every shape and compares bits.
+  using L = ExpertGemmParams::Launch;
+  const int64_t slots = p.rows * p.k;
+  const bool fast_ok = p.w_bf16 && vec && p.in % 16 == 0;
+  L launch = p.launch;
+  if (launch == L::kAuto) {
+    // Up to kEgSlotModeMax slots of distinct experts: one CTA column per slot (decode's
+    // experts). Slots sharing experts (a dense layer: one "expert"; heads as experts; MoE
+    // batches of ≥ 8 slots per expert) gather per-expert chunks so a weight row is read once
+    // per chunk. bf16 rows with in % 16 = 0 (every DeepSeek shape) stream through cp.async.
+    // Measured on the H200: kernels/cuda/README.md ("Speed").
+    // (The 1-warp shapes measured slower everywhere on the H200: not chosen.)
+    const bool dense = p.experts == 1;
+    const bool by_slot = slots <= kEgSlotModeMax && !(dense && slots > 1);
+    const bool crowded = dense || slots >= kEgFastChunk * p.experts;
+    if (fast_ok && by_slot) {
+      launch = L::kFastBySlot4;
+    } else if (!dense && !crowded && slots <= kEgRegSlotMax) {
+      launch = L::kRegBySlot;  // a few tokens' experts: one CTA column per slot still wins
+    } else if (fast_ok && crowded) {
+      launch = L::kFastChunk4;
+    } else {
+      launch = by_slot ? L::kRegBySlot : L::kRegChunk;
+    }
   }
-  if (by_slot) return LaunchExpertGemm<4, 1, 8, true>(p, vec, stream);
-  return LaunchExpertGemm<4, 8, 4, false>(p, vec, stream);
+  const bool by_slot_launch = launch == L::kRegBySlot || launch == L::kFastBySlot4 || launch == L::kFastBySlot1;
+  LS_CHECK_ARG(!by_slot_launch || slots <= kMaxGrid, op, "launch (one CTA per slot needs rows·k ≤ 65535)", slots);
+  switch (launch) {
+    case L::kRegBySlot:
+      return LaunchExpertGemm<4, 1, 8, true>(p, vec, stream);
+    case L::kRegChunk:
+      return LaunchExpertGemm<4, 8, 4, false>(p, vec, stream);
+    default:
+      break;
+  }
+  LS_CHECK_ARG(fast_ok, op, "launch (cp.async shapes need bf16 weights, 16-byte rows, in % 16 = 0)",
+               static_cast<int>(launch));
+  switch (launch) {
+    case L::kFastBySlot4:
+      return LaunchExpertGemmFast<4, 1, 3, 2048, true>(p, stream);
+    case L::kFastChunk4:
+      return LaunchExpertGemmFast<4, kEgFastChunk, 2, 1024, false>(p, stream);
+    case L::kFastBySlot1:
+      return LaunchExpertGemmFast<1, 1, 6, 2048, true>(p, stream);
+    case L::kFastChunk1:
+      return LaunchExpertGemmFast<1, kEgFastChunk, 4, 1024, false>(p, stream);
+    default:
+      return Status::InvalidArgument("ExpertGemm: launch " + std::to_string(static_cast<int>(launch)) +
+                                     " is not a launch shape");
+  }
 }
 
 Status MoeCombine(const MoeCombineParams& p, Stream stream) {

@@ -197,7 +197,7 @@ struct MlaDecodeParams {
   size_t workspace_bytes = 0;
   int32_t* error_flag = nullptr;  // optional; kErrSeqLen | kErrPageId | kErrSlot
 };
-// Keys per split for a request with n keys: 64 up to 4096 keys, then the smallest
+// Keys per split for a request with n keys: 32 (one tile) up to 2048 keys, then the smallest
 // multiple of 32 that keeps the request at ≤ 64 splits. A function of n alone.
 int64_t MlaSplitKeys(int64_t n_keys);
 size_t MlaDecodeWorkspaceBytes(const MlaDecodeParams& p);  // dense or sparse, by indices != nullptr
@@ -353,6 +353,9 @@ Status Embed(const EmbedParams& p, Stream stream = nullptr);
 // Residual add, bitwise the CPU's `x[i] += o[i]`: y[r, i] = y[r, i] + x[r, i] over [rows, n].
 Status AddInPlace(float* y, int64_t y_stride, const float* x, int64_t x_stride, int64_t rows, int64_t n,
                   Stream stream = nullptr);
+// out[r, i] = a[r, i] + b[r, i] (out may be a: AddInPlace). Bitwise the CPU's x[i] += o[i].
+Status Add(float* out, int64_t out_stride, const float* a, int64_t a_stride, const float* b, int64_t b_stride,
+           int64_t rows, int64_t n, Stream stream = nullptr);
 
 // x[r, i] *= s over [rows, n], bitwise.
 Status Scale(float* x, int64_t stride, int64_t rows, int64_t n, float s, Stream stream = nullptr);
@@ -443,6 +446,19 @@ struct ExpertGemmParams {
   float* y = nullptr;            // [rows·k, out], row stride y_stride
   int64_t y_stride = 0;
   int32_t* error_flag = nullptr; // optional; kErrExpert
+  // The launch shape: kAuto picks by shape and device (ExpertGemm's comment in model_ops.cu);
+  // the others force one, for tests (every shape gives the same bits) and benchmarks. The
+  // kFast* shapes need bf16 weights, 16-byte aligned rows and in % 16 = 0 (else an error).
+  enum class Launch : int32_t {
+    kAuto = 0,
+    kRegBySlot,    // register path, a CTA per (64 outputs, slot)
+    kRegChunk,     // register path, a CTA per (64 outputs, expert), chunks of 8 slots
+    kFastBySlot4,  // cp.async, 4 warps = 64 outputs per CTA, one slot per CTA
+    kFastChunk4,   // cp.async, 4 warps, per-expert chunks of 8 slots spread over CTAs
+    kFastBySlot1,  // cp.async, 1 warp = 16 outputs per CTA, 6 stages (few outputs, one slot)
+    kFastChunk1,   // cp.async, 1 warp, per-expert chunks (a dense layer at a handful of rows)
+  };
+  Launch launch = Launch::kAuto;
 };
 Status ExpertGemm(const ExpertGemmParams& p, Stream stream = nullptr);
 

@@ -223,7 +223,21 @@ __global__ void RowDotsKernel(RowDotsParams p) {
   if (live) {
     const float* x = p.x + r * p.x_stride;
     const float* w = p.w + o * p.w_stride;
-    for (int64_t i = l; i < p.n; i += 16) acc = __fmaf_rn(x[i], w[i], acc);
+    // 32 elements' loads issued before their FMAs (a router row is latency-bound: 2048 / 16
+    // = 128 elements per lane would otherwise be that many round trips); the FMAs keep their
+    // order.
+    int64_t i = l;
+    for (; i + 16 * 31 < p.n; i += 16 * 32) {
+      float xv[32], wv[32];
+#pragma unroll
+      for (int j = 0; j < 32; ++j) {
+        xv[j] = __ldg(x + i + 16 * j);
+        wv[j] = __ldg(w + i + 16 * j);
+      }
+#pragma unroll
+      for (int j = 0; j < 32; ++j) acc = __fmaf_rn(xv[j], wv[j], acc);
+    }
+    for (; i < p.n; i += 16) acc = __fmaf_rn(x[i], w[i], acc);
   }
   // acc[l] += acc[l + 8]; acc[l] += acc[l + 4]; acc[l] += acc[l + 2]; acc[0] + acc[1].
   acc = __fadd_rn(acc, __shfl_down_sync(0xffffffffu, acc, 8, 16));

@@ -341,7 +341,8 @@ struct GemmRun {
   int32_t flag = 0;
 };
 
-GemmRun GpuExpertGemm(const GemmData& d, const std::vector<int32_t>& ids, int64_t rows, const float* x_host) {
+GemmRun GpuExpertGemm(const GemmData& d, const std::vector<int32_t>& ids, int64_t rows, const float* x_host,
+                      cu::ExpertGemmParams::Launch launch = cu::ExpertGemmParams::Launch::kAuto) {
   const GemmCase& g = d.g;
   cu::DeviceBuffer dw = g.w_bf16 ? Upload(d.w16) : Upload(d.w);
   const int64_t xrows = g.x_per_slot ? rows * g.k : rows;
@@ -367,6 +368,7 @@ GemmRun GpuExpertGemm(const GemmData& d, const std::vector<int32_t>& ids, int64_
   p.y = dy.as<float>();
   p.y_stride = d.ys;
   p.error_flag = flag.as<int32_t>();
+  p.launch = launch;
   GemmRun run;
   const Status s = cu::ExpertGemm(p);
   EXPECT_TRUE(s.ok()) << s.message();
@@ -444,6 +446,65 @@ TEST(CudaExpertGemm, BitwiseCpuMatMulAndWithinFp64Bound) {
       EXPECT_TRUE(BitwiseEqual(alone.y,
                                std::vector<float>(got.y.begin() + r * g.k * d.ys, got.y.begin() + (r + 1) * g.k * d.ys),
                                "expert gemm row " + std::to_string(r) + " alone vs batch " + Name(g)));
+    }
+  }
+}
+
+// cpu::MatMulNT of every slot: the bits every launch shape must give.
+std::vector<float> CpuExpertGemm(const GemmData& d) {
+  const GemmCase& g = d.g;
+  std::vector<float> want(g.rows * g.k * d.ys, 0.0f), xr(g.in);
+  for (int64_t slot = 0; slot < g.rows * g.k; ++slot) {
+    const float* xrow = &d.x[(g.x_per_slot ? slot : slot / g.k) * d.xs];
+    for (int64_t i = 0; i < g.in; ++i) xr[i] = g.round_x ? kernels::Bf16ToF32(kernels::F32ToBf16(xrow[i])) : xrow[i];
+    kernels::cpu::MatMulNTStrided(xr.data(), g.in, 1, &d.w[d.ids[slot] * d.es], d.rs, g.out, g.in,
+                                  &want[slot * d.ys], 1);
+  }
+  return want;
+}
+
+// The launch shape is speed only: every shape ExpertGemm can take — forced — gives
+// cpu::MatMulNT's bits, for dense layers (one "expert": gemm=*_dot) at decode and prefill row
+// counts and for MoE. The cp.async shapes refuse operands they cannot stream.
+TEST(CudaExpertGemm, EveryLaunchShapeGivesTheSameBits) {
+  LS_REQUIRE_GPU();
+  using L = cu::ExpertGemmParams::Launch;
+  const GemmCase cases[] = {
+      {1, 1, 1, 3072, 2048, true, false, true, 0},   // V2-Lite q_proj at batch 1
+      {5, 1, 1, 576, 2048, true, false, true, 0},    // kv_a_proj, a few rows
+      {70, 1, 1, 200, 1408, true, false, true, 0},   // more rows than a chunk, tail tile
+      {4, 6, 64, 352, 512, true, false, true, 0},    // MoE decode
+      {50, 6, 8, 96, 1024, true, true, false, 0},    // MoE crowded, per-slot x
+      {3, 1, 1, 40, 72, false, false, false, 1},     // fp32, unaligned: register shapes only
+  };
+  const L all[] = {L::kAuto, L::kRegBySlot, L::kRegChunk, L::kFastBySlot4, L::kFastChunk4, L::kFastBySlot1,
+                   L::kFastChunk1};
+  uint64_t seed = 5000;
+  for (const GemmCase& g : cases) {
+    GemmData d = MakeGemm(g, seed += 10);
+    const std::vector<float> want = CpuExpertGemm(d);
+    const bool fast_ok = g.w_bf16 && g.pad == 0 && g.in % 16 == 0;
+    for (L launch : all) {
+      const bool fast = launch >= L::kFastBySlot4;
+      const std::string what = Name(g) + " launch " + std::to_string(static_cast<int>(launch));
+      if (fast && !fast_ok) {
+        // Refused with a named field, before any launch.
+        cu::ExpertGemmParams p;
+        p.rows = g.rows, p.k = g.k, p.experts = g.experts, p.out = g.out, p.in = g.in;
+        p.w = reinterpret_cast<const void*>(uintptr_t{16});  // never dereferenced: the check comes first
+        p.w_bf16 = g.w_bf16, p.w_expert_stride = d.es, p.w_row_stride = d.rs;
+        p.x = reinterpret_cast<const float*>(uintptr_t{16}), p.x_stride = d.xs;
+        p.ids = reinterpret_cast<const int32_t*>(uintptr_t{16});
+        p.y = reinterpret_cast<float*>(uintptr_t{16}), p.y_stride = d.ys;
+        p.launch = launch;
+        const Status st = cu::ExpertGemm(p);
+        EXPECT_FALSE(st.ok()) << what;
+        EXPECT_NE(st.message().find("launch"), std::string::npos) << st.message();
+        continue;
+      }
+      GemmRun got = GpuExpertGemm(d, d.ids, g.rows, d.x.data(), launch);
+      EXPECT_EQ(got.flag, 0) << what;
+      EXPECT_TRUE(SameBitsOrBothNan(got.y, want, "expert gemm vs cpu::MatMulNT, " + what));
     }
   }
 }
