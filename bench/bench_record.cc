@@ -76,6 +76,7 @@ int main(int argc, char** argv) {
   int repeat = 3;
   std::string backend = "cpu";   // cuda: the GPU forward pass (taps copied back per step)
   bool random_weights = false;   // --random-weights 1: config only, weights made on the GPU
+  bool gpu_profile = false;      // --gpu-profile 1: GPU time per phase of each run, on stderr
   for (int i = 1; i + 1 < argc; i += 2) {
     std::string k = argv[i], v = argv[i + 1];
     if (k == "--model") model_dir = v;
@@ -89,6 +90,7 @@ int main(int argc, char** argv) {
     else if (k == "--repeat") repeat = std::stoi(v);
     else if (k == "--backend") backend = v;
     else if (k == "--random-weights") random_weights = v == "1";
+    else if (k == "--gpu-profile") gpu_profile = v == "1";
     else {
       std::fprintf(stderr, "bench_record: unknown flag %s\n", k.c_str());
       return 2;
@@ -121,6 +123,7 @@ int main(int argc, char** argv) {
     o.kv_format = *engine::ParseKvFormat(kv);
     o.backend = backend;
     if (backend == "cuda") o.kernels = {{"gemm", "bf16"}};
+    o.device.profile = gpu_profile;
     o.kv_cache_tokens = std::max<int64_t>(o.kv_cache_tokens, batch * (prompt_len + tokens + 64));
     auto eng = engine::Engine::Create(*model, o);
     if (!eng.ok()) {

@@ -14,6 +14,7 @@
 // This file: set-up (weights, cache, scratch), GEMMs, taps; the forward pass is
 // engine/cuda_forward.cc; the class is engine/cuda_backend_impl.h.
 #include <algorithm>
+#include <cstddef>
 #include <cmath>
 #include <cstdio>
 #include <cstring>
@@ -107,6 +108,7 @@ Result<std::unique_ptr<Backend>> CudaBackend::Create(std::shared_ptr<Model> mode
   b->gemm_variant_ = it == kernels.end() ? "fp32" : it->second;
   b->bf16_ = b->gemm_variant_.rfind("bf16", 0) == 0;
   const bool pinned = b->gemm_variant_.find("heuristic") == std::string::npos;
+  b->dot_ = b->gemm_variant_.size() > 4 && b->gemm_variant_.ends_with("_dot");
   LS_ASSIGN_OR_RETURN(b->stream_, cu::CudaStream::Create());
   cu::GemmOptions go;
   go.variant = cu::GemmVariant::kFp32Pedantic;
@@ -307,6 +309,33 @@ Status CudaBackend::AllocateCache(const PagedKvCache& cache) {
 Status CudaBackend::Linear(const float* x, int64_t x_stride, int64_t rows, const void* w, int64_t w_stride,
                            bool w_bf16, int64_t out, int64_t in, float* y, int64_t y_stride) {
   if (rows == 0) return Status::Ok();
+  if (dot_) {
+    LS_RETURN_IF_ERROR(zero_ids_.Ensure(static_cast<size_t>(rows) * 4));
+    // A new buffer (a new size: Ensure grows by half at least) is zeroed once. Never inside a
+    // graph capture: a shape's first step runs uncaptured and grows every buffer.
+    if (zero_rows_ != static_cast<int64_t>(zero_ids_.buf.size() / 4)) {
+      LS_RETURN_IF_ERROR(cu::FillConstant(zero_ids_.buf.data(), static_cast<int64_t>(zero_ids_.buf.size() / 4), false,
+                                          0.0f, stream_->get()));  // 0.0f: all bits zero
+      zero_rows_ = static_cast<int64_t>(zero_ids_.buf.size() / 4);
+    }
+    cu::ExpertGemmParams g;
+    g.rows = rows;
+    g.k = 1;
+    g.experts = 1;
+    g.out = out;
+    g.in = in;
+    g.w = w;
+    g.w_bf16 = w_bf16;
+    g.w_expert_stride = out * w_stride;  // one expert: only e = 0 is ever read
+    g.w_row_stride = w_stride;
+    g.x = x;
+    g.x_stride = x_stride;
+    g.round_x_bf16 = w_bf16;
+    g.ids = zero_ids_.as<int32_t>();
+    g.y = y;
+    g.y_stride = y_stride;
+    return cu::ExpertGemm(g, stream_->get());
+  }
   cu::GemmParams p;
   p.rows = rows;
   p.out = out;
@@ -329,7 +358,17 @@ Status CudaBackend::Linear(const float* x, int64_t x_stride, int64_t rows, const
 
 Status CudaBackend::Tap(std::string_view name, const void* dev, int64_t cols, int64_t stride, TapDType dtype) {
   if (hook_ == nullptr) return Status::Ok();
-  const size_t bytes = static_cast<size_t>(rows_ * cols) * 4;
+  if (slab_) {  // already in its own place: remember where (summaries are placed by SummarizeSlab)
+    const char* p = static_cast<const char*>(dev);
+    if (p < slab_buf_.as<char>() || p + (rows_ - 1) * stride * 4 + cols * 4 > slab_buf_.as<char>() + slab_bytes_) {
+      return Status::Internal("cuda backend: tap '" + std::string(name) + "' lies outside the tap slab");
+    }
+    const size_t at = static_cast<size_t>(p - slab_buf_.as<char>());
+    pending_.push_back({std::string(name), at, summary_taps_, cols, stride, dtype});
+    return Status::Ok();
+  }
+  const size_t bytes = summary_taps_ ? static_cast<size_t>(rows_) * sizeof(TapRowSummary)
+                                     : static_cast<size_t>(rows_ * cols) * 4;
   if (tap_used_ + bytes > tap_arena_.buf.size()) {
     // A graph cannot hand taps over in the middle of a step: such a step runs plainly.
     if (capturing_) return Status::Unsupported("tap arena full during graph capture");
@@ -339,17 +378,90 @@ Status CudaBackend::Tap(std::string_view name, const void* dev, int64_t cols, in
       LS_ASSIGN_OR_RETURN(tap_host_, cu::PinnedBuffer::Allocate(tap_arena_.buf.size()));
     }
   }
-  LS_RETURN_IF_ERROR(cu::Copy2DAsync(tap_arena_.as<char>() + tap_used_, static_cast<size_t>(cols) * 4, dev,
-                                     static_cast<size_t>(stride) * 4, static_cast<size_t>(cols) * 4,
-                                     static_cast<size_t>(rows_), stream_->get()));
-  pending_.push_back({std::string(name), tap_used_, cols, dtype});
+  if (summary_taps_) {
+    if (summary_batch_.count == cu::kSummarizeBatchMax) LS_RETURN_IF_ERROR(SummaryFence());
+    cu::SummarizeBatchParams::Tensor& t = summary_batch_.t[summary_batch_.count++];
+    t.x = dev;
+    t.x_stride = stride;
+    t.cols = cols;
+    t.i32 = dtype == TapDType::kI32;
+    t.out = reinterpret_cast<cu::RowSummaryOut*>(tap_arena_.as<char>() + tap_used_);
+  } else {
+    LS_RETURN_IF_ERROR(cu::Copy2DAsync(tap_arena_.as<char>() + tap_used_, static_cast<size_t>(cols) * 4, dev,
+                                       static_cast<size_t>(stride) * 4, static_cast<size_t>(cols) * 4,
+                                       static_cast<size_t>(rows_), stream_->get()));
+  }
+  pending_.push_back({std::string(name), tap_used_, summary_taps_, cols, cols, dtype});
   tap_used_ += (bytes + 255) / 256 * 256;
   return Status::Ok();
 }
 
+static_assert(sizeof(TapRowSummary) == sizeof(cu::RowSummaryOut) &&
+              offsetof(TapRowSummary, rms) == offsetof(cu::RowSummaryOut, rms) &&
+              offsetof(TapRowSummary, max) == offsetof(cu::RowSummaryOut, max));
+
+Status CudaBackend::SummaryFence() {
+  if (summary_batch_.count == 0) return Status::Ok();
+  summary_batch_.rows = rows_;
+  const Status st = cu::SummarizeBatch(summary_batch_, stream_->get());
+  summary_batch_.count = 0;
+  return st;
+}
+
+Status CudaBackend::SummarizeSlab() {
+  // Summaries go to the tap arena, tap i's rows at i·rows_; pending offsets become theirs.
+  const size_t need = pending_.size() * static_cast<size_t>(rows_) * sizeof(TapRowSummary);
+  if (tap_arena_.buf.size() < need) {
+    if (capturing_) return Status::Unsupported("tap arena too small during graph capture");
+    LS_RETURN_IF_ERROR(tap_arena_.Ensure(need));
+  }
+  std::vector<cu::SummarizeBatchParams::Tensor> table(pending_.size());
+  for (size_t i = 0; i < pending_.size(); ++i) {
+    PendingTap& t = pending_[i];
+    cu::SummarizeBatchParams::Tensor& d = table[i];
+    d.x = slab_buf_.as<char>() + t.offset;
+    d.x_stride = t.stride;
+    d.cols = t.cols;
+    d.i32 = t.dtype == TapDType::kI32;
+    t.offset = i * static_cast<size_t>(rows_) * sizeof(TapRowSummary);
+    d.out = reinterpret_cast<cu::RowSummaryOut*>(tap_arena_.as<char>() + t.offset);
+  }
+  tap_used_ = need;
+  SlabTable& st = slab_tables_[rows_];
+  const size_t bytes = table.size() * sizeof(table[0]);
+  // Field by field (the struct has padding, which memcmp would read).
+  auto eq = [](const cu::SummarizeBatchParams::Tensor& a, const cu::SummarizeBatchParams::Tensor& b) {
+    return a.x == b.x && a.x_stride == b.x_stride && a.cols == b.cols && a.i32 == b.i32 && a.out == b.out;
+  };
+  const bool same = st.host.size() == table.size() && std::equal(table.begin(), table.end(), st.host.begin(), eq);
+  if (!same) {
+    // A graph replays the table's device copy as it is: it is written outside captures only.
+    if (capturing_) return Status::Unsupported("tap summary table changed during graph capture");
+    if (st.dev.size() < bytes) {
+      LS_ASSIGN_OR_RETURN(st.dev, cu::DeviceBuffer::Allocate(bytes));
+    }
+    LS_RETURN_IF_ERROR(stream_->Synchronize());  // a previous step may still read the old table
+    LS_RETURN_IF_ERROR(st.dev.CopyFromHost(table.data(), bytes));
+    st.host = std::move(table);
+  }
+  cu::SummarizeTableParams p;
+  p.tensors = st.dev.as<cu::SummarizeBatchParams::Tensor>();
+  p.count = static_cast<int64_t>(pending_.size());
+  p.rows = rows_;
+  return cu::SummarizeTable(p, stream_->get());
+}
+
 Status CudaBackend::FlushTaps() {
+  LS_RETURN_IF_ERROR(SummaryFence());
   if (pending_.empty()) return Status::Ok();
-  LS_RETURN_IF_ERROR(cu::CopyAsync(tap_host_.data(), tap_arena_.buf.data(), tap_used_, stream_->get()));
+  // Values from the slab come in one copy of the whole slab; anything else from the arena.
+  const bool from_slab = slab_ && !summary_taps_;
+  const size_t bytes = from_slab ? slab_bytes_ : tap_used_;
+  if (tap_host_.size() < bytes) {
+    LS_ASSIGN_OR_RETURN(tap_host_, cu::PinnedBuffer::Allocate(bytes));
+  }
+  LS_RETURN_IF_ERROR(cu::CopyAsync(tap_host_.data(), from_slab ? slab_buf_.buf.data() : tap_arena_.buf.data(), bytes,
+                                   stream_->get()));
   LS_RETURN_IF_ERROR(stream_->Synchronize());
   for (const PendingTap& t : pending_) {
     const char* base = tap_host_.as<char>() + t.offset;
@@ -361,7 +473,17 @@ Status CudaBackend::FlushTaps() {
       e.rows = static_cast<int64_t>(segs_[s].tokens.size());
       e.cols = t.cols;
       e.dtype = t.dtype;
-      e.data = base + row0_[s] * t.cols * 4;
+      if (t.summary) {
+        e.summaries = reinterpret_cast<const TapRowSummary*>(base) + row0_[s];
+      } else if (t.stride == t.cols) {
+        e.data = base + row0_[s] * t.cols * 4;
+      } else {  // a strided slab tensor (k_rope inside kv): its rows made contiguous here
+        tap_rows_.resize(static_cast<size_t>(e.rows * t.cols));
+        for (int64_t r = 0; r < e.rows; ++r) {
+          std::memcpy(&tap_rows_[r * t.cols], base + (row0_[s] + r) * t.stride * 4, static_cast<size_t>(t.cols) * 4);
+        }
+        e.data = tap_rows_.data();
+      }
       hook_->OnTap(e);
     }
   }

@@ -84,13 +84,18 @@ class CudaBackend final : public Backend {
   std::string_view name() const override { return "cuda"; }
   ~CudaBackend() override {
     if (!prof_) return;
-    double total = 0;
-    for (const auto& [k, v] : prof_ms_) total += v;
-    std::fprintf(stderr, "lockstep: cuda backend GPU time over %lld steps (ms/step, share):\n",
-                 static_cast<long long>(prof_steps_));
-    for (const auto& [k, v] : prof_ms_) {
-      std::fprintf(stderr, "  %-16s %8.3f  %5.1f%%\n", k.c_str(), v / std::max<int64_t>(prof_steps_, 1),
-                   100 * v / std::max(total, 1e-9));
+    std::fprintf(stderr, "lockstep: cuda backend: %lld steps replayed from CUDA graphs\n",
+                 static_cast<long long>(graph_launches_));
+    for (int kind = 0; kind < 2; ++kind) {
+      if (prof_steps_[kind] == 0) continue;
+      double total = 0;
+      for (const auto& [k, v] : prof_ms_[kind]) total += v;
+      std::fprintf(stderr, "lockstep: cuda backend GPU time over %lld %s (ms/step, share):\n",
+                   static_cast<long long>(prof_steps_[kind]), kind == 0 ? "decode steps" : "steps with prompt rows");
+      for (const auto& [k, v] : prof_ms_[kind]) {
+        std::fprintf(stderr, "  %-16s %8.3f  %5.1f%%\n", k.c_str(), v / static_cast<double>(prof_steps_[kind]),
+                     100 * v / std::max(total, 1e-9));
+      }
     }
   }
   std::string device() const override { return device_; }
@@ -104,7 +109,8 @@ class CudaBackend final : public Backend {
 
  private:
   CudaBackend() {
-    for (Scratch* sc : {&dev_in_, &act_, &xb_, &mla_ws_, &scores_, &logits_dev_, &gather_, &tap_arena_, &mirror_dev_}) {
+    for (Scratch* sc : {&dev_in_, &act_, &xb_, &zero_ids_, &mla_ws_, &scores_, &logits_dev_, &gather_, &tap_arena_,
+                        &mirror_dev_, &slab_buf_}) {
       sc->generation = &alloc_generation_;
     }
   }
@@ -130,16 +136,38 @@ class CudaBackend final : public Backend {
   struct PendingTap {
     std::string name;
     size_t offset = 0;
+    bool summary = false;  // the arena holds rows_ TapRowSummary at offset, not the values
     int64_t cols = 0;
+    int64_t stride = 0;    // values: row stride in elements (the slab keeps a tensor's layout)
     TapDType dtype = TapDType::kF32;
   };
   Status Tap(std::string_view name, const void* dev, int64_t cols, int64_t stride, TapDType dtype);
   Status FlushTaps();
+  // Summary-only taps (the hook does not want values): Tap queues the tensor and SummaryFence
+  // summarises the queue in one launch. The step calls it before a tapped buffer is written
+  // again (after embed, resid_mid, resid_out and final_norm); FlushTaps calls it too.
+  Status SummaryFence();
+  bool summary_taps_ = false;
+  cu::SummarizeBatchParams summary_batch_;
+  // The tap slab (cuda_forward.cc): decode steps of up to kSlabMaxRows rows with a tap hook.
+  // SummarizeSlab summarises every pending tap in one launch; its descriptor table is uploaded
+  // per batch size when a step runs uncaptured and must be unchanged when it is captured.
+  static constexpr int64_t kSlabMaxRows = 256;
+  bool slab_ = false;
+  size_t slab_bytes_ = 0;
+  Status SummarizeSlab();
+  struct SlabTable {
+    std::vector<cu::SummarizeBatchParams::Tensor> host;
+    cu::DeviceBuffer dev;
+  };
+  std::map<int64_t, SlabTable> slab_tables_;  // by rows
+  std::vector<uint32_t> tap_rows_;             // FlushTaps: a strided tap's rows, contiguous
   // BackendOptions::profile: GPU time per phase, printed when the backend is destroyed.
   Status Mark(const char* name) { return prof_ ? prof_->Mark(name, stream_->get()) : Status::Ok(); }
   std::unique_ptr<cu::EventTimer> prof_;
-  std::map<std::string, double> prof_ms_;
-  int64_t prof_steps_ = 0;
+  std::map<std::string, double> prof_ms_[2];  // [0] decode-only steps, [1] steps with prompt rows
+  int64_t prof_steps_[2] = {0, 0};
+  int64_t graph_launches_ = 0;
   // Offers x (the values feeding the next layer) to the hook for overwriting (replay --graft).
   Status OverrideRows(std::string_view name, float* dev_x, int64_t cols);
 
@@ -148,6 +176,10 @@ class CudaBackend final : public Backend {
   std::string gemm_variant_;
   bool bf16_ = false;
   bool mirror_ = false;
+  // gemm=*_dot: dense products through ExpertGemm (one "expert", ids all zero: zero_ids_), in
+  // cpu::Dot's order — bitwise the CPU engine's GEMM of the same precision.
+  bool dot_ = false;
+  int64_t zero_rows_ = 0;  // rows of zero_ids_ known to be zero
   std::unique_ptr<cu::CudaStream> stream_;
   std::unique_ptr<cu::Gemm> gemm_f32_, gemm_bf16_;
 
@@ -162,7 +194,8 @@ class CudaBackend final : public Backend {
 
   // Step inputs (pinned host → device) and scratch.
   cu::PinnedBuffer host_in_;
-  Scratch dev_in_, act_, xb_, mla_ws_, scores_, logits_dev_, gather_, tap_arena_, mirror_dev_;
+  Scratch slab_buf_;
+  Scratch dev_in_, act_, xb_, zero_ids_, mla_ws_, scores_, logits_dev_, gather_, tap_arena_, mirror_dev_;
   cu::PinnedBuffer logits_host_, tap_host_, mirror_host_;
   cu::DeviceBuffer error_flag_;
 

@@ -40,6 +40,8 @@ Status CudaBackend::Forward(std::span<Segment> segs, PagedKvCache& cache, const 
   segs_ = segs;
   rows_ = R;
   hook_ = hook;
+  summary_taps_ = hook != nullptr && !hook->WantsTapValues();
+  summary_batch_.count = 0;
 
   // Decode-only steps run as a CUDA graph (taps too: their device copies are graph nodes and
   // the arena is handed over after the launch; not when grafting, which needs the host inside
@@ -139,6 +141,32 @@ Status CudaBackend::Forward(std::span<Segment> segs, PagedKvCache& cache, const 
   int32_t* topk_slot = reinterpret_cast<int32_t*>(topk_slot_f);
   int32_t* ids = reinterpret_cast<int32_t*>(ids_f);
   int32_t* err = error_flag_.as<int32_t>();
+  float* const o_shared = o;
+
+  // The tap slab (decode steps with a tap hook): every tapped tensor of the step gets its own
+  // place, per layer, so nothing a tap saw is overwritten during the step; the step's taps then
+  // leave the device in one copy (values) or one summary launch at the end (summaries), not as
+  // a copy or launch per tap. Prefill steps (and grafting) use the per-tap arena instead.
+  enum SlabPart { kSAttnNorm, kSQ, kSLatent, kSKv, kSTopk, kSHeads, kSAttnOut, kSResidMid, kSFfnNorm, kSIds, kSWts,
+                  kSFfnOut, kSResidOut, kSParts };
+  const int64_t part_cols[kSParts] = {H, nh * dqk, C, C + dr, std::max<int64_t>(topk, 1), nh * dv, H, H, H, k_, k_, H, H};
+  int64_t part_off[kSParts], layer_floats = 0;
+  for (int i = 0; i < kSParts; ++i) {
+    part_off[i] = layer_floats;
+    layer_floats += (R * part_cols[i] + 63) / 64 * 64;
+  }
+  const int64_t ends_floats = (R * H + 63) / 64 * 64;  // embed, final_norm
+  slab_ = hook != nullptr && all_decode && R <= kSlabMaxRows && !hook->WantsOverride();
+  if (slab_) {
+    slab_bytes_ = static_cast<size_t>(2 * ends_floats + c.num_hidden_layers * layer_floats) * 4;
+    LS_RETURN_IF_ERROR(slab_buf_.Ensure(slab_bytes_));
+  }
+  auto slab_at = [&](int64_t l, int part) {  // l = −1: embed, num_hidden_layers: final_norm
+    float* base = slab_buf_.as<float>();
+    if (l < 0) return base;
+    if (l >= c.num_hidden_layers) return base + ends_floats + c.num_hidden_layers * layer_floats;
+    return base + ends_floats + l * layer_floats + part_off[part];
+  };
   if (hook != nullptr && tap_arena_.buf.size() == 0) {
     LS_RETURN_IF_ERROR(tap_arena_.Ensure(size_t{64} << 20));
     LS_ASSIGN_OR_RETURN(tap_host_, cu::PinnedBuffer::Allocate(tap_arena_.buf.size()));
@@ -171,6 +199,7 @@ Status CudaBackend::Forward(std::span<Segment> segs, PagedKvCache& cache, const 
   auto body = [&]() -> Status {
 LS_RETURN_IF_ERROR(Mark("start"));
     // x = embed(tokens)
+    if (slab_) x = slab_at(-1, 0);
     {
       cu::EmbedParams ep;
       ep.table = weights_->embed.f32();
@@ -184,6 +213,7 @@ LS_RETURN_IF_ERROR(Mark("start"));
       LS_RETURN_IF_ERROR(cu::Embed(ep, s));
     }
     LS_RETURN_IF_ERROR(Tap("embed", x, H, H, TapDType::kF32));
+    LS_RETURN_IF_ERROR(SummaryFence());  // x is added to next
     LS_RETURN_IF_ERROR(OverrideRows("embed", x, H));
     LS_RETURN_IF_ERROR(Mark("embed"));
   
@@ -222,6 +252,15 @@ LS_RETURN_IF_ERROR(Mark("start"));
     for (int64_t l = 0; l < c.num_hidden_layers; ++l) {
       const DevLayer& D = weights_->layers[l];
       auto tn = [&](TapId t) -> const std::string& { return model_->tap_name(l, t); };
+      if (slab_) {  // this layer's tapped tensors in their slab places
+        h = slab_at(l, kSAttnNorm);
+        q = slab_at(l, kSQ);
+        latent = slab_at(l, kSLatent);
+        kv = slab_at(l, kSKv);
+        topk_pos = reinterpret_cast<int32_t*>(slab_at(l, kSTopk));
+        heads = slab_at(l, kSHeads);
+        o = slab_at(l, kSAttnOut);
+      }
   
       LS_RETURN_IF_ERROR(rmsnorm(x, H, D.input_norm, H, rms_eps, h, H));
       LS_RETURN_IF_ERROR(Tap(tn(kTapAttnNorm), h, H, H, TapDType::kF32));
@@ -421,10 +460,21 @@ LS_RETURN_IF_ERROR(Mark("start"));
       LS_RETURN_IF_ERROR(Linear(heads, nh * dv, R, D.o_proj, o, H));
       LS_RETURN_IF_ERROR(Mark("o_proj"));
       LS_RETURN_IF_ERROR(Tap(tn(kTapAttnOut), o, H, H, TapDType::kF32));
-      LS_RETURN_IF_ERROR(cu::AddInPlace(x, H, o, H, R, H, s));
+      {
+        float* x_mid = slab_ ? slab_at(l, kSResidMid) : x;
+        LS_RETURN_IF_ERROR(cu::Add(x_mid, H, x, H, o, H, R, H, s));
+        x = x_mid;
+      }
       LS_RETURN_IF_ERROR(Tap(tn(kTapResidMid), x, H, H, TapDType::kF32));
+      LS_RETURN_IF_ERROR(SummaryFence());  // h, o and x are written next
   
       // FFN on RMSNorm(x).
+      if (slab_) {
+        h = slab_at(l, kSFfnNorm);
+        ids = reinterpret_cast<int32_t*>(slab_at(l, kSIds));
+        wts = slab_at(l, kSWts);
+        o = slab_at(l, kSFfnOut);
+      }
       LS_RETURN_IF_ERROR(rmsnorm(x, H, D.post_attn_norm, H, rms_eps, h, H));
       LS_RETURN_IF_ERROR(Tap(tn(kTapFfnNorm), h, H, H, TapDType::kF32));
       if (c.layers[l].ffn == FfnKind::kDense) {
@@ -445,6 +495,7 @@ LS_RETURN_IF_ERROR(Mark("start"));
         rg.outs = E;
         rg.n = H;
         LS_RETURN_IF_ERROR(cu::RowDots(rg, s));
+        LS_RETURN_IF_ERROR(Mark("router_logits"));
         cu::RouteParams rp;
         rp.logits = rlog;
         rp.logits_stride = E;
@@ -529,14 +580,23 @@ LS_RETURN_IF_ERROR(Mark("start"));
         LS_RETURN_IF_ERROR(Mark("combine"));
       }
       LS_RETURN_IF_ERROR(Tap(tn(kTapFfnOut), o, H, H, TapDType::kF32));
-      LS_RETURN_IF_ERROR(cu::AddInPlace(x, H, o, H, R, H, s));
+      {
+        float* x_out = slab_ ? slab_at(l, kSResidOut) : x;
+        LS_RETURN_IF_ERROR(cu::Add(x_out, H, x, H, o, H, R, H, s));
+        x = x_out;
+      }
       LS_RETURN_IF_ERROR(Tap(tn(kTapResidOut), x, H, H, TapDType::kF32));
+      LS_RETURN_IF_ERROR(SummaryFence());  // the next layer writes every buffer again
       LS_RETURN_IF_ERROR(OverrideRows(tn(kTapResidOut), x, H));
     }
   
     // Final norm; logits for the rows that need them, gathered first so lm_head is read once.
+    if (slab_) h = slab_at(c.num_hidden_layers, 0);
     LS_RETURN_IF_ERROR(rmsnorm(x, H, weights_->final_norm, H, rms_eps, h, H));
     LS_RETURN_IF_ERROR(Tap("final_norm", h, H, H, TapDType::kF32));
+    LS_RETURN_IF_ERROR(SummaryFence());
+    if (slab_ && summary_taps_) LS_RETURN_IF_ERROR(SummarizeSlab());
+    LS_RETURN_IF_ERROR(Mark("final_norm_taps"));
     {
       cu::GatherRowsParams gp;
       gp.src = h;
@@ -544,13 +604,13 @@ LS_RETURN_IF_ERROR(Mark("start"));
       gp.src_stride = H * 4;
       gp.rows = d_lrow;
       gp.n = RL;
-      gp.dst = o;  // o has R ≥ RL rows
+      gp.dst = o_shared;  // R ≥ RL rows
       gp.dst_stride = H * 4;
       gp.row_bytes = H * 4;
       gp.error_flag = err;
       LS_RETURN_IF_ERROR(cu::GatherRows(gp, s));
     }
-    LS_RETURN_IF_ERROR(Linear(o, H, RL, weights_->lm_head, logits_dev_.as<float>(), V));
+    LS_RETURN_IF_ERROR(Linear(o_shared, H, RL, weights_->lm_head, logits_dev_.as<float>(), V));
     LS_RETURN_IF_ERROR(Mark("lm_head"));
     if (mirror_) {
       size_t idx = 0;
@@ -576,11 +636,13 @@ LS_RETURN_IF_ERROR(Mark("start"));
   if (!graph) {
     LS_RETURN_IF_ERROR(body());
   } else {
-    const int64_t key = 2 * R + (hook != nullptr ? 1 : 0);  // with taps the graph has the arena copies
+    // With taps the graph has the arena copies, or the summary launches.
+    const int64_t key = 4 * R + (hook != nullptr ? 1 : 0) + (summary_taps_ ? 2 : 0);
     StepGraph& sg = graphs_[key];
     auto warm = warmed_.find(key);
     if (sg.graph && sg.generation == alloc_generation_) {
       LS_RETURN_IF_ERROR(sg.graph->Launch(s));
+      ++graph_launches_;
       if (prof_) prof_->SetUsed(sg.marks);
       pending_ = sg.pending;
       tap_used_ = sg.tap_used;
@@ -628,9 +690,9 @@ LS_RETURN_IF_ERROR(Mark("start"));
     return Status::Internal("cuda backend: a kernel reported bad device arguments (KernelError bits " +
                             std::to_string(flag) + ")");
   }
-  if (prof_) {
-    LS_RETURN_IF_ERROR(prof_->Collect(&prof_ms_));
-    ++prof_steps_;
+  if (prof_) {  // decode-only steps apart from steps with prompt rows (different work)
+    LS_RETURN_IF_ERROR(prof_->Collect(&prof_ms_[all_decode ? 0 : 1]));
+    ++prof_steps_[all_decode ? 0 : 1];
   }
   if (mirror_) {
     size_t idx = 0;

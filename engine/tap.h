@@ -24,6 +24,14 @@ inline constexpr const char* kTapSuffix[kTapCount] = {
     "attn.heads", "attn.out",     "resid_mid",         "ffn_norm",               "ffn.router.topk_ids",
     "ffn.router.topk_weights",    "ffn.out",           "resid_out"};
 
+// A row's trace summary computed by the backend where the tensor lives: traces::SummaryRow's
+// hash and statistics, the same bits (kernels/row_stats.h and kernels/xxh3.h define them).
+struct TapRowSummary {
+  uint64_t hash = 0;  // XXH3-64 (seed 0) of the row's bytes
+  uint32_t nan_count = 0, inf_count = 0;
+  float rms = 0, absmax = 0, min = 0, max = 0;
+};
+
 struct TapEvent {
   std::string_view name;    // "layers.3.attn.out"
   int64_t request_id = 0;   // the engine's request id
@@ -31,7 +39,8 @@ struct TapEvent {
   int64_t rows = 0;         // consecutive positions
   int64_t cols = 0;         // values per row
   TapDType dtype = TapDType::kF32;
-  const void* data = nullptr;  // rows × cols, row-major, contiguous
+  const void* data = nullptr;  // rows × cols, row-major, contiguous; null when only summaries came
+  const TapRowSummary* summaries = nullptr;  // [rows] when the backend summarised the rows itself
 };
 
 class TapHook {
@@ -47,6 +56,10 @@ class TapHook {
   virtual bool Override(const TapEvent& event, void* data) { return false; }
   // Whether Override may be called at all (lets the engine skip the calls when not grafting).
   virtual bool WantsOverride() const { return false; }
+  // False: the hook reads only each row's summary. A backend that can summarise where a
+  // tensor lives (the CUDA backend) then passes `summaries` and data = nullptr instead of
+  // copying the values out; others pass the values as always. Asked once per step.
+  virtual bool WantsTapValues() const { return true; }
 };
 
 }  // namespace lockstep::engine

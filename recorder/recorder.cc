@@ -114,6 +114,36 @@ void Recorder::CaptureRows(const Tensor& t, int64_t request, int64_t position, i
   if (!s.ok()) Fail(s);
 }
 
+traces::SummaryRow ToSummaryRow(const engine::TapRowSummary& s) {
+  traces::SummaryRow r;
+  r.hash = s.hash;
+  r.nan_count = s.nan_count;
+  r.inf_count = s.inf_count;
+  r.rms = s.rms;
+  r.absmax = s.absmax;
+  r.min = s.min;
+  r.max = s.max;
+  return r;
+}
+
+bool Recorder::WantsTapValues() const { return opts_.policy.mode == CapturePolicy::Mode::kFull; }
+
+void Recorder::CaptureSummaries(const Tensor& t, int64_t request, int64_t position, int64_t rows,
+                                const engine::TapRowSummary* in) {
+  summaries_.clear();
+  for (int64_t i = 0; i < rows; ++i) {
+    if (!opts_.policy.WantsPosition(position + i)) continue;
+    traces::SummaryRow r = ToSummaryRow(in[i]);
+    r.position = position + i;
+    r.request = static_cast<int32_t>(request);
+    r.step = static_cast<int32_t>(steps_);
+    summaries_.push_back(r);
+  }
+  if (summaries_.empty()) return;
+  const Status s = writer_->Append(t.handle, summaries_, nullptr);
+  if (!s.ok()) Fail(s);
+}
+
 void Recorder::OnTap(const engine::TapEvent& e) {
   if (!status_.ok() || opts_.policy.mode == CapturePolicy::Mode::kNone) return;
   // The engine's tap names live as long as the model, so their address identifies them;
@@ -137,6 +167,14 @@ void Recorder::OnTap(const engine::TapEvent& e) {
   if (!entry->wanted) return;
   if (!entry->tensor) {
     CaptureLogits(e);
+    return;
+  }
+  if (e.data == nullptr) {
+    if (e.summaries == nullptr || entry->tensor->values) {
+      Fail(Status::Internal("tap '" + entry->name + "' came without the values the trace stores"));
+      return;
+    }
+    CaptureSummaries(*entry->tensor, e.request_id, e.position, e.rows, e.summaries);
     return;
   }
   Capture(*entry->tensor, e.request_id, e.position, e.rows, e.data, e.cols * 4);

@@ -44,6 +44,10 @@ struct RecorderOptions {
   std::function<std::string(const std::vector<int32_t>&)> detokenize;
 };
 
+// A backend-computed tap row summary (engine/tap.h) as the trace's SummaryRow (same fields, same
+// bits); position, request and step are the caller's.
+traces::SummaryRow ToSummaryRow(const engine::TapRowSummary& s);
+
 class Recorder : public engine::TapHook {
  public:
   Recorder(engine::Engine* engine, traces::TraceWriter* writer, RecorderOptions options);
@@ -64,6 +68,8 @@ class Recorder : public engine::TapHook {
 
   // The engine callbacks Attach installs; public so that a caller can chain its own.
   void OnTap(const engine::TapEvent& event) override;
+  // Summary capture stores no tap values: a backend may summarise where the tensors live.
+  bool WantsTapValues() const override;
   void OnForward(std::span<const engine::Segment> segments, const engine::PagedKvCache& cache);
   void OnStep(const engine::StepEvent& ev);
 
@@ -86,6 +92,9 @@ class Recorder : public engine::TapHook {
   void CaptureRows(const Tensor& t, int64_t request, int64_t position, int64_t rows,
                    const std::function<const uint8_t*(int64_t)>& row, const uint8_t* contiguous = nullptr);
   void CaptureLogits(const engine::TapEvent& e);
+  // Rows the backend summarised itself (TapEvent::summaries), filtered by position like Capture.
+  void CaptureSummaries(const Tensor& t, int64_t request, int64_t position, int64_t rows,
+                        const engine::TapRowSummary* rows_summaries);
   void DefineKvTensors(const engine::PagedKvCache& cache);
   void Fail(const Status& s) {
     if (status_.ok()) status_ = s;

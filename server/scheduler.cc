@@ -9,6 +9,7 @@
 #define XXH_INLINE_ALL
 #include <xxhash.h>
 
+#include "recorder/recorder.h"
 #include "traces/row_summary.h"
 
 namespace lockstep::server {
@@ -247,7 +248,11 @@ void Scheduler::OnTap(const engine::TapEvent& e) {
   const auto* base = static_cast<const uint8_t*>(e.data);
   for (int64_t r = 0; r < e.rows; ++r) {
     traces::SummaryRow s;
-    traces::Summarize(dtype, base + r * row_bytes, e.cols, &s);
+    if (e.data == nullptr && e.summaries != nullptr) {  // summarised by the backend (the GPU)
+      s = recorder::ToSummaryRow(e.summaries[r]);
+    } else {
+      traces::Summarize(dtype, base + r * row_bytes, e.cols, &s);
+    }
     t.rows.push_back({static_cast<int32_t>(e.position + r), s.nan_count, s.inf_count, s.hash, s.rms, s.absmax, s.min,
                       s.max});
   }

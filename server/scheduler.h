@@ -105,6 +105,7 @@ class Scheduler : private engine::TapHook {
   void Loop();
   void OnStep(const engine::StepEvent& ev);
   void OnTap(const engine::TapEvent& e) override;  // scheduler thread, inside Step()
+  bool WantsTapValues() const override { return false; }  // summaries only: the GPU may make them
   void Finish(int64_t engine_id, const std::string& reason);
   Status NewEngine();
 

@@ -29,7 +29,7 @@ lockstep_gpu_test(gpu_mla_decode_test)
 lockstep_gpu_test(gpu_indexer_test)
 lockstep_gpu_test(gpu_sampler_test)
 lockstep_gpu_test(gpu_gemm_test)
-lockstep_gpu_test(gpu_engine_test)
+lockstep_gpu_test(gpu_engine_test lockstep_engine lockstep_traces)
 lockstep_gpu_test(gpu_summarize_test lockstep_traces)
 # Twins in kernels/cpu only: this one builds while engine/ is being changed.
 lockstep_gpu_test(gpu_model_ops_test)
@@ -37,4 +37,4 @@ lockstep_gpu_test(gpu_model_ops_test)
 # The CLI workflow on the GPU: record with --backend cuda, exact replay, replay on the CPU.
 add_test(NAME gpu_record_replay COMMAND ${CMAKE_SOURCE_DIR}/tests/gpu/record_replay_gpu.sh $<TARGET_FILE:lockstep>)
 set_tests_properties(gpu_record_replay PROPERTIES LABELS gpu SKIP_RETURN_CODE 77 TIMEOUT 300
-                     ENVIRONMENT "LOCKSTEP_DEFAULT_MODEL=${CMAKE_SOURCE_DIR}/models/lockstep-tiny-v32")
+                     ENVIRONMENT "LOCKSTEP_DEFAULT_MODEL=${CMAKE_SOURCE_DIR}/models/lockstep-tiny-v32;HDF5_PLUGIN_PATH=${LOCKSTEP_HDF5_PLUGIN_DIR}")

@@ -156,9 +156,13 @@ struct RowDotsParams {
 };
 Status RowDots(const RowDotsParams& p, Stream stream = nullptr);
 
-// Trace summaries of rows on the device (kernels/row_stats.h + kernels/xxh3.h, one thread per
-// row): the SummaryRow fields traces::Summarize computes on the host, the same bits (the one
-// caveat is in row_stats.h), so a device backend can summarise taps without copying them.
+// Trace summaries of rows on the device (kernels/row_stats.h + kernels/xxh3.h): the SummaryRow
+// fields traces::Summarize computes on the host, the same bits (the one caveat is in
+// row_stats.h), so a device backend can summarise taps without copying them. A warp per row:
+// the row is staged in shared memory (≤ 8192 values; longer rows are read in place), lanes
+// 0–7 carry XXH3's eight accumulators (independent lanes between merges), lanes 0–3 the four
+// fp64 sums of squares in their order, every lane a share of min / max by (value, first
+// index); a row with NaN or ±Inf, and int32 rows, take the host's sequential loop in lane 0.
 struct RowSummaryOut {
   uint64_t hash = 0;  // XXH3-64 (seed 0) of the row's bytes
   uint32_t nan_count = 0, inf_count = 0;
@@ -172,5 +176,30 @@ struct SummarizeRowsParams {
   RowSummaryOut* out = nullptr;  // [rows] device
 };
 Status SummarizeRows(const SummarizeRowsParams& p, Stream stream = nullptr);
+
+// Several tensors of `rows` rows each in one launch (one graph node): what a backend does at
+// a point where the tapped buffers are about to be overwritten.
+inline constexpr int kSummarizeBatchMax = 10;
+struct SummarizeBatchParams {
+  struct Tensor {
+    const void* x = nullptr;  // [rows, cols], row stride x_stride elements
+    int64_t x_stride = 0, cols = 0;
+    bool i32 = false;
+    RowSummaryOut* out = nullptr;  // [rows] device
+  };
+  Tensor t[kSummarizeBatchMax];
+  int32_t count = 0;
+  int64_t rows = 0;
+};
+Status SummarizeBatch(const SummarizeBatchParams& p, Stream stream = nullptr);
+
+// Any number of tensors, described in device memory (a step's taps, uploaded once per batch
+// size): one launch. The descriptors cannot be checked on the host; the caller vouches for
+// them as it would for SummarizeBatch's.
+struct SummarizeTableParams {
+  const SummarizeBatchParams::Tensor* tensors = nullptr;  // [count] device
+  int64_t count = 0, rows = 0;                            // count ≤ 65535
+};
+Status SummarizeTable(const SummarizeTableParams& p, Stream stream = nullptr);
 
 }  // namespace lockstep::kernels::cuda

@@ -24,6 +24,7 @@
 #include "kernels/cuda/ops.h"
 #include "kernels/cuda/runtime.h"
 #include "tests/test_util.h"
+#include "traces/row_summary.h"
 
 namespace lockstep {
 namespace {
@@ -142,11 +143,14 @@ TEST(GpuEngine, TinyModelGreedyMatchesTransformersFor128Steps) {
   auto ref = engine::SafetensorsFile::Open(testing::FixtureDir() / "tiny_reference.safetensors");
   ASSERT_TRUE(ref.ok());
   const auto& t = (*ref)->tensors();
-  for (int p = 0; p < 2; ++p) {
-    const std::string pre = "prompt" + std::to_string(p);
+  // cuBLAS fp32 and the CPU-order fp32 GEMM (gemm=fp32_dot) alike.
+  for (int p = 0; p < 4; ++p) {
+    const std::string gemm = p < 2 ? "fp32" : "fp32_dot";
+    const std::string pre = "prompt" + std::to_string(p % 2);
+    SCOPED_TRACE("gemm=" + gemm);
     const auto prompt = testing::ReadIds(t.at(pre + "_ids"));
     const auto want = testing::ReadIds(t.at(pre + "_decode_ids"));
-    auto eng = Engine::Create(model, Cuda());
+    auto eng = Engine::Create(model, Cuda(engine::KvFormat::kFp32, gemm));
     ASSERT_TRUE(eng.ok()) << eng.status().message();
     engine::Request r;
     r.prompt = prompt;
@@ -219,7 +223,7 @@ bool Bitwise(const std::vector<float>& a, const std::vector<float>& b) {
 
 TEST(GpuEngine, DeterministicAndBatchInvariant) {
   LS_REQUIRE_GPU();
-  for (const char* gemm : {"fp32", "bf16"}) {
+  for (const char* gemm : {"fp32", "bf16", "fp32_dot", "bf16_dot"}) {
     for (auto fmt : {engine::KvFormat::kFp32, engine::KvFormat::kFp8E4m3}) {
       SCOPED_TRACE(std::string("gemm=") + gemm + " cache=" + std::string(engine::KvFormatName(fmt)));
       std::vector<std::vector<int32_t>> t_alone, t_again, t_batch, t_stagger;
@@ -373,6 +377,77 @@ TEST(GpuEngine, TapsFromGraphsAreTheSame) {
     ASSERT_NE(it, graphed.taps.end()) << name;
     EXPECT_EQ(t.bytes, it->second.bytes) << name;
   }
+}
+
+// A hook that wants only summaries gets them computed on the GPU (no values): for prefill
+// steps (a summary launch per group of taps) and decode steps (the tap slab, one launch per
+// step, graphs on) alike, each row's summary is traces::Summarize of the values a values hook
+// sees for the same run, field for field.
+class SummaryHook : public engine::TapHook {
+ public:
+  std::map<std::string, std::vector<engine::TapRowSummary>> taps;
+  int64_t with_values = 0;
+  bool WantsTapValues() const override { return false; }
+  void OnTap(const engine::TapEvent& e) override {
+    if (e.name == "logits") return;  // the host's logits always come as values
+    if (e.data != nullptr || e.summaries == nullptr) ++with_values;
+    if (e.summaries == nullptr) return;
+    auto& v = taps[std::string(e.name) + "@" + std::to_string(e.position) + "#" + std::to_string(e.request_id)];
+    v.assign(e.summaries, e.summaries + e.rows);
+  }
+};
+
+TEST(GpuEngine, SummaryTapsAreTheHostSummariesOfTheValues) {
+  LS_REQUIRE_GPU();
+  auto run = [&](engine::TapHook* hook) {
+    EngineOptions o = Cuda(engine::KvFormat::kFp8E4m3, "bf16");
+    o.max_batch = 2;
+    auto eng = Engine::Create(Tiny(), o);
+    ASSERT_TRUE(eng.ok()) << eng.status().message();
+    (*eng)->SetTapHook(hook);
+    for (int i = 0; i < 2; ++i) {
+      engine::Request r;
+      for (int j = 0; j < 30 + 11 * i; ++j) r.prompt.push_back(static_cast<int32_t>((7 * j + 3 * i) % 5000 + 10));
+      r.max_new_tokens = 8;
+      r.sampling.temperature = 0.8;
+      r.sampling.seed = 5 + i;
+      ASSERT_TRUE((*eng)->AddRequest(r).ok());
+    }
+    const Status st = (*eng)->RunToCompletion();
+    ASSERT_TRUE(st.ok()) << st.message();
+  };
+  TapRecorder values;
+  SummaryHook sums;
+  run(&values);
+  run(&sums);
+  EXPECT_EQ(sums.with_values, 0) << "events that carried values instead of summaries";
+  int64_t rows = 0, logits = 0;
+  for (const auto& [name, t] : values.taps) {
+    if (name.starts_with("logits@")) {
+      ++logits;
+      continue;
+    }
+    auto it = sums.taps.find(name);
+    ASSERT_NE(it, sums.taps.end()) << name;
+    ASSERT_EQ(static_cast<int64_t>(it->second.size()), t.rows) << name;
+    for (int64_t r = 0; r < t.rows; ++r) {
+      traces::SummaryRow want;
+      traces::Summarize(t.dtype == engine::TapDType::kI32 ? traces::DType::kI32 : traces::DType::kF32,
+                        t.bytes.data() + r * t.cols * 4, t.cols, &want);
+      const engine::TapRowSummary& got = it->second[r];
+      ASSERT_EQ(got.hash, want.hash) << name << " row " << r;
+      ASSERT_EQ(got.nan_count, want.nan_count) << name;
+      ASSERT_EQ(got.inf_count, want.inf_count) << name;
+      ASSERT_EQ(0, std::memcmp(&got.rms, &want.rms, 4)) << name << " rms";
+      ASSERT_EQ(0, std::memcmp(&got.absmax, &want.absmax, 4)) << name << " absmax";
+      ASSERT_EQ(0, std::memcmp(&got.min, &want.min, 4)) << name << " min";
+      ASSERT_EQ(0, std::memcmp(&got.max, &want.max, 4)) << name << " max";
+      ++rows;
+    }
+  }
+  EXPECT_EQ(values.taps.size(), sums.taps.size() + logits);
+  EXPECT_GT(rows, 1000);
+  std::printf("  %lld tap rows: GPU summaries = host summaries of the values\n", static_cast<long long>(rows));
 }
 
 TEST(GpuEngine, TapsMatchTheCpuBackendAndTheCacheMirror) {

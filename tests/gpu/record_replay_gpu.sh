@@ -3,6 +3,9 @@
 # end to end with the CLI. Record on the GPU (full capture, sampled at T 0.8), replay exactly
 # on the GPU (bit-identical: exit 0), then replay teacher-forced on the CPU reference and
 # check the two backends agree to fp32 rounding (same tokens, every tensor within rel L2 1e-3).
+# Then the same generation with summary capture, whose tap summaries the GPU computes where the
+# tensors live (no values copied out): every summary field of every tap row must equal the
+# summary the writer computed on the host from the full capture's values (h5py).
 # Skips (exit 77) when the build has no CUDA or the machine no GPU.
 set -uo pipefail
 bin=${1:?usage: record_replay_gpu.sh <lockstep binary>}
@@ -33,5 +36,28 @@ print("cpu vs gpu:", j["verdict"], "| worst rel L2 over", len(j["tensors"]), "te
 for r in j["requests"]:
     assert r["first_token_diff"] == -1 and r["tokens_a"] == r["tokens_b"], r
 assert worst <= 1e-3, worst
+PY
+"$bin" record --backend cuda --prompt "The history of the printing press" -n 24 --temperature 0.8 --seed 3 \
+  --capture summary -o "$dir/gpu_summary.h5" -q || { echo "FAIL: record --capture summary"; exit 1; }
+python3 - "$dir/gpu.h5" "$dir/gpu_summary.h5" <<'PY' || exit 1
+import sys
+import h5py
+import numpy as np
+full, summ = h5py.File(sys.argv[1], "r"), h5py.File(sys.argv[2], "r")
+names = [n for n in full["taps"] if not n.startswith("logits")]  # logits: kept whole or as top-k by mode
+assert names and sorted(names) == sorted(n for n in summ["taps"] if not n.startswith("logits")), list(summ["taps"])
+rows = 0
+for n in names:
+    a, b = full["taps"][n]["summary"][...], summ["taps"][n]["summary"][...]
+    assert "values" not in summ["taps"][n] or summ["taps"][n]["values"].shape[0] == 0, n
+    assert a.shape == b.shape, (n, a.shape, b.shape)
+    for f in a.dtype.names:
+        if f == "step":
+            continue
+        if a[f].tobytes() != b[f].tobytes():
+            i = int(np.nonzero(a[f] != b[f])[0][0])
+            sys.exit(f"FAIL: {n} field {f} row {i}: host {a[i]} vs gpu {b[i]}")
+    rows += a.shape[0]
+print(f"gpu summaries: {rows} rows over {len(names)} taps equal the host's, field for field")
 PY
 echo "PASS"
