@@ -152,7 +152,10 @@ class CudaBackend final : public Backend {
   // The tap slab (cuda_forward.cc): decode steps of up to kSlabMaxRows rows with a tap hook.
   // SummarizeSlab summarises every pending tap in one launch; its descriptor table is uploaded
   // per batch size when a step runs uncaptured and must be unchanged when it is captured.
+  // (V2-Lite: 2 MB per row; a step whose slab would pass 1 GiB — large models at large batches —
+  // takes the per-tap path instead.)
   static constexpr int64_t kSlabMaxRows = 256;
+  static constexpr size_t kSlabMaxBytes = size_t{1} << 30;
   bool slab_ = false;
   size_t slab_bytes_ = 0;
   Status SummarizeSlab();

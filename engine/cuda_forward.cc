@@ -156,9 +156,10 @@ Status CudaBackend::Forward(std::span<Segment> segs, PagedKvCache& cache, const 
     layer_floats += (R * part_cols[i] + 63) / 64 * 64;
   }
   const int64_t ends_floats = (R * H + 63) / 64 * 64;  // embed, final_norm
-  slab_ = hook != nullptr && all_decode && R <= kSlabMaxRows && !hook->WantsOverride();
+  const size_t slab_need = static_cast<size_t>(2 * ends_floats + c.num_hidden_layers * layer_floats) * 4;
+  slab_ = hook != nullptr && all_decode && R <= kSlabMaxRows && slab_need <= kSlabMaxBytes && !hook->WantsOverride();
   if (slab_) {
-    slab_bytes_ = static_cast<size_t>(2 * ends_floats + c.num_hidden_layers * layer_floats) * 4;
+    slab_bytes_ = slab_need;
     LS_RETURN_IF_ERROR(slab_buf_.Ensure(slab_bytes_));
   }
   auto slab_at = [&](int64_t l, int part) {  // l = −1: embed, num_hidden_layers: final_norm
