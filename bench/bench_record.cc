@@ -8,6 +8,7 @@
 //
 //   bench_record [--model DIR] [--prompt-len N] [--tokens N] [--batch B] [--kv-cache F]
 //                [--flush-interval S] [--out DIR] [--modes off,hook,none,summary,full] [--repeat N]
+//                [--backend cpu|cuda] [--random-weights 1] [--gpu-profile 1]
 //
 // Each mode runs --repeat times, interleaved with the others (off, summary, full, off, …), so
 // that a slow stretch of a shared machine hits every mode alike. The table gives each mode's
