@@ -10,6 +10,8 @@
 //
 //   bench_gpu_decode [--model DIR] [--batch 1,64] [--prompt-len 512] [--tokens 64]
 //                    [--kv-cache bf16] [--gemm bf16] [--profile] [--no-cuda-graphs] [--json]
+//                    [--profiler-steps N]  (cudaProfilerStart/Stop around N decode steps after the
+//                    warm-up, for `ncu --profile-from-start off`)
 #include <chrono>
 #include <cmath>
 #include <cstdio>
@@ -70,7 +72,7 @@ StepBytes MinimumBytes(const engine::ModelConfig& c, int64_t batch, int64_t cont
 
 int main(int argc, char** argv) {
   std::string model_dir = "models/shapes/deepseek-v2-lite", kv = "bf16", gemm = "bf16", batches = "1,64";
-  int64_t prompt_len = 512, tokens = 64;
+  int64_t prompt_len = 512, tokens = 64, profiler_steps = 0;
   bool json_out = false, profile = false, graphs = true;
   for (int i = 1; i < argc; ++i) {
     std::string k = argv[i];
@@ -91,6 +93,7 @@ int main(int argc, char** argv) {
     else if (k == "--tokens") tokens = std::stoll(v);
     else if (k == "--kv-cache") kv = v;
     else if (k == "--gemm") gemm = v;
+    else if (k == "--profiler-steps") profiler_steps = std::stoll(v);
     else {
       std::fprintf(stderr, "bench_gpu_decode: unknown flag %s\n", k.c_str());
       return 2;
@@ -153,6 +156,8 @@ int main(int argc, char** argv) {
     for (int w = 0; w < 2; ++w) (void)eng->Step();
     auto t2 = std::chrono::steady_clock::now();
     while (true) {
+      if (profiler_steps > 0 && steps == 0) cu::ProfilerStart();
+      if (profiler_steps > 0 && steps == profiler_steps) cu::ProfilerStop();
       auto more = eng->Step();
       if (!more.ok()) {
         std::fprintf(stderr, "bench_gpu_decode: %s\n", more.status().message().c_str());

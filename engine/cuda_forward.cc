@@ -249,6 +249,26 @@ LS_RETURN_IF_ERROR(Mark("start"));
     };
     const float rms_eps = static_cast<float>(c.rms_norm_eps);
     LS_RETURN_IF_ERROR(mla_ws_.Ensure(256));
+    // The residual adds carry the next RMSNorm (one kernel, Add's and RmsNorm's bits) unless
+    // taps outside the slab need each buffer summarised or copied before the next write.
+    const bool fuse_norms = hook == nullptr || slab_;
+    bool h_ready = false;  // h already holds this layer's input norm (from the last residual add)
+    auto add_norm = [&](float* sum, const float* a, const float* b, const DevTensor& w, float* y) {
+      cu::RmsNormParams p;
+      p.x = a;
+      p.x_stride = H;
+      p.add = b;
+      p.add_stride = H;
+      p.sum = sum;
+      p.sum_stride = H;
+      p.weight = w.f32();
+      p.y = y;
+      p.y_stride = H;
+      p.rows = R;
+      p.n = H;
+      p.eps = rms_eps;
+      return cu::RmsNorm(p, s);
+    };
   
     for (int64_t l = 0; l < c.num_hidden_layers; ++l) {
       const DevLayer& D = weights_->layers[l];
@@ -263,7 +283,8 @@ LS_RETURN_IF_ERROR(Mark("start"));
         o = slab_at(l, kSAttnOut);
       }
   
-      LS_RETURN_IF_ERROR(rmsnorm(x, H, D.input_norm, H, rms_eps, h, H));
+      if (!h_ready) LS_RETURN_IF_ERROR(rmsnorm(x, H, D.input_norm, H, rms_eps, h, H));
+      h_ready = false;
       LS_RETURN_IF_ERROR(Tap(tn(kTapAttnNorm), h, H, H, TapDType::kF32));
       LS_RETURN_IF_ERROR(Mark("rmsnorm"));
   
@@ -463,7 +484,11 @@ LS_RETURN_IF_ERROR(Mark("start"));
       LS_RETURN_IF_ERROR(Tap(tn(kTapAttnOut), o, H, H, TapDType::kF32));
       {
         float* x_mid = slab_ ? slab_at(l, kSResidMid) : x;
-        LS_RETURN_IF_ERROR(cu::Add(x_mid, H, x, H, o, H, R, H, s));
+        if (fuse_norms) {  // x + o and the FFN's norm of it (h: the attention's inputs are done)
+          LS_RETURN_IF_ERROR(add_norm(x_mid, x, o, D.post_attn_norm, slab_ ? slab_at(l, kSFfnNorm) : h));
+        } else {
+          LS_RETURN_IF_ERROR(cu::Add(x_mid, H, x, H, o, H, R, H, s));
+        }
         x = x_mid;
       }
       LS_RETURN_IF_ERROR(Tap(tn(kTapResidMid), x, H, H, TapDType::kF32));
@@ -476,7 +501,7 @@ LS_RETURN_IF_ERROR(Mark("start"));
         wts = slab_at(l, kSWts);
         o = slab_at(l, kSFfnOut);
       }
-      LS_RETURN_IF_ERROR(rmsnorm(x, H, D.post_attn_norm, H, rms_eps, h, H));
+      if (!fuse_norms) LS_RETURN_IF_ERROR(rmsnorm(x, H, D.post_attn_norm, H, rms_eps, h, H));
       LS_RETURN_IF_ERROR(Tap(tn(kTapFfnNorm), h, H, H, TapDType::kF32));
       if (c.layers[l].ffn == FfnKind::kDense) {
         LS_RETURN_IF_ERROR(SwiGluMlp(D.mlp_gate_up, D.mlp_down, D.mlp_inter, h, R, o));
@@ -583,7 +608,15 @@ LS_RETURN_IF_ERROR(Mark("start"));
       LS_RETURN_IF_ERROR(Tap(tn(kTapFfnOut), o, H, H, TapDType::kF32));
       {
         float* x_out = slab_ ? slab_at(l, kSResidOut) : x;
-        LS_RETURN_IF_ERROR(cu::Add(x_out, H, x, H, o, H, R, H, s));
+        if (fuse_norms) {  // x + o and the next layer's input norm (or the final norm)
+          const bool last = l + 1 == c.num_hidden_layers;
+          float* h_next = !slab_ ? h : last ? slab_at(c.num_hidden_layers, 0) : slab_at(l + 1, kSAttnNorm);
+          LS_RETURN_IF_ERROR(add_norm(x_out, x, o, last ? weights_->final_norm : weights_->layers[l + 1].input_norm,
+                                      h_next));
+          h_ready = true;
+        } else {
+          LS_RETURN_IF_ERROR(cu::Add(x_out, H, x, H, o, H, R, H, s));
+        }
         x = x_out;
       }
       LS_RETURN_IF_ERROR(Tap(tn(kTapResidOut), x, H, H, TapDType::kF32));
@@ -593,7 +626,7 @@ LS_RETURN_IF_ERROR(Mark("start"));
   
     // Final norm; logits for the rows that need them, gathered first so lm_head is read once.
     if (slab_) h = slab_at(c.num_hidden_layers, 0);
-    LS_RETURN_IF_ERROR(rmsnorm(x, H, weights_->final_norm, H, rms_eps, h, H));
+    if (!h_ready) LS_RETURN_IF_ERROR(rmsnorm(x, H, weights_->final_norm, H, rms_eps, h, H));
     LS_RETURN_IF_ERROR(Tap("final_norm", h, H, H, TapDType::kF32));
     LS_RETURN_IF_ERROR(SummaryFence());
     if (slab_ && summary_taps_) LS_RETURN_IF_ERROR(SummarizeSlab());

@@ -28,17 +28,15 @@ namespace {
 
 constexpr int kThreads = 256;
 constexpr int kWarps = kThreads / 32;
-constexpr int kHeadsPerCta = 16;
+constexpr int kMaxHeadsPerCta = 16;  // the score phase takes kHpc / 8 heads per warp (kHpc = 16 or 8)
 constexpr int kTileKeys = 32;  // = warp width: lane ↔ key in the score phase
 constexpr int kMaxLora = 512;
 constexpr int kMaxRope = 64;
 constexpr int kColGroups = 64;                                       // P·V column groups
 constexpr int kColsPerThread = kMaxLora / kColGroups;                // 8
-constexpr int kPvHeads = kHeadsPerCta / (kThreads / kColGroups);     // 4 heads per thread
 constexpr int kMaxSplits = 64;
 constexpr int kBaseSplitKeys = 32;  // one tile per split up to 2048 keys: a batch-1 decode still spreads
 constexpr int kCombineThreads = 128;
-static_assert(kHeadsPerCta == 2 * kWarps, "score phase: two heads per warp");
 static_assert(kBaseSplitKeys % kTileKeys == 0);
 
 __host__ __device__ inline int64_t SplitKeys(int64_t n) {
@@ -147,8 +145,14 @@ __device__ __forceinline__ void DequantRow(LatentFormat format, const uint8_t* s
   }
 }
 
-template <bool kSparse>
+// kHpc heads per CTA: 16 (two per warp) normally; 8 (one per warp: half the per-warp work, twice
+// the CTAs reading each key) when the grid would be too small to fill the GPU (batch-1 decode).
+template <bool kSparse, int kHpc>
 __global__ void __launch_bounds__(kThreads) MlaSplitKernel(MlaDecodeParams p, int64_t bytes_per_token, Workspace ws) {
+  constexpr int kHeadsPerCta = kHpc;
+  constexpr int kHeadsPerWarp = kHpc / kWarps;
+  constexpr int kPvHeads = kHpc / (kThreads / kColGroups);  // heads per thread in P·V
+  static_assert(kHpc == kHeadsPerWarp * kWarps && kHeadsPerWarp >= 1 && kPvHeads >= 1);
   extern __shared__ __align__(16) float smem[];
   const int b = blockIdx.z, group = blockIdx.y, split = blockIdx.x;
   const int C = static_cast<int>(p.kv_lora), R = static_cast<int>(p.rope_dim), D = C + R;
@@ -191,9 +195,15 @@ __global__ void __launch_bounds__(kThreads) MlaSplitKernel(MlaDecodeParams p, in
     }
   }
 
-  // Score role: heads sh[0] = warp, sh[1] = warp + 8; state replicated across the warp's lanes.
-  const int sh[2] = {warp, warp + kWarps};
-  float m_run[2] = {-INFINITY, -INFINITY}, l_run[2] = {0.0f, 0.0f};
+  // Score role: heads sh[i] = warp + i·8; state replicated across the warp's lanes.
+  int sh[kHeadsPerWarp];
+  float m_run[kHeadsPerWarp], l_run[kHeadsPerWarp];
+#pragma unroll
+  for (int i = 0; i < kHeadsPerWarp; ++i) {
+    sh[i] = warp + i * kWarps;
+    m_run[i] = -INFINITY;
+    l_run[i] = 0.0f;
+  }
   // P·V role.
   const int cg = tid % kColGroups, hq = (tid / kColGroups) * kPvHeads;
   float o[kPvHeads][kColsPerThread];
@@ -220,19 +230,24 @@ __global__ void __launch_bounds__(kThreads) MlaSplitKernel(MlaDecodeParams p, in
 
     // Scores and the online softmax update, per head of this warp.
     const float* krow = k_s + lane * k_stride;
-    const float* ql[2] = {q_s + sh[0] * D, q_s + sh[1] * D};
-    const float* qr[2] = {ql[0] + C, ql[1] + C};
-    float dot_l[2], dot_r[2];
+    const float* ql[kHeadsPerWarp];
+    const float* qr[kHeadsPerWarp];
+#pragma unroll
+    for (int i = 0; i < kHeadsPerWarp; ++i) {
+      ql[i] = q_s + sh[i] * D;
+      qr[i] = ql[i] + C;
+    }
+    float dot_l[kHeadsPerWarp], dot_r[kHeadsPerWarp];
     if (C % 4 == 0 && R % 4 == 0) {  // q rows 16-byte aligned: broadcast float4 reads of q
-      dev::Dot16A4<2>(ql, krow, C, dot_l);
-      dev::Dot16A4<2>(qr, krow + C, R, dot_r);
+      dev::Dot16A4<kHeadsPerWarp>(ql, krow, C, dot_l);
+      dev::Dot16A4<kHeadsPerWarp>(qr, krow + C, R, dot_r);
     } else {
-      dev::Dot16<2>(ql, krow, C, dot_l);
-      dev::Dot16<2>(qr, krow + C, R, dot_r);
+      dev::Dot16<kHeadsPerWarp>(ql, krow, C, dot_l);
+      dev::Dot16<kHeadsPerWarp>(qr, krow + C, R, dot_r);
     }
     const bool valid = valid_s[lane] != 0;
 #pragma unroll
-    for (int i = 0; i < 2; ++i) {
+    for (int i = 0; i < kHeadsPerWarp; ++i) {
       // (Dot(q_lat, c) + Dot(q_rope, k_rope)) · scale — engine/model.cc's expression.
       const float s = valid ? __fmul_rn(__fadd_rn(dot_l[i], dot_r[i]), p.softmax_scale) : -INFINITY;
       const float m_new = fmaxf(m_run[i], dev::WarpMax(s));
@@ -282,7 +297,7 @@ __global__ void __launch_bounds__(kThreads) MlaSplitKernel(MlaDecodeParams p, in
   }
   if (lane == 0) {
 #pragma unroll
-    for (int i = 0; i < 2; ++i) {
+    for (int i = 0; i < kHeadsPerWarp; ++i) {
       const int head = head0 + sh[i];
       if (head >= H) continue;
       const int64_t at = (static_cast<int64_t>(b) * H + head) * ws.splits + split;
@@ -339,7 +354,7 @@ __global__ void __launch_bounds__(kCombineThreads) MlaCombineKernel(MlaDecodePar
 
 Status Validate(const MlaDecodeParams& p, bool sparse, const char* op) {
   LS_CHECK_ARG(p.batch >= 0 && p.batch <= 65535, op, "batch", p.batch);
-  LS_CHECK_ARG(p.heads > 0 && p.heads <= 65535 * int64_t{kHeadsPerCta}, op, "heads", p.heads);
+  LS_CHECK_ARG(p.heads > 0 && p.heads <= 65535 * int64_t{kMaxHeadsPerCta} / 2, op, "heads", p.heads);
   LS_CHECK_ARG(p.batch * p.heads < (int64_t{1} << 31), op, "batch·heads", p.batch * p.heads);
   LS_CHECK_ARG(p.kv_lora > 0 && p.kv_lora <= kMaxLora, op, "kv_lora", p.kv_lora);
   LS_CHECK_ARG(p.rope_dim >= 0 && p.rope_dim <= kMaxRope, op, "rope_dim", p.rope_dim);
@@ -395,17 +410,22 @@ Status Launch(const MlaDecodeParams& p, Stream stream) {
   Workspace ws{reinterpret_cast<float*>(w), reinterpret_cast<float*>(w + layout.o_bytes),
                reinterpret_cast<float*>(w + layout.o_bytes + layout.ml_bytes), splits};
   const int64_t D = p.kv_lora + p.rope_dim;
-  const size_t smem =
-      sizeof(float) * (kHeadsPerCta * D + kTileKeys * (D + 1) + kHeadsPerCta * kTileKeys + kHeadsPerCta) +
-      sizeof(int) * kTileKeys;
   if (splits > 0) {
-    LS_CUDA_RETURN_IF_ERROR(cudaFuncSetAttribute(MlaSplitKernel<kSparse>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                                 static_cast<int>(smem)));
-    const dim3 grid(static_cast<unsigned>(splits), static_cast<unsigned>((p.heads + kHeadsPerCta - 1) / kHeadsPerCta),
-                    static_cast<unsigned>(p.batch));
-    MlaSplitKernel<kSparse><<<grid, kThreads, smem, stream>>>(p, LatentBytesPerToken(p.format, p.kv_lora, p.rope_dim),
-                                                               ws);
-    LS_CUDA_LAUNCH_CHECK();
+    // 8 heads a CTA when 16 would leave most SMs idle (batch-1 decode at short context).
+    const int64_t ctas16 = splits * ((p.heads + 15) / 16) * p.batch;
+    const bool narrow = ctas16 < SmCount() && p.heads > 8;
+    auto launch = [&](auto kernel, int hpc) -> Status {
+      const size_t smem = sizeof(float) * (hpc * D + kTileKeys * (D + 1) + hpc * kTileKeys + hpc) +
+                          sizeof(int) * kTileKeys;
+      LS_CUDA_RETURN_IF_ERROR(
+          cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem)));
+      const dim3 grid(static_cast<unsigned>(splits), static_cast<unsigned>((p.heads + hpc - 1) / hpc),
+                      static_cast<unsigned>(p.batch));
+      kernel<<<grid, kThreads, smem, stream>>>(p, LatentBytesPerToken(p.format, p.kv_lora, p.rope_dim), ws);
+      LS_CUDA_LAUNCH_CHECK();
+      return Status::Ok();
+    };
+    LS_RETURN_IF_ERROR(narrow ? launch(MlaSplitKernel<kSparse, 8>, 8) : launch(MlaSplitKernel<kSparse, 16>, 16));
   }
   MlaCombineKernel<kSparse><<<static_cast<unsigned>(p.batch * p.heads), kCombineThreads, 0, stream>>>(p, ws);
   LS_CUDA_LAUNCH_CHECK();

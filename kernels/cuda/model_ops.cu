@@ -6,6 +6,7 @@
 
 #include <cstdint>
 
+#include "kernels/cuda/async_copy.cuh"
 #include "kernels/cuda/check.cuh"
 #include "kernels/cuda/device_math.cuh"
 #include "kernels/cuda/ops.h"
@@ -268,6 +269,8 @@ __global__ void __launch_bounds__(kRouteWarps * 32) RouteKernel(RouteParams p, i
 constexpr int kEgTileIn = 1024;  // x elements per slot staged at a time (a multiple of 16)
 constexpr int64_t kEgSlotModeMax = 16;  // slots up to which the grid runs over slots, not experts
 constexpr int64_t kEgRegSlotMax = 96;   // … on the register path, for MoE (measured: README)
+constexpr int64_t kEgStreamBelowCtas = 256;  // by-slot grids of fewer 4-warp CTAs stream instead
+constexpr int64_t kEgDenseSlotMax = 8;       // dense products per slot up to this many rows
 
 template <bool kBf16, bool kVec>
 __device__ __forceinline__ void LoadW8(const void* w, int64_t off, float (&v)[8]) {
@@ -536,15 +539,10 @@ constexpr int kFwBlk = 256;  // weight elements per row per stage
 constexpr int kFwIdsPerThread = 8;  // ids read per thread per gather pass
 constexpr int kEgFastChunk = 8;     // slots per chunk on the per-expert cp.async grid
 
-__device__ __forceinline__ void CpAsync16(void* smem, const void* gmem) {
-  const unsigned s = static_cast<unsigned>(__cvta_generic_to_shared(smem));
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(s), "l"(gmem) : "memory");
-}
-__device__ __forceinline__ void CpAsyncCommit() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
-template <int kN>
-__device__ __forceinline__ void CpAsyncWait() {
-  asm volatile("cp.async.wait_group %0;\n" ::"n"(kN) : "memory");
-}
+using dev::CpAsync16;
+using dev::CpAsyncCommit;
+using dev::CpAsyncWait;
+using dev::CpAsyncWaitAtMost;
 
 template <int kWarps, int kChunk, int kStages, int kTileIn>
 struct FwSmem {
@@ -760,6 +758,140 @@ Status LaunchExpertGemmFast(const ExpertGemmParams& p, Stream stream) {
   return Status::Ok();
 }
 
+// --- ExpertGemm, streaming per-slot path (decode's products) -----------------------------------
+//
+// Same arithmetic per output element once more (element i → chain i mod 16, chains carry
+// across blocks, Dot's fold); the work is cut differently. At one row the 4-warp CTAs above
+// are few (kv_a: 9) and a warp's instruction stream is long (16 rows, 8 chains a lane:
+// ~6k instructions), so every product took 11–20 µs whatever its size (ncu, 2026-11-30).
+// Here a CTA of 4 warps owns 16 rows of one slot; 8 lanes share a row, lane g holding chains
+// 2g and 2g + 1 (one 4-byte read of two bf16 weights and an 8-byte read of x feed both), so
+// a warp runs 4 rows and its instruction stream is a quarter as long. Every 256-value block
+// of the CTA's rows up to the ring's size is requested at once, each block its own cp.async
+// group taken in order as it lands (its ring slot refilled when done): a row of ≤
+// kSwMaxStages·256 values costs one round trip. x comes first the same way (a group of its
+// own) and is rounded in shared memory. Row j's 16-byte chunk q sits at q ^ 2·(j mod 4), so
+// a warp's four rows read 128 distinct bytes per instruction.
+constexpr int kSwMaxStages = 12;  // ring of 256-value blocks (16 rows · 512 B each)
+constexpr int kSwTileIn = 4096;   // x values staged at once
+
+size_t StreamSmemBytes(int rows, int stages, int64_t in) {
+  return static_cast<size_t>(stages) * rows * kFwBlk * 2 + static_cast<size_t>(in < kSwTileIn ? in : kSwTileIn) * 4;
+}
+
+// kWarps warps = 4·kWarps rows per CTA (4 per warp, 8 lanes per row).
+template <int kWarps>
+__global__ void __launch_bounds__(kWarps * 32) ExpertGemmStreamKernel(ExpertGemmParams p, int stages) {
+  constexpr int kSwThreads = kWarps * 32, kRows = 4 * kWarps;
+  constexpr int kChunks16 = kFwBlk / 8;  // 16-byte chunks per row per block (32)
+  extern __shared__ __align__(16) unsigned char smem[];
+  uint4* wbuf = reinterpret_cast<uint4*>(smem);  // [stages][kRows][32 chunks], swizzled
+  float* xs = reinterpret_cast<float*>(smem + static_cast<size_t>(stages) * kRows * kFwBlk * 2);
+  const int tid = threadIdx.x, g = tid & 7, row = tid >> 3;  // row of the CTA's (warp w: 4w..4w+3)
+  const int64_t slot = blockIdx.y, row0 = static_cast<int64_t>(blockIdx.x) * kRows, o = row0 + row;
+  const int e = p.ids[slot];
+  if (e < 0 || e >= p.experts) {
+    if (blockIdx.x == 0 && tid == 0 && p.error_flag != nullptr) atomicOr(p.error_flag, kErrExpert);
+    if (tid < kRows && row0 + tid < p.out) p.y[slot * p.y_stride + row0 + tid] = QuietNan();
+    return;
+  }
+  const uint16_t* w_e = static_cast<const uint16_t*>(p.w) + static_cast<int64_t>(e) * p.w_expert_stride;
+  const float* xrow = p.x + (p.x_per_slot ? slot : slot / p.k) * p.x_stride;
+  const int64_t nblk = (p.in + kFwBlk - 1) / kFwBlk;
+  const bool xvec = (reinterpret_cast<uintptr_t>(xrow) & 15) == 0;  // in % 16 = 0: whole float4s
+  auto round = [&](float v) { return p.round_x_bf16 ? dev::Bf16ToF32(dev::F32ToBf16(v)) : v; };
+  auto tile_len = [&](int64_t t0) { return static_cast<int>(p.in - t0 < kSwTileIn ? p.in - t0 : kSwTileIn); };
+  auto issue = [&](int64_t blk) {  // kRows rows × 32 chunks: 4 per thread, a warp reads one row's 512 bytes
+    uint4* dst = wbuf + (blk % stages) * kRows * kChunks16;
+#pragma unroll
+    for (int i = 0; i < kRows * kChunks16 / kSwThreads; ++i) {
+      const int c = tid + i * kSwThreads, j = c / kChunks16, q = c % kChunks16;
+      const int64_t col = blk * kFwBlk + 8 * q;
+      if (col < p.in && row0 + j < p.out) {
+        CpAsync16(dst + j * kChunks16 + (q ^ ((j & 3) << 1)), w_e + (row0 + j) * p.w_row_stride + col);
+      }
+    }
+  };
+
+  // x's first tile, then every weight block the ring holds: all in flight together.
+  const int tn0 = tile_len(0);
+  if (xvec) {
+    for (int i = tid; i < tn0 / 4; i += kSwThreads) CpAsync16(xs + 4 * i, xrow + 4 * i);
+  } else {
+    for (int i = tid; i < tn0; i += kSwThreads) xs[i] = round(xrow[i]);
+  }
+  CpAsyncCommit();
+  int64_t issued = 0;
+  for (; issued < nblk && issued < stages; ++issued) {
+    issue(issued);
+    CpAsyncCommit();
+  }
+  const int64_t ring = issued;  // blocks in flight from the start
+  if (xvec) {
+    CpAsyncWaitAtMost(static_cast<int>(ring));  // the x group (the oldest) has landed
+    if (p.round_x_bf16) {
+      for (int i = tid; i < tn0 / 4; i += kSwThreads) {
+#pragma unroll
+        for (int j = 0; j < 4; ++j) xs[4 * i + j] = round(xs[4 * i + j]);
+      }
+    }
+  }
+
+  float acc0 = 0.0f, acc1 = 0.0f;  // chains 2g, 2g + 1
+  const int sw = (row & 3) << 1;
+  for (int64_t blk = 0; blk < nblk; ++blk) {
+    const int64_t col0 = blk * kFwBlk;
+    const int xc = static_cast<int>(col0 % kSwTileIn);
+    if (xc == 0 && blk > 0) {  // the next x tile (in > kSwTileIn): plain loads, once all are done with the last
+      __syncthreads();
+      const int tn = tile_len(col0);
+      for (int i = tid; i < tn; i += kSwThreads) xs[i] = round(xrow[col0 + i]);
+    }
+    // Block b's group is number 1 + b (x is 0; every iteration commits one group, empty when
+    // nothing is left to refill), so ring − 1 groups are younger than block blk's.
+    CpAsyncWaitAtMost(static_cast<int>(ring - 1));
+    __syncthreads();  // every thread's copies (and x) visible to all
+    const uint32_t* wb =
+        reinterpret_cast<const uint32_t*>(wbuf + (blk % stages) * kRows * kChunks16 + row * kChunks16);
+    const int nb = static_cast<int>((p.in - col0 < kFwBlk ? p.in - col0 : kFwBlk) / 16);
+#pragma unroll 8
+    for (int b = 0; b < nb; ++b) {
+      // Elements 16b + 2g, 16b + 2g + 1: chunk 2b + g/4, 4-byte word g mod 4.
+      const uint32_t u = wb[4 * ((2 * b + (g >> 2)) ^ sw) + (g & 3)];
+      const float2 xv = *reinterpret_cast<const float2*>(&xs[xc + 16 * b + 2 * g]);
+      acc0 = __fmaf_rn(__uint_as_float(u << 16), xv.x, acc0);
+      acc1 = __fmaf_rn(__uint_as_float(u & 0xffff0000u), xv.y, acc1);
+    }
+    __syncthreads();  // this ring slot is refilled next
+    if (issued < nblk) issue(issued++);
+    CpAsyncCommit();
+  }
+  CpAsyncWait<0>();
+  // Dot's fold: chain l + chain l+8 (lanes g, g+4), then 8 → 4 (g, g+2), 4 → 2 (g, g+1), 2 → 1.
+  acc0 = __fadd_rn(acc0, __shfl_xor_sync(0xffffffffu, acc0, 4));
+  acc1 = __fadd_rn(acc1, __shfl_xor_sync(0xffffffffu, acc1, 4));
+  acc0 = __fadd_rn(acc0, __shfl_xor_sync(0xffffffffu, acc0, 2));
+  acc1 = __fadd_rn(acc1, __shfl_xor_sync(0xffffffffu, acc1, 2));
+  acc0 = __fadd_rn(acc0, __shfl_xor_sync(0xffffffffu, acc0, 1));
+  acc1 = __fadd_rn(acc1, __shfl_xor_sync(0xffffffffu, acc1, 1));
+  if (g == 0 && o < p.out) p.y[slot * p.y_stride + o] = __fadd_rn(acc0, acc1);
+}
+
+template <int kWarps>
+Status LaunchExpertGemmStream(const ExpertGemmParams& p, Stream stream) {
+  constexpr int kRows = 4 * kWarps;
+  const int64_t nblk = (p.in + kFwBlk - 1) / kFwBlk;
+  const int stages = static_cast<int>(nblk < kSwMaxStages ? nblk : kSwMaxStages);
+  static const cudaError_t attr =
+      cudaFuncSetAttribute(ExpertGemmStreamKernel<kWarps>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                           static_cast<int>(StreamSmemBytes(kRows, kSwMaxStages, kSwTileIn)));
+  LS_CUDA_RETURN_IF_ERROR(attr);
+  const dim3 grid(static_cast<unsigned>((p.out + kRows - 1) / kRows), static_cast<unsigned>(p.rows * p.k));
+  ExpertGemmStreamKernel<kWarps><<<grid, kWarps * 32, StreamSmemBytes(kRows, stages, p.in), stream>>>(p, stages);
+  LS_CUDA_LAUNCH_CHECK();
+  return Status::Ok();
+}
+
 Status CheckRows(const char* op, int64_t rows, int64_t n) {
   LS_CHECK_ARG(rows >= 0 && rows < (int64_t{1} << 31), op, "rows", rows);
   LS_CHECK_ARG(n >= 0 && n < (int64_t{1} << 31), op, "n", n);
@@ -936,10 +1068,14 @@ Status ExpertGemm(const ExpertGemmParams& p, Stream stream) {
     // Measured on the H200: kernels/cuda/README.md ("Speed").
     // (The 1-warp shapes measured slower everywhere on the H200: not chosen.)
     const bool dense = p.experts == 1;
-    const bool by_slot = slots <= kEgSlotModeMax && !(dense && slots > 1);
+    // A dense product at a few rows also goes per slot: each row re-reads the weights, from L2
+    // after the first (H200: kv_a at 4 rows 10 µs per slot against 38 µs chunked).
+    const bool by_slot = slots <= (dense ? kEgDenseSlotMax : kEgSlotModeMax);
     const bool crowded = dense || slots >= kEgFastChunk * p.experts;
     if (fast_ok && by_slot) {
-      launch = L::kFastBySlot4;
+      // Fewer 4-warp CTAs than about two per SM leave the GPU idle: one warp per CTA, with
+      // the whole row in flight, instead (decode's dense products, the heads' absorptions).
+      launch = (p.out + 63) / 64 * slots < kEgStreamBelowCtas ? L::kStreamBySlot : L::kFastBySlot4;
     } else if (!dense && !crowded && slots <= kEgRegSlotMax) {
       launch = L::kRegBySlot;  // a few tokens' experts: one CTA column per slot still wins
     } else if (fast_ok && crowded) {
@@ -948,7 +1084,8 @@ Status ExpertGemm(const ExpertGemmParams& p, Stream stream) {
       launch = by_slot ? L::kRegBySlot : L::kRegChunk;
     }
   }
-  const bool by_slot_launch = launch == L::kRegBySlot || launch == L::kFastBySlot4 || launch == L::kFastBySlot1;
+  const bool by_slot_launch = launch == L::kRegBySlot || launch == L::kFastBySlot4 || launch == L::kFastBySlot1 ||
+                              launch == L::kStreamBySlot;
   LS_CHECK_ARG(!by_slot_launch || slots <= kMaxGrid, op, "launch (one CTA per slot needs rows·k ≤ 65535)", slots);
   switch (launch) {
     case L::kRegBySlot:
@@ -969,6 +1106,8 @@ Status ExpertGemm(const ExpertGemmParams& p, Stream stream) {
       return LaunchExpertGemmFast<1, 1, 6, 2048, true>(p, stream);
     case L::kFastChunk1:
       return LaunchExpertGemmFast<1, kEgFastChunk, 4, 1024, false>(p, stream);
+    case L::kStreamBySlot:
+      return LaunchExpertGemmStream<4>(p, stream);
     default:
       return Status::InvalidArgument("ExpertGemm: launch " + std::to_string(static_cast<int>(launch)) +
                                      " is not a launch shape");

@@ -14,12 +14,51 @@ constexpr int kNormThreads = 256;  // part of RMSNorm's reduction order: do not 
 // One CTA per row. The sum of squares: thread t accumulates x[i]² for i ≡ t (mod 256) in
 // ascending i by FMA; lanes fold by butterfly (16, 8, 4, 2, 1); every thread then folds the
 // 8 warp sums as ((w0+w1)+(w2+w3))+((w4+w5)+(w6+w7)).
+// Rows of up to kNormCached · 256 values are read once, x and the weight together, into
+// registers (one memory round trip; the step's norms are latency-bound); longer rows loop.
+constexpr int kNormCached = 16;
+// With p.add, x below is the sum row: each thread adds and stores its own elements before it
+// reads them back, so sum may alias x.
 __global__ void __launch_bounds__(kNormThreads) RmsNormKernel(RmsNormParams p) {
   const int64_t r = blockIdx.x;
-  const float* x = p.x + r * p.x_stride;
+  const float* x = p.add != nullptr ? p.sum + r * p.sum_stride : p.x + r * p.x_stride;
   float* y = p.y + r * p.y_stride;
   float acc = 0.0f;
-  for (int64_t i = threadIdx.x; i < p.n; i += kNormThreads) acc = __fmaf_rn(x[i], x[i], acc);
+  const bool cached = p.n <= int64_t{kNormCached} * kNormThreads;
+  float xv[kNormCached], wv[kNormCached];
+  if (cached) {
+    const float* a = p.x + r * p.x_stride;
+    const float* b = p.add != nullptr ? p.add + r * p.add_stride : nullptr;
+    float bv[kNormCached];
+#pragma unroll
+    for (int m = 0; m < kNormCached; ++m) {
+      const int64_t i = threadIdx.x + m * kNormThreads;
+      xv[m] = i < p.n ? a[i] : 0.0f;
+      bv[m] = i < p.n && b != nullptr ? b[i] : 0.0f;
+      wv[m] = i < p.n ? __ldg(p.weight + i) : 0.0f;
+    }
+    if (b != nullptr) {
+      float* sum = p.sum + r * p.sum_stride;
+#pragma unroll
+      for (int m = 0; m < kNormCached; ++m) {
+        const int64_t i = threadIdx.x + m * kNormThreads;
+        xv[m] = __fadd_rn(xv[m], bv[m]);  // Add's a + b
+        if (i < p.n) sum[i] = xv[m];
+      }
+    }
+#pragma unroll
+    for (int m = 0; m < kNormCached; ++m) {
+      if (threadIdx.x + m * kNormThreads < p.n) acc = __fmaf_rn(xv[m], xv[m], acc);
+    }
+  } else {
+    if (p.add != nullptr) {
+      const float* a = p.x + r * p.x_stride;
+      const float* b = p.add + r * p.add_stride;
+      float* sum = p.sum + r * p.sum_stride;
+      for (int64_t i = threadIdx.x; i < p.n; i += kNormThreads) sum[i] = __fadd_rn(a[i], b[i]);
+    }
+    for (int64_t i = threadIdx.x; i < p.n; i += kNormThreads) acc = __fmaf_rn(x[i], x[i], acc);
+  }
   acc = dev::WarpSum(acc);
   __shared__ float warp_sums[kNormThreads / 32];
   if ((threadIdx.x & 31) == 0) warp_sums[threadIdx.x / 32] = acc;
@@ -29,7 +68,15 @@ __global__ void __launch_bounds__(kNormThreads) RmsNormKernel(RmsNormParams p) {
                             __fadd_rn(__fadd_rn(w[4], w[5]), __fadd_rn(w[6], w[7])));
   const float inv = __fdiv_rn(1.0f, __fsqrt_rn(__fadd_rn(__fdiv_rn(s, static_cast<float>(p.n)), p.eps)));
   // y = weight · (x · inv), the CPU's expression order.
-  for (int64_t i = threadIdx.x; i < p.n; i += kNormThreads) y[i] = __fmul_rn(p.weight[i], __fmul_rn(x[i], inv));
+  if (cached) {
+#pragma unroll
+    for (int m = 0; m < kNormCached; ++m) {
+      const int64_t i = threadIdx.x + m * kNormThreads;
+      if (i < p.n) y[i] = __fmul_rn(wv[m], __fmul_rn(xv[m], inv));
+    }
+  } else {
+    for (int64_t i = threadIdx.x; i < p.n; i += kNormThreads) y[i] = __fmul_rn(p.weight[i], __fmul_rn(x[i], inv));
+  }
 }
 
 // One CTA per (row, head); thread i owns frequency i.
@@ -149,6 +196,10 @@ Status RmsNorm(const RmsNormParams& p, Stream stream) {
   LS_CHECK_ARG(p.y_stride >= p.n, op, "y_stride", p.y_stride);
   LS_CHECK_ARG(p.x != p.y || p.x_stride == p.y_stride, op, "y_stride (in place needs x_stride)", p.y_stride);
   LS_CHECK_ARG(p.eps >= 0.0f, op, "eps", p.eps);
+  LS_CHECK_ARG(p.add == nullptr || p.sum != nullptr, op, "sum (needed with add)", p.sum);
+  LS_CHECK_ARG(p.add == nullptr || p.add_stride >= p.n, op, "add_stride", p.add_stride);
+  LS_CHECK_ARG(p.add == nullptr || p.sum_stride >= p.n, op, "sum_stride", p.sum_stride);
+  LS_CHECK_ARG(p.add == nullptr || p.sum == p.x || p.sum != p.y, op, "sum (must not be y)", p.sum);
   if (p.rows == 0) return Status::Ok();
   RmsNormKernel<<<static_cast<unsigned>(p.rows), kNormThreads, 0, stream>>>(p);
   LS_CUDA_LAUNCH_CHECK();

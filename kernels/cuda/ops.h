@@ -44,6 +44,11 @@ using Stream = CUstream_st*;
 int DeviceCount();
 // "NVIDIA H200 (sm_90, 132 SMs)" for device 0, or the reason there is none.
 std::string DeviceDescription();
+// Multiprocessors of device 0 (read once); 1 when there is no device.
+int SmCount();
+// Marks the span an external profiler (ncu --profile-from-start off) collects; no-ops otherwise.
+void ProfilerStart();
+void ProfilerStop();
 
 // A device allocation, freed on destruction. Move-only. Not thread-safe.
 class DeviceBuffer {
@@ -114,6 +119,12 @@ struct RmsNormParams {
   int64_t y_stride = 0;
   int64_t rows = 0, n = 0;
   float eps = 1e-6f;
+  // Residual add fused in (optional): the row normalised is s = x + add (one rounding, as
+  // Add), which is also written to sum (may alias x). The decode step's residual adds.
+  const float* add = nullptr;
+  int64_t add_stride = 0;
+  float* sum = nullptr;
+  int64_t sum_stride = 0;
 };
 Status RmsNorm(const RmsNormParams& p, Stream stream = nullptr);
 
@@ -457,6 +468,7 @@ struct ExpertGemmParams {
     kFastChunk4,   // cp.async, 4 warps, per-expert chunks of 8 slots spread over CTAs
     kFastBySlot1,  // cp.async, 1 warp = 16 outputs per CTA, 6 stages (few outputs, one slot)
     kFastChunk1,   // cp.async, 1 warp, per-expert chunks (a dense layer at a handful of rows)
+    kStreamBySlot, // cp.async, a CTA per (16 outputs, slot), 8 lanes an output, whole rows in flight
   };
   Launch launch = Launch::kAuto;
 };

@@ -1,4 +1,5 @@
 // kernels/cuda/runtime.cu — device queries, DeviceBuffer, synchronisation, format sizes.
+#include <cuda_profiler_api.h>
 #include <cuda_runtime.h>
 
 #include <utility>
@@ -34,6 +35,21 @@ std::string DeviceDescription() {
          std::to_string(prop.multiProcessorCount) + " SMs, " + std::to_string(prop.totalGlobalMem >> 20) +
          " MiB; driver " + std::to_string(driver) + ", runtime " + std::to_string(runtime) + ")";
 }
+
+int SmCount() {
+  static const int n = [] {
+    int v = 0;
+    if (cudaDeviceGetAttribute(&v, cudaDevAttrMultiProcessorCount, 0) != cudaSuccess) {
+      cudaGetLastError();
+      return 1;
+    }
+    return v > 0 ? v : 1;
+  }();
+  return n;
+}
+
+void ProfilerStart() { cudaProfilerStart(); }
+void ProfilerStop() { cudaProfilerStop(); }
 
 DeviceBuffer::~DeviceBuffer() {
   if (ptr_ != nullptr) cudaFree(ptr_);

@@ -516,14 +516,15 @@ TEST(GpuEngine, TapsMatchTheCpuBackendAndTheCacheMirror) {
   }
 }
 
-// The router's logits (RowDots) are cpu::Dot's bits, for any row count and odd lengths.
+// The router's logits (RowDots) are cpu::Dot's bits, for any row count and odd lengths: the
+// staged kernel (n % 4 = 0: tiles of 2048, rows in fours, a 4-value last tile) and the other.
 TEST(GpuEngine, RowDotsIsCpuDotBitwise) {
   LS_REQUIRE_GPU();
   namespace cu = kernels::cuda;
   std::mt19937 rng(7);
   std::normal_distribution<float> nd(0.0f, 1.0f);
   for (auto [rows, outs, n] : {std::tuple<int64_t, int64_t, int64_t>{1, 64, 2048}, {64, 64, 2048}, {3, 5, 37},
-                               {17, 160, 7168}, {2, 3, 15}}) {
+                               {17, 160, 7168}, {2, 3, 15}, {6, 7, 2052}}) {
     std::vector<float> x(rows * n), w(outs * n), y(rows * outs);
     for (float& v : x) v = nd(rng);
     for (float& v : w) v = nd(rng);

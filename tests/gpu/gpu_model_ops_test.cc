@@ -476,9 +476,11 @@ TEST(CudaExpertGemm, EveryLaunchShapeGivesTheSameBits) {
       {4, 6, 64, 352, 512, true, false, true, 0},    // MoE decode
       {50, 6, 8, 96, 1024, true, true, false, 0},    // MoE crowded, per-slot x
       {3, 1, 1, 40, 72, false, false, false, 1},     // fp32, unaligned: register shapes only
+      {1, 1, 1, 200, 4352, true, false, true, 0},    // streaming: 17 blocks > the ring, two x tiles
+      {2, 3, 5, 40, 1408, true, true, true, 0},      // streaming: per-slot x, half a last block
   };
-  const L all[] = {L::kAuto, L::kRegBySlot, L::kRegChunk, L::kFastBySlot4, L::kFastChunk4, L::kFastBySlot1,
-                   L::kFastChunk1};
+  const L all[] = {L::kAuto,        L::kRegBySlot,  L::kRegChunk,   L::kFastBySlot4,
+                   L::kFastChunk4,  L::kFastBySlot1, L::kFastChunk1, L::kStreamBySlot};
   uint64_t seed = 5000;
   for (const GemmCase& g : cases) {
     GemmData d = MakeGemm(g, seed += 10);

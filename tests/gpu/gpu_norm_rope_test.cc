@@ -111,6 +111,43 @@ TEST(CudaRmsNorm, DeterministicAndBatchInvariant) {
   }
 }
 
+// The residual add fused into the norm (the decode step's x + o → RMSNorm) gives the bits of
+// Add then RmsNorm: the sum (fp32 a + b, checked on the host) and the normalised row, with
+// the sum written over x or to its own buffer, for rows held in registers (n ≤ 4096) and not.
+TEST(CudaRmsNorm, FusedResidualAddIsAddThenNorm) {
+  LS_REQUIRE_GPU();
+  for (int64_t n : {int64_t{2048}, int64_t{7168}, int64_t{100}}) {
+    for (bool in_place : {true, false}) {
+      const int64_t rows = 3;
+      std::vector<float> x = RandomRows(rows, n, 21 + n), o = RandomRows(rows, n, 22 + n), w = RandomRows(1, n, 23);
+      std::vector<float> want_sum(x.size());
+      for (size_t i = 0; i < x.size(); ++i) want_sum[i] = x[i] + o[i];
+      NormRun want = GpuRmsNorm(want_sum, w, rows, n, 1e-6f);
+      LS_ASSERT_OK(want.status);
+      auto dx = Upload(x), doo = Upload(o), dw = Upload(w);
+      auto dy = Zeros<float>(rows * n), ds = Zeros<float>(rows * n);
+      cu::RmsNormParams p;
+      p.x = dx.as<float>();
+      p.x_stride = n;
+      p.add = doo.as<float>();
+      p.add_stride = n;
+      p.sum = in_place ? dx.as<float>() : ds.as<float>();
+      p.sum_stride = n;
+      p.weight = dw.as<float>();
+      p.y = dy.as<float>();
+      p.y_stride = n;
+      p.rows = rows;
+      p.n = n;
+      p.eps = 1e-6f;
+      LS_ASSERT_OK(cu::RmsNorm(p));
+      LS_ASSERT_OK(cu::Synchronize());
+      const std::string what = "n=" + std::to_string(n) + (in_place ? " in place" : " own sum buffer");
+      EXPECT_TRUE(BitwiseEqual(Download<float>(in_place ? dx : ds, rows * n), want_sum, "fused sum, " + what));
+      EXPECT_TRUE(BitwiseEqual(Download<float>(dy, rows * n), want.y, "fused norm, " + what));
+    }
+  }
+}
+
 TEST(CudaRmsNorm, ValidationNamesTheField) {  // runs without a GPU: nothing is launched
   cu::RmsNormParams p;
   float dummy = 0;
