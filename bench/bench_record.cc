@@ -8,7 +8,7 @@
 //
 //   bench_record [--model DIR] [--prompt-len N] [--tokens N] [--batch B] [--kv-cache F]
 //                [--flush-interval S] [--out DIR] [--modes off,hook,none,summary,full] [--repeat N]
-//                [--backend cpu|cuda] [--random-weights 1] [--gpu-profile 1]
+//                [--backend cpu|cuda] [--random-weights 1] [--gpu-profile 1] [--compression-threads N]
 //
 // Each mode runs --repeat times, interleaved with the others (off, summary, full, off, …), so
 // that a slow stretch of a shared machine hits every mode alike. The table gives each mode's
@@ -78,6 +78,7 @@ int main(int argc, char** argv) {
   std::string backend = "cpu";   // cuda: the GPU forward pass (taps copied back per step)
   bool random_weights = false;   // --random-weights 1: config only, weights made on the GPU
   bool gpu_profile = false;      // --gpu-profile 1: GPU time per phase of each run, on stderr
+  int compression_threads = 1;   // the trace writer's compression workers (record's default)
   for (int i = 1; i + 1 < argc; i += 2) {
     std::string k = argv[i], v = argv[i + 1];
     if (k == "--model") model_dir = v;
@@ -92,6 +93,7 @@ int main(int argc, char** argv) {
     else if (k == "--backend") backend = v;
     else if (k == "--random-weights") random_weights = v == "1";
     else if (k == "--gpu-profile") gpu_profile = v == "1";
+    else if (k == "--compression-threads") compression_threads = std::stoi(v);
     else {
       std::fprintf(stderr, "bench_record: unknown flag %s\n", k.c_str());
       return 2;
@@ -148,6 +150,7 @@ int main(int argc, char** argv) {
     if (mode != "off" && mode != "hook") {
       traces::TraceWriterOptions wo;
       wo.batch_width = batch;
+      wo.compression_threads = compression_threads;
       {
         recorder::CapturePolicy pol;
         pol.mode = *recorder::CapturePolicy::ParseMode(mode);

@@ -364,7 +364,7 @@ Status CudaBackend::Tap(std::string_view name, const void* dev, int64_t cols, in
       return Status::Internal("cuda backend: tap '" + std::string(name) + "' lies outside the tap slab");
     }
     const size_t at = static_cast<size_t>(p - slab_buf_.as<char>());
-    pending_.push_back({std::string(name), at, summary_taps_, cols, stride, dtype});
+    pending_.push_back({name, at, summary_taps_, cols, stride, dtype});
     return Status::Ok();
   }
   const size_t bytes = summary_taps_ ? static_cast<size_t>(rows_) * sizeof(TapRowSummary)
@@ -391,7 +391,7 @@ Status CudaBackend::Tap(std::string_view name, const void* dev, int64_t cols, in
                                        static_cast<size_t>(stride) * 4, static_cast<size_t>(cols) * 4,
                                        static_cast<size_t>(rows_), stream_->get()));
   }
-  pending_.push_back({std::string(name), tap_used_, summary_taps_, cols, cols, dtype});
+  pending_.push_back({name, tap_used_, summary_taps_, cols, cols, dtype});
   tap_used_ += (bytes + 255) / 256 * 256;
   return Status::Ok();
 }

@@ -134,7 +134,9 @@ class CudaBackend final : public Backend {
   // (one device→host copy, one synchronisation) at the end of the step, or earlier when the
   // arena fills or an Override needs the values now.
   struct PendingTap {
-    std::string name;
+    // The model's tap name (or a literal): stable for the model's life, so the hook can key
+    // on its address (the recorder does) and a replayed step's list costs no allocations.
+    std::string_view name;
     size_t offset = 0;
     bool summary = false;  // the arena holds rows_ TapRowSummary at offset, not the values
     int64_t cols = 0;

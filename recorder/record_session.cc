@@ -110,6 +110,7 @@ Result<RecordSessionResult> RecordRun(engine::Engine& eng, const std::vector<Rec
   RecorderOptions ro;
   ro.policy = o.policy;
   ro.flush_interval_s = o.flush_interval_s;
+  ro.summarize_here_max_row_bytes = o.summarize_here_max_row_bytes;
   ro.detokenize = o.detokenize;
   Recorder rec(&eng, writer.get(), ro);
   rec.Attach();

@@ -42,6 +42,10 @@ struct RecorderOptions {
   double flush_interval_s = 1.0;
   // Token ids → text, for the generated text of finished requests; may be empty.
   std::function<std::string(const std::vector<int32_t>&)> detokenize;
+  // Summary-only rows up to this many bytes are summarised on the engine's thread; wider ones
+  // (a 100k-vocabulary logits row is 400 KB) are copied and summarised on the writer's thread,
+  // which costs the engine a fraction. Same summaries either way.
+  size_t summarize_here_max_row_bytes = size_t{64} << 10;
 };
 
 // A backend-computed tap row summary (engine/tap.h) as the trace's SummaryRow (same fields, same

@@ -4,6 +4,10 @@
 // every fault of the zoo is found at the layer, position and tap where it strikes.
 #include <gtest/gtest.h>
 
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <numeric>
 #include <random>
 
 #include "diff/trace_diff.h"
@@ -38,7 +42,8 @@ class ReplayTest : public ::testing::Test {
   // Records `prompts` on a fixture model into dir_/name.
   fs::path Record(const std::string& fixture, const std::string& name, std::vector<std::vector<int32_t>> prompts,
                   engine::EngineOptions eo = {}, double temperature = 0.0, int64_t new_tokens = 6,
-                  recorder::CapturePolicy::Mode mode = recorder::CapturePolicy::Mode::kFull) {
+                  recorder::CapturePolicy::Mode mode = recorder::CapturePolicy::Mode::kFull,
+                  size_t summarize_here_max_row_bytes = size_t{64} << 10) {
     const fs::path model_dir = testing::FixtureDir() / "models" / fixture;
     auto model = engine::Model::Load(model_dir);
     EXPECT_TRUE(model.ok()) << model.status().message();
@@ -57,7 +62,9 @@ class ReplayTest : public ::testing::Test {
     recorder::RecordSessionOptions so;
     so.output = dir_ / name;
     so.policy.mode = mode;
-    so.policy.logits = recorder::CapturePolicy::Logits::kFull;
+    so.policy.logits = logits_;
+    so.policy.logits_topk = logits_topk_;
+    so.summarize_here_max_row_bytes = summarize_here_max_row_bytes;
     auto fp = recorder::ModelFingerprint(model_dir);
     EXPECT_TRUE(fp.ok());
     so.meta = {{"model_dir", model_dir.string()}, {"model_fingerprint", *fp}, {"tokenizer_hash", "none"}};
@@ -86,6 +93,8 @@ class ReplayTest : public ::testing::Test {
 
   fs::path dir_;
   int counter_ = 0;
+  recorder::CapturePolicy::Logits logits_ = recorder::CapturePolicy::Logits::kFull;  // for Record
+  int64_t logits_topk_ = 32;
 };
 
 TEST_F(ReplayTest, ExactReplayIsBitExactInFullAndSummaryCapture) {
@@ -95,6 +104,66 @@ TEST_F(ReplayTest, ExactReplayIsBitExactInFullAndSummaryCapture) {
     EXPECT_TRUE(r.deterministic) << r.verdict;
     EXPECT_NE(r.verdict.find("deterministic"), std::string::npos);
     EXPECT_GT(r.diff.tensors.size(), 20u);
+  }
+}
+
+// Summary capture summarises narrow rows on the engine's thread and wide ones (above
+// RecorderOptions::summarize_here_max_row_bytes) on the writer's: with every row sent to the
+// writer the trace's summaries are the same, tensor for tensor.
+TEST_F(ReplayTest, SummariesAreTheSameMadeOnEitherThread) {
+  const auto summary = recorder::CapturePolicy::Mode::kSummary;
+  auto here = Record("v3_basic", "here.h5", {Prompt(14, 6), Prompt(9, 7)}, {}, 0.8, 6, summary);
+  auto writer = Record("v3_basic", "writer.h5", {Prompt(14, 6), Prompt(9, 7)}, {}, 0.8, 6, summary, 0);
+  auto d = Diff(here, writer);
+  EXPECT_FALSE(d.has_divergence) << d.first.tensor;
+  EXPECT_GT(d.tensors.size(), 20u);
+}
+
+// Full capture with top-k logits (the mode for large vocabularies): the stored ids and values
+// are the k best of the row (value descending, the lower id first on ties) and logsumexp is
+// log Σ exp over the row in double, checked against a recording of the same run that keeps
+// the whole rows.
+TEST_F(ReplayTest, TopKLogitsAreTheBestOfTheWholeRow) {
+  const std::vector<std::vector<int32_t>> prompts = {Prompt(10, 8), Prompt(7, 9)};
+  auto whole = Record("v3_basic", "whole.h5", prompts, {}, 0.8, 5);
+  logits_ = recorder::CapturePolicy::Logits::kTopK;
+  logits_topk_ = 8;
+  auto top = Record("v3_basic", "top.h5", prompts, {}, 0.8, 5);
+  auto rw = traces::TraceReader::Open(whole);
+  auto rt = traces::TraceReader::Open(top);
+  ASSERT_TRUE(rw.ok() && rt.ok());
+  const traces::TensorInfo* lw = (*rw)->FindTensor("taps/logits");
+  const traces::TensorInfo* ids = (*rt)->FindTensor("taps/logits.topk_ids");
+  const traces::TensorInfo* vals = (*rt)->FindTensor("taps/logits.topk_values");
+  const traces::TensorInfo* lse = (*rt)->FindTensor("taps/logits.logsumexp");
+  ASSERT_TRUE(lw && ids && vals && lse);
+  ASSERT_TRUE(lw->has_values);
+  const int64_t V = lw->cols, k = 8, rows = lw->rows;
+  ASSERT_EQ(ids->cols, k);
+  ASSERT_EQ(ids->rows, rows);
+  ASSERT_GE(rows, 10);
+  auto w = (*rw)->ReadValues(*lw, 0, rows);
+  auto i_ = (*rt)->ReadValues(*ids, 0, rows);
+  auto v_ = (*rt)->ReadValues(*vals, 0, rows);
+  auto l_ = (*rt)->ReadValues(*lse, 0, rows);
+  ASSERT_TRUE(w.ok() && i_.ok() && v_.ok() && l_.ok());
+  const auto* wf = reinterpret_cast<const float*>(w->data());
+  const auto* gi = reinterpret_cast<const int32_t*>(i_->data());
+  const auto* gv = reinterpret_cast<const float*>(v_->data());
+  const auto* gl = reinterpret_cast<const float*>(l_->data());
+  for (int64_t r = 0; r < rows; ++r) {
+    const float* row = wf + r * V;
+    std::vector<int32_t> order(V);
+    std::iota(order.begin(), order.end(), 0);
+    std::stable_sort(order.begin(), order.end(), [&](int32_t a, int32_t b) { return row[a] > row[b]; });
+    double m = -INFINITY, sum = 0;
+    for (int64_t i = 0; i < V; ++i) m = std::fmax(m, row[i]);
+    for (int64_t i = 0; i < V; ++i) sum += std::exp(static_cast<double>(row[i]) - m);
+    EXPECT_EQ(gl[r], static_cast<float>(m + std::log(sum))) << "row " << r;
+    for (int64_t j = 0; j < k; ++j) {
+      ASSERT_EQ(gi[r * k + j], order[j]) << "row " << r << " rank " << j;
+      ASSERT_EQ(std::memcmp(&gv[r * k + j], &row[order[j]], 4), 0) << "row " << r << " rank " << j;
+    }
   }
 }
 

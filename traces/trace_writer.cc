@@ -901,14 +901,18 @@ Status TraceWriter::AppendToSummarize(int32_t tensor, int32_t request, int32_t s
     pending.back().bytes.reserve(static_cast<size_t>(append_reserve_));
   }
   Command& c = pending.back();
-  const size_t at = c.bytes.size(), n = 16 + 8 * positions.size() + value_bytes;
-  c.bytes.resize(at + n);
-  uint8_t* p = c.bytes.data() + at;
-  std::memcpy(p, &request, 4);
-  std::memcpy(p + 4, &step, 4);
-  std::memcpy(p + 8, &rows, 8);
-  std::memcpy(p + 16, positions.data(), 8 * positions.size());
-  std::memcpy(p + 16 + 8 * positions.size(), values, value_bytes);
+  const size_t n = 16 + 8 * positions.size() + value_bytes;
+  // Appended with insert, not resize + memcpy: resize would zero the bytes first (a second
+  // pass over every tap value on the engine's thread).
+  uint8_t head[16];
+  std::memcpy(head, &request, 4);
+  std::memcpy(head + 4, &step, 4);
+  std::memcpy(head + 8, &rows, 8);
+  const auto* pos = reinterpret_cast<const uint8_t*>(positions.data());
+  const auto* val = static_cast<const uint8_t*>(values);
+  c.bytes.insert(c.bytes.end(), head, head + 16);
+  c.bytes.insert(c.bytes.end(), pos, pos + 8 * positions.size());
+  c.bytes.insert(c.bytes.end(), val, val + value_bytes);
   Command::Entry e{summary_table_[tensor], n};
   e.summarize = true;
   e.store_values = spec.values;

@@ -44,8 +44,11 @@ import sys
 import h5py
 import numpy as np
 full, summ = h5py.File(sys.argv[1], "r"), h5py.File(sys.argv[2], "r")
-names = [n for n in full["taps"] if not n.startswith("logits")]  # logits: kept whole or as top-k by mode
-assert names and sorted(names) == sorted(n for n in summ["taps"] if not n.startswith("logits")), list(summ["taps"])
+# Every tap's summaries, the logits' too (summarised on the GPU as well); the logits' top-k
+# and logsumexp exist in full capture only.
+names = [n for n in full["taps"] if not n.startswith("logits.")]
+assert "logits" in names and sorted(names) == sorted(n for n in summ["taps"] if not n.startswith("logits.")), \
+    list(summ["taps"])
 rows = 0
 for n in names:
     a, b = full["taps"][n]["summary"][...], summ["taps"][n]["summary"][...]

@@ -1,0 +1,184 @@
+// bench/bench_recorder_host.cc — what recording costs the engine's thread per decode step, with
+// no model and no GPU: the recorder is fed the tap events of a DeepSeek-V2-Lite-shaped decode
+// step (27 layers, hidden 2048, 16 heads, vocabulary 102400; the CUDA backend's tap set) made
+// of random values, and each step is closed as the engine's loop closes it (EndStep). The
+// host side of `bench_record --backend cuda`, measured apart from the GPU.
+//
+//   bench_recorder_host [--steps 64] [--batch 1] [--modes summary,full] [--compression-threads 4]
+//                       [--vocab 102400] [--no-logits] [--out /tmp]
+//
+// Prints, per mode, the engine thread's wall µs per step and how it splits between the taps
+// of the layers and the logits row (the two are timed apart).
+#include <chrono>
+#include <cstdio>
+#include <filesystem>
+#include <random>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "engine/engine.h"
+#include "engine/model.h"
+#include "recorder/recorder.h"
+#include "traces/trace_writer.h"
+
+using namespace lockstep;  // NOLINT
+using Clock = std::chrono::steady_clock;
+
+namespace {
+
+struct TapSpec {
+  std::string name;
+  int64_t cols;
+  engine::TapDType dtype;
+};
+
+std::vector<TapSpec> V2LiteTaps(int64_t layers, int64_t hidden) {
+  std::vector<TapSpec> t = {{"embed", hidden, engine::TapDType::kF32}};
+  for (int64_t l = 0; l < layers; ++l) {
+    const std::string p = "layers." + std::to_string(l) + ".";
+    for (auto [n, c] : {std::pair<const char*, int64_t>{"attn.norm", hidden}, {"attn.q", 16 * 192}, {"attn.latent", 512},
+                        {"attn.k_rope", 64}, {"attn.heads", 16 * 128}, {"attn.out", hidden}, {"resid_mid", hidden},
+                        {"ffn.norm", hidden}, {"ffn.out", hidden}, {"resid_out", hidden}}) {
+      t.push_back({p + n, c, engine::TapDType::kF32});
+    }
+    if (l > 0) {
+      t.push_back({p + "ffn.router.topk_ids", 6, engine::TapDType::kI32});
+      t.push_back({p + "ffn.router.topk_weights", 6, engine::TapDType::kF32});
+    }
+  }
+  t.push_back({"final_norm", hidden, engine::TapDType::kF32});
+  return t;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  int64_t steps = 64, batch = 1, vocab = 102400;
+  int threads = 4;
+  bool logits = true;
+  std::string modes = "summary,full", out_dir = "/tmp";
+  for (int i = 1; i < argc; ++i) {
+    const std::string k = argv[i];
+    if (k == "--no-logits") {
+      logits = false;
+      continue;
+    }
+    if (i + 1 >= argc) {
+      std::fprintf(stderr, "bench_recorder_host: %s needs a value\n", k.c_str());
+      return 2;
+    }
+    const std::string v = argv[++i];
+    if (k == "--steps") steps = std::stoll(v);
+    else if (k == "--batch") batch = std::stoll(v);
+    else if (k == "--modes") modes = v;
+    else if (k == "--compression-threads") threads = std::stoi(v);
+    else if (k == "--vocab") vocab = std::stoll(v);
+    else if (k == "--out") out_dir = v;
+    else {
+      std::fprintf(stderr, "bench_recorder_host: unknown flag %s\n", k.c_str());
+      return 2;
+    }
+  }
+  // The recorder needs an engine to attach to; the tiny model's CPU engine never runs here.
+  auto model = engine::Model::Load(LOCKSTEP_DEFAULT_MODEL_DIR);
+  if (!model.ok()) {
+    std::fprintf(stderr, "bench_recorder_host: %s\n", model.status().message().c_str());
+    return 1;
+  }
+  auto eng = engine::Engine::Create(*model, engine::EngineOptions{});
+  if (!eng.ok()) {
+    std::fprintf(stderr, "bench_recorder_host: %s\n", eng.status().message().c_str());
+    return 1;
+  }
+  const std::vector<TapSpec> taps = V2LiteTaps(27, 2048);
+  std::vector<float> values(static_cast<size_t>(batch) * std::max<int64_t>(vocab, 4096));
+  std::mt19937 rng(1);
+  std::normal_distribution<float> nd(0.0f, 3.0f);
+  for (float& v : values) v = nd(rng);
+  int64_t bytes_per_step = 0;
+  for (const TapSpec& t : taps) bytes_per_step += batch * t.cols * 4;
+  std::printf("%zu taps, %.2f MB of tap values per step (batch %lld), logits %s; %d compression threads\n\n",
+              taps.size(), bytes_per_step / 1e6, static_cast<long long>(batch),
+              logits ? std::to_string(vocab).c_str() : "off", threads);
+  std::printf("| capture | engine thread µs/step | taps µs | logits µs | close s |\n|---|---|---|---|---|\n");
+  std::stringstream ms(modes);
+  std::string mode;
+  while (std::getline(ms, mode, ',')) {
+    auto m = recorder::CapturePolicy::ParseMode(mode);
+    if (!m.ok()) {
+      std::fprintf(stderr, "bench_recorder_host: %s\n", m.status().message().c_str());
+      return 2;
+    }
+    const std::filesystem::path path = std::filesystem::path(out_dir) / ("bench_recorder_host_" + mode + ".h5");
+    traces::TraceWriterOptions wo;
+    wo.batch_width = batch;
+    wo.compression_threads = threads;
+    recorder::RecorderOptions ro;
+    ro.policy.mode = *m;
+    wo.alloc_block_bytes = recorder::RecorderOptions::AllocBlockBytes(ro.policy);
+    auto w = traces::TraceWriter::Create(path, wo);
+    if (!w.ok()) {
+      std::fprintf(stderr, "bench_recorder_host: %s\n", w.status().message().c_str());
+      return 1;
+    }
+    double taps_s = 0, logits_s = 0, total_s = 0;
+    {
+      recorder::Recorder rec(eng->get(), w->get(), ro);
+      for (int64_t s = 0; s < steps; ++s) {
+        const auto t0 = Clock::now();
+        for (const TapSpec& t : taps) {
+          for (int64_t b = 0; b < batch; ++b) {
+            engine::TapEvent e;
+            e.name = t.name;
+            e.request_id = b;
+            e.position = 64 + s;
+            e.rows = 1;
+            e.cols = t.cols;
+            e.dtype = t.dtype;
+            e.data = values.data() + (s * 7 + b) % 1024;
+            rec.OnTap(e);
+          }
+        }
+        const auto t1 = Clock::now();
+        if (logits) {
+          for (int64_t b = 0; b < batch; ++b) {
+            engine::TapEvent e;
+            e.name = "logits";
+            e.request_id = b;
+            e.position = 64 + s;
+            e.rows = 1;
+            e.cols = vocab;
+            e.data = values.data() + b * vocab;
+            rec.OnTap(e);
+          }
+        }
+        const auto t2 = Clock::now();
+        const Status st = rec.EndStep();
+        if (!st.ok()) {
+          std::fprintf(stderr, "bench_recorder_host: %s\n", st.message().c_str());
+          return 1;
+        }
+        const auto t3 = Clock::now();
+        if (s >= 4) {  // warm-up: first allocations
+          taps_s += std::chrono::duration<double>(t1 - t0).count();
+          logits_s += std::chrono::duration<double>(t2 - t1).count();
+          total_s += std::chrono::duration<double>(t3 - t0).count();
+        }
+      }
+      (void)rec.Finish();
+    }
+    const auto c0 = Clock::now();
+    const Status st = (*w)->Close();
+    const double close_s = std::chrono::duration<double>(Clock::now() - c0).count();
+    if (!st.ok()) {
+      std::fprintf(stderr, "bench_recorder_host: %s\n", st.message().c_str());
+      return 1;
+    }
+    const double n = static_cast<double>(std::max<int64_t>(steps - 4, 1));
+    std::printf("| %s | %.0f | %.0f | %.0f | %.2f |\n", mode.c_str(), 1e6 * total_s / n, 1e6 * taps_s / n,
+                1e6 * logits_s / n, close_s);
+    std::filesystem::remove(path);
+  }
+  return 0;
+}
