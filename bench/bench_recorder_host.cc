@@ -5,7 +5,10 @@
 // host side of `bench_record --backend cuda`, measured apart from the GPU.
 //
 //   bench_recorder_host [--steps 64] [--batch 1] [--modes summary,full] [--compression-threads 4]
-//                       [--vocab 102400] [--no-logits] [--out /tmp]
+//                       [--vocab 102400] [--no-logits] [--gpu-ms 5] [--out /tmp]
+//
+// --gpu-ms: the engine thread sleeps this long after each step (the GPU's part of a step), so
+// the writer's threads run beside it as they do in a real run.
 //
 // Prints, per mode, the engine thread's wall µs per step and how it splits between the taps
 // of the layers and the logits row (the two are timed apart).
@@ -15,6 +18,7 @@
 #include <random>
 #include <sstream>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "engine/engine.h"
@@ -55,6 +59,7 @@ std::vector<TapSpec> V2LiteTaps(int64_t layers, int64_t hidden) {
 
 int main(int argc, char** argv) {
   int64_t steps = 64, batch = 1, vocab = 102400;
+  double gpu_ms = 5.0;
   int threads = 4;
   bool logits = true;
   std::string modes = "summary,full", out_dir = "/tmp";
@@ -75,6 +80,7 @@ int main(int argc, char** argv) {
     else if (k == "--compression-threads") threads = std::stoi(v);
     else if (k == "--vocab") vocab = std::stoll(v);
     else if (k == "--out") out_dir = v;
+    else if (k == "--gpu-ms") gpu_ms = std::stod(v);
     else {
       std::fprintf(stderr, "bench_recorder_host: unknown flag %s\n", k.c_str());
       return 2;
@@ -160,6 +166,7 @@ int main(int argc, char** argv) {
           return 1;
         }
         const auto t3 = Clock::now();
+        std::this_thread::sleep_for(std::chrono::duration<double, std::milli>(gpu_ms));
         if (s >= 4) {  // warm-up: first allocations
           taps_s += std::chrono::duration<double>(t1 - t0).count();
           logits_s += std::chrono::duration<double>(t2 - t1).count();

@@ -183,7 +183,8 @@ void Recorder::OnTap(const engine::TapEvent& e) {
 }
 
 // Logits: the summary of every row always; the values themselves in full capture when the
-// vocabulary is small (or asked for), otherwise the top-k ids and values plus logsumexp.
+// vocabulary is small (or asked for), otherwise the top-k ids and values plus logsumexp,
+// which the writer's thread derives from a copy of the rows (traces::LogitsTopK).
 void Recorder::CaptureLogits(const engine::TapEvent& e) {
   const CapturePolicy& p = opts_.policy;
   const int64_t V = e.cols;
@@ -192,55 +193,37 @@ void Recorder::CaptureLogits(const engine::TapEvent& e) {
   const std::string base = std::string(traces::kTapsGroup) + "/logits";
   const Tensor* t = Define(base, DType::kF32, V, all);
   if (!t) return;
-  Capture(*t, e.request_id, e.position, e.rows, e.data, V * 4);
-  if (!full || all) return;
+  if (!full || all) {
+    Capture(*t, e.request_id, e.position, e.rows, e.data, V * 4);
+    return;
+  }
   const int64_t k = std::min<int64_t>(p.logits_topk, V);
   const Tensor* ids = Define(base + ".topk_ids", DType::kI32, k, true, {{"of", "logits"}});
   const Tensor* vals = Define(base + ".topk_values", DType::kF32, k, true, {{"of", "logits"}});
   const Tensor* lse = Define(base + ".logsumexp", DType::kF32, 1, true, {{"of", "logits"}});
   if (!ids || !vals || !lse) return;
-  std::vector<int32_t> top_ids(e.rows * k);
-  std::vector<float> top_vals(e.rows * k), lses(e.rows);
-  std::vector<int32_t> order;
-  order.reserve(static_cast<size_t>(k));
-  const float* lg = static_cast<const float*>(e.data);
-  for (int64_t r = 0; r < e.rows; ++r) {
-    if (!p.WantsPosition(e.position + r)) continue;
-    const float* row = lg + r * V;
-    // Highest first; ties go to the lower id, as in the sampler's greedy rule; NaNs before
-    // everything (in id order), so a poisoned row shows them.
-    auto better = [&](int32_t a, int32_t b) {
-      const bool na = std::isnan(row[a]), nb = std::isnan(row[b]);
-      if (na || nb) return na != nb ? na : a < b;
-      return row[a] > row[b] || (row[a] == row[b] && a < b);
-    };
-    // One pass keeping the best k in a heap whose front is the worst kept (a full sort of a
-    // 100k vocabulary cost the engine thread ~0.3 ms a row).
-    order.clear();
-    for (int32_t i = 0; i < static_cast<int32_t>(V); ++i) {
-      if (static_cast<int64_t>(order.size()) < k) {
-        order.push_back(i);
-        std::push_heap(order.begin(), order.end(), better);
-      } else if (better(i, order.front())) {
-        std::pop_heap(order.begin(), order.end(), better);
-        order.back() = i;
-        std::push_heap(order.begin(), order.end(), better);
-      }
-    }
-    std::sort_heap(order.begin(), order.end(), better);
-    double m = -INFINITY;
-    for (int64_t i = 0; i < V; ++i) m = std::fmax(m, row[i]);
-    double sum = 0;
-    for (int64_t i = 0; i < V; ++i) sum += std::exp(static_cast<double>(row[i]) - m);
-    lses[r] = static_cast<float>(m + std::log(sum));
-    for (int64_t i = 0; i < k; ++i) {
-      top_ids[r * k + i] = order[i];
-      top_vals[r * k + i] = row[order[i]];
-    }
+  positions_.clear();
+  for (int64_t i = 0; i < e.rows; ++i) {
+    if (p.WantsPosition(e.position + i)) positions_.push_back(e.position + i);
   }
-  Capture(*ids, e.request_id, e.position, e.rows, top_ids.data(), k * 4);
-  Capture(*vals, e.request_id, e.position, e.rows, top_vals.data(), k * 4);
-  Capture(*lse, e.request_id, e.position, e.rows, lses.data(), 4);
+  if (positions_.empty()) return;
+  const auto* rows = static_cast<const uint8_t*>(e.data);
+  const size_t row_bytes = static_cast<size_t>(V) * 4;
+  if (static_cast<int64_t>(positions_.size()) != e.rows) {
+    gather_.resize(positions_.size() * row_bytes);
+    for (size_t i = 0; i < positions_.size(); ++i) {
+      std::memcpy(gather_.data() + i * row_bytes, rows + (positions_[i] - e.position) * row_bytes, row_bytes);
+    }
+    rows = gather_.data();
+  }
+  traces::TraceWriter::LogitsTopKTensors topk;
+  topk.ids = ids->handle;
+  topk.values = vals->handle;
+  topk.logsumexp = lse->handle;
+  topk.k = k;
+  const Status s = writer_->AppendToSummarize(t->handle, static_cast<int32_t>(e.request_id),
+                                              static_cast<int32_t>(steps_), positions_, rows, &topk);
+  if (!s.ok()) Fail(s);
 }
 
 // The KV cache rows this forward pass wrote, read back as stored. Tensors per layer and

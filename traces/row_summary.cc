@@ -8,9 +8,11 @@
 #include <immintrin.h>
 #endif
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <limits>
+#include <vector>
 
 namespace lockstep::traces {
 
@@ -175,6 +177,37 @@ void Summarize(DType dtype, const void* row, int64_t cols, SummaryRow* out) {
   } else {
     out->rms = out->absmax = out->min = out->max = 0;
   }
+}
+
+void LogitsTopK(const float* row, int64_t cols, int64_t k, int32_t* ids, float* values, float* logsumexp) {
+  auto better = [&](int32_t a, int32_t b) {
+    const bool na = std::isnan(row[a]), nb = std::isnan(row[b]);
+    if (na || nb) return na != nb ? na : a < b;
+    return row[a] > row[b] || (row[a] == row[b] && a < b);
+  };
+  // One pass keeping the best k in a heap whose front is the worst kept.
+  std::vector<int32_t> heap;
+  heap.reserve(static_cast<size_t>(k));
+  for (int32_t i = 0; i < static_cast<int32_t>(cols); ++i) {
+    if (static_cast<int64_t>(heap.size()) < k) {
+      heap.push_back(i);
+      std::push_heap(heap.begin(), heap.end(), better);
+    } else if (k > 0 && better(i, heap.front())) {
+      std::pop_heap(heap.begin(), heap.end(), better);
+      heap.back() = i;
+      std::push_heap(heap.begin(), heap.end(), better);
+    }
+  }
+  std::sort_heap(heap.begin(), heap.end(), better);
+  for (size_t j = 0; j < heap.size(); ++j) {
+    ids[j] = heap[j];
+    values[j] = row[heap[j]];
+  }
+  double m = -INFINITY;
+  for (int64_t i = 0; i < cols; ++i) m = std::fmax(m, row[i]);
+  double sum = 0;
+  for (int64_t i = 0; i < cols; ++i) sum += std::exp(static_cast<double>(row[i]) - m);
+  *logsumexp = static_cast<float>(m + std::log(sum));
 }
 
 }  // namespace lockstep::traces

@@ -20,6 +20,12 @@ uint64_t ContentHash(const void* data, size_t bytes);
 // floats they encode, i32 and u8 as integers, fp8_e4m3 as the E4M3 value (without any scale).
 void Summarize(DType dtype, const void* row, int64_t cols, SummaryRow* out);
 
+// The k best entries of a logits row, highest first, ties to the lower id (the sampler's greedy
+// rule), NaNs before everything in id order (a poisoned row shows them); k ≤ cols. And the
+// row's logsumexp, m + log Σ exp(x − m) in double over the whole row (m its fmax), rounded to
+// float. What a full trace keeps of logits rows too wide to store whole.
+void LogitsTopK(const float* row, int64_t cols, int64_t k, int32_t* ids, float* values, float* logsumexp);
+
 // Decoders used by Summarize (and by tests).
 float Bf16ToFloat(uint16_t bits);
 float Fp8E4m3ToFloat(uint8_t bits);

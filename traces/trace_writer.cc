@@ -37,6 +37,10 @@ struct Command {
     bool store_values = false;
     DType dtype = DType::kF32;
     int64_t cols = 0;
+    // LogitsTopK of each row (summarize entries of logits): the three tensors' summary
+    // tables (values at + 1), or −1.
+    int32_t topk_tables[3] = {-1, -1, -1};
+    int64_t topk = 0;
   };
   std::vector<Entry> entries;
   std::vector<uint8_t> bytes;
@@ -120,6 +124,22 @@ class TraceWriter::Impl {
   // cost page faults (zeroed pages) on the engine thread every step.
   std::vector<std::vector<uint8_t>> spare_;  // guarded by mu_
   std::vector<uint8_t> fresh;                // caller's next buffer
+  static constexpr size_t kMaxSpare = 8;
+  // A buffer for a new batch of rows: the one kept for the caller, else one the writer has
+  // given back (taken under the lock now rather than at the next Submit, so a step that fills
+  // more than one buffer does not fault in new pages), else a new one.
+  std::vector<uint8_t> TakeBuffer() {
+    if (fresh.capacity() == 0) {
+      std::lock_guard<std::mutex> l(mu_);
+      if (!spare_.empty()) {
+        fresh = std::move(spare_.back());
+        spare_.pop_back();
+      }
+    }
+    std::vector<uint8_t> b = std::move(fresh);
+    fresh = std::vector<uint8_t>();
+    return b;
+  }
   std::chrono::steady_clock::time_point last_wake_{};
   void Join() {
     if (thread_.joinable()) thread_.join();
@@ -382,7 +402,7 @@ void TraceWriter::Impl::Run() {
     {
       std::lock_guard<std::mutex> l(mu_);
       queued_bytes_ -= bytes;
-      if (kind == Command::Kind::kAppend && spare_.size() < 4) {
+      if (kind == Command::Kind::kAppend && spare_.size() < kMaxSpare) {
         cmd.bytes.clear();
         spare_.push_back(std::move(cmd.bytes));
       }
@@ -493,6 +513,28 @@ Status TraceWriter::Impl::DoSummarizeAppend(const Command::Entry& e, const uint8
   LS_RETURN_IF_ERROR(DoAppend(*tables_[e.table], reinterpret_cast<const uint8_t*>(summaries_.data()),
                               summaries_.size() * sizeof(SummaryRow)));
   if (e.store_values) LS_RETURN_IF_ERROR(DoAppend(*tables_[e.table + 1], values, rows * row_bytes));
+  if (e.topk_tables[0] < 0) return Status::Ok();
+  // The derived rows, each as a summarised and stored row of its own tensor.
+  const int64_t k = e.topk;
+  std::vector<int32_t> ids(static_cast<size_t>(k));
+  std::vector<float> vals(static_cast<size_t>(k));
+  float lse = 0;
+  for (int64_t i = 0; i < rows; ++i) {
+    LogitsTopK(reinterpret_cast<const float*>(values + i * row_bytes), e.cols, k, ids.data(), vals.data(), &lse);
+    const struct {
+      DType dtype;
+      const void* data;
+      int64_t cols;
+    } parts[3] = {{DType::kI32, ids.data(), k}, {DType::kF32, vals.data(), k}, {DType::kF32, &lse, 1}};
+    for (int j = 0; j < 3; ++j) {
+      SummaryRow sr = summaries_[i];
+      Summarize(parts[j].dtype, parts[j].data, parts[j].cols, &sr);
+      LS_RETURN_IF_ERROR(
+          DoAppend(*tables_[e.topk_tables[j]], reinterpret_cast<const uint8_t*>(&sr), sizeof(SummaryRow)));
+      LS_RETURN_IF_ERROR(DoAppend(*tables_[e.topk_tables[j] + 1], static_cast<const uint8_t*>(parts[j].data),
+                                  static_cast<size_t>(parts[j].cols) * 4));
+    }
+  }
   return Status::Ok();
 }
 
@@ -864,8 +906,7 @@ Status TraceWriter::AppendRows(int32_t table, const void* data, size_t bytes) {
   auto& pending = impl_->pending;
   if (pending.empty() || pending.back().kind != Command::Kind::kAppend) {
     pending.emplace_back(Command::Kind::kAppend);
-    pending.back().bytes = std::move(impl_->fresh);
-    impl_->fresh = std::vector<uint8_t>();
+    pending.back().bytes = impl_->TakeBuffer();
     pending.back().bytes.clear();
     pending.back().bytes.reserve(static_cast<size_t>(append_reserve_));
   }
@@ -882,9 +923,27 @@ Status TraceWriter::AppendRows(int32_t table, const void* data, size_t bytes) {
 }
 
 Status TraceWriter::AppendToSummarize(int32_t tensor, int32_t request, int32_t step,
-                                      std::span<const int64_t> positions, const void* values) {
+                                      std::span<const int64_t> positions, const void* values,
+                                      const LogitsTopKTensors* topk) {
   if (tensor < 0 || tensor >= static_cast<int32_t>(tensors_.size())) {
     return Status::InvalidArgument("unknown tensor handle " + std::to_string(tensor));
+  }
+  if (topk != nullptr) {
+    const TensorSpec& lg = tensors_[tensor];
+    if (lg.dtype != DType::kF32 || topk->k < 1 || topk->k > lg.cols) {
+      return Status::InvalidArgument("tensor '" + lg.path + "': top-k needs f32 rows and 1 ≤ k ≤ cols");
+    }
+    const int32_t parts[3] = {topk->ids, topk->values, topk->logsumexp};
+    const DType want[3] = {DType::kI32, DType::kF32, DType::kF32};
+    const int64_t cols[3] = {topk->k, topk->k, 1};
+    for (int j = 0; j < 3; ++j) {
+      if (parts[j] < 0 || parts[j] >= static_cast<int32_t>(tensors_.size()) || !tensors_[parts[j]].values ||
+          tensors_[parts[j]].dtype != want[j] || tensors_[parts[j]].cols != cols[j]) {
+        return Status::InvalidArgument("top-k tensor handle " + std::to_string(parts[j]) + " of '" + lg.path +
+                                       "': needs a stored " + DTypeName(want[j]) + " tensor of " +
+                                       std::to_string(cols[j]) + " columns");
+      }
+    }
   }
   if (positions.empty()) return Status::Ok();
   if (closed_) return Status::Internal("trace writer already closed");
@@ -895,8 +954,7 @@ Status TraceWriter::AppendToSummarize(int32_t tensor, int32_t request, int32_t s
   auto& pending = impl_->pending;
   if (pending.empty() || pending.back().kind != Command::Kind::kAppend) {
     pending.emplace_back(Command::Kind::kAppend);
-    pending.back().bytes = std::move(impl_->fresh);
-    impl_->fresh = std::vector<uint8_t>();
+    pending.back().bytes = impl_->TakeBuffer();
     pending.back().bytes.clear();
     pending.back().bytes.reserve(static_cast<size_t>(append_reserve_));
   }
@@ -918,6 +976,13 @@ Status TraceWriter::AppendToSummarize(int32_t tensor, int32_t request, int32_t s
   e.store_values = spec.values;
   e.dtype = spec.dtype;
   e.cols = spec.cols;
+  if (topk != nullptr) {
+    e.topk_tables[0] = summary_table_[topk->ids];
+    e.topk_tables[1] = summary_table_[topk->values];
+    e.topk_tables[2] = summary_table_[topk->logsumexp];
+    e.topk = topk->k;
+    bytes_in_ += rows * static_cast<int64_t>(3 * sizeof(SummaryRow) + (2 * topk->k + 1) * 4);
+  }
   c.entries.push_back(e);
   append_reserve_ = std::max<int64_t>(append_reserve_, static_cast<int64_t>(c.bytes.size()));
   impl_->pending_bytes += static_cast<int64_t>(n);

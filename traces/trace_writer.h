@@ -105,8 +105,18 @@ class TraceWriter {
   // of `request`, made in engine step `step`; `values` holds the rows (positions.size() ×
   // cols of the dtype). They are stored only when the tensor stores values. This keeps the
   // statistics and hashing off the caller's (the engine's) thread.
+  //
+  // With `topk` (an f32 logits tensor): the writer thread also derives each row's LogitsTopK
+  // (row_summary.h) and appends it as one row each of the three tensors named there, which
+  // must store values (ids: i32 × k, values: f32 × k, logsumexp: f32 × 1) — summaries and
+  // values, as AppendToSummarize would. The k-best scan and the exponentials of a 100k
+  // vocabulary then cost the writer's thread, not the engine's.
+  struct LogitsTopKTensors {
+    int32_t ids = -1, values = -1, logsumexp = -1;
+    int64_t k = 0;
+  };
   Status AppendToSummarize(int32_t tensor, int32_t request, int32_t step, std::span<const int64_t> positions,
-                           const void* values);
+                           const void* values, const LogitsTopKTensors* topk = nullptr);
   Status AppendSampling(const SamplingRow& row);
   // `batch` holds the request ids of the step (at most batch_width are kept).
   Status AppendStep(const StepRow& row, std::span<const int64_t> batch);
