@@ -4,7 +4,9 @@
 // empty) and int32 rows, at tap-like widths. Bitwise: rms is compared bit for bit in traces.
 #include <gtest/gtest.h>
 
+#include <cmath>
 #include <cstring>
+#include <limits>
 #include <random>
 #include <vector>
 
@@ -73,6 +75,30 @@ TEST(RowStats, EqualsSummarizeOnInt32Rows) {
     const uint64_t hash = kernels::xxh3::Hash64(reinterpret_cast<const uint8_t*>(row.data()), cols * 4, XXH3_kSecret);
     ExpectSame(want, got, hash, "i32 cols " + std::to_string(cols));
   }
+}
+
+// traces::LogitsTopK on hand-made rows: highest first, ties to the lower id, NaNs first (in id
+// order), −inf last; logsumexp against the formula; k = cols sorts the whole row.
+TEST(LogitsTopK, OrderTiesNansAndLogsumexp) {
+  const float nan = std::numeric_limits<float>::quiet_NaN(), inf = std::numeric_limits<float>::infinity();
+  const std::vector<float> row = {1.0f, 3.0f, nan, 3.0f, -inf, 2.5f, nan, 0.0f};
+  std::vector<int32_t> ids(8);
+  std::vector<float> vals(8);
+  float lse = 0;
+  traces::LogitsTopK(row.data(), 8, 4, ids.data(), vals.data(), &lse);
+  EXPECT_EQ(std::vector<int32_t>(ids.begin(), ids.begin() + 4), (std::vector<int32_t>{2, 6, 1, 3}));
+  EXPECT_TRUE(std::isnan(vals[0]) && std::isnan(vals[1]));
+  EXPECT_EQ(vals[2], 3.0f);
+  EXPECT_TRUE(std::isnan(lse));  // NaN in the row: the sum is NaN
+  traces::LogitsTopK(row.data(), 8, 8, ids.data(), vals.data(), &lse);
+  EXPECT_EQ(ids, (std::vector<int32_t>{2, 6, 1, 3, 5, 0, 7, 4}));
+  const std::vector<float> clean = {0.5f, -1.0f, 2.0f, 2.0f, -inf};
+  traces::LogitsTopK(clean.data(), 5, 2, ids.data(), vals.data(), &lse);
+  EXPECT_EQ(ids[0], 2);
+  EXPECT_EQ(ids[1], 3);
+  double sum = 0;  // in row order, as the definition
+  for (double x : {0.5, -1.0, 2.0, 2.0}) sum += std::exp(x - 2.0);
+  EXPECT_EQ(lse, static_cast<float>(2.0 + std::log(sum)));
 }
 
 }  // namespace
