@@ -110,6 +110,10 @@ Result<std::unique_ptr<Backend>> CudaBackend::Create(std::shared_ptr<Model> mode
   const bool pinned = b->gemm_variant_.find("heuristic") == std::string::npos;
   b->dot_ = b->gemm_variant_.size() > 4 && b->gemm_variant_.ends_with("_dot");
   LS_ASSIGN_OR_RETURN(b->stream_, cu::CudaStream::Create());
+  LS_ASSIGN_OR_RETURN(b->side_, cu::CudaStream::Create());
+  LS_ASSIGN_OR_RETURN(b->fork_, cu::CudaEvent::Create());
+  LS_ASSIGN_OR_RETURN(b->join_, cu::CudaEvent::Create());
+  b->launch_ = b->stream_->get();
   cu::GemmOptions go;
   go.variant = cu::GemmVariant::kFp32Pedantic;
   go.pin_algorithm = pinned;
@@ -306,18 +310,23 @@ Status CudaBackend::AllocateCache(const PagedKvCache& cache) {
   return Status::Ok();
 }
 
+Status CudaBackend::EnsureZeroIds(int64_t rows) {
+  LS_RETURN_IF_ERROR(zero_ids_.Ensure(static_cast<size_t>(rows) * 4));
+  // A new buffer (a new size: Ensure grows by half at least) is zeroed once. Never inside a
+  // graph capture: a shape's first step runs uncaptured and grows every buffer.
+  if (zero_rows_ != static_cast<int64_t>(zero_ids_.buf.size() / 4)) {
+    LS_RETURN_IF_ERROR(cu::FillConstant(zero_ids_.buf.data(), static_cast<int64_t>(zero_ids_.buf.size() / 4), false,
+                                        0.0f, stream_->get()));  // 0.0f: all bits zero
+    zero_rows_ = static_cast<int64_t>(zero_ids_.buf.size() / 4);
+  }
+  return Status::Ok();
+}
+
 Status CudaBackend::Linear(const float* x, int64_t x_stride, int64_t rows, const void* w, int64_t w_stride,
                            bool w_bf16, int64_t out, int64_t in, float* y, int64_t y_stride) {
   if (rows == 0) return Status::Ok();
   if (dot_) {
-    LS_RETURN_IF_ERROR(zero_ids_.Ensure(static_cast<size_t>(rows) * 4));
-    // A new buffer (a new size: Ensure grows by half at least) is zeroed once. Never inside a
-    // graph capture: a shape's first step runs uncaptured and grows every buffer.
-    if (zero_rows_ != static_cast<int64_t>(zero_ids_.buf.size() / 4)) {
-      LS_RETURN_IF_ERROR(cu::FillConstant(zero_ids_.buf.data(), static_cast<int64_t>(zero_ids_.buf.size() / 4), false,
-                                          0.0f, stream_->get()));  // 0.0f: all bits zero
-      zero_rows_ = static_cast<int64_t>(zero_ids_.buf.size() / 4);
-    }
+    LS_RETURN_IF_ERROR(EnsureZeroIds(rows));
     cu::ExpertGemmParams g;
     g.rows = rows;
     g.k = 1;
@@ -334,7 +343,7 @@ Status CudaBackend::Linear(const float* x, int64_t x_stride, int64_t rows, const
     g.ids = zero_ids_.as<int32_t>();
     g.y = y;
     g.y_stride = y_stride;
-    return cu::ExpertGemm(g, stream_->get());
+    return cu::ExpertGemm(g, launch_);
   }
   cu::GemmParams p;
   p.rows = rows;
@@ -347,13 +356,13 @@ Status CudaBackend::Linear(const float* x, int64_t x_stride, int64_t rows, const
   if (!w_bf16) {
     p.x = x;
     p.x_stride = x_stride;
-    return gemm_f32_->Run(p, stream_->get());
+    return gemm_f32_->Run(p, launch_);
   }
   LS_RETURN_IF_ERROR(xb_.Ensure(static_cast<size_t>(rows * in) * 2));
-  LS_RETURN_IF_ERROR(cu::ToBf16(x, x_stride, xb_.as<uint16_t>(), in, rows, in, stream_->get()));
+  LS_RETURN_IF_ERROR(cu::ToBf16(x, x_stride, xb_.as<uint16_t>(), in, rows, in, launch_));
   p.x = xb_.as<uint16_t>();
   p.x_stride = in;
-  return gemm_bf16_->Run(p, stream_->get());
+  return gemm_bf16_->Run(p, launch_);
 }
 
 Status CudaBackend::Tap(std::string_view name, const void* dev, int64_t cols, int64_t stride, TapDType dtype) {
@@ -534,7 +543,7 @@ Status CudaBackend::SwiGluMlp(const DevTensor& gate_up, const DevTensor& down, i
   sp.out_stride = inter;
   sp.rows = rows;
   sp.n = inter;
-  LS_RETURN_IF_ERROR(cu::SwiGlu(sp, stream_->get()));
+  LS_RETURN_IF_ERROR(cu::SwiGlu(sp, launch_));
   return Linear(act, inter, rows, down, y, H);
 }
 

@@ -184,6 +184,14 @@ class CudaBackend final : public Backend {
   // gemm=*_dot: dense products through ExpertGemm (one "expert", ids all zero: zero_ids_), in
   // cpu::Dot's order — bitwise the CPU engine's GEMM of the same precision.
   bool dot_ = false;
+  // A second stream for independent branches of a decode step (the shared experts beside the
+  // routed ones, the latent-cache path beside q's): forked from and joined back into stream_
+  // with events, so a CUDA graph captures both branches. Linear and SwiGluMlp launch on
+  // launch_ (stream_ outside a branch).
+  std::unique_ptr<cu::CudaStream> side_;
+  std::unique_ptr<cu::CudaEvent> fork_, join_;
+  cu::Stream launch_ = nullptr;
+  Status EnsureZeroIds(int64_t rows);  // zero_ids_ for `rows` rows (dot_ GEMMs' expert ids)
   int64_t zero_rows_ = 0;  // rows of zero_ids_ known to be zero
   std::unique_ptr<cu::CudaStream> stream_;
   std::unique_ptr<cu::Gemm> gemm_f32_, gemm_bf16_;

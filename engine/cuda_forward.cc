@@ -23,6 +23,7 @@ Status CudaBackend::Forward(std::span<Segment> segs, PagedKvCache& cache, const 
     return Status::Internal("cuda backend: weights were loaded for gemm=" + gemm_variant_ + ", step asks gemm=" + gemm);
   }
   cu::Stream s = stream_->get();
+  launch_ = s;
 
   // Rows, positions, validation, cache pages (the host cache allocates; the device mirrors ids).
   LS_ASSIGN_OR_RETURN(SegmentLayout layout, LayOutSegments(segs, c));
@@ -253,6 +254,22 @@ LS_RETURN_IF_ERROR(Mark("start"));
     // taps outside the slab need each buffer summarised or copied before the next write.
     const bool fuse_norms = hook == nullptr || slab_;
     bool h_ready = false;  // h already holds this layer's input norm (from the last residual add)
+    // Independent branches on two streams (see side_): only with the CPU-order GEMMs, whose
+    // kernels share no scratch (cuBLAS's path converts x in one shared buffer), and where taps
+    // need no copies or fences in stream order.
+    const bool overlap = dot_ && (hook == nullptr || slab_);
+    if (dot_) LS_RETURN_IF_ERROR(EnsureZeroIds(R));  // before any branch reads it
+    const cu::Stream main_stream = s;
+    // Runs fn's launches on the side stream after what `s` has queued; join_ marks their end.
+    auto on_side = [&](auto&& fn) -> Status {
+      LS_RETURN_IF_ERROR(fork_->Record(main_stream));
+      LS_RETURN_IF_ERROR(fork_->WaitOn(side_->get()));
+      s = launch_ = side_->get();
+      const Status st = fn();
+      s = launch_ = main_stream;
+      LS_RETURN_IF_ERROR(st);
+      return join_->Record(side_->get());
+    };
     auto add_norm = [&](float* sum, const float* a, const float* b, const DevTensor& w, float* y) {
       cu::RmsNormParams p;
       p.x = a;
@@ -288,29 +305,16 @@ LS_RETURN_IF_ERROR(Mark("start"));
       LS_RETURN_IF_ERROR(Tap(tn(kTapAttnNorm), h, H, H, TapDType::kF32));
       LS_RETURN_IF_ERROR(Mark("rmsnorm"));
   
-      // q = q_b(RMSNorm(q_a(h))) or q_proj(h)
-      if (c.q_lora_rank > 0) {
-        LS_RETURN_IF_ERROR(Linear(h, H, R, D.q_a_proj, qa, c.q_lora_rank));
-        LS_RETURN_IF_ERROR(rmsnorm(qa, c.q_lora_rank, D.q_a_norm, c.q_lora_rank, 1e-6f, qr, c.q_lora_rank));
-        LS_RETURN_IF_ERROR(Linear(qr, c.q_lora_rank, R, D.q_b_proj, q, nh * dqk));
-        LS_RETURN_IF_ERROR(Mark("q_proj"));
-      } else {
-        LS_RETURN_IF_ERROR(Linear(h, H, R, D.q_proj, q, nh * dqk));
-        LS_RETURN_IF_ERROR(Mark("q_proj"));
-      }
-      // [c_kv | k_rope] = kv_a(h); latent = RMSNorm(c_kv); RoPE on q's rope part and k_rope in place.
-      LS_RETURN_IF_ERROR(Linear(h, H, R, D.kv_a_proj, kv, C + dr));
-      LS_RETURN_IF_ERROR(Mark("kv_a_proj"));
-      LS_RETURN_IF_ERROR(rmsnorm(kv, C + dr, D.kv_a_norm, C, 1e-6f, latent, C));
       const cu::RopeStyle style = ToRopeStyle(c.rope_style);
-      LS_RETURN_IF_ERROR(rope(q + dn, nh * dqk, nh, dqk, style));
-      LS_RETURN_IF_ERROR(rope(kv + C, C + dr, 1, dr, style));
-      LS_RETURN_IF_ERROR(Tap(tn(kTapQ), q, nh * dqk, nh * dqk, TapDType::kF32));
-      LS_RETURN_IF_ERROR(Tap(tn(kTapLatent), latent, C, C, TapDType::kF32));
-      LS_RETURN_IF_ERROR(Tap(tn(kTapKRope), kv + C, dr, C + dr, TapDType::kF32));
-  
-      // Append to the device cache in its format; attention reads what was stored.
-      {
+      // The latent-cache path: [c_kv | k_rope] = kv_a(h); latent = RMSNorm(c_kv); RoPE on
+      // k_rope in place; then appended to the device cache in its format (attention reads what
+      // was stored). Independent of q's path until attention: with `overlap` it runs on the
+      // side stream while q's runs here.
+      auto kv_path = [&]() -> Status {
+        LS_RETURN_IF_ERROR(Linear(h, H, R, D.kv_a_proj, kv, C + dr));
+        if (!overlap) LS_RETURN_IF_ERROR(Mark("kv_a_proj"));
+        LS_RETURN_IF_ERROR(rmsnorm(kv, C + dr, D.kv_a_norm, C, 1e-6f, latent, C));
+        LS_RETURN_IF_ERROR(rope(kv + C, C + dr, 1, dr, style));
         cu::LatentWriteParams wp;
         wp.latent = latent;
         wp.latent_stride = C;
@@ -325,8 +329,24 @@ LS_RETURN_IF_ERROR(Mark("start"));
         wp.format = format_;
         wp.error_flag = err;
         LS_RETURN_IF_ERROR(cu::WriteLatent(wp, s));
-        LS_RETURN_IF_ERROR(Mark("norm_rope_write"));
+        if (!overlap) LS_RETURN_IF_ERROR(Mark("norm_rope_write"));
+        return Status::Ok();
+      };
+      if (overlap) LS_RETURN_IF_ERROR(on_side(kv_path));
+      // q = q_b(RMSNorm(q_a(h))) or q_proj(h); RoPE on its rope part.
+      if (c.q_lora_rank > 0) {
+        LS_RETURN_IF_ERROR(Linear(h, H, R, D.q_a_proj, qa, c.q_lora_rank));
+        LS_RETURN_IF_ERROR(rmsnorm(qa, c.q_lora_rank, D.q_a_norm, c.q_lora_rank, 1e-6f, qr, c.q_lora_rank));
+        LS_RETURN_IF_ERROR(Linear(qr, c.q_lora_rank, R, D.q_b_proj, q, nh * dqk));
+      } else {
+        LS_RETURN_IF_ERROR(Linear(h, H, R, D.q_proj, q, nh * dqk));
       }
+      LS_RETURN_IF_ERROR(rope(q + dn, nh * dqk, nh, dqk, style));
+      LS_RETURN_IF_ERROR(Mark("q_proj"));
+      if (!overlap) LS_RETURN_IF_ERROR(kv_path());
+      LS_RETURN_IF_ERROR(Tap(tn(kTapQ), q, nh * dqk, nh * dqk, TapDType::kF32));
+      LS_RETURN_IF_ERROR(Tap(tn(kTapLatent), latent, C, C, TapDType::kF32));
+      LS_RETURN_IF_ERROR(Tap(tn(kTapKRope), kv + C, dr, C + dr, TapDType::kF32));
   
       // V3.2 indexer: scores over every causal key, exact top-k → the keys sparse attention reads.
       const bool sparse = c.layers[l].attention == AttentionKind::kMlaSparse;
@@ -425,6 +445,10 @@ LS_RETURN_IF_ERROR(Mark("start"));
       ab.error_flag = err;
       LS_RETURN_IF_ERROR(cu::ExpertGemm(ab, s));
       LS_RETURN_IF_ERROR(Mark("absorb_q"));
+      if (overlap) {
+        LS_RETURN_IF_ERROR(join_->WaitOn(s));  // the cache holds this step's latents
+        LS_RETURN_IF_ERROR(Mark("kv_path_wait"));
+      }
       {
         cu::MlaDecodeParams mp;
         mp.batch = R;
@@ -507,6 +531,13 @@ LS_RETURN_IF_ERROR(Mark("start"));
         LS_RETURN_IF_ERROR(SwiGluMlp(D.mlp_gate_up, D.mlp_down, D.mlp_inter, h, R, o));
         LS_RETURN_IF_ERROR(Mark("dense_mlp"));
       } else {
+        // The shared experts read only h: with `overlap` they run on the side stream beside
+        // the router and the routed experts.
+        const bool shared_side = overlap && c.n_shared_experts > 0;
+        if (shared_side) {
+          LS_RETURN_IF_ERROR(
+              on_side([&] { return SwiGluMlp(D.shared_gate_up, D.shared_down, D.shared_inter, h, R, sh); }));
+        }
         // Router logits in fp32 (the router is never rounded), routing on the device.
         // Router logits: fp32 weights, cpu::Dot's order (RowDots) — the CPU's exact bits,
         // so the experts chosen are the CPU's whenever the inputs are.
@@ -587,7 +618,10 @@ LS_RETURN_IF_ERROR(Mark("start"));
         ge.y_stride = H;
         LS_RETURN_IF_ERROR(cu::ExpertGemm(ge, s));
         LS_RETURN_IF_ERROR(Mark("experts_down"));
-        if (c.n_shared_experts > 0) {
+        if (shared_side) {
+          LS_RETURN_IF_ERROR(join_->WaitOn(s));
+          LS_RETURN_IF_ERROR(Mark("shared_experts_wait"));
+        } else if (c.n_shared_experts > 0) {
           LS_RETURN_IF_ERROR(SwiGluMlp(D.shared_gate_up, D.shared_down, D.shared_inter, h, R, sh));
           LS_RETURN_IF_ERROR(Mark("shared_experts"));
         }

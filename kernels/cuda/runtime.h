@@ -34,6 +34,21 @@ class CudaStream {
   Stream s_ = nullptr;
 };
 
+// An event for ordering streams (no timing): Record on one stream, Wait on another makes the
+// second wait for the work the first had queued. Both may be captured into a CUDA graph (a
+// fork and a join of its branches).
+class CudaEvent {
+ public:
+  static Result<std::unique_ptr<CudaEvent>> Create();
+  ~CudaEvent();
+  Status Record(Stream stream);
+  Status WaitOn(Stream stream) const;  // `stream` waits for the last Record
+
+ private:
+  CudaEvent() = default;
+  void* e_ = nullptr;  // cudaEvent_t
+};
+
 // Page-locked host memory (cudaMallocHost), so asynchronous copies really are asynchronous.
 class PinnedBuffer {
  public:

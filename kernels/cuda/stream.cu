@@ -19,6 +19,28 @@ Result<std::unique_ptr<CudaStream>> CudaStream::Create() {
   return Result<std::unique_ptr<CudaStream>>(std::move(s));
 }
 
+Result<std::unique_ptr<CudaEvent>> CudaEvent::Create() {
+  std::unique_ptr<CudaEvent> e(new CudaEvent());
+  cudaEvent_t raw = nullptr;
+  LS_CUDA_RETURN_IF_ERROR(cudaEventCreateWithFlags(&raw, cudaEventDisableTiming));
+  e->e_ = raw;
+  return Result<std::unique_ptr<CudaEvent>>(std::move(e));
+}
+
+CudaEvent::~CudaEvent() {
+  if (e_ != nullptr) cudaEventDestroy(static_cast<cudaEvent_t>(e_));
+}
+
+Status CudaEvent::Record(Stream stream) {
+  LS_CUDA_RETURN_IF_ERROR(cudaEventRecord(static_cast<cudaEvent_t>(e_), stream));
+  return Status::Ok();
+}
+
+Status CudaEvent::WaitOn(Stream stream) const {
+  LS_CUDA_RETURN_IF_ERROR(cudaStreamWaitEvent(stream, static_cast<cudaEvent_t>(e_), 0));
+  return Status::Ok();
+}
+
 CudaStream::~CudaStream() {
   if (s_ != nullptr) cudaStreamDestroy(s_);
 }
