@@ -4,14 +4,15 @@
 // of random values, and each step is closed as the engine's loop closes it (EndStep). The
 // host side of `bench_record --backend cuda`, measured apart from the GPU.
 //
-//   bench_recorder_host [--steps 64] [--batch 1] [--modes summary,full] [--compression-threads 4]
+//   bench_recorder_host [--steps 64] [--batch 1] [--modes summary-gpu,summary,full] [--compression-threads 4]
 //                       [--vocab 102400] [--no-logits] [--gpu-ms 5] [--out /tmp]
 //
 // --gpu-ms: the engine thread sleeps this long after each step (the GPU's part of a step), so
 // the writer's threads run beside it as they do in a real run.
 //
 // Prints, per mode, the engine thread's wall µs per step and how it splits between the taps
-// of the layers and the logits row (the two are timed apart).
+// of the layers and the logits row (the two are timed apart). summary-gpu is summary capture
+// as the CUDA backend feeds it: each tap event carries its rows' summaries, not the values.
 #include <chrono>
 #include <cstdio>
 #include <filesystem>
@@ -62,7 +63,7 @@ int main(int argc, char** argv) {
   double gpu_ms = 5.0;
   int threads = 4;
   bool logits = true;
-  std::string modes = "summary,full", out_dir = "/tmp";
+  std::string modes = "summary-gpu,summary,full", out_dir = "/tmp";
   for (int i = 1; i < argc; ++i) {
     const std::string k = argv[i];
     if (k == "--no-logits") {
@@ -111,7 +112,8 @@ int main(int argc, char** argv) {
   std::stringstream ms(modes);
   std::string mode;
   while (std::getline(ms, mode, ',')) {
-    auto m = recorder::CapturePolicy::ParseMode(mode);
+    const bool gpu_summaries = mode == "summary-gpu";
+    auto m = recorder::CapturePolicy::ParseMode(gpu_summaries ? "summary" : mode);
     if (!m.ok()) {
       std::fprintf(stderr, "bench_recorder_host: %s\n", m.status().message().c_str());
       return 2;
@@ -129,6 +131,7 @@ int main(int argc, char** argv) {
       return 1;
     }
     double taps_s = 0, logits_s = 0, total_s = 0;
+    std::vector<engine::TapRowSummary> sums(static_cast<size_t>(batch));  // what a device summary would be
     {
       recorder::Recorder rec(eng->get(), w->get(), ro);
       for (int64_t s = 0; s < steps; ++s) {
@@ -142,7 +145,12 @@ int main(int argc, char** argv) {
             e.rows = 1;
             e.cols = t.cols;
             e.dtype = t.dtype;
-            e.data = values.data() + (s * 7 + b) % 1024;
+            if (gpu_summaries) {
+              sums[b].hash = static_cast<uint64_t>(s * 1000 + b);
+              e.summaries = &sums[b];
+            } else {
+              e.data = values.data() + (s * 7 + b) % 1024;
+            }
             rec.OnTap(e);
           }
         }
