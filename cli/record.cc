@@ -165,7 +165,9 @@ void RegisterRecord(CLI::App& app, SetAction set_action) {
                   "Seconds between flushes (what survives a crash); 0 = after every step")
       ->check(CLI::NonNegativeNumber);
   cmd->add_option("--zstd-level", args->zstd_level, "Zstandard level 1..22")->check(CLI::Range(1, 22));
-  cmd->add_option("--compression-threads", args->compression_threads, "Compression workers")->check(CLI::Range(0, 64));
+  cmd->add_option("--compression-threads", args->compression_threads,
+                  "zstd workers beside the writer thread (0: the writer compresses); full capture of a large "
+                  "model at batch > 1 needs several")->check(CLI::Range(0, 64));
   cmd->add_option("--queue-mb", args->queue_mb, "Capture queue bound; the engine waits (and the trace says how long) when full")
       ->check(CLI::Range(1, 1 << 20));
   cmd->add_flag("--quiet,-q", args->quiet, "No progress or statistics on stderr");
