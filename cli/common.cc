@@ -113,6 +113,9 @@ void EngineFlags::Register(CLI::App* app) {
   app->add_flag("--no-cuda-graphs", no_cuda_graphs,
                 "--backend cuda: launch every decode step kernel by kernel instead of replaying a CUDA graph "
                 "(slower; the same bits)");
+  app->add_flag("--no-side-stream", no_side_stream,
+                "--backend cuda: run a step's independent branches (the latent-cache path, the shared experts) in "
+                "order on one stream instead of beside the others on a second (slower; the same bits)");
   app->add_flag("--gpu-profile", gpu_profile,
                 "--backend cuda: print the GPU time of each phase of a step (ms/step) on stderr at the end");
   app->add_option("--fault", fault,
@@ -150,6 +153,7 @@ Result<engine::EngineOptions> EngineFlags::ToOptions() const {
   o.fault = fault;
   o.backend = backend;
   o.device.cuda_graphs = !no_cuda_graphs;
+  o.device.side_stream = !no_side_stream;
   o.device.profile = gpu_profile;
   o.max_batch = max_batch;
   o.max_prefill_tokens = max_prefill_tokens;

@@ -27,6 +27,7 @@ namespace lockstep::engine {
 // How a device backend runs (no effect on the CPU backend, and none on any result).
 struct BackendOptions {
   bool cuda_graphs = true;  // decode steps captured once per batch size and replayed as CUDA graphs
+  bool side_stream = true;  // a step's independent branches on a second stream (docs/gpu.md)
   bool profile = false;     // GPU time per phase of a step, printed to stderr when the backend ends
 };
 

@@ -101,6 +101,7 @@ Result<std::unique_ptr<Backend>> CudaBackend::Create(std::shared_ptr<Model> mode
   b->model_ = std::move(model);
   b->device_ = cu::DeviceDescription();
   b->use_graphs_ = options.cuda_graphs;
+  b->use_side_ = options.side_stream;
   if (options.profile) {
     LS_ASSIGN_OR_RETURN(b->prof_, cu::EventTimer::Create());
   }
@@ -121,6 +122,11 @@ Result<std::unique_ptr<Backend>> CudaBackend::Create(std::shared_ptr<Model> mode
   if (b->bf16_) {
     go.variant = cu::GemmVariant::kBf16;
     LS_ASSIGN_OR_RETURN(b->gemm_bf16_, cu::Gemm::Create(go));
+    if (b->use_side_ && !b->dot_) {  // the side stream's (fp32 for any fp32 weights of a bf16 model)
+      LS_ASSIGN_OR_RETURN(b->gemm_bf16_side_, cu::Gemm::Create(go));
+      go.variant = cu::GemmVariant::kFp32Pedantic;
+      LS_ASSIGN_OR_RETURN(b->gemm_f32_side_, cu::Gemm::Create(go));
+    }
   }
   LS_RETURN_IF_ERROR(b->AcquireWeights());
   LS_RETURN_IF_ERROR(b->AllocateCache(cache));
@@ -353,16 +359,20 @@ Status CudaBackend::Linear(const float* x, int64_t x_stride, int64_t rows, const
   p.w_stride = w_stride;
   p.y = y;
   p.y_stride = y_stride;
+  // On the side stream: its own conversion buffer and cuBLASLt workspace (the same pinned
+  // algorithms: the heuristic's answer depends only on the shape, so the same bits).
+  const bool side = launch_ != stream_->get();
   if (!w_bf16) {
     p.x = x;
     p.x_stride = x_stride;
-    return gemm_f32_->Run(p, launch_);
+    return (side ? gemm_f32_side_ : gemm_f32_)->Run(p, launch_);
   }
-  LS_RETURN_IF_ERROR(xb_.Ensure(static_cast<size_t>(rows * in) * 2));
-  LS_RETURN_IF_ERROR(cu::ToBf16(x, x_stride, xb_.as<uint16_t>(), in, rows, in, launch_));
-  p.x = xb_.as<uint16_t>();
+  Scratch& xb = side ? xb_side_ : xb_;
+  LS_RETURN_IF_ERROR(xb.Ensure(static_cast<size_t>(rows * in) * 2));
+  LS_RETURN_IF_ERROR(cu::ToBf16(x, x_stride, xb.as<uint16_t>(), in, rows, in, launch_));
+  p.x = xb.as<uint16_t>();
   p.x_stride = in;
-  return gemm_bf16_->Run(p, launch_);
+  return (side ? gemm_bf16_side_ : gemm_bf16_)->Run(p, launch_);
 }
 
 Status CudaBackend::Tap(std::string_view name, const void* dev, int64_t cols, int64_t stride, TapDType dtype) {

@@ -109,7 +109,7 @@ class CudaBackend final : public Backend {
 
  private:
   CudaBackend() {
-    for (Scratch* sc : {&dev_in_, &act_, &xb_, &zero_ids_, &mla_ws_, &scores_, &logits_dev_, &gather_, &tap_arena_,
+    for (Scratch* sc : {&dev_in_, &act_, &xb_, &xb_side_, &zero_ids_, &mla_ws_, &scores_, &logits_dev_, &gather_, &tap_arena_,
                         &mirror_dev_, &slab_buf_}) {
       sc->generation = &alloc_generation_;
     }
@@ -195,6 +195,7 @@ class CudaBackend final : public Backend {
   int64_t zero_rows_ = 0;  // rows of zero_ids_ known to be zero
   std::unique_ptr<cu::CudaStream> stream_;
   std::unique_ptr<cu::Gemm> gemm_f32_, gemm_bf16_;
+  std::unique_ptr<cu::Gemm> gemm_f32_side_, gemm_bf16_side_;  // the side stream's (cuBLAS variants)
 
   std::shared_ptr<const DeviceWeights> weights_;
   DevTensor rope_cos_, rope_sin_;
@@ -208,7 +209,7 @@ class CudaBackend final : public Backend {
   // Step inputs (pinned host → device) and scratch.
   cu::PinnedBuffer host_in_;
   Scratch slab_buf_;
-  Scratch dev_in_, act_, xb_, zero_ids_, mla_ws_, scores_, logits_dev_, gather_, tap_arena_, mirror_dev_;
+  Scratch dev_in_, act_, xb_, xb_side_, zero_ids_, mla_ws_, scores_, logits_dev_, gather_, tap_arena_, mirror_dev_;
   cu::PinnedBuffer logits_host_, tap_host_, mirror_host_;
   cu::DeviceBuffer error_flag_;
 
@@ -226,6 +227,7 @@ class CudaBackend final : public Backend {
   std::map<int64_t, StepGraph> graphs_;
   std::map<int64_t, int64_t> warmed_;  // batch size → generation after its uncaptured run
   bool use_graphs_ = true;
+  bool use_side_ = true;  // BackendOptions::side_stream
   bool capturing_ = false;
 
   // Per-step state used by the tap helpers.

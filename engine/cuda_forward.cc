@@ -254,10 +254,10 @@ LS_RETURN_IF_ERROR(Mark("start"));
     // taps outside the slab need each buffer summarised or copied before the next write.
     const bool fuse_norms = hook == nullptr || slab_;
     bool h_ready = false;  // h already holds this layer's input norm (from the last residual add)
-    // Independent branches on two streams (see side_): only with the CPU-order GEMMs, whose
-    // kernels share no scratch (cuBLAS's path converts x in one shared buffer), and where taps
-    // need no copies or fences in stream order.
-    const bool overlap = dot_ && (hook == nullptr || slab_);
+    // Independent branches on two streams (see side_), where taps need no copies or fences
+    // in stream order. The side stream's GEMMs have their own scratch and workspace; not for
+    // cuBLAS fp32, whose objects may each fall back from PEDANTIC on their own.
+    const bool overlap = use_side_ && (dot_ || bf16_) && (hook == nullptr || slab_);
     if (dot_) LS_RETURN_IF_ERROR(EnsureZeroIds(R));  // before any branch reads it
     const cu::Stream main_stream = s;
     // Runs fn's launches on the side stream after what `s` has queued; join_ marks their end.

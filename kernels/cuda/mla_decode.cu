@@ -333,19 +333,34 @@ __global__ void __launch_bounds__(kCombineThreads) MlaCombineKernel(MlaDecodePar
   float L = 0.0f;
   for (int s = 0; s < S; ++s) L = __fadd_rn(L, __fmul_rn(l_s[s], f_s[s]));
   float* out = p.o_latent + b * p.o_batch_stride + h * p.o_head_stride;
-  for (int c = threadIdx.x; c < C; c += kCombineThreads) {
-    // The partials' loads go out 16 at a time ahead of the FMAs, which keep ascending s.
-    float acc = 0.0f;
-    for (int s0 = 0; s0 < S; s0 += 16) {
-      float o[16];
+  // A thread's kCombineCols columns (c, c + 128, …) at once: their partials' loads go out
+  // together, 16 splits at a time, ahead of the FMAs, which keep ascending s per column.
+  constexpr int kCombineCols = 4;
+  for (int c0 = threadIdx.x; c0 < C; c0 += kCombineThreads * kCombineCols) {
+    float acc[kCombineCols];
 #pragma unroll
-      for (int u = 0; u < 16; ++u) o[u] = s0 + u < S ? ws.o_part[(base + s0 + u) * C + c] : 0.0f;
+    for (int j = 0; j < kCombineCols; ++j) acc[j] = 0.0f;
+    for (int s0 = 0; s0 < S; s0 += 16) {
+      float o[kCombineCols][16];
+#pragma unroll
+      for (int j = 0; j < kCombineCols; ++j) {
+        const int c = c0 + j * kCombineThreads;
+#pragma unroll
+        for (int u = 0; u < 16; ++u) o[j][u] = s0 + u < S && c < C ? ws.o_part[(base + s0 + u) * C + c] : 0.0f;
+      }
 #pragma unroll
       for (int u = 0; u < 16; ++u) {
-        if (s0 + u < S) acc = __fmaf_rn(o[u], f_s[s0 + u], acc);
+        if (s0 + u < S) {
+#pragma unroll
+          for (int j = 0; j < kCombineCols; ++j) acc[j] = __fmaf_rn(o[j][u], f_s[s0 + u], acc[j]);
+        }
       }
     }
-    out[c] = L == 0.0f ? 0.0f : __fdiv_rn(acc, L);
+#pragma unroll
+    for (int j = 0; j < kCombineCols; ++j) {
+      const int c = c0 + j * kCombineThreads;
+      if (c < C) out[c] = L == 0.0f ? 0.0f : __fdiv_rn(acc[j], L);
+    }
   }
   if (threadIdx.x == 0 && p.lse != nullptr) {
     p.lse[static_cast<int64_t>(b) * H + h] = L == 0.0f ? -INFINITY : __fadd_rn(M, logf(L));

@@ -272,6 +272,28 @@ TEST(GpuEngine, GraphsChangeNoBits) {
   }
 }
 
+// The step's independent branches on a second stream (the default) give the bits of one stream,
+// with the CPU-order GEMMs and with cuBLAS (the side stream has its own workspace).
+TEST(GpuEngine, SideStreamChangesNoBits) {
+  LS_REQUIRE_GPU();
+  for (const char* gemm : {"bf16", "bf16_dot"}) {
+    SCOPED_TRACE(std::string("gemm=") + gemm);
+    std::vector<std::vector<int32_t>> a, b;
+    EngineOptions one = Cuda(engine::KvFormat::kFp8E4m3, gemm);
+    one.device.side_stream = false;
+    const Logits single = RunBatch(one, 4, true, &a);
+    const Logits two = RunBatch(Cuda(engine::KvFormat::kFp8E4m3, gemm), 4, true, &b);
+    ASSERT_EQ(single.size(), two.size());
+    for (const auto& [id, steps] : single) {
+      ASSERT_EQ(steps.size(), two.at(id).size());
+      for (size_t s = 0; s < steps.size(); ++s) {
+        EXPECT_TRUE(Bitwise(steps[s], two.at(id)[s])) << "request " << id << " step " << s;
+      }
+    }
+    EXPECT_EQ(a, b);
+  }
+}
+
 // Chunked prefill on the GPU: prompts fed 5 tokens per step beside running decodes give the
 // bits of whole-prompt prefill (every row is its own absorbed query, whatever the chunking).
 TEST(GpuEngine, ChunkedPrefillChangesNoBits) {
