@@ -467,7 +467,7 @@ Status CudaBackend::SummarizeSlab() {
   p.tensors = st.dev.as<cu::SummarizeBatchParams::Tensor>();
   p.count = static_cast<int64_t>(pending_.size());
   p.rows = rows_;
-  return cu::SummarizeTable(p, stream_->get());
+  return cu::SummarizeTable(p, launch_);
 }
 
 Status CudaBackend::FlushTaps() {

@@ -663,24 +663,12 @@ LS_RETURN_IF_ERROR(Mark("start"));
     if (!h_ready) LS_RETURN_IF_ERROR(rmsnorm(x, H, weights_->final_norm, H, rms_eps, h, H));
     LS_RETURN_IF_ERROR(Tap("final_norm", h, H, H, TapDType::kF32));
     LS_RETURN_IF_ERROR(SummaryFence());
-    if (slab_ && summary_taps_) LS_RETURN_IF_ERROR(SummarizeSlab());
-    LS_RETURN_IF_ERROR(Mark("final_norm_taps"));
-    {
-      cu::GatherRowsParams gp;
-      gp.src = h;
-      gp.src_rows = R;
-      gp.src_stride = H * 4;
-      gp.rows = d_lrow;
-      gp.n = RL;
-      gp.dst = o_shared;  // R ≥ RL rows
-      gp.dst_stride = H * 4;
-      gp.row_bytes = H * 4;
-      gp.error_flag = err;
-      LS_RETURN_IF_ERROR(cu::GatherRows(gp, s));
-    }
-    LS_RETURN_IF_ERROR(Linear(o_shared, H, RL, weights_->lm_head, logits_dev_.as<float>(), V));
-    LS_RETURN_IF_ERROR(Mark("lm_head"));
-    if (mirror_) {
+    // The step's tail besides the logits: the slab's tap summaries and the new cache rows for
+    // the host. They read what the layers wrote and nothing lm_head writes, so with `overlap`
+    // they run on the side stream while lm_head (the step's largest read) runs here.
+    auto tail = [&]() -> Status {
+      if (slab_ && summary_taps_) LS_RETURN_IF_ERROR(SummarizeSlab());
+      if (!mirror_) return Status::Ok();
       size_t idx = 0;
       for (int64_t l = 0; l < c.num_hidden_layers; ++l) {
         for (const StreamSpec& st : cache.streams(l)) {
@@ -697,8 +685,32 @@ LS_RETURN_IF_ERROR(Mark("start"));
           LS_RETURN_IF_ERROR(cu::GatherRows(gp, s));
         }
       }
-      LS_RETURN_IF_ERROR(Mark("cache_mirror"));
+      return Status::Ok();
+    };
+    const bool tail_side = overlap && ((slab_ && summary_taps_) || mirror_);
+    if (tail_side) LS_RETURN_IF_ERROR(on_side(tail));
+    LS_RETURN_IF_ERROR(Mark("final_norm_taps"));
+    {
+      cu::GatherRowsParams gp;
+      gp.src = h;
+      gp.src_rows = R;
+      gp.src_stride = H * 4;
+      gp.rows = d_lrow;
+      gp.n = RL;
+      gp.dst = o_shared;  // R ≥ RL rows
+      gp.dst_stride = H * 4;
+      gp.row_bytes = H * 4;
+      gp.error_flag = err;
+      LS_RETURN_IF_ERROR(cu::GatherRows(gp, s));
     }
+    LS_RETURN_IF_ERROR(Linear(o_shared, H, RL, weights_->lm_head, logits_dev_.as<float>(), V));
+    LS_RETURN_IF_ERROR(Mark("lm_head"));
+    if (tail_side) {
+      LS_RETURN_IF_ERROR(join_->WaitOn(s));
+    } else {
+      LS_RETURN_IF_ERROR(tail());
+    }
+    LS_RETURN_IF_ERROR(Mark("taps_and_cache_mirror"));
     return Status::Ok();
   };
   if (!graph) {
