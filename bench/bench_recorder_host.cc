@@ -5,7 +5,7 @@
 // host side of `bench_record --backend cuda`, measured apart from the GPU.
 //
 //   bench_recorder_host [--steps 64] [--batch 1] [--modes summary-gpu,summary,full] [--compression-threads 4]
-//                       [--vocab 102400] [--no-logits] [--gpu-ms 5] [--out /tmp]
+//                       [--vocab 102400] [--no-logits] [--gpu-ms 5] [--out /tmp] [--model DIR]
 //
 // --gpu-ms: the engine thread sleeps this long after each step (the GPU's part of a step), so
 // the writer's threads run beside it as they do in a real run.
@@ -63,7 +63,7 @@ int main(int argc, char** argv) {
   double gpu_ms = 5.0;
   int threads = 4;
   bool logits = true;
-  std::string modes = "summary-gpu,summary,full", out_dir = "/tmp";
+  std::string modes = "summary-gpu,summary,full", out_dir = "/tmp", model_dir = LOCKSTEP_DEFAULT_MODEL_DIR;
   for (int i = 1; i < argc; ++i) {
     const std::string k = argv[i];
     if (k == "--no-logits") {
@@ -82,13 +82,15 @@ int main(int argc, char** argv) {
     else if (k == "--vocab") vocab = std::stoll(v);
     else if (k == "--out") out_dir = v;
     else if (k == "--gpu-ms") gpu_ms = std::stod(v);
+    else if (k == "--model") model_dir = v;
     else {
       std::fprintf(stderr, "bench_recorder_host: unknown flag %s\n", k.c_str());
       return 2;
     }
   }
-  // The recorder needs an engine to attach to; the tiny model's CPU engine never runs here.
-  auto model = engine::Model::Load(LOCKSTEP_DEFAULT_MODEL_DIR);
+  // The recorder needs an engine to attach to (--model: the tiny model by default); its CPU
+  // engine never runs here.
+  auto model = engine::Model::Load(model_dir);
   if (!model.ok()) {
     std::fprintf(stderr, "bench_recorder_host: %s\n", model.status().message().c_str());
     return 1;
