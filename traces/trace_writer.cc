@@ -10,6 +10,7 @@
 #include <condition_variable>
 #include <cstring>
 #include <deque>
+#include <functional>
 #include <mutex>
 #include <thread>
 
@@ -102,6 +103,7 @@ struct ChunkJob {
   std::vector<uint8_t> raw, packed;
   Status status;
   bool done = false;
+  std::function<void()> task;  // set: a share of the writer's work to run instead (no chunk)
 };
 
 }  // namespace
@@ -163,8 +165,19 @@ class TraceWriter::Impl {
   Status DoDefineTensor(const TensorSpec& spec);
   Result<int32_t> MakeTable(const std::string& path, h5::Hid type, int64_t cols, hid_t parent);
   Status DoAppend(Table& t, const uint8_t* data, size_t bytes);
-  Status DoSummarizeAppend(const struct Command::Entry& e, const uint8_t* data);
-  std::vector<SummaryRow> summaries_;  // scratch of DoSummarizeAppend
+  // What the writer derives from a summarize entry's rows: their summaries and, for logits
+  // with top-k tensors, each row's LogitsTopK.
+  struct Derived {
+    std::vector<SummaryRow> summaries;
+    std::vector<int32_t> topk_ids;
+    std::vector<float> topk_values, logsumexp;
+  };
+  static void Derive(const struct Command::Entry& e, const uint8_t* data, Derived* out);
+  // `pre`: derived already (PrecomputeDerived); else derived here.
+  Status DoSummarizeAppend(const struct Command::Entry& e, const uint8_t* data, Derived* pre);
+  // A large command's derived rows, by the compression workers and this thread together.
+  void PrecomputeDerived(const Command& c, std::vector<Derived>* out);
+  Derived derived_;  // scratch of DoSummarizeAppend
   // `rows`: the extent after the write (default: through the end of the chunk).
   Status WriteChunk(Table& t, int64_t index, const std::vector<uint8_t>& packed, int64_t rows = -1);
   Status WriteReadyChunks(bool wait_all);
@@ -362,8 +375,13 @@ void TraceWriter::Impl::WorkerLoop() {
       job = to_compress_.front();
       to_compress_.pop_front();
     }
-    Status s = ShuffleCompressChunk(job->raw.data(), job->raw.size(), job->table->element_size, opts_.zstd_level,
-                                    &job->packed);
+    Status s;
+    if (job->task) {
+      job->task();
+    } else {
+      s = ShuffleCompressChunk(job->raw.data(), job->raw.size(), job->table->element_size, opts_.zstd_level,
+                               &job->packed);
+    }
     {
       std::lock_guard<std::mutex> l(mu_);
       job->status = s;
@@ -424,10 +442,13 @@ Status TraceWriter::Impl::Process(Command& c) {
       return Status::Ok();
     case Command::Kind::kDefineTensor: return DoDefineTensor(c.tensor);
     case Command::Kind::kAppend: {
+      std::vector<Derived> pre;
+      PrecomputeDerived(c, &pre);
       size_t at = 0;
-      for (const auto& e : c.entries) {
+      for (size_t i = 0; i < c.entries.size(); ++i) {
+        const auto& e = c.entries[i];
         if (e.summarize) {
-          LS_RETURN_IF_ERROR(DoSummarizeAppend(e, c.bytes.data() + at));
+          LS_RETURN_IF_ERROR(DoSummarizeAppend(e, c.bytes.data() + at, pre.empty() ? nullptr : &pre[i]));
         } else {
           LS_RETURN_IF_ERROR(DoAppend(*tables_[e.table], c.bytes.data() + at, e.bytes));
         }
@@ -492,7 +513,7 @@ Status TraceWriter::Impl::DoDefineTensor(const TensorSpec& spec) {
 
 // Layout of a summarize entry: request i32, step i32, rows i64, positions i64 × rows, then
 // the rows' values (rows × cols × dtype size).
-Status TraceWriter::Impl::DoSummarizeAppend(const Command::Entry& e, const uint8_t* data) {
+void TraceWriter::Impl::Derive(const Command::Entry& e, const uint8_t* data, Derived* out) {
   int32_t request, step;
   int64_t rows;
   std::memcpy(&request, data, 4);
@@ -501,33 +522,102 @@ Status TraceWriter::Impl::DoSummarizeAppend(const Command::Entry& e, const uint8
   const uint8_t* positions = data + 16;
   const uint8_t* values = positions + 8 * rows;
   const size_t row_bytes = static_cast<size_t>(e.cols) * DTypeSize(e.dtype);
-  summaries_.resize(rows);
+  out->summaries.resize(rows);
   for (int64_t i = 0; i < rows; ++i) {
-    SummaryRow& s = summaries_[i];
+    SummaryRow& s = out->summaries[i];
     s = SummaryRow();
     std::memcpy(&s.position, positions + 8 * i, 8);
     s.request = request;
     s.step = step;
     Summarize(e.dtype, values + i * row_bytes, e.cols, &s);
   }
-  LS_RETURN_IF_ERROR(DoAppend(*tables_[e.table], reinterpret_cast<const uint8_t*>(summaries_.data()),
-                              summaries_.size() * sizeof(SummaryRow)));
+  if (e.topk_tables[0] < 0) return;
+  const int64_t k = e.topk;
+  out->topk_ids.resize(static_cast<size_t>(rows * k));
+  out->topk_values.resize(static_cast<size_t>(rows * k));
+  out->logsumexp.resize(static_cast<size_t>(rows));
+  for (int64_t i = 0; i < rows; ++i) {
+    LogitsTopK(reinterpret_cast<const float*>(values + i * row_bytes), e.cols, k, &out->topk_ids[i * k],
+               &out->topk_values[i * k], &out->logsumexp[i]);
+  }
+}
+
+// Summaries (and the logits' top-k) are the writer thread's main work in full capture: every
+// value hashed and reduced once. For a command of more than kParallelBytes, the compression
+// workers take shares of its entries (tasks queued ahead of any chunk) while this thread does
+// its own; an entry's results are the same whoever computes them, and are appended in order.
+void TraceWriter::Impl::PrecomputeDerived(const Command& c, std::vector<Derived>* out) {
+  constexpr size_t kParallelBytes = size_t{2} << 20;
+  if (workers_.empty()) return;
+  std::vector<size_t> offset(c.entries.size());
+  auto weight = [&](const Command::Entry& e) -> size_t {  // a top-k scan costs about 3 summaries
+    return !e.summarize ? 0 : e.topk_tables[0] >= 0 ? 4 * e.bytes : e.bytes;
+  };
+  size_t at = 0, total = 0;
+  for (size_t i = 0; i < c.entries.size(); ++i) {
+    offset[i] = at;
+    at += c.entries[i].bytes;
+    total += weight(c.entries[i]);
+  }
+  if (total < kParallelBytes) return;
+  out->assign(c.entries.size(), {});
+  // Shares of about equal weight, in entry order: share k takes entries [cut[k], cut[k+1]).
+  const size_t shares = workers_.size() + 1;
+  std::vector<size_t> cut = {0};
+  size_t acc = 0;
+  for (size_t i = 0; i < c.entries.size(); ++i) {
+    acc += weight(c.entries[i]);
+    if (cut.size() < shares && acc * shares >= total * cut.size()) cut.push_back(i + 1);
+  }
+  while (cut.size() <= shares) cut.push_back(c.entries.size());
+  auto run = [&c, &offset, out](size_t begin, size_t end) {
+    for (size_t i = begin; i < end; ++i) {
+      if (c.entries[i].summarize) Derive(c.entries[i], c.bytes.data() + offset[i], &(*out)[i]);
+    }
+  };
+  std::vector<std::shared_ptr<ChunkJob>> tasks;
+  {
+    std::lock_guard<std::mutex> l(mu_);
+    for (size_t k = 1; k + 1 < cut.size(); ++k) {
+      auto job = std::make_shared<ChunkJob>();
+      job->task = [run, b = cut[k], e = cut[k + 1]] { run(b, e); };
+      to_compress_.push_front(job);  // ahead of the chunks: this thread waits for them
+      tasks.push_back(std::move(job));
+    }
+  }
+  work_cv_.notify_all();
+  run(cut[0], cut[1]);
+  std::unique_lock<std::mutex> l(mu_);
+  cmd_cv_.wait(l, [&] {
+    for (const auto& t : tasks) {
+      if (!t->done) return false;
+    }
+    return true;
+  });
+}
+
+Status TraceWriter::Impl::DoSummarizeAppend(const Command::Entry& e, const uint8_t* data, Derived* pre) {
+  int64_t rows;
+  std::memcpy(&rows, data + 8, 8);
+  const uint8_t* values = data + 16 + 8 * rows;
+  const size_t row_bytes = static_cast<size_t>(e.cols) * DTypeSize(e.dtype);
+  Derived& d = pre != nullptr ? *pre : derived_;
+  if (pre == nullptr) Derive(e, data, &d);
+  LS_RETURN_IF_ERROR(DoAppend(*tables_[e.table], reinterpret_cast<const uint8_t*>(d.summaries.data()),
+                              d.summaries.size() * sizeof(SummaryRow)));
   if (e.store_values) LS_RETURN_IF_ERROR(DoAppend(*tables_[e.table + 1], values, rows * row_bytes));
   if (e.topk_tables[0] < 0) return Status::Ok();
   // The derived rows, each as a summarised and stored row of its own tensor.
   const int64_t k = e.topk;
-  std::vector<int32_t> ids(static_cast<size_t>(k));
-  std::vector<float> vals(static_cast<size_t>(k));
-  float lse = 0;
   for (int64_t i = 0; i < rows; ++i) {
-    LogitsTopK(reinterpret_cast<const float*>(values + i * row_bytes), e.cols, k, ids.data(), vals.data(), &lse);
     const struct {
       DType dtype;
       const void* data;
       int64_t cols;
-    } parts[3] = {{DType::kI32, ids.data(), k}, {DType::kF32, vals.data(), k}, {DType::kF32, &lse, 1}};
+    } parts[3] = {{DType::kI32, &d.topk_ids[i * k], k}, {DType::kF32, &d.topk_values[i * k], k},
+                  {DType::kF32, &d.logsumexp[i], 1}};
     for (int j = 0; j < 3; ++j) {
-      SummaryRow sr = summaries_[i];
+      SummaryRow sr = d.summaries[i];
       Summarize(parts[j].dtype, parts[j].data, parts[j].cols, &sr);
       LS_RETURN_IF_ERROR(
           DoAppend(*tables_[e.topk_tables[j]], reinterpret_cast<const uint8_t*>(&sr), sizeof(SummaryRow)));

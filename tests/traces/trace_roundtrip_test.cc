@@ -261,6 +261,80 @@ TEST(TraceRoundTrip, TensorsSamplingRequestsAndFlushCopies) {
   EXPECT_EQ((*s)->requests()[0].finish_reason, "");
 }
 
+// Rows the writer summarises (AppendToSummarize), with and without top-k logits, come out the
+// same whether the writer thread derives them alone (no compression workers) or shares the work
+// with three workers (steps of more than 2 MB: a full capture at batch 8), byte for byte: the
+// summary tables, the values and the derived top-k tensors.
+TEST(TraceWriter, DerivedRowsAreTheSameWithWorkersSharingThem) {
+  constexpr int64_t kCols = 4096, kVocab = 3000, kRows = 160, kSteps = 4;
+  std::mt19937 rng(11);
+  std::normal_distribution<float> nd(0.0f, 2.0f);
+  std::vector<float> values(kRows * kCols), logits(8 * kVocab);
+  auto write = [&](const fs::path& path, int threads) {
+    TraceWriterOptions opts;
+    opts.compression_threads = threads;
+    auto w = TraceWriter::Create(path, opts);
+    ASSERT_TRUE(w.ok()) << w.status().message();
+    TraceWriter& tw = **w;
+    auto tv = tw.DefineTensor({"taps/x", DType::kF32, kCols, true, {}});
+    auto tsum = tw.DefineTensor({"taps/y", DType::kF32, kCols, false, {}});
+    auto tl = tw.DefineTensor({"taps/logits", DType::kF32, kVocab, false, {}});
+    auto ti = tw.DefineTensor({"taps/logits.topk_ids", DType::kI32, 16, true, {}});
+    auto tk = tw.DefineTensor({"taps/logits.topk_values", DType::kF32, 16, true, {}});
+    auto te = tw.DefineTensor({"taps/logits.logsumexp", DType::kF32, 1, true, {}});
+    ASSERT_TRUE(tv.ok() && tsum.ok() && tl.ok() && ti.ok() && tk.ok() && te.ok());
+    TraceWriter::LogitsTopKTensors topk{*ti, *tk, *te, 16};
+    std::mt19937 r2(5);
+    for (int64_t step = 0; step < kSteps; ++step) {
+      for (float& v : values) v = nd(r2);
+      for (float& v : logits) v = nd(r2);
+      std::vector<int64_t> lpos(8);
+      for (int64_t i = 0; i < 8; ++i) lpos[i] = step * 8 + i;
+      // The logits first, so they share a command with rows (commands go at 4 MB).
+      ASSERT_TRUE(tw.AppendToSummarize(*tl, 0, static_cast<int32_t>(step), lpos, logits.data(), &topk).ok());
+      std::vector<int64_t> pos(kRows);
+      for (int64_t i = 0; i < kRows; ++i) pos[i] = step * kRows + i;
+      // Rows in pieces, as a recorder appends a step's taps.
+      for (int64_t at = 0; at < kRows; at += 8) {
+        std::span<const int64_t> p(pos.data() + at, 8);
+        ASSERT_TRUE(tw.AppendToSummarize(*tv, 0, static_cast<int32_t>(step), p, values.data() + at * kCols).ok());
+        ASSERT_TRUE(tw.AppendToSummarize(*tsum, 1, static_cast<int32_t>(step), p, values.data() + at * kCols).ok());
+      }
+      ASSERT_TRUE(tw.Flush(step + 1).ok());
+    }
+    ASSERT_TRUE(tw.Close().ok()) << tw.status().message();
+  };
+  const fs::path alone = TempPath("derived_alone.h5"), shared = TempPath("derived_shared.h5");
+  write(alone, 0);
+  write(shared, 3);
+  auto a = TraceReader::Open(alone);
+  auto b = TraceReader::Open(shared);
+  ASSERT_TRUE(a.ok() && b.ok());
+  int64_t compared = 0;
+  for (const char* name : {"taps/x", "taps/y", "taps/logits", "taps/logits.topk_ids", "taps/logits.topk_values",
+                           "taps/logits.logsumexp"}) {
+    const TensorInfo* ta = (*a)->FindTensor(name);
+    const TensorInfo* tb = (*b)->FindTensor(name);
+    ASSERT_TRUE(ta && tb) << name;
+    auto sa = (*a)->ReadSummary(*ta);
+    auto sb = (*b)->ReadSummary(*tb);
+    ASSERT_TRUE(sa.ok() && sb.ok()) << name;
+    ASSERT_EQ(sa->size(), sb->size()) << name;
+    ASSERT_GT(sa->size(), 0u) << name;
+    EXPECT_EQ(0, std::memcmp(sa->data(), sb->data(), sa->size() * sizeof(SummaryRow))) << name << " summaries";
+    if (ta->has_values) {
+      auto va = (*a)->ReadValues(*ta, 0, ta->rows);
+      auto vb = (*b)->ReadValues(*tb, 0, tb->rows);
+      ASSERT_TRUE(va.ok() && vb.ok()) << name;
+      EXPECT_TRUE(*va == *vb) << name << " values";
+    }
+    compared += static_cast<int64_t>(sa->size());
+  }
+  EXPECT_EQ(compared, 2 * kRows * kSteps + 4 * 8 * kSteps);
+  fs::remove(alone);
+  fs::remove(shared);
+}
+
 TEST(TraceWriter, UnwritablePathIsOneLineError) {
   auto w = TraceWriter::Create("/nonexistent-dir/x/run.h5");
   ASSERT_FALSE(w.ok());
