@@ -127,6 +127,8 @@ class TraceWriter::Impl {
   std::vector<std::vector<uint8_t>> spare_;  // guarded by mu_
   std::vector<uint8_t> fresh;                // caller's next buffer
   static constexpr size_t kMaxSpare = 8;
+  std::vector<std::vector<uint8_t>> raw_pool_;  // guarded by mu_: chunk buffers for reuse
+  static constexpr size_t kMaxRawPool = 64;
   // A buffer for a new batch of rows: the one kept for the caller, else one the writer has
   // given back (taken under the lock now rather than at the next Submit, so a step that fills
   // more than one buffer does not fault in new pages), else a new one.
@@ -637,6 +639,13 @@ Status TraceWriter::Impl::DoAppend(Table& t, const uint8_t* data, size_t bytes) 
     auto job = std::make_shared<ChunkJob>();
     job->table = &t;
     job->index = t.chunks_queued++;
+    {  // a chunk buffer written out before, when there is one: no fresh pages to fault in
+      std::lock_guard<std::mutex> l(mu_);
+      if (!raw_pool_.empty()) {
+        job->raw = std::move(raw_pool_.back());
+        raw_pool_.pop_back();
+      }
+    }
     job->raw.assign(t.tail.begin() + used, t.tail.begin() + used + chunk_bytes);
     used += chunk_bytes;
     if (workers_.empty()) {
@@ -686,6 +695,10 @@ Status TraceWriter::Impl::WriteReadyChunks(bool wait_all) {
     LS_RETURN_IF_ERROR(WriteChunk(*job->table, job->index, job->packed));
     job->table->chunks_written = job->index + 1;
     LS_RETURN_IF_ERROR(RecordChunk(*job->table, job->index));
+    {
+      std::lock_guard<std::mutex> l(mu_);
+      if (raw_pool_.size() < kMaxRawPool) raw_pool_.push_back(std::move(job->raw));
+    }
   }
 }
 
@@ -990,17 +1003,28 @@ Result<int32_t> TraceWriter::DefineTensor(const TensorSpec& spec) {
   return static_cast<int32_t>(tensors_.size() - 1);
 }
 
+// The command the next `bytes` of rows go into: the open one while they fit in its buffer
+// (growing a buffer moves every byte in it and faults in new pages), else a new one on a
+// recycled buffer, the open one handed to the writer first.
+Command& TraceWriter::AppendCommand(size_t bytes) {
+  auto& pending = impl_->pending;
+  if (!pending.empty() && pending.back().kind == Command::Kind::kAppend) {
+    Command& open = pending.back();
+    if (open.bytes.empty() || open.bytes.size() + bytes <= open.bytes.capacity()) return open;
+    Submit();
+  }
+  pending.emplace_back(Command::Kind::kAppend);
+  std::vector<uint8_t>& buf = pending.back().bytes;
+  buf = impl_->TakeBuffer();
+  buf.clear();
+  buf.reserve(std::max<size_t>(static_cast<size_t>(append_reserve_), bytes));
+  return pending.back();
+}
+
 Status TraceWriter::AppendRows(int32_t table, const void* data, size_t bytes) {
   if (closed_) return Status::Internal("trace writer already closed");
   if (impl_->failed.load(std::memory_order_relaxed)) return impl_->error();
-  auto& pending = impl_->pending;
-  if (pending.empty() || pending.back().kind != Command::Kind::kAppend) {
-    pending.emplace_back(Command::Kind::kAppend);
-    pending.back().bytes = impl_->TakeBuffer();
-    pending.back().bytes.clear();
-    pending.back().bytes.reserve(static_cast<size_t>(append_reserve_));
-  }
-  Command& c = pending.back();
+  Command& c = AppendCommand(bytes);
   const auto* b = static_cast<const uint8_t*>(data);
   c.bytes.insert(c.bytes.end(), b, b + bytes);
   c.entries.push_back({table, bytes});
@@ -1041,14 +1065,7 @@ Status TraceWriter::AppendToSummarize(int32_t tensor, int32_t request, int32_t s
   const TensorSpec& spec = tensors_[tensor];
   const int64_t rows = static_cast<int64_t>(positions.size());
   const size_t value_bytes = rows * spec.cols * DTypeSize(spec.dtype);
-  auto& pending = impl_->pending;
-  if (pending.empty() || pending.back().kind != Command::Kind::kAppend) {
-    pending.emplace_back(Command::Kind::kAppend);
-    pending.back().bytes = impl_->TakeBuffer();
-    pending.back().bytes.clear();
-    pending.back().bytes.reserve(static_cast<size_t>(append_reserve_));
-  }
-  Command& c = pending.back();
+  Command& c = AppendCommand(16 + 8 * positions.size() + value_bytes);
   const size_t n = 16 + 8 * positions.size() + value_bytes;
   // Appended with insert, not resize + memcpy: resize would zero the bytes first (a second
   // pass over every tap value on the engine's thread).

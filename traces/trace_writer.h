@@ -144,6 +144,7 @@ class TraceWriter {
   TraceWriter() = default;
   Status Enqueue(Command cmd);
   Status AppendRows(int32_t table, const void* data, size_t bytes);
+  Command& AppendCommand(size_t bytes);  // the pending append command for `bytes` more
   std::unique_ptr<Impl> impl_;
   std::vector<TensorSpec> tensors_;
   std::atomic<int64_t> stall_ns_{0};

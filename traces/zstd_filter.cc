@@ -92,13 +92,24 @@ void ShuffleBytes(const uint8_t* in, size_t bytes, size_t element_size, uint8_t*
 
 Status ShuffleCompressChunk(const uint8_t* chunk, size_t bytes, size_t element_size, int level,
                             std::vector<uint8_t>* out) {
-  std::vector<uint8_t> shuffled(bytes);
-  ShuffleBytes(chunk, bytes, element_size, shuffled.data());
-  out->resize(ZSTD_compressBound(bytes));
+  // Per thread, reused: the shuffle and compression buffers and zstd's context (a fresh
+  // context per chunk allocated and zeroed its tables every time — page faults and memsets
+  // that made the writer's workers the bottleneck of full capture). The frames are the same.
+  struct Scratch {
+    std::vector<uint8_t> shuffled, packed;
+    ZSTD_CCtx* cctx = nullptr;
+    ~Scratch() { ZSTD_freeCCtx(cctx); }
+  };
+  thread_local Scratch t;
+  if (t.cctx == nullptr && (t.cctx = ZSTD_createCCtx()) == nullptr) return Status::Internal("zstd: no context");
+  if (t.shuffled.size() < bytes) t.shuffled.resize(bytes);
+  ShuffleBytes(chunk, bytes, element_size, t.shuffled.data());
+  const size_t bound = ZSTD_compressBound(bytes);
+  if (t.packed.size() < bound) t.packed.resize(bound);
   level = std::clamp(level, ZSTD_minCLevel(), ZSTD_maxCLevel());
-  const size_t n = ZSTD_compress(out->data(), out->size(), shuffled.data(), bytes, level);
+  const size_t n = ZSTD_compressCCtx(t.cctx, t.packed.data(), bound, t.shuffled.data(), bytes, level);
   if (ZSTD_isError(n)) return Status::Internal(std::string("zstd: ") + ZSTD_getErrorName(n));
-  out->resize(n);
+  out->assign(t.packed.data(), t.packed.data() + n);
   return Status::Ok();
 }
 
