@@ -1003,21 +1003,16 @@ Result<int32_t> TraceWriter::DefineTensor(const TensorSpec& spec) {
   return static_cast<int32_t>(tensors_.size() - 1);
 }
 
-// The command the next `bytes` of rows go into: the open one while they fit in its buffer
-// (growing a buffer moves every byte in it and faults in new pages), else a new one on a
-// recycled buffer, the open one handed to the writer first.
+// The command the next rows go into: the open one, else a new one on a recycled buffer.
 Command& TraceWriter::AppendCommand(size_t bytes) {
   auto& pending = impl_->pending;
-  if (!pending.empty() && pending.back().kind == Command::Kind::kAppend) {
-    Command& open = pending.back();
-    if (open.bytes.empty() || open.bytes.size() + bytes <= open.bytes.capacity()) return open;
-    Submit();
+  if (pending.empty() || pending.back().kind != Command::Kind::kAppend) {
+    pending.emplace_back(Command::Kind::kAppend);
+    std::vector<uint8_t>& buf = pending.back().bytes;
+    buf = impl_->TakeBuffer();
+    buf.clear();
+    buf.reserve(std::max<size_t>(static_cast<size_t>(append_reserve_), bytes));
   }
-  pending.emplace_back(Command::Kind::kAppend);
-  std::vector<uint8_t>& buf = pending.back().bytes;
-  buf = impl_->TakeBuffer();
-  buf.clear();
-  buf.reserve(std::max<size_t>(static_cast<size_t>(append_reserve_), bytes));
   return pending.back();
 }
 
