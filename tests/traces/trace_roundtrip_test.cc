@@ -335,6 +335,52 @@ TEST(TraceWriter, DerivedRowsAreTheSameWithWorkersSharingThem) {
   fs::remove(shared);
 }
 
+// AppendToSummarize with top-k tensors refuses, naming what is wrong and writing nothing, a k
+// out of range, a logits tensor that is not f32, and top-k tensors of the wrong type or width or
+// that store no values.
+TEST(TraceWriter, TopKTensorsAreChecked) {
+  const fs::path path = TempPath("topk_checks.h5");
+  auto w = TraceWriter::Create(path, TraceWriterOptions{});
+  ASSERT_TRUE(w.ok()) << w.status().message();
+  TraceWriter& tw = **w;
+  auto tl = tw.DefineTensor({"taps/logits", DType::kF32, 100, false, {}});
+  auto ti = tw.DefineTensor({"taps/logits.topk_ids", DType::kI32, 4, true, {}});
+  auto tv = tw.DefineTensor({"taps/logits.topk_values", DType::kF32, 4, true, {}});
+  auto te = tw.DefineTensor({"taps/logits.logsumexp", DType::kF32, 1, true, {}});
+  auto tbad = tw.DefineTensor({"taps/not_stored", DType::kF32, 4, false, {}});
+  auto tint = tw.DefineTensor({"taps/ints", DType::kI32, 100, false, {}});
+  ASSERT_TRUE(tl.ok() && ti.ok() && tv.ok() && te.ok() && tbad.ok() && tint.ok());
+  std::vector<float> row(100, 1.0f);
+  const std::vector<int64_t> pos = {0};
+  auto append = [&](int32_t tensor, TraceWriter::LogitsTopKTensors k) {
+    return tw.AppendToSummarize(tensor, 0, 0, pos, row.data(), &k);
+  };
+  const TraceWriter::LogitsTopKTensors good{*ti, *tv, *te, 4};
+  Status s = append(*tl, {*ti, *tv, *te, 0});
+  EXPECT_NE(s.message().find("1 ≤ k ≤ cols"), std::string::npos) << s.message();
+  s = append(*tl, {*ti, *tv, *te, 101});
+  EXPECT_FALSE(s.ok());
+  s = append(*tint, good);
+  EXPECT_NE(s.message().find("taps/ints"), std::string::npos) << s.message();
+  s = append(*tl, {*tv, *tv, *te, 4});  // values where the ids go
+  EXPECT_NE(s.message().find("i32"), std::string::npos) << s.message();
+  s = append(*tl, {*ti, *tbad, *te, 4});  // stores no values
+  EXPECT_NE(s.message().find("stored"), std::string::npos) << s.message();
+  s = append(*tl, {*ti, *tv, *te, 3});  // k is not the tensors' width
+  EXPECT_NE(s.message().find("columns"), std::string::npos) << s.message();
+  s = append(*tl, {*ti, *tv, 99, 4});  // no such handle
+  EXPECT_FALSE(s.ok());
+  s = append(*tl, good);
+  EXPECT_TRUE(s.ok()) << s.message();
+  ASSERT_TRUE(tw.Close().ok()) << tw.status().message();
+  auto r = TraceReader::Open(path);
+  ASSERT_TRUE(r.ok());
+  const TensorInfo* ids = (*r)->FindTensor("taps/logits.topk_ids");
+  ASSERT_TRUE(ids);
+  EXPECT_EQ(ids->rows, 1) << "only the good call wrote";
+  fs::remove(path);
+}
+
 TEST(TraceWriter, UnwritablePathIsOneLineError) {
   auto w = TraceWriter::Create("/nonexistent-dir/x/run.h5");
   ASSERT_FALSE(w.ok());
