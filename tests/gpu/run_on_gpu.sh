@@ -3,7 +3,7 @@
 # benchmark and compute-sanitizer) on a machine with a GPU, from a folder of prebuilt
 # binaries: a build tree's tests/ + bench/ copied flat, e.g.
 #
-#   mkdir -p .gpu-bin && cp build-cu/tests/gpu_*_test build-cu/bench/bench_mla_decode .gpu-bin/
+#   tools/stage-gpu-bin.sh build-gpu .gpu-bin     # builds, strips and copies them (and lockstep)
 #   OUT=/tmp/gpu-out tests/gpu/run_on_gpu.sh .gpu-bin --bench --sanitize
 #
 # The binaries need no build tree (ctest's files hold absolute paths; these do not).
