@@ -2,9 +2,7 @@
 #include "recorder/recorder.h"
 
 #include <algorithm>
-#include <cmath>
 #include <cstring>
-#include <numeric>
 
 #include "traces/row_summary.h"
 #include "traces/trace_format.h"
@@ -66,14 +64,15 @@ const Recorder::Tensor* Recorder::Define(const std::string& path, DType dtype, i
 }
 
 void Recorder::Capture(const Tensor& t, int64_t request, int64_t position, int64_t rows, const void* data,
-                       int64_t row_stride_bytes) {
+                       int64_t row_stride_bytes, const traces::TraceWriter::LogitsTopKTensors* topk) {
   const auto* base = static_cast<const uint8_t*>(data);
   CaptureRows(t, request, position, rows, [&](int64_t i) { return base + i * row_stride_bytes; },
-              row_stride_bytes == static_cast<int64_t>(t.cols * traces::DTypeSize(t.dtype)) ? base : nullptr);
+              row_stride_bytes == static_cast<int64_t>(t.cols * traces::DTypeSize(t.dtype)) ? base : nullptr, topk);
 }
 
 void Recorder::CaptureRows(const Tensor& t, int64_t request, int64_t position, int64_t rows,
-                           const std::function<const uint8_t*(int64_t)>& row, const uint8_t* contiguous) {
+                           const std::function<const uint8_t*(int64_t)>& row, const uint8_t* contiguous,
+                           const traces::TraceWriter::LogitsTopKTensors* topk) {
   const CapturePolicy& p = opts_.policy;
   const size_t row_bytes = static_cast<size_t>(t.cols) * traces::DTypeSize(t.dtype);
   positions_.clear();
@@ -82,7 +81,7 @@ void Recorder::CaptureRows(const Tensor& t, int64_t request, int64_t position, i
   }
   if (positions_.empty()) return;
   Status s;
-  if (!t.values && row_bytes <= opts_.summarize_here_max_row_bytes) {
+  if (!t.values && topk == nullptr && row_bytes <= opts_.summarize_here_max_row_bytes) {
     // Summary only: the statistics and the hash are computed here, in one pass over rows the
     // engine has just written (still in cache). That costs the engine thread less than
     // copying the rows out for the writer thread did, and the rows never travel. Wider rows
@@ -100,8 +99,8 @@ void Recorder::CaptureRows(const Tensor& t, int64_t request, int64_t position, i
     }
     s = writer_->Append(t.handle, summaries_, nullptr);
   } else {
-    // The values are stored (or the rows are wide), so the rows are copied: the summaries
-    // are computed on the writer's thread.
+    // The values are stored (or the rows are wide, or the writer derives their top-k), so the
+    // rows are copied: the summaries are computed on the writer's thread.
     const uint8_t* values = contiguous;
     if (static_cast<int64_t>(positions_.size()) != rows || values == nullptr) {
       gather_.resize(positions_.size() * row_bytes);
@@ -111,7 +110,7 @@ void Recorder::CaptureRows(const Tensor& t, int64_t request, int64_t position, i
       values = gather_.data();
     }
     s = writer_->AppendToSummarize(t.handle, static_cast<int32_t>(request), static_cast<int32_t>(steps_), positions_,
-                                   values);
+                                   values, topk);
   }
   if (!s.ok()) Fail(s);
 }
@@ -202,28 +201,8 @@ void Recorder::CaptureLogits(const engine::TapEvent& e) {
   const Tensor* vals = Define(base + ".topk_values", DType::kF32, k, true, {{"of", "logits"}});
   const Tensor* lse = Define(base + ".logsumexp", DType::kF32, 1, true, {{"of", "logits"}});
   if (!ids || !vals || !lse) return;
-  positions_.clear();
-  for (int64_t i = 0; i < e.rows; ++i) {
-    if (p.WantsPosition(e.position + i)) positions_.push_back(e.position + i);
-  }
-  if (positions_.empty()) return;
-  const auto* rows = static_cast<const uint8_t*>(e.data);
-  const size_t row_bytes = static_cast<size_t>(V) * 4;
-  if (static_cast<int64_t>(positions_.size()) != e.rows) {
-    gather_.resize(positions_.size() * row_bytes);
-    for (size_t i = 0; i < positions_.size(); ++i) {
-      std::memcpy(gather_.data() + i * row_bytes, rows + (positions_[i] - e.position) * row_bytes, row_bytes);
-    }
-    rows = gather_.data();
-  }
-  traces::TraceWriter::LogitsTopKTensors topk;
-  topk.ids = ids->handle;
-  topk.values = vals->handle;
-  topk.logsumexp = lse->handle;
-  topk.k = k;
-  const Status s = writer_->AppendToSummarize(t->handle, static_cast<int32_t>(e.request_id),
-                                              static_cast<int32_t>(steps_), positions_, rows, &topk);
-  if (!s.ok()) Fail(s);
+  const traces::TraceWriter::LogitsTopKTensors topk{ids->handle, vals->handle, lse->handle, k};
+  Capture(*t, e.request_id, e.position, e.rows, e.data, V * 4, &topk);
 }
 
 // The KV cache rows this forward pass wrote, read back as stored. Tensors per layer and

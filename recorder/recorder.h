@@ -88,13 +88,15 @@ class Recorder : public engine::TapHook {
   const Tensor* Define(const std::string& path, traces::DType dtype, int64_t cols, bool values,
                        std::map<std::string, std::string> attrs = {});
   // Summarises the rows of `data` (rows × cols of dtype) at positions position + i that the
-  // position filter keeps, and appends them.
+  // position filter keeps, and appends them. With `topk` (logits), the writer also derives
+  // each row's top-k and logsumexp into those tensors.
   void Capture(const Tensor& t, int64_t request, int64_t position, int64_t rows, const void* data,
-               int64_t row_stride_bytes);
+               int64_t row_stride_bytes, const traces::TraceWriter::LogitsTopKTensors* topk = nullptr);
   // The same for rows anywhere: row(i) is row i; `contiguous`, when not null, holds all
   // `rows` rows back to back (then nothing is gathered when every row is kept).
   void CaptureRows(const Tensor& t, int64_t request, int64_t position, int64_t rows,
-                   const std::function<const uint8_t*(int64_t)>& row, const uint8_t* contiguous = nullptr);
+                   const std::function<const uint8_t*(int64_t)>& row, const uint8_t* contiguous = nullptr,
+                   const traces::TraceWriter::LogitsTopKTensors* topk = nullptr);
   void CaptureLogits(const engine::TapEvent& e);
   // Rows the backend summarised itself (TapEvent::summaries), filtered by position like Capture.
   void CaptureSummaries(const Tensor& t, int64_t request, int64_t position, int64_t rows,

@@ -775,14 +775,15 @@ Status LaunchExpertGemmFast(const ExpertGemmParams& p, Stream stream) {
 constexpr int kSwMaxStages = 12;  // ring of 256-value blocks (16 rows · 512 B each)
 constexpr int kSwTileIn = 4096;   // x values staged at once
 
-size_t StreamSmemBytes(int rows, int stages, int64_t in) {
-  return static_cast<size_t>(stages) * rows * kFwBlk * 2 + static_cast<size_t>(in < kSwTileIn ? in : kSwTileIn) * 4;
+constexpr int kSwThreads = 128;   // 4 warps
+constexpr int kSwRows = 16;       // rows per CTA: 4 per warp, 8 lanes per row
+
+size_t StreamSmemBytes(int stages, int64_t in) {
+  return static_cast<size_t>(stages) * kSwRows * kFwBlk * 2 + static_cast<size_t>(in < kSwTileIn ? in : kSwTileIn) * 4;
 }
 
-// kWarps warps = 4·kWarps rows per CTA (4 per warp, 8 lanes per row).
-template <int kWarps>
-__global__ void __launch_bounds__(kWarps * 32) ExpertGemmStreamKernel(ExpertGemmParams p, int stages) {
-  constexpr int kSwThreads = kWarps * 32, kRows = 4 * kWarps;
+__global__ void __launch_bounds__(kSwThreads) ExpertGemmStreamKernel(ExpertGemmParams p, int stages) {
+  constexpr int kRows = kSwRows;
   constexpr int kChunks16 = kFwBlk / 8;  // 16-byte chunks per row per block (32)
   extern __shared__ __align__(16) unsigned char smem[];
   uint4* wbuf = reinterpret_cast<uint4*>(smem);  // [stages][kRows][32 chunks], swizzled
@@ -877,17 +878,16 @@ __global__ void __launch_bounds__(kWarps * 32) ExpertGemmStreamKernel(ExpertGemm
   if (g == 0 && o < p.out) p.y[slot * p.y_stride + o] = __fadd_rn(acc0, acc1);
 }
 
-template <int kWarps>
 Status LaunchExpertGemmStream(const ExpertGemmParams& p, Stream stream) {
-  constexpr int kRows = 4 * kWarps;
+  constexpr int kRows = kSwRows;
   const int64_t nblk = (p.in + kFwBlk - 1) / kFwBlk;
   const int stages = static_cast<int>(nblk < kSwMaxStages ? nblk : kSwMaxStages);
   static const cudaError_t attr =
-      cudaFuncSetAttribute(ExpertGemmStreamKernel<kWarps>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                           static_cast<int>(StreamSmemBytes(kRows, kSwMaxStages, kSwTileIn)));
+      cudaFuncSetAttribute(ExpertGemmStreamKernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                           static_cast<int>(StreamSmemBytes(kSwMaxStages, kSwTileIn)));
   LS_CUDA_RETURN_IF_ERROR(attr);
   const dim3 grid(static_cast<unsigned>((p.out + kRows - 1) / kRows), static_cast<unsigned>(p.rows * p.k));
-  ExpertGemmStreamKernel<kWarps><<<grid, kWarps * 32, StreamSmemBytes(kRows, stages, p.in), stream>>>(p, stages);
+  ExpertGemmStreamKernel<<<grid, kSwThreads, StreamSmemBytes(stages, p.in), stream>>>(p, stages);
   LS_CUDA_LAUNCH_CHECK();
   return Status::Ok();
 }
@@ -1107,7 +1107,7 @@ Status ExpertGemm(const ExpertGemmParams& p, Stream stream) {
     case L::kFastChunk1:
       return LaunchExpertGemmFast<1, kEgFastChunk, 4, 1024, false>(p, stream);
     case L::kStreamBySlot:
-      return LaunchExpertGemmStream<4>(p, stream);
+      return LaunchExpertGemmStream(p, stream);
     default:
       return Status::InvalidArgument("ExpertGemm: launch " + std::to_string(static_cast<int>(launch)) +
                                      " is not a launch shape");

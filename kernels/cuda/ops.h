@@ -459,7 +459,8 @@ struct ExpertGemmParams {
   int32_t* error_flag = nullptr; // optional; kErrExpert
   // The launch shape: kAuto picks by shape and device (ExpertGemm's comment in model_ops.cu);
   // the others force one, for tests (every shape gives the same bits) and benchmarks. The
-  // kFast* shapes need bf16 weights, 16-byte aligned rows and in % 16 = 0 (else an error).
+  // kFast* and kStream* shapes need bf16 weights, 16-byte aligned rows and in % 16 = 0 (else
+  // an error).
   enum class Launch : int32_t {
     kAuto = 0,
     kRegBySlot,    // register path, a CTA per (64 outputs, slot)
