@@ -10,6 +10,7 @@
 //
 //   bench_gpu_decode [--model DIR] [--batch 1,64] [--prompt-len 512] [--tokens 64]
 //                    [--kv-cache bf16] [--gemm bf16] [--profile] [--no-cuda-graphs] [--json]
+//                    [--no-side-stream] [--no-overlapped-launch] [--help]
 //                    [--profiler-steps N]  (cudaProfilerStart/Stop around N decode steps after the
 //                    warm-up, for `ncu --profile-from-start off`)
 #include <chrono>
@@ -25,6 +26,9 @@
 #include "engine/engine.h"
 #include "kernels/cuda/ops.h"
 #include "kernels/cuda/runtime.h"
+#ifdef LOCKSTEP_HAVE_CUPTI
+#include "bench/gpu_timeline.h"
+#endif
 
 using namespace lockstep;
 namespace cu = kernels::cuda;
@@ -70,16 +74,48 @@ StepBytes MinimumBytes(const engine::ModelConfig& c, int64_t batch, int64_t cont
 
 }  // namespace
 
+// A failed diagnostic step ends the benchmark with its message.
+void Check(const Status& s) {
+  if (!s.ok()) {
+    std::fprintf(stderr, "bench_gpu_decode: %s\n", s.message().c_str());
+    std::exit(1);
+  }
+}
+
 int main(int argc, char** argv) {
   std::string model_dir = "models/shapes/deepseek-v2-lite", kv = "bf16", gemm = "bf16", batches = "1,64";
   int64_t prompt_len = 512, tokens = 64, profiler_steps = 0;
-  bool json_out = false, profile = false, graphs = true;
+  std::string timeline;
+  bool json_out = false, profile = false, graphs = true, side = true, overlap = true;
   for (int i = 1; i < argc; ++i) {
     std::string k = argv[i];
-    if (k == "--json" || k == "--profile" || k == "--no-cuda-graphs") {
+    if (k == "--help" || k == "-h") {
+      std::printf(
+          "bench_gpu_decode: decode tokens/s of the CUDA backend on a published model shape with random bf16\n"
+          "weights, against the device copy bandwidth measured in the same run (docs/performance.md).\n\n"
+          "  --model DIR            models/shapes/<name> (default models/shapes/deepseek-v2-lite)\n"
+          "  --batch B[,B...]       batch sizes, one engine each (default 1,64)\n"
+          "  --prompt-len N         prompt tokens per request (default 512)\n"
+          "  --tokens N             decode steps timed (default 64)\n"
+          "  --kv-cache F           fp32 | bf16 | fp8_e4m3 (default bf16)\n"
+          "  --gemm V               fp32 | bf16 | bf16_dot (default bf16: cuBLAS)\n"
+          "  --profile              GPU time per phase of a step, on stderr\n"
+          "  --no-cuda-graphs       launch kernel by kernel\n"
+          "  --no-side-stream       one stream for the whole step\n"
+          "  --no-overlapped-launch each kernel starts only after the previous one finished\n"
+          "  --profiler-steps N     cudaProfilerStart/Stop around N steps (ncu --profile-from-start off)\n"
+          "  --timeline FILE.csv    every kernel's GPU start and end over the profiled steps (CUPTI; 4 steps\n"
+          "                         unless --profiler-steps says), and a digest: time per kernel, GPU idle\n"
+          "  --json                 the report as JSON on stdout\n");
+      return 0;
+    }
+    if (k == "--json" || k == "--profile" || k == "--no-cuda-graphs" || k == "--no-side-stream" ||
+        k == "--no-overlapped-launch") {
       json_out |= k == "--json";
       profile |= k == "--profile";
       graphs &= k != "--no-cuda-graphs";
+      side &= k != "--no-side-stream";
+      overlap &= k != "--no-overlapped-launch";
       continue;
     }
     if (i + 1 >= argc) {
@@ -94,11 +130,19 @@ int main(int argc, char** argv) {
     else if (k == "--kv-cache") kv = v;
     else if (k == "--gemm") gemm = v;
     else if (k == "--profiler-steps") profiler_steps = std::stoll(v);
+    else if (k == "--timeline") timeline = v;
     else {
       std::fprintf(stderr, "bench_gpu_decode: unknown flag %s\n", k.c_str());
       return 2;
     }
   }
+#ifndef LOCKSTEP_HAVE_CUPTI
+  if (!timeline.empty()) {
+    std::fprintf(stderr, "bench_gpu_decode: --timeline: this build has no CUPTI\n");
+    return 2;
+  }
+#endif
+  if (!timeline.empty() && profiler_steps == 0) profiler_steps = 4;
   if (cu::DeviceCount() == 0) {
     std::fprintf(stderr, "bench_gpu_decode: %s\n", cu::DeviceDescription().c_str());
     return 1;
@@ -112,7 +156,8 @@ int main(int argc, char** argv) {
   const engine::ModelConfig& c = (*model)->config();
   nlohmann::json report = {{"device", cu::DeviceDescription()}, {"model", model_dir}, {"kv_cache", kv},
                            {"gemm", gemm}, {"prompt_len", prompt_len}, {"tokens", tokens},
-                           {"copy_GBps", copy}, {"runs", nlohmann::json::array()}};
+                           {"copy_GBps", copy}, {"cuda_graphs", graphs}, {"side_stream", side},
+                           {"overlapped_launch", overlap}, {"runs", nlohmann::json::array()}};
   std::printf("device: %s\ncopy bandwidth (device→device, read+write): %.0f GB/s\n", cu::DeviceDescription().c_str(),
               copy);
   std::stringstream bs(batches);
@@ -126,6 +171,8 @@ int main(int argc, char** argv) {
     o.kv_format = *engine::ParseKvFormat(kv);
     o.kernels = {{"gemm", gemm}};
     o.device.cuda_graphs = graphs;
+    o.device.side_stream = side;
+    o.device.overlapped_launch = overlap;
     o.device.profile = profile;  // per-phase GPU time on stderr when the engine ends
     o.kv_cache_tokens = batch * (prompt_len + tokens + 64);
     eng.reset();  // free the previous engine's device memory first
@@ -156,8 +203,27 @@ int main(int argc, char** argv) {
     for (int w = 0; w < 2; ++w) (void)eng->Step();
     auto t2 = std::chrono::steady_clock::now();
     while (true) {
-      if (profiler_steps > 0 && steps == 0) cu::ProfilerStart();
-      if (profiler_steps > 0 && steps == profiler_steps) cu::ProfilerStop();
+      if (profiler_steps > 0 && steps == 0) {
+        cu::ProfilerStart();
+#ifdef LOCKSTEP_HAVE_CUPTI
+        if (!timeline.empty()) Check(bench::GpuTimeline::Start());
+#endif
+      }
+      if (profiler_steps > 0 && steps == profiler_steps) {
+        cu::ProfilerStop();
+#ifdef LOCKSTEP_HAVE_CUPTI
+        if (!timeline.empty()) {
+          auto spans = bench::GpuTimeline::Stop();
+          Check(spans.status());
+          std::string digest;
+          const std::string path = batches.find(',') == std::string::npos
+                                       ? timeline
+                                       : timeline + ".batch" + std::to_string(batch) + ".csv";
+          Check(bench::WriteTimeline(*spans, path, profiler_steps, &digest));
+          std::printf("batch %lld %s(spans in %s)\n", static_cast<long long>(batch), digest.c_str(), path.c_str());
+        }
+#endif
+      }
       auto more = eng->Step();
       if (!more.ok()) {
         std::fprintf(stderr, "bench_gpu_decode: %s\n", more.status().message().c_str());

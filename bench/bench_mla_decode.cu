@@ -3,7 +3,8 @@
 // in the same process (the memory ceiling), and the fp32 FMA rate (the compute ceiling of
 // this reference-precision kernel: 2·(kv_lora + rope) + 2·kv_lora flops per key and head).
 //
-//   bench_mla_decode [--heads 128] [--reps 10]
+//   bench_mla_decode [--heads 128] [--reps 10] [--context 4096,16384,65536] [--overlapped-launch 1]
+// (--heads 16 --context 256: a V2-Lite decode step's attention at a short prompt)
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -162,9 +163,23 @@ Result Bench(cu::LatentFormat fmt, int64_t batch, int64_t ctx, int64_t heads, in
 int main(int argc, char** argv) {
   int64_t heads = 128;
   int reps = 10;
+  std::vector<int64_t> contexts = {4096, 16384, 65536};
   for (int i = 1; i + 1 < argc; i += 2) {
     if (!std::strcmp(argv[i], "--heads")) heads = std::atoll(argv[i + 1]);
     if (!std::strcmp(argv[i], "--reps")) reps = std::atoi(argv[i + 1]);
+    if (!std::strcmp(argv[i], "--overlapped-launch")) cu::SetOverlappedLaunch(std::atoi(argv[i + 1]) != 0);
+    if (!std::strcmp(argv[i], "--context")) {
+      contexts.clear();
+      for (const char* c = argv[i + 1]; *c != '\0';) {
+        char* end = nullptr;
+        contexts.push_back(std::strtoll(c, &end, 10));
+        if (end == c || contexts.back() <= 0) {
+          std::fprintf(stderr, "bench_mla_decode: --context: expected positive integers separated by commas\n");
+          return 2;
+        }
+        c = *end == ',' ? end + 1 : end;
+      }
+    }
   }
   if (cu::DeviceCount() == 0) {
     std::printf("bench_mla_decode: %s\n", cu::DeviceDescription().c_str());
@@ -177,9 +192,9 @@ int main(int argc, char** argv) {
               "of copy", "fp32 TF/s");
   for (cu::LatentFormat fmt : {cu::LatentFormat::kFp8E4m3, cu::LatentFormat::kBf16}) {
     for (int64_t batch : {int64_t{1}, int64_t{8}}) {
-      for (int64_t ctx : {int64_t{4096}, int64_t{16384}, int64_t{65536}}) {
+      for (int64_t ctx : contexts) {
         for (int64_t topk : {int64_t{0}, int64_t{2048}}) {
-          if (topk > 0 && (fmt != cu::LatentFormat::kFp8E4m3 || ctx != 65536)) continue;
+          if (topk > 0 && (fmt != cu::LatentFormat::kFp8E4m3 || ctx != contexts.back() || ctx <= topk)) continue;
           const Result r = Bench(fmt, batch, ctx, heads, topk, reps);
           std::printf("%-9s %5lld %7lld %6lld %10.3f %10.0f %7.1f%% %9.1f\n",
                       fmt == cu::LatentFormat::kFp8E4m3 ? "fp8_e4m3" : "bf16", static_cast<long long>(batch),

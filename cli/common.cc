@@ -116,6 +116,9 @@ void EngineFlags::Register(CLI::App* app) {
   app->add_flag("--no-side-stream", no_side_stream,
                 "--backend cuda: run a step's independent branches (the latent-cache path, the shared experts) in "
                 "order on one stream instead of beside the others on a second (slower; the same bits)");
+  app->add_flag("--no-overlapped-launch", no_overlapped_launch,
+                "--backend cuda: start each kernel only once the one before it has finished, instead of letting it "
+                "fetch its weights while that one runs (slower; the same bits)");
   app->add_flag("--gpu-profile", gpu_profile,
                 "--backend cuda: print the GPU time of each phase of a step (ms/step) on stderr at the end");
   app->add_option("--fault", fault,
@@ -154,6 +157,7 @@ Result<engine::EngineOptions> EngineFlags::ToOptions() const {
   o.backend = backend;
   o.device.cuda_graphs = !no_cuda_graphs;
   o.device.side_stream = !no_side_stream;
+  o.device.overlapped_launch = !no_overlapped_launch;
   o.device.profile = gpu_profile;
   o.max_batch = max_batch;
   o.max_prefill_tokens = max_prefill_tokens;

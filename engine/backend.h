@@ -28,6 +28,9 @@ namespace lockstep::engine {
 struct BackendOptions {
   bool cuda_graphs = true;  // decode steps captured once per batch size and replayed as CUDA graphs
   bool side_stream = true;  // a step's independent branches on a second stream (docs/gpu.md)
+  // Each kernel scheduled while the one before it finishes (programmatic dependent launch,
+  // sm_90; docs/gpu.md "Overlapped launches").
+  bool overlapped_launch = true;
   bool profile = false;     // GPU time per phase of a step, printed to stderr when the backend ends
 };
 

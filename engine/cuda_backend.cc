@@ -102,6 +102,7 @@ Result<std::unique_ptr<Backend>> CudaBackend::Create(std::shared_ptr<Model> mode
   b->device_ = cu::DeviceDescription();
   b->use_graphs_ = options.cuda_graphs;
   b->use_side_ = options.side_stream;
+  b->overlap_launch_ = options.overlapped_launch;
   if (options.profile) {
     LS_ASSIGN_OR_RETURN(b->prof_, cu::EventTimer::Create());
   }
@@ -321,8 +322,9 @@ Status CudaBackend::EnsureZeroIds(int64_t rows) {
   // A new buffer (a new size: Ensure grows by half at least) is zeroed once. Never inside a
   // graph capture: a shape's first step runs uncaptured and grows every buffer.
   if (zero_rows_ != static_cast<int64_t>(zero_ids_.buf.size() / 4)) {
-    LS_RETURN_IF_ERROR(cu::FillConstant(zero_ids_.buf.data(), static_cast<int64_t>(zero_ids_.buf.size() / 4), false,
-                                        0.0f, stream_->get()));  // 0.0f: all bits zero
+    // A memset, not a kernel: the GEMVs reading these ids do so before waiting for the kernel
+    // launched just before them (ExpertGemmParams::ids_fixed), which a memset node precedes whole.
+    LS_RETURN_IF_ERROR(cu::MemsetAsync(zero_ids_.buf.data(), 0, zero_ids_.buf.size(), stream_->get()));
     zero_rows_ = static_cast<int64_t>(zero_ids_.buf.size() / 4);
   }
   return Status::Ok();
@@ -347,6 +349,7 @@ Status CudaBackend::Linear(const float* x, int64_t x_stride, int64_t rows, const
     g.x_stride = x_stride;
     g.round_x_bf16 = w_bf16;
     g.ids = zero_ids_.as<int32_t>();
+    g.ids_fixed = true;
     g.y = y;
     g.y_stride = y_stride;
     return cu::ExpertGemm(g, launch_);

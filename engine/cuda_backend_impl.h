@@ -228,6 +228,7 @@ class CudaBackend final : public Backend {
   std::map<int64_t, int64_t> warmed_;  // batch size → generation after its uncaptured run
   bool use_graphs_ = true;
   bool use_side_ = true;  // BackendOptions::side_stream
+  bool overlap_launch_ = true;  // BackendOptions::overlapped_launch
   bool capturing_ = false;
 
   // Per-step state used by the tap helpers.

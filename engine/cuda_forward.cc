@@ -24,6 +24,11 @@ Status CudaBackend::Forward(std::span<Segment> segs, PagedKvCache& cache, const 
   }
   cu::Stream s = stream_->get();
   launch_ = s;
+  // This thread's launches (and the graphs it captures) overlap or not, as the options say.
+  struct OverlapScope {
+    bool prev;
+    ~OverlapScope() { cu::SetOverlappedLaunch(prev); }
+  } overlap_scope{cu::SetOverlappedLaunch(overlap_launch_)};
 
   // Rows, positions, validation, cache pages (the host cache allocates; the device mirrors ids).
   LS_ASSIGN_OR_RETURN(SegmentLayout layout, LayOutSegments(segs, c));
@@ -439,7 +444,8 @@ LS_RETURN_IF_ERROR(Mark("start"));
       ab.x_stride = dqk;
       ab.x_per_slot = true;
       ab.round_x_bf16 = bf16_;
-      ab.ids = d_heads;
+      ab.ids = d_heads;  // copied in with the step's inputs: no kernel writes them
+      ab.ids_fixed = true;
       ab.y = qlat;
       ab.y_stride = C;
       ab.error_flag = err;

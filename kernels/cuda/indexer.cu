@@ -6,6 +6,7 @@
 
 #include "kernels/cuda/check.cuh"
 #include "kernels/cuda/device_math.cuh"
+#include "kernels/cuda/launch.cuh"
 #include "kernels/cuda/ops.h"
 
 namespace lockstep::kernels::cuda {
@@ -21,6 +22,7 @@ size_t ScoreSmem(int64_t heads, int64_t head_dim) {
 }
 
 __global__ void __launch_bounds__(kScoreThreads) IndexerScoreKernel(IndexerScoreParams p) {
+  dev::GridDependencySync();
   extern __shared__ int64_t smem64[];
   const int b = blockIdx.y, tid = threadIdx.x;
   const int H = static_cast<int>(p.heads), hd = static_cast<int>(p.head_dim);
@@ -91,6 +93,7 @@ __global__ void __launch_bounds__(kScoreThreads) IndexerScoreKernel(IndexerScore
 }
 
 __global__ void __launch_bounds__(kTopKThreads) TopKKernel(TopKParams p) {
+  dev::GridDependencySync();
   using Scan = cub::BlockScan<int, kTopKThreads>;
   __shared__ typename Scan::TempStorage scan_tmp;
   __shared__ int hist[256];
@@ -207,7 +210,7 @@ Status IndexerScores(const IndexerScoreParams& p, Stream stream) {
       cudaFuncSetAttribute(IndexerScoreKernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem)));
   const dim3 grid(static_cast<unsigned>((p.max_seq_len + kScoreThreads - 1) / kScoreThreads),
                   static_cast<unsigned>(p.batch));
-  IndexerScoreKernel<<<grid, kScoreThreads, smem, stream>>>(p);
+  LS_CUDA_RETURN_IF_ERROR(LaunchKernel(IndexerScoreKernel, grid, kScoreThreads, smem, stream, p));
   LS_CUDA_LAUNCH_CHECK();
   return Status::Ok();
 }
@@ -228,7 +231,7 @@ Status TopK(const TopKParams& p, Stream stream) {
     LS_CHECK_ARG(p.num_pages > 0 && p.num_pages * p.page_size <= (int64_t{1} << 31), op, "num_pages", p.num_pages);
   }
   if (p.batch == 0) return Status::Ok();
-  TopKKernel<<<static_cast<unsigned>(p.batch), kTopKThreads, 0, stream>>>(p);
+  LS_CUDA_RETURN_IF_ERROR(LaunchKernel(TopKKernel, static_cast<unsigned>(p.batch), kTopKThreads, 0, stream, p));
   LS_CUDA_LAUNCH_CHECK();
   return Status::Ok();
 }

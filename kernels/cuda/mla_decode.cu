@@ -21,6 +21,7 @@
 
 #include "kernels/cuda/check.cuh"
 #include "kernels/cuda/device_math.cuh"
+#include "kernels/cuda/launch.cuh"
 #include "kernels/cuda/ops.h"
 
 namespace lockstep::kernels::cuda {
@@ -149,6 +150,7 @@ __device__ __forceinline__ void DequantRow(LatentFormat format, const uint8_t* s
 // the CTAs reading each key) when the grid would be too small to fill the GPU (batch-1 decode).
 template <bool kSparse, int kHpc>
 __global__ void __launch_bounds__(kThreads) MlaSplitKernel(MlaDecodeParams p, int64_t bytes_per_token, Workspace ws) {
+  dev::GridDependencySync();
   constexpr int kHeadsPerCta = kHpc;
   constexpr int kHeadsPerWarp = kHpc / kWarps;
   constexpr int kPvHeads = kHpc / (kThreads / kColGroups);  // heads per thread in P·V
@@ -309,6 +311,7 @@ __global__ void __launch_bounds__(kThreads) MlaSplitKernel(MlaDecodeParams p, in
 
 template <bool kSparse>
 __global__ void __launch_bounds__(kCombineThreads) MlaCombineKernel(MlaDecodeParams p, Workspace ws) {
+  dev::GridDependencySync();
   __shared__ float f_s[kMaxSplits], m_s[kMaxSplits], l_s[kMaxSplits];
   const int H = static_cast<int>(p.heads), C = static_cast<int>(p.kv_lora);
   const int b = blockIdx.x / H, h = blockIdx.x % H;
@@ -436,13 +439,15 @@ Status Launch(const MlaDecodeParams& p, Stream stream) {
           cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem)));
       const dim3 grid(static_cast<unsigned>(splits), static_cast<unsigned>((p.heads + hpc - 1) / hpc),
                       static_cast<unsigned>(p.batch));
-      kernel<<<grid, kThreads, smem, stream>>>(p, LatentBytesPerToken(p.format, p.kv_lora, p.rope_dim), ws);
+      LS_CUDA_RETURN_IF_ERROR(LaunchKernel(kernel, grid, kThreads, smem, stream, p,
+                                           LatentBytesPerToken(p.format, p.kv_lora, p.rope_dim), ws));
       LS_CUDA_LAUNCH_CHECK();
       return Status::Ok();
     };
     LS_RETURN_IF_ERROR(narrow ? launch(MlaSplitKernel<kSparse, 8>, 8) : launch(MlaSplitKernel<kSparse, 16>, 16));
   }
-  MlaCombineKernel<kSparse><<<static_cast<unsigned>(p.batch * p.heads), kCombineThreads, 0, stream>>>(p, ws);
+  LS_CUDA_RETURN_IF_ERROR(LaunchKernel(MlaCombineKernel<kSparse>, static_cast<unsigned>(p.batch * p.heads),
+                                       kCombineThreads, 0, stream, p, ws));
   LS_CUDA_LAUNCH_CHECK();
   return Status::Ok();
 }

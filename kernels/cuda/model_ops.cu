@@ -9,6 +9,7 @@
 #include "kernels/cuda/async_copy.cuh"
 #include "kernels/cuda/check.cuh"
 #include "kernels/cuda/device_math.cuh"
+#include "kernels/cuda/launch.cuh"
 #include "kernels/cuda/ops.h"
 
 namespace lockstep::kernels::cuda {
@@ -39,6 +40,7 @@ dim3 ElementGrid(int64_t rows, int64_t n) {
 // --- embedding, elementwise ----------------------------------------------------------------
 
 __global__ void EmbedKernel(EmbedParams p) {
+  dev::GridDependencySync();
   const int64_t r = blockIdx.x;
   const int32_t id = p.ids[r];
   float* y = p.y + r * p.y_stride;
@@ -52,24 +54,29 @@ __global__ void EmbedKernel(EmbedParams p) {
 }
 
 __global__ void AddInPlaceKernel(float* y, int64_t ys, const float* x, int64_t xs, int64_t rows, int64_t n) {
+  dev::GridDependencySync();
   LS_FOR_EACH_ELEMENT(rows, n) y[r * ys + i] = __fadd_rn(y[r * ys + i], x[r * xs + i]);
 }
 
 __global__ void AddKernel(float* y, int64_t ys, const float* a, int64_t as, const float* b, int64_t bs, int64_t rows,
                           int64_t n) {
+  dev::GridDependencySync();
   LS_FOR_EACH_ELEMENT(rows, n) y[r * ys + i] = __fadd_rn(a[r * as + i], b[r * bs + i]);
 }
 
 __global__ void ScaleKernel(float* x, int64_t xs, int64_t rows, int64_t n, float s) {
+  dev::GridDependencySync();
   LS_FOR_EACH_ELEMENT(rows, n) x[r * xs + i] = __fmul_rn(x[r * xs + i], s);
 }
 
 __global__ void ToBf16Kernel(const float* x, int64_t xs, uint16_t* y, int64_t ys, int64_t rows, int64_t n) {
+  dev::GridDependencySync();
   LS_FOR_EACH_ELEMENT(rows, n) y[r * ys + i] = dev::F32ToBf16(x[r * xs + i]);
 }
 
 // cpu::SwiGlu: out = (g / (1 + exp(−g))) · u.
 __global__ void SwiGluKernel(SwiGluParams p) {
+  dev::GridDependencySync();
   LS_FOR_EACH_ELEMENT(p.rows, p.n) {
     const float g = p.g[r * p.g_stride + i], u = p.u[r * p.u_stride + i];
     p.out[r * p.out_stride + i] = __fmul_rn(__fdiv_rn(g, __fadd_rn(1.0f, ExpF(-g))), u);
@@ -78,6 +85,7 @@ __global__ void SwiGluKernel(SwiGluParams p) {
 
 // engine/model.cc's combine loop.
 __global__ void MoeCombineKernel(MoeCombineParams p) {
+  dev::GridDependencySync();
   LS_FOR_EACH_ELEMENT(p.rows, p.n) {
     float acc = 0.0f;
     for (int64_t j = 0; j < p.k; ++j) {
@@ -95,6 +103,7 @@ constexpr int kLnWarps = 4;
 
 // One warp per row; lane 0 runs cpu::LayerNorm's two fp64 loops in the CPU's order.
 __global__ void __launch_bounds__(kLnWarps * 32) LayerNormKernel(LayerNormParams p) {
+  dev::GridDependencySync();
   const int lane = threadIdx.x & 31;
   const int64_t r = static_cast<int64_t>(blockIdx.x) * kLnWarps + (threadIdx.x >> 5);
   if (r >= p.rows) return;
@@ -135,6 +144,7 @@ __device__ __forceinline__ uint64_t RankKey(float v, int e) {
 }
 
 __global__ void __launch_bounds__(kRouteWarps * 32) RouteKernel(RouteParams p, int64_t warp_bytes) {
+  dev::GridDependencySync();
   extern __shared__ __align__(16) unsigned char route_smem[];
   __shared__ float group_score[kRouteWarps][kRouteMaxGroups];
   __shared__ uint8_t group_keep[kRouteWarps][kRouteMaxGroups];
@@ -372,6 +382,7 @@ __device__ __forceinline__ void StageX(float (*xs)[kTileIn], const int32_t* slot
 // that slot's expert, so no CTA is launched without work and the busy ones spread evenly.
 template <int kWarps, int kChunk, int kUnroll, bool kBf16, bool kVec, bool kBySlot>
 __global__ void __launch_bounds__(kWarps * 32) ExpertGemmKernel(ExpertGemmParams p) {
+  dev::GridDependencySync();
   constexpr int kThreads = kWarps * 32, kRows = kWarps * 16;
   static_assert(!kBySlot || kChunk == 1);
   __shared__ __align__(16) float xs[kChunk][kEgTileIn];
@@ -507,15 +518,19 @@ Status LaunchExpertGemm(const ExpertGemmParams& p, bool vec, Stream stream) {
   const dim3 block(kWarps * 32);
   if (p.w_bf16) {
     if (vec) {
-      ExpertGemmKernel<kWarps, kChunk, kUnroll, true, true, kBySlot><<<grid, block, 0, stream>>>(p);
+      LS_CUDA_RETURN_IF_ERROR(
+          LaunchKernel(ExpertGemmKernel<kWarps, kChunk, kUnroll, true, true, kBySlot>, grid, block, 0, stream, p));
     } else {
-      ExpertGemmKernel<kWarps, kChunk, kUnroll, true, false, kBySlot><<<grid, block, 0, stream>>>(p);
+      LS_CUDA_RETURN_IF_ERROR(
+          LaunchKernel(ExpertGemmKernel<kWarps, kChunk, kUnroll, true, false, kBySlot>, grid, block, 0, stream, p));
     }
   } else {
     if (vec) {
-      ExpertGemmKernel<kWarps, kChunk, kUnroll, false, true, kBySlot><<<grid, block, 0, stream>>>(p);
+      LS_CUDA_RETURN_IF_ERROR(
+          LaunchKernel(ExpertGemmKernel<kWarps, kChunk, kUnroll, false, true, kBySlot>, grid, block, 0, stream, p));
     } else {
-      ExpertGemmKernel<kWarps, kChunk, kUnroll, false, false, kBySlot><<<grid, block, 0, stream>>>(p);
+      LS_CUDA_RETURN_IF_ERROR(
+          LaunchKernel(ExpertGemmKernel<kWarps, kChunk, kUnroll, false, false, kBySlot>, grid, block, 0, stream, p));
     }
   }
   LS_CUDA_LAUNCH_CHECK();
@@ -553,6 +568,7 @@ struct FwSmem {
 
 template <int kWarps, int kChunk, int kStages, int kTileIn, bool kBySlot>
 __global__ void __launch_bounds__(kWarps * 32) ExpertGemmFastKernel(ExpertGemmParams p, int groups) {
+  dev::GridDependencySync();
   constexpr int kThreads = kWarps * 32, kRows = kWarps * 16;
   constexpr int kChunks16 = kFwBlk / 8;  // 16-byte chunks per row per stage (32)
   static_assert(kTileIn % kFwBlk == 0 && (!kBySlot || kChunk == 1));
@@ -753,7 +769,7 @@ Status LaunchExpertGemmFast(const ExpertGemmParams& p, Stream stream) {
   }
   const dim3 grid(static_cast<unsigned>((p.out + kRows - 1) / kRows),
                   static_cast<unsigned>(kBySlot ? p.rows * p.k : p.experts), static_cast<unsigned>(groups));
-  kernel<<<grid, kWarps * 32, smem, stream>>>(p, groups);
+  LS_CUDA_RETURN_IF_ERROR(LaunchKernel(kernel, grid, kWarps * 32, smem, stream, p, groups));
   LS_CUDA_LAUNCH_CHECK();
   return Status::Ok();
 }
@@ -769,14 +785,23 @@ Status LaunchExpertGemmFast(const ExpertGemmParams& p, Stream stream) {
 // a warp runs 4 rows and its instruction stream is a quarter as long. Every 256-value block
 // of the CTA's rows up to the ring's size is requested at once, each block its own cp.async
 // group taken in order as it lands (its ring slot refilled when done): a row of ≤
-// kSwMaxStages·256 values costs one round trip. x comes first the same way (a group of its
-// own) and is rounded in shared memory. Row j's 16-byte chunk q sits at q ^ 2·(j mod 4), so
-// a warp's four rows read 128 distinct bytes per instruction.
+// kSwMaxStages·256 values costs one round trip; with fixed ids the requests go out before the
+// previous kernel has finished (launch.cuh). x is loaded (and rounded) into shared memory
+// while they land. A warp copies and reads only its own rows (warp barriers, no CTA barrier
+// per block), and row j's 16-byte chunk q sits at q ^ 2·(j mod 4), so a warp's four rows read
+// 128 distinct bytes per instruction at offsets fixed per thread plus immediates: the inner
+// loop is two shared loads, two conversions and two FMAs per weight pair (it also spent
+// instructions on 64-bit index arithmetic and two CTA barriers per block: 11–13 µs for any
+// product of ≤ 64 KB per CTA, in-graph on the H200, 2026-11-30).
 constexpr int kSwMaxStages = 12;  // ring of 256-value blocks (16 rows · 512 B each)
 constexpr int kSwTileIn = 4096;   // x values staged at once
 
-constexpr int kSwThreads = 128;   // 4 warps
-constexpr int kSwRows = 16;       // rows per CTA: 4 per warp, 8 lanes per row
+// 4 warps a CTA, 4 rows a warp, 8 lanes a row. (CTAs of 1 or 2 warps — more of them, more
+// evenly spread over the SMs — measured slower at every dense decode shape on the H200: each
+// stages x for fewer rows.)
+constexpr int kSwThreads = 128;
+constexpr int kSwRows = 16;
+static_assert(kSwTileIn % kFwBlk == 0 && kSwRows == 4 * (kSwThreads / 32));
 
 size_t StreamSmemBytes(int stages, int64_t in) {
   return static_cast<size_t>(stages) * kSwRows * kFwBlk * 2 + static_cast<size_t>(in < kSwTileIn ? in : kSwTileIn) * 4;
@@ -785,87 +810,131 @@ size_t StreamSmemBytes(int stages, int64_t in) {
 __global__ void __launch_bounds__(kSwThreads) ExpertGemmStreamKernel(ExpertGemmParams p, int stages) {
   constexpr int kRows = kSwRows;
   constexpr int kChunks16 = kFwBlk / 8;  // 16-byte chunks per row per block (32)
+  constexpr int kWords = kFwBlk / 2;     // 4-byte words per row per block (128)
   extern __shared__ __align__(16) unsigned char smem[];
-  uint4* wbuf = reinterpret_cast<uint4*>(smem);  // [stages][kRows][32 chunks], swizzled
+  uint32_t* wbuf = reinterpret_cast<uint32_t*>(smem);  // [stages][kRows][128 words], chunks swizzled
   float* xs = reinterpret_cast<float*>(smem + static_cast<size_t>(stages) * kRows * kFwBlk * 2);
-  const int tid = threadIdx.x, g = tid & 7, row = tid >> 3;  // row of the CTA's (warp w: 4w..4w+3)
+  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, g = tid & 7, row = tid >> 3;
+  const int r3 = row & 3;  // = i for the warp's row 4·warp + i
   const int64_t slot = blockIdx.y, row0 = static_cast<int64_t>(blockIdx.x) * kRows, o = row0 + row;
+  // Fixed ids (a dense product's): the weight blocks are requested before the wait for the
+  // previous kernel (launch.cuh), so they stream in while it finishes.
+  if (!p.ids_fixed) dev::WaitForPrior();
   const int e = p.ids[slot];
   if (e < 0 || e >= p.experts) {
+    dev::GridDependencySync();
     if (blockIdx.x == 0 && tid == 0 && p.error_flag != nullptr) atomicOr(p.error_flag, kErrExpert);
     if (tid < kRows && row0 + tid < p.out) p.y[slot * p.y_stride + row0 + tid] = QuietNan();
     return;
   }
-  const uint16_t* w_e = static_cast<const uint16_t*>(p.w) + static_cast<int64_t>(e) * p.w_expert_stride;
-  const float* xrow = p.x + (p.x_per_slot ? slot : slot / p.k) * p.x_stride;
-  const int64_t nblk = (p.in + kFwBlk - 1) / kFwBlk;
-  const bool xvec = (reinterpret_cast<uintptr_t>(xrow) & 15) == 0;  // in % 16 = 0: whole float4s
-  auto round = [&](float v) { return p.round_x_bf16 ? dev::Bf16ToF32(dev::F32ToBf16(v)) : v; };
-  auto tile_len = [&](int64_t t0) { return static_cast<int>(p.in - t0 < kSwTileIn ? p.in - t0 : kSwTileIn); };
-  auto issue = [&](int64_t blk) {  // kRows rows × 32 chunks: 4 per thread, a warp reads one row's 512 bytes
-    uint4* dst = wbuf + (blk % stages) * kRows * kChunks16;
+  const int nblk = static_cast<int>((p.in + kFwBlk - 1) / kFwBlk);
+  // A warp copies its own four rows (lane = chunk), so a warp barrier, not the CTA's, makes a
+  // block visible to the lanes that read it. Row 4·warp + i's chunk q sits at q ^ 2i: a warp's
+  // four rows then read 128 distinct bytes per instruction.
+  const uint16_t* src[4];
+  bool row_ok[4];
 #pragma unroll
-    for (int i = 0; i < kRows * kChunks16 / kSwThreads; ++i) {
-      const int c = tid + i * kSwThreads, j = c / kChunks16, q = c % kChunks16;
-      const int64_t col = blk * kFwBlk + 8 * q;
-      if (col < p.in && row0 + j < p.out) {
-        CpAsync16(dst + j * kChunks16 + (q ^ ((j & 3) << 1)), w_e + (row0 + j) * p.w_row_stride + col);
-      }
+  for (int i = 0; i < 4; ++i) {
+    const int64_t r = row0 + 4 * warp + i;
+    row_ok[i] = r < p.out;
+    src[i] = static_cast<const uint16_t*>(p.w) + static_cast<int64_t>(e) * p.w_expert_stride +
+             (row_ok[i] ? r : 0) * p.w_row_stride + 8 * lane;
+  }
+  uint4* const wdst = reinterpret_cast<uint4*>(wbuf) + warp * 4 * kChunks16;
+  auto issue = [&](int blk, int ring_slot) {
+    uint4* dst = wdst + ring_slot * kRows * kChunks16;
+    const bool col_ok = static_cast<int64_t>(blk) * kFwBlk + 8 * lane < p.in;
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      if (row_ok[i] && col_ok) CpAsync16(dst + i * kChunks16 + (lane ^ (2 * i)), src[i] + blk * kFwBlk);
     }
   };
 
-  // x's first tile, then every weight block the ring holds: all in flight together.
+  // Every weight block the ring holds, each its own group: all in flight together.
+  const int ring = nblk < stages ? nblk : stages;  // blocks in flight from the start
+  for (int blk = 0; blk < ring; ++blk) {
+    issue(blk, blk);
+    CpAsyncCommit();
+  }
+  dev::GridDependencySync();  // (a no-op wait when it was waited for above)
+  const float* xrow = p.x + (p.x_per_slot ? slot : slot / p.k) * p.x_stride;
+  auto round = [&](float v) { return p.round_x_bf16 ? dev::Bf16ToF32(dev::F32ToBf16(v)) : v; };
+  auto tile_len = [&](int64_t t0) { return static_cast<int>(p.in - t0 < kSwTileIn ? p.in - t0 : kSwTileIn); };
+  // x's first tile, rounded, while the weights land: loads all issued before the first store.
   const int tn0 = tile_len(0);
-  if (xvec) {
-    for (int i = tid; i < tn0 / 4; i += kSwThreads) CpAsync16(xs + 4 * i, xrow + 4 * i);
+  if ((reinterpret_cast<uintptr_t>(xrow) & 15) == 0 && tn0 % 4 == 0) {
+    constexpr int kXv = 8;  // float4s a thread loads before storing them
+    for (int base = 0; base < tn0 / 4; base += kXv * kSwThreads) {
+      float4 v[kXv];
+#pragma unroll
+      for (int u = 0; u < kXv; ++u) {
+        const int i = base + tid + u * kSwThreads;
+        if (i < tn0 / 4) v[u] = reinterpret_cast<const float4*>(xrow)[i];
+      }
+#pragma unroll
+      for (int u = 0; u < kXv; ++u) {
+        const int i = base + tid + u * kSwThreads;
+        if (i < tn0 / 4) {
+          reinterpret_cast<float4*>(xs)[i] = make_float4(round(v[u].x), round(v[u].y), round(v[u].z), round(v[u].w));
+        }
+      }
+    }
   } else {
     for (int i = tid; i < tn0; i += kSwThreads) xs[i] = round(xrow[i]);
   }
-  CpAsyncCommit();
-  int64_t issued = 0;
-  for (; issued < nblk && issued < stages; ++issued) {
-    issue(issued);
-    CpAsyncCommit();
-  }
-  const int64_t ring = issued;  // blocks in flight from the start
-  if (xvec) {
-    CpAsyncWaitAtMost(static_cast<int>(ring));  // the x group (the oldest) has landed
-    if (p.round_x_bf16) {
-      for (int i = tid; i < tn0 / 4; i += kSwThreads) {
-#pragma unroll
-        for (int j = 0; j < 4; ++j) xs[4 * i + j] = round(xs[4 * i + j]);
-      }
-    }
-  }
+  __syncthreads();  // x visible to every warp
 
+  // Lane g of a row holds chains 2g, 2g + 1: elements 16b + 2g, 16b + 2g + 1 of each block,
+  // word 8(b ^ r3) + g of the row's swizzled block (chunk 2b + g/4 at (2b + g/4) ^ 2·r3). For
+  // b = 4m + u that is word 8(u ^ r3) + g + 32m: four per-thread offsets and immediates.
+  int woff[4];
+#pragma unroll
+  for (int u = 0; u < 4; ++u) woff[u] = row * kWords + 8 * (u ^ r3) + g;
+  const float2* x2 = reinterpret_cast<const float2*>(xs) + g;
   float acc0 = 0.0f, acc1 = 0.0f;  // chains 2g, 2g + 1
-  const int sw = (row & 3) << 1;
-  for (int64_t blk = 0; blk < nblk; ++blk) {
-    const int64_t col0 = blk * kFwBlk;
-    const int xc = static_cast<int>(col0 % kSwTileIn);
-    if (xc == 0 && blk > 0) {  // the next x tile (in > kSwTileIn): plain loads, once all are done with the last
+  int ring_slot = 0, xc = 0;
+  for (int blk = 0; blk < nblk; ++blk) {
+    const int64_t col0 = static_cast<int64_t>(blk) * kFwBlk;
+    if (xc == kSwTileIn) {  // the next x tile (in > kSwTileIn): plain loads, once all are done with the last
       __syncthreads();
       const int tn = tile_len(col0);
       for (int i = tid; i < tn; i += kSwThreads) xs[i] = round(xrow[col0 + i]);
+      __syncthreads();
+      xc = 0;
     }
-    // Block b's group is number 1 + b (x is 0; every iteration commits one group, empty when
-    // nothing is left to refill), so ring − 1 groups are younger than block blk's.
-    CpAsyncWaitAtMost(static_cast<int>(ring - 1));
-    __syncthreads();  // every thread's copies (and x) visible to all
-    const uint32_t* wb =
-        reinterpret_cast<const uint32_t*>(wbuf + (blk % stages) * kRows * kChunks16 + row * kChunks16);
-    const int nb = static_cast<int>((p.in - col0 < kFwBlk ? p.in - col0 : kFwBlk) / 16);
-#pragma unroll 8
-    for (int b = 0; b < nb; ++b) {
-      // Elements 16b + 2g, 16b + 2g + 1: chunk 2b + g/4, 4-byte word g mod 4.
-      const uint32_t u = wb[4 * ((2 * b + (g >> 2)) ^ sw) + (g & 3)];
-      const float2 xv = *reinterpret_cast<const float2*>(&xs[xc + 16 * b + 2 * g]);
-      acc0 = __fmaf_rn(__uint_as_float(u << 16), xv.x, acc0);
-      acc1 = __fmaf_rn(__uint_as_float(u & 0xffff0000u), xv.y, acc1);
+    // Block b's group is number b (every iteration commits one group, empty when nothing is
+    // left to refill), so ring − 1 groups are younger than block blk's.
+    CpAsyncWaitAtMost(ring - 1);
+    __syncwarp();  // the warp's copies visible to all its lanes
+    const uint32_t* wb = wbuf + ring_slot * kRows * kWords;
+    const float2* xb = x2 + xc / 2;
+    if (col0 + kFwBlk <= p.in) {
+#pragma unroll
+      for (int m = 0; m < 4; ++m) {
+#pragma unroll
+        for (int u = 0; u < 4; ++u) {
+          const uint32_t w2 = wb[woff[u] + 32 * m];
+          const float2 xv = xb[8 * (4 * m + u)];
+          acc0 = __fmaf_rn(__uint_as_float(w2 << 16), xv.x, acc0);
+          acc1 = __fmaf_rn(__uint_as_float(w2 & 0xffff0000u), xv.y, acc1);
+        }
+      }
+    } else {  // the last, partial block (in % 16 = 0)
+      const int nb = static_cast<int>((p.in - col0) / 16);
+      for (int b = 0; b < nb; ++b) {
+        const uint32_t w2 = wb[woff[b & 3] + 32 * (b >> 2)];
+        const float2 xv = xb[8 * b];
+        acc0 = __fmaf_rn(__uint_as_float(w2 << 16), xv.x, acc0);
+        acc1 = __fmaf_rn(__uint_as_float(w2 & 0xffff0000u), xv.y, acc1);
+      }
     }
-    __syncthreads();  // this ring slot is refilled next
-    if (issued < nblk) issue(issued++);
+    xc += kFwBlk;
+    if (blk + ring < nblk) {
+      __syncwarp();  // every lane is done with this ring slot before it is refilled
+      issue(blk + ring, ring_slot);
+    }
     CpAsyncCommit();
+    ring_slot = ring_slot + 1 == ring ? 0 : ring_slot + 1;
   }
   CpAsyncWait<0>();
   // Dot's fold: chain l + chain l+8 (lanes g, g+4), then 8 → 4 (g, g+2), 4 → 2 (g, g+1), 2 → 1.
@@ -879,15 +948,15 @@ __global__ void __launch_bounds__(kSwThreads) ExpertGemmStreamKernel(ExpertGemmP
 }
 
 Status LaunchExpertGemmStream(const ExpertGemmParams& p, Stream stream) {
-  constexpr int kRows = kSwRows;
   const int64_t nblk = (p.in + kFwBlk - 1) / kFwBlk;
   const int stages = static_cast<int>(nblk < kSwMaxStages ? nblk : kSwMaxStages);
   static const cudaError_t attr =
       cudaFuncSetAttribute(ExpertGemmStreamKernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
                            static_cast<int>(StreamSmemBytes(kSwMaxStages, kSwTileIn)));
   LS_CUDA_RETURN_IF_ERROR(attr);
-  const dim3 grid(static_cast<unsigned>((p.out + kRows - 1) / kRows), static_cast<unsigned>(p.rows * p.k));
-  ExpertGemmStreamKernel<<<grid, kSwThreads, StreamSmemBytes(stages, p.in), stream>>>(p, stages);
+  const dim3 grid(static_cast<unsigned>((p.out + kSwRows - 1) / kSwRows), static_cast<unsigned>(p.rows * p.k));
+  LS_CUDA_RETURN_IF_ERROR(
+      LaunchKernel(ExpertGemmStreamKernel, grid, kSwThreads, StreamSmemBytes(stages, p.in), stream, p, stages));
   LS_CUDA_LAUNCH_CHECK();
   return Status::Ok();
 }
@@ -910,7 +979,7 @@ Status Embed(const EmbedParams& p, Stream stream) {
   LS_CHECK_ARG(p.rows >= 0 && p.rows < (int64_t{1} << 31), op, "rows", p.rows);
   LS_CHECK_ARG(p.y_stride >= p.n, op, "y_stride", p.y_stride);
   if (p.rows == 0) return Status::Ok();
-  EmbedKernel<<<static_cast<unsigned>(p.rows), 256, 0, stream>>>(p);
+  LS_CUDA_RETURN_IF_ERROR(LaunchKernel(EmbedKernel, static_cast<unsigned>(p.rows), 256, 0, stream, p));
   LS_CUDA_LAUNCH_CHECK();
   return Status::Ok();
 }
@@ -924,7 +993,8 @@ Status AddInPlace(float* y, int64_t y_stride, const float* x, int64_t x_stride, 
   LS_CHECK_ARG(y_stride >= n, op, "y_stride", y_stride);
   LS_CHECK_ARG(x_stride >= n, op, "x_stride", x_stride);
   if (rows == 0 || n == 0) return Status::Ok();
-  AddInPlaceKernel<<<ElementGrid(rows, n), kElemThreads, 0, stream>>>(y, y_stride, x, x_stride, rows, n);
+  LS_CUDA_RETURN_IF_ERROR(
+      LaunchKernel(AddInPlaceKernel, ElementGrid(rows, n), kElemThreads, 0, stream, y, y_stride, x, x_stride, rows, n));
   LS_CUDA_LAUNCH_CHECK();
   return Status::Ok();
 }
@@ -940,7 +1010,8 @@ Status Add(float* out, int64_t out_stride, const float* a, int64_t a_stride, con
   LS_CHECK_ARG(a_stride >= n, op, "a_stride", a_stride);
   LS_CHECK_ARG(b_stride >= n, op, "b_stride", b_stride);
   if (rows == 0 || n == 0) return Status::Ok();
-  AddKernel<<<ElementGrid(rows, n), kElemThreads, 0, stream>>>(out, out_stride, a, a_stride, b, b_stride, rows, n);
+  LS_CUDA_RETURN_IF_ERROR(LaunchKernel(AddKernel, ElementGrid(rows, n), kElemThreads, 0, stream, out, out_stride, a,
+                                       a_stride, b, b_stride, rows, n));
   LS_CUDA_LAUNCH_CHECK();
   return Status::Ok();
 }
@@ -951,7 +1022,8 @@ Status Scale(float* x, int64_t stride, int64_t rows, int64_t n, float s, Stream 
   LS_RETURN_IF_ERROR(CheckRows(op, rows, n));
   LS_CHECK_ARG(stride >= n, op, "stride", stride);
   if (rows == 0 || n == 0) return Status::Ok();
-  ScaleKernel<<<ElementGrid(rows, n), kElemThreads, 0, stream>>>(x, stride, rows, n, s);
+  LS_CUDA_RETURN_IF_ERROR(
+      LaunchKernel(ScaleKernel, ElementGrid(rows, n), kElemThreads, 0, stream, x, stride, rows, n, s));
   LS_CUDA_LAUNCH_CHECK();
   return Status::Ok();
 }
@@ -965,7 +1037,8 @@ Status ToBf16(const float* x, int64_t x_stride, uint16_t* y, int64_t y_stride, i
   LS_CHECK_ARG(x_stride >= n, op, "x_stride", x_stride);
   LS_CHECK_ARG(y_stride >= n, op, "y_stride", y_stride);
   if (rows == 0 || n == 0) return Status::Ok();
-  ToBf16Kernel<<<ElementGrid(rows, n), kElemThreads, 0, stream>>>(x, x_stride, y, y_stride, rows, n);
+  LS_CUDA_RETURN_IF_ERROR(
+      LaunchKernel(ToBf16Kernel, ElementGrid(rows, n), kElemThreads, 0, stream, x, x_stride, y, y_stride, rows, n));
   LS_CUDA_LAUNCH_CHECK();
   return Status::Ok();
 }
@@ -980,7 +1053,7 @@ Status SwiGlu(const SwiGluParams& p, Stream stream) {
   LS_CHECK_ARG(p.u_stride >= p.n, op, "u_stride", p.u_stride);
   LS_CHECK_ARG(p.out_stride >= p.n, op, "out_stride", p.out_stride);
   if (p.rows == 0 || p.n == 0) return Status::Ok();
-  SwiGluKernel<<<ElementGrid(p.rows, p.n), kElemThreads, 0, stream>>>(p);
+  LS_CUDA_RETURN_IF_ERROR(LaunchKernel(SwiGluKernel, ElementGrid(p.rows, p.n), kElemThreads, 0, stream, p));
   LS_CUDA_LAUNCH_CHECK();
   return Status::Ok();
 }
@@ -998,7 +1071,8 @@ Status LayerNorm(const LayerNormParams& p, Stream stream) {
   LS_CHECK_ARG(p.x != p.y || p.x_stride == p.y_stride, op, "y_stride (in place needs x_stride)", p.y_stride);
   LS_CHECK_ARG(p.eps >= 0.0, op, "eps", p.eps);
   if (p.rows == 0) return Status::Ok();
-  LayerNormKernel<<<static_cast<unsigned>((p.rows + kLnWarps - 1) / kLnWarps), kLnWarps * 32, 0, stream>>>(p);
+  LS_CUDA_RETURN_IF_ERROR(LaunchKernel(LayerNormKernel, static_cast<unsigned>((p.rows + kLnWarps - 1) / kLnWarps),
+                                       kLnWarps * 32, 0, stream, p));
   LS_CUDA_LAUNCH_CHECK();
   return Status::Ok();
 }
@@ -1026,8 +1100,8 @@ Status Route(const RouteParams& p, Stream stream) {
   if (p.rows == 0) return Status::Ok();
   const int64_t warp_bytes = RouteWarpBytes(p.experts);
   const size_t smem = static_cast<size_t>(warp_bytes * kRouteWarps);  // ≤ 36 KiB at 1024 experts
-  RouteKernel<<<static_cast<unsigned>((p.rows + kRouteWarps - 1) / kRouteWarps), kRouteWarps * 32, smem, stream>>>(
-      p, warp_bytes);
+  LS_CUDA_RETURN_IF_ERROR(LaunchKernel(RouteKernel, static_cast<unsigned>((p.rows + kRouteWarps - 1) / kRouteWarps),
+                                       kRouteWarps * 32, smem, stream, p, warp_bytes));
   LS_CUDA_LAUNCH_CHECK();
   return Status::Ok();
 }
@@ -1075,7 +1149,8 @@ Status ExpertGemm(const ExpertGemmParams& p, Stream stream) {
     if (fast_ok && by_slot) {
       // Fewer 4-warp CTAs than about two per SM leave the GPU idle: one warp per CTA, with
       // the whole row in flight, instead (decode's dense products, the heads' absorptions).
-      launch = (p.out + 63) / 64 * slots < kEgStreamBelowCtas ? L::kStreamBySlot : L::kFastBySlot4;
+      // A dense product streams at any size (lm_head: 103 against 125 µs).
+      launch = dense || (p.out + 63) / 64 * slots < kEgStreamBelowCtas ? L::kStreamBySlot : L::kFastBySlot4;
     } else if (!dense && !crowded && slots <= kEgRegSlotMax) {
       launch = L::kRegBySlot;  // a few tokens' experts: one CTA column per slot still wins
     } else if (fast_ok && crowded) {
@@ -1125,7 +1200,7 @@ Status MoeCombine(const MoeCombineParams& p, Stream stream) {
   LS_CHECK_ARG(p.shared == nullptr || p.shared_stride >= p.n, op, "shared_stride", p.shared_stride);
   LS_CHECK_ARG(p.out_stride >= p.n, op, "out_stride", p.out_stride);
   if (p.rows == 0 || p.n == 0) return Status::Ok();
-  MoeCombineKernel<<<ElementGrid(p.rows, p.n), kElemThreads, 0, stream>>>(p);
+  LS_CUDA_RETURN_IF_ERROR(LaunchKernel(MoeCombineKernel, ElementGrid(p.rows, p.n), kElemThreads, 0, stream, p));
   LS_CUDA_LAUNCH_CHECK();
   return Status::Ok();
 }

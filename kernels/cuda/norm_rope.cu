@@ -4,6 +4,7 @@
 
 #include "kernels/cuda/check.cuh"
 #include "kernels/cuda/device_math.cuh"
+#include "kernels/cuda/launch.cuh"
 #include "kernels/cuda/ops.h"
 
 namespace lockstep::kernels::cuda {
@@ -20,6 +21,7 @@ constexpr int kNormCached = 16;
 // With p.add, x below is the sum row: each thread adds and stores its own elements before it
 // reads them back, so sum may alias x.
 __global__ void __launch_bounds__(kNormThreads) RmsNormKernel(RmsNormParams p) {
+  dev::GridDependencySync();
   const int64_t r = blockIdx.x;
   const float* x = p.add != nullptr ? p.sum + r * p.sum_stride : p.x + r * p.x_stride;
   float* y = p.y + r * p.y_stride;
@@ -81,6 +83,7 @@ __global__ void __launch_bounds__(kNormThreads) RmsNormKernel(RmsNormParams p) {
 
 // One CTA per (row, head); thread i owns frequency i.
 __global__ void RopeKernel(RopeParams p) {
+  dev::GridDependencySync();
   const int64_t r = blockIdx.x / p.heads, h = blockIdx.x % p.heads;
   const int32_t pos = p.positions[r];
   if (pos < 0 || pos >= p.max_position) {  // uniform over the CTA
@@ -130,6 +133,7 @@ __device__ __forceinline__ void StoreBytes(uint8_t* dst, const void* src, int n)
 
 // One CTA per row: engine::PagedKvCache::WriteLatent.
 __global__ void __launch_bounds__(kWriteThreads) LatentWriteKernel(LatentWriteParams p, int64_t bytes_per_token) {
+  dev::GridDependencySync();
   const int64_t r = blockIdx.x;
   const int32_t slot = p.slots[r];
   if (slot == -1) return;
@@ -201,7 +205,7 @@ Status RmsNorm(const RmsNormParams& p, Stream stream) {
   LS_CHECK_ARG(p.add == nullptr || p.sum_stride >= p.n, op, "sum_stride", p.sum_stride);
   LS_CHECK_ARG(p.add == nullptr || p.sum == p.x || p.sum != p.y, op, "sum (must not be y)", p.sum);
   if (p.rows == 0) return Status::Ok();
-  RmsNormKernel<<<static_cast<unsigned>(p.rows), kNormThreads, 0, stream>>>(p);
+  LS_CUDA_RETURN_IF_ERROR(LaunchKernel(RmsNormKernel, static_cast<unsigned>(p.rows), kNormThreads, 0, stream, p));
   LS_CUDA_LAUNCH_CHECK();
   return Status::Ok();
 }
@@ -224,7 +228,7 @@ Status Rope(const RopeParams& p, Stream stream) {
                op, "style", static_cast<int>(p.style));
   if (p.rows == 0) return Status::Ok();
   const int threads = static_cast<int>((p.dim / 2 + 31) / 32 * 32);
-  RopeKernel<<<static_cast<unsigned>(p.rows * p.heads), threads, 0, stream>>>(p);
+  LS_CUDA_RETURN_IF_ERROR(LaunchKernel(RopeKernel, static_cast<unsigned>(p.rows * p.heads), threads, 0, stream, p));
   LS_CUDA_LAUNCH_CHECK();
   return Status::Ok();
 }
@@ -246,7 +250,8 @@ Status WriteLatent(const LatentWriteParams& p, Stream stream) {
                op, "format", static_cast<int>(p.format));
   if (p.rows == 0) return Status::Ok();
   const int64_t bpt = LatentBytesPerToken(p.format, p.kv_lora, p.rope_dim);
-  LatentWriteKernel<<<static_cast<unsigned>(p.rows), kWriteThreads, 0, stream>>>(p, bpt);
+  LS_CUDA_RETURN_IF_ERROR(
+      LaunchKernel(LatentWriteKernel, static_cast<unsigned>(p.rows), kWriteThreads, 0, stream, p, bpt));
   LS_CUDA_LAUNCH_CHECK();
   return Status::Ok();
 }

@@ -46,6 +46,15 @@ int DeviceCount();
 std::string DeviceDescription();
 // Multiprocessors of device 0 (read once); 1 when there is no device.
 int SmCount();
+// Programmatic dependent launch (sm_90+; docs/gpu.md "Overlapped launches"): every kernel of
+// this folder may be scheduled while the kernel before it on its stream is still running; it
+// waits for that kernel's results (griddepcontrol.wait) before it reads or writes anything
+// but constant weights, so results are the same bits either way. On by default where the
+// device supports it; SetOverlappedLaunch(false) turns it off for the calling thread's later
+// launches (and for CUDA graphs that thread captures). Returns the setting it replaced.
+bool SetOverlappedLaunch(bool on);
+// Whether the calling thread's launches overlap (the setting and the device's support).
+bool OverlappedLaunch();
 // Marks the span an external profiler (ncu --profile-from-start off) collects; no-ops otherwise.
 void ProfilerStart();
 void ProfilerStop();
@@ -454,6 +463,9 @@ struct ExpertGemmParams {
   bool x_per_slot = false;
   bool round_x_bf16 = false;
   const int32_t* ids = nullptr;  // [rows, k] device
+  // ids written by no kernel of the step (a dense product's 0s, the heads of the absorbed
+  // products): the streaming shape requests its weights before the previous kernel finishes.
+  bool ids_fixed = false;
   float* y = nullptr;            // [rows·k, out], row stride y_stride
   int64_t y_stride = 0;
   int32_t* error_flag = nullptr; // optional; kErrExpert

@@ -48,6 +48,24 @@ int SmCount() {
   return n;
 }
 
+namespace {
+thread_local bool overlapped_launch = true;
+bool DeviceOverlaps() {
+  static const bool ok = [] {
+    int major = 0;
+    if (cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, 0) != cudaSuccess) {
+      cudaGetLastError();
+      return false;
+    }
+    return major >= 9;
+  }();
+  return ok;
+}
+}  // namespace
+
+bool SetOverlappedLaunch(bool on) { return std::exchange(overlapped_launch, on); }
+bool OverlappedLaunch() { return overlapped_launch && DeviceOverlaps(); }
+
 void ProfilerStart() { cudaProfilerStart(); }
 void ProfilerStop() { cudaProfilerStop(); }
 

@@ -21,6 +21,7 @@
 
 #include "kernels/cuda/check.cuh"
 #include "kernels/cuda/device_math.cuh"
+#include "kernels/cuda/launch.cuh"
 #include "kernels/cuda/ops.h"
 #include "kernels/philox.h"
 
@@ -64,6 +65,7 @@ Result<Layout> MakeLayout(int64_t batch, int64_t vocab) {
 }
 
 __global__ void __launch_bounds__(kPrepThreads) PrepKernel(SamplerParams p, uint64_t* keys, int* offsets) {
+  dev::GridDependencySync();
   const int64_t b = blockIdx.y;
   const int64_t i = static_cast<int64_t>(blockIdx.x) * kPrepThreads + threadIdx.x;
   if (blockIdx.x == 0 && threadIdx.x == 0) {
@@ -88,6 +90,7 @@ __device__ __forceinline__ int BlockMin(int v, int* slot) {
 
 __global__ void __launch_bounds__(kSampleThreads) SampleKernel(SamplerParams p, const uint64_t* sorted, double* W,
                                                                double* P) {
+  dev::GridDependencySync();
   __shared__ int min_slot;
   __shared__ float best_v[kSampleThreads];
   __shared__ int best_i[kSampleThreads];
@@ -240,13 +243,14 @@ Status Sample(const SamplerParams& p, Stream stream) {
   auto* offsets = reinterpret_cast<int*>(ws + layout->offsets);
   const dim3 prep_grid(static_cast<unsigned>((p.vocab + kPrepThreads - 1) / kPrepThreads),
                        static_cast<unsigned>(p.batch));
-  PrepKernel<<<prep_grid, kPrepThreads, 0, stream>>>(p, keys_in, offsets);
+  LS_CUDA_RETURN_IF_ERROR(LaunchKernel(PrepKernel, prep_grid, kPrepThreads, 0, stream, p, keys_in, offsets));
   LS_CUDA_LAUNCH_CHECK();
   size_t temp_bytes = layout->total - layout->temp;
   LS_CUDA_RETURN_IF_ERROR(cub::DeviceSegmentedRadixSort::SortKeys(
       ws + layout->temp, temp_bytes, keys_in, keys_out, static_cast<int>(p.batch * p.vocab),
       static_cast<int>(p.batch), offsets, offsets + 1, 0, 64, stream));
-  SampleKernel<<<static_cast<unsigned>(p.batch), kSampleThreads, 0, stream>>>(p, keys_out, W, P);
+  LS_CUDA_RETURN_IF_ERROR(
+      LaunchKernel(SampleKernel, static_cast<unsigned>(p.batch), kSampleThreads, 0, stream, p, keys_out, W, P));
   LS_CUDA_LAUNCH_CHECK();
   return Status::Ok();
 }

@@ -6,6 +6,7 @@
 #include "kernels/cuda/async_copy.cuh"
 #include "kernels/cuda/check.cuh"
 #include "kernels/cuda/device_math.cuh"
+#include "kernels/cuda/launch.cuh"
 #include "kernels/cuda/runtime.h"
 #include "kernels/philox.h"
 
@@ -184,6 +185,7 @@ Status CudaGraph::Launch(Stream stream) {
 namespace {
 
 __global__ void FillUniformKernel(void* dst, int64_t n, bool bf16, float lo, float hi, uint64_t seed) {
+  dev::GridDependencySync();
   const int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
   if (i >= n) return;
   // One Philox block per value: counter = (i lo, i hi, 0x77656967 "weig", 0), key = seed.
@@ -199,6 +201,7 @@ __global__ void FillUniformKernel(void* dst, int64_t n, bool bf16, float lo, flo
 }
 
 __global__ void FillConstantKernel(void* dst, int64_t n, bool bf16, float value) {
+  dev::GridDependencySync();
   const int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
   if (i >= n) return;
   if (bf16) {
@@ -210,6 +213,7 @@ __global__ void FillConstantKernel(void* dst, int64_t n, bool bf16, float value)
 
 // One CTA per row, 32-bit words.
 __global__ void GatherRowsKernel(GatherRowsParams p) {
+  dev::GridDependencySync();
   const int64_t i = blockIdx.x;
   const int32_t r = p.rows[i];
   uint32_t* d = reinterpret_cast<uint32_t*>(static_cast<char*>(p.dst) + i * p.dst_stride);
@@ -224,6 +228,7 @@ __global__ void GatherRowsKernel(GatherRowsParams p) {
 }
 
 __global__ void ScatterRowsKernel(ScatterRowsParams p) {
+  dev::GridDependencySync();
   const int64_t i = blockIdx.x;
   const int32_t r = p.slots[i];
   if (r < 0) return;
@@ -238,6 +243,7 @@ __global__ void ScatterRowsKernel(ScatterRowsParams p) {
 
 // 16 lanes per dot (two dots per warp): lane l's chain, then the fold by shuffles.
 __global__ void RowDotsKernel(RowDotsParams p) {
+  dev::GridDependencySync();
   const int64_t dot = (static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x) / 16;
   const int l = threadIdx.x % 16;
   const bool live = dot < p.rows * p.outs;
@@ -278,6 +284,7 @@ __global__ void RowDotsKernel(RowDotsParams p) {
 constexpr int kRdTile = 2048, kRdRows = 4, kRdThreads = 128, kRdPad = 16;
 
 __global__ void __launch_bounds__(kRdThreads) RowDotsStagedKernel(RowDotsParams p) {
+  dev::GridDependencySync();
   __shared__ __align__(16) float ws[kRdTile];
   __shared__ __align__(16) float xs[kRdRows][kRdTile + kRdPad];  // pad: two half-warps, two bank halves
   const int64_t o = blockIdx.x, r0 = static_cast<int64_t>(blockIdx.y) * kRdRows;
@@ -328,12 +335,12 @@ Status RowDots(const RowDotsParams& p, Stream stream) {
                       (p.rows + kRdRows - 1) / kRdRows <= 65535 && p.outs < (int64_t{1} << 31);
   if (staged) {
     const dim3 grid(static_cast<unsigned>(p.outs), static_cast<unsigned>((p.rows + kRdRows - 1) / kRdRows));
-    RowDotsStagedKernel<<<grid, kRdThreads, 0, stream>>>(p);
+    LS_CUDA_RETURN_IF_ERROR(LaunchKernel(RowDotsStagedKernel, grid, kRdThreads, 0, stream, p));
     LS_CUDA_LAUNCH_CHECK();
     return Status::Ok();
   }
   const int64_t threads = p.rows * p.outs * 16;
-  RowDotsKernel<<<static_cast<unsigned>((threads + 255) / 256), 256, 0, stream>>>(p);
+  LS_CUDA_RETURN_IF_ERROR(LaunchKernel(RowDotsKernel, static_cast<unsigned>((threads + 255) / 256), 256, 0, stream, p));
   LS_CUDA_LAUNCH_CHECK();
   return Status::Ok();
 }
@@ -343,7 +350,8 @@ Status FillUniform(void* dst, int64_t n, bool bf16, float lo, float hi, uint64_t
   LS_CHECK_ARG(dst != nullptr || n == 0, "FillUniform", "dst", dst);
   if (n == 0) return Status::Ok();
   const int64_t blocks = (n + 255) / 256;
-  FillUniformKernel<<<static_cast<unsigned>(blocks), 256, 0, stream>>>(dst, n, bf16, lo, hi, seed);
+  LS_CUDA_RETURN_IF_ERROR(
+      LaunchKernel(FillUniformKernel, static_cast<unsigned>(blocks), 256, 0, stream, dst, n, bf16, lo, hi, seed));
   LS_CUDA_LAUNCH_CHECK();
   return Status::Ok();
 }
@@ -352,7 +360,8 @@ Status FillConstant(void* dst, int64_t n, bool bf16, float value, Stream stream)
   LS_CHECK_ARG(n >= 0, "FillConstant", "n", n);
   LS_CHECK_ARG(dst != nullptr || n == 0, "FillConstant", "dst", dst);
   if (n == 0) return Status::Ok();
-  FillConstantKernel<<<static_cast<unsigned>((n + 255) / 256), 256, 0, stream>>>(dst, n, bf16, value);
+  LS_CUDA_RETURN_IF_ERROR(
+      LaunchKernel(FillConstantKernel, static_cast<unsigned>((n + 255) / 256), 256, 0, stream, dst, n, bf16, value));
   LS_CUDA_LAUNCH_CHECK();
   return Status::Ok();
 }
@@ -368,7 +377,7 @@ Status GatherRows(const GatherRowsParams& p, Stream stream) {
   LS_CHECK_ARG(p.src_stride >= p.row_bytes && p.src_stride % 4 == 0, op, "src_stride", p.src_stride);
   LS_CHECK_ARG(p.dst_stride >= p.row_bytes && p.dst_stride % 4 == 0, op, "dst_stride", p.dst_stride);
   LS_CHECK_ARG(p.src_rows > 0, op, "src_rows", p.src_rows);
-  GatherRowsKernel<<<static_cast<unsigned>(p.n), 128, 0, stream>>>(p);
+  LS_CUDA_RETURN_IF_ERROR(LaunchKernel(GatherRowsKernel, static_cast<unsigned>(p.n), 128, 0, stream, p));
   LS_CUDA_LAUNCH_CHECK();
   return Status::Ok();
 }
@@ -384,7 +393,7 @@ Status ScatterRows(const ScatterRowsParams& p, Stream stream) {
   LS_CHECK_ARG(p.src_stride >= p.row_bytes && p.src_stride % 4 == 0, op, "src_stride", p.src_stride);
   LS_CHECK_ARG(p.dst_stride >= p.row_bytes && p.dst_stride % 4 == 0, op, "dst_stride", p.dst_stride);
   LS_CHECK_ARG(p.dst_rows > 0, op, "dst_rows", p.dst_rows);
-  ScatterRowsKernel<<<static_cast<unsigned>(p.n), 128, 0, stream>>>(p);
+  LS_CUDA_RETURN_IF_ERROR(LaunchKernel(ScatterRowsKernel, static_cast<unsigned>(p.n), 128, 0, stream, p));
   LS_CUDA_LAUNCH_CHECK();
   return Status::Ok();
 }

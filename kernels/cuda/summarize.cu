@@ -7,6 +7,7 @@
 #include <xxhash.h>
 
 #include "kernels/cuda/check.cuh"
+#include "kernels/cuda/launch.cuh"
 #include "kernels/cuda/runtime.h"
 #include "kernels/row_stats.h"
 #include "kernels/xxh3.h"
@@ -204,6 +205,7 @@ __device__ void SummarizeRowWarp(const SummarizeBatchParams::Tensor& t, int64_t 
 
 // Grid (ceil(rows / kSumWarps), tensors): warp w of CTA x takes row x·kSumWarps + w.
 __global__ void __launch_bounds__(kSumWarps * 32) SummarizeBatchKernel(SummarizeBatchParams p) {
+  dev::GridDependencySync();
   extern __shared__ __align__(16) float sum_stage[];
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int64_t r = static_cast<int64_t>(blockIdx.x) * kSumWarps + warp;
@@ -212,6 +214,7 @@ __global__ void __launch_bounds__(kSumWarps * 32) SummarizeBatchKernel(Summarize
 }
 
 __global__ void __launch_bounds__(kSumWarps * 32) SummarizeTableKernel(SummarizeTableParams p) {
+  dev::GridDependencySync();
   extern __shared__ __align__(16) float sum_stage[];
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int64_t r = static_cast<int64_t>(blockIdx.x) * kSumWarps + warp;
@@ -247,7 +250,7 @@ Status Launch(void (*kernel)(Params), const Params& p, int64_t rows, int64_t ten
       cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem));
   LS_CUDA_RETURN_IF_ERROR(attr);
   const dim3 grid(static_cast<unsigned>((rows + kSumWarps - 1) / kSumWarps), static_cast<unsigned>(tensors));
-  kernel<<<grid, kSumWarps * 32, smem, stream>>>(p);
+  LS_CUDA_RETURN_IF_ERROR(LaunchKernel(kernel, grid, kSumWarps * 32, smem, stream, p));
   LS_CUDA_LAUNCH_CHECK();
   return Status::Ok();
 }

@@ -17,6 +17,7 @@
 #include "kernels/cpu/numerics.h"
 #include "kernels/cpu/ops.h"
 #include "kernels/cuda/ops.h"
+#include "kernels/cuda/runtime.h"
 #include "tests/gpu/gpu_test_util.h"
 
 namespace lockstep {
@@ -507,6 +508,50 @@ TEST(CudaExpertGemm, EveryLaunchShapeGivesTheSameBits) {
       GemmRun got = GpuExpertGemm(d, d.ids, g.rows, d.x.data(), launch);
       EXPECT_EQ(got.flag, 0) << what;
       EXPECT_TRUE(SameBitsOrBothNan(got.y, want, "expert gemm vs cpu::MatMulNT, " + what));
+    }
+  }
+}
+
+// With fixed ids the streaming GEMV requests its weights before the kernel launched just before
+// it has finished (kernels/cuda/launch.cuh); its x must still be that kernel's output. Here that
+// kernel is a long Scale (× 2, exact) over 256 MB whose last row is x: a GEMV that read x before
+// its wait would see x / 2 (or a mix) and miss cpu::MatMulNT's bits.
+TEST(CudaExpertGemm, StreamingGemvReadsXOnlyAfterTheKernelBefore) {
+  LS_REQUIRE_GPU();
+  std::printf("  overlapped launch: %s\n", cu::OverlappedLaunch() ? "on" : "off (device before sm_90)");
+  auto stream = cu::CudaStream::Create();
+  ASSERT_TRUE(stream.ok()) << stream.status().message();
+  const cu::Stream s = (*stream)->get();
+  const GemmCase g{1, 1, 1, 2048, 2048, true, false, true, 0};
+  const GemmData d = MakeGemm(g, 9100);
+  const std::vector<float> want = CpuExpertGemm(d);
+  const int64_t n = d.xs, filler = (int64_t{64} << 20) / n;  // rows before x's
+  std::vector<float> halves((filler + 1) * n, 1.0f);
+  for (int64_t i = 0; i < n; ++i) halves[filler * n + i] = d.x[i] * 0.5f;
+  cu::DeviceBuffer big = Upload(halves);
+  cu::DeviceBuffer dw = Upload(d.w16);
+  cu::DeviceBuffer ids = Zeros<int32_t>(1);
+  cu::DeviceBuffer dy = Zeros<float>(d.ys);
+  cu::ExpertGemmParams p;
+  p.rows = 1, p.k = 1, p.experts = 1, p.out = g.out, p.in = g.in;
+  p.w = dw.data(), p.w_bf16 = true, p.w_expert_stride = d.es, p.w_row_stride = d.rs;
+  p.x = big.as<float>() + filler * n, p.x_stride = n, p.round_x_bf16 = true;
+  p.ids = ids.as<int32_t>(), p.ids_fixed = true;
+  p.y = dy.as<float>(), p.y_stride = d.ys;
+  using L = cu::ExpertGemmParams::Launch;
+  for (L launch : {L::kStreamBySlot, L::kAuto}) {
+    p.launch = launch;
+    for (int rep = 0; rep < 4; ++rep) {
+      ASSERT_TRUE(cu::CopyAsync(big.data(), halves.data(), halves.size() * sizeof(float), s).ok());
+      ASSERT_TRUE(cu::MemsetAsync(dy.data(), 0xff, d.ys * sizeof(float), s).ok());  // NaNs until written
+      ASSERT_TRUE(cu::Scale(big.as<float>(), n, filler + 1, n, 2.0f, s).ok());
+      ASSERT_TRUE(cu::ExpertGemm(p, s).ok());
+      ASSERT_TRUE((*stream)->Synchronize().ok());
+      const std::vector<float> y = Download<float>(dy, d.ys);
+      EXPECT_TRUE(SameBitsOrBothNan(std::vector<float>(y.begin(), y.begin() + g.out),
+                                    std::vector<float>(want.begin(), want.begin() + g.out),
+                                    "launch " + std::to_string(static_cast<int>(launch)) + " rep " +
+                                        std::to_string(rep)));
     }
   }
 }
