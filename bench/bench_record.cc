@@ -79,6 +79,30 @@ int main(int argc, char** argv) {
   bool random_weights = false;   // --random-weights 1: config only, weights made on the GPU
   bool gpu_profile = false;      // --gpu-profile 1: GPU time per phase of each run, on stderr
   int compression_threads = 1;   // the trace writer's compression workers (record's default)
+  for (int i = 1; i < argc; ++i) {
+    if (std::string(argv[i]) == "--help" || std::string(argv[i]) == "-h") {
+      std::printf(
+          "bench_record: what recording costs — decode tokens/s with no recorder and with each capture mode,\n"
+          "bytes written per token, compression per kind of tensor (docs/performance.md, \"Recording\").\n\n"
+          "  --model DIR              model folder (default: the embedded tiny model)\n"
+          "  --random-weights 1       config only, weights drawn on the GPU (--backend cuda)\n"
+          "  --backend cpu|cuda       where the forward pass runs (default cpu)\n"
+          "  --batch B                requests decoded together (default 1)\n"
+          "  --prompt-len N / --tokens N   per request (default 64 / 128)\n"
+          "  --kv-cache fp32|bf16|fp8_e4m3 (default fp32)\n"
+          "  --modes LIST             of off,hook,none,summary,full (default all)\n"
+          "  --repeat N               interleaved repeats per mode; medians and ranges (default 3)\n"
+          "  --compression-threads N  the trace writer's zstd workers (default 1)\n"
+          "  --flush-interval S       seconds between flushes (default 1)\n"
+          "  --out DIR                where the traces go (created; default /tmp)\n"
+          "  --gpu-profile 1          GPU time per phase of each run, on stderr\n");
+      return 0;
+    }
+  }
+  if (argc % 2 == 0) {
+    std::fprintf(stderr, "bench_record: %s needs a value (see --help)\n", argv[argc - 1]);
+    return 2;
+  }
   for (int i = 1; i + 1 < argc; i += 2) {
     std::string k = argv[i], v = argv[i + 1];
     if (k == "--model") model_dir = v;
@@ -96,6 +120,15 @@ int main(int argc, char** argv) {
     else if (k == "--compression-threads") compression_threads = std::stoi(v);
     else {
       std::fprintf(stderr, "bench_record: unknown flag %s\n", k.c_str());
+      return 2;
+    }
+  }
+  {
+    std::error_code ec;
+    std::filesystem::create_directories(out_dir, ec);
+    if (ec) {
+      std::fprintf(stderr, "bench_record: --out %s: cannot create the folder (%s)\n", out_dir.c_str(),
+                   ec.message().c_str());
       return 2;
     }
   }
