@@ -10,7 +10,8 @@
 //
 //   bench_gpu_decode [--model DIR] [--batch 1,64] [--prompt-len 512] [--tokens 64]
 //                    [--kv-cache bf16] [--gemm bf16] [--profile] [--no-cuda-graphs] [--json]
-//                    [--no-side-stream] [--no-overlapped-launch] [--help]
+//                    [--no-side-stream] [--no-overlapped-launch] [--temperature T] [--top-p P]
+//                    [--host-sampler] [--timeline FILE.csv] [--help]
 //                    [--profiler-steps N]  (cudaProfilerStart/Stop around N decode steps after the
 //                    warm-up, for `ncu --profile-from-start off`)
 #include <chrono>
@@ -86,7 +87,8 @@ int main(int argc, char** argv) {
   std::string model_dir = "models/shapes/deepseek-v2-lite", kv = "bf16", gemm = "bf16", batches = "1,64";
   int64_t prompt_len = 512, tokens = 64, profiler_steps = 0;
   std::string timeline;
-  bool json_out = false, profile = false, graphs = true, side = true, overlap = true;
+  bool json_out = false, profile = false, graphs = true, side = true, overlap = true, device_sampler = true;
+  double temperature = 0.0, top_p = 1.0;
   for (int i = 1; i < argc; ++i) {
     std::string k = argv[i];
     if (k == "--help" || k == "-h") {
@@ -103,6 +105,9 @@ int main(int argc, char** argv) {
           "  --no-cuda-graphs       launch kernel by kernel\n"
           "  --no-side-stream       one stream for the whole step\n"
           "  --no-overlapped-launch each kernel starts only after the previous one finished\n"
+          "  --temperature T        sample at T (default 0: greedy)\n"
+          "  --top-p P              nucleus sampling (default 1: off)\n"
+          "  --host-sampler         sample on the host instead of the GPU\n"
           "  --profiler-steps N     cudaProfilerStart/Stop around N steps (ncu --profile-from-start off)\n"
           "  --timeline FILE.csv    every kernel's GPU start and end over the profiled steps (CUPTI; 4 steps\n"
           "                         unless --profiler-steps says), and a digest: time per kernel, GPU idle\n"
@@ -110,7 +115,8 @@ int main(int argc, char** argv) {
       return 0;
     }
     if (k == "--json" || k == "--profile" || k == "--no-cuda-graphs" || k == "--no-side-stream" ||
-        k == "--no-overlapped-launch") {
+        k == "--no-overlapped-launch" || k == "--host-sampler") {
+      device_sampler &= k != "--host-sampler";
       json_out |= k == "--json";
       profile |= k == "--profile";
       graphs &= k != "--no-cuda-graphs";
@@ -131,6 +137,8 @@ int main(int argc, char** argv) {
     else if (k == "--gemm") gemm = v;
     else if (k == "--profiler-steps") profiler_steps = std::stoll(v);
     else if (k == "--timeline") timeline = v;
+    else if (k == "--temperature") temperature = std::stod(v);
+    else if (k == "--top-p") top_p = std::stod(v);
     else {
       std::fprintf(stderr, "bench_gpu_decode: unknown flag %s\n", k.c_str());
       return 2;
@@ -157,7 +165,8 @@ int main(int argc, char** argv) {
   nlohmann::json report = {{"device", cu::DeviceDescription()}, {"model", model_dir}, {"kv_cache", kv},
                            {"gemm", gemm}, {"prompt_len", prompt_len}, {"tokens", tokens},
                            {"copy_GBps", copy}, {"cuda_graphs", graphs}, {"side_stream", side},
-                           {"overlapped_launch", overlap}, {"runs", nlohmann::json::array()}};
+                           {"overlapped_launch", overlap}, {"device_sampler", device_sampler},
+                           {"temperature", temperature}, {"top_p", top_p}, {"runs", nlohmann::json::array()}};
   std::printf("device: %s\ncopy bandwidth (device→device, read+write): %.0f GB/s\n", cu::DeviceDescription().c_str(),
               copy);
   std::stringstream bs(batches);
@@ -173,6 +182,7 @@ int main(int argc, char** argv) {
     o.device.cuda_graphs = graphs;
     o.device.side_stream = side;
     o.device.overlapped_launch = overlap;
+    o.device.device_sampler = device_sampler;
     o.device.profile = profile;  // per-phase GPU time on stderr when the engine ends
     o.kv_cache_tokens = batch * (prompt_len + tokens + 64);
     eng.reset();  // free the previous engine's device memory first
@@ -189,6 +199,9 @@ int main(int argc, char** argv) {
       engine::Request r;
       for (int64_t i = 0; i < prompt_len; ++i) r.prompt.push_back(static_cast<int32_t>(rng() % c.vocab_size));
       r.max_new_tokens = tokens + 1;
+      r.sampling.temperature = temperature;
+      r.sampling.top_p = top_p;
+      r.sampling.seed = static_cast<uint64_t>(b) + 1;
       if (!eng->AddRequest(r).ok()) return 1;
     }
     auto t0 = std::chrono::steady_clock::now();

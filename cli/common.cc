@@ -119,6 +119,9 @@ void EngineFlags::Register(CLI::App* app) {
   app->add_flag("--no-overlapped-launch", no_overlapped_launch,
                 "--backend cuda: start each kernel only once the one before it has finished, instead of letting it "
                 "fetch its weights while that one runs (slower; the same bits)");
+  app->add_flag("--host-sampler", host_sampler,
+                "--backend cuda: copy each step's logits to the host and sample there instead of on the GPU (the "
+                "same algorithm and random stream: the same tokens)");
   app->add_flag("--gpu-profile", gpu_profile,
                 "--backend cuda: print the GPU time of each phase of a step (ms/step) on stderr at the end");
   app->add_option("--fault", fault,
@@ -158,6 +161,7 @@ Result<engine::EngineOptions> EngineFlags::ToOptions() const {
   o.device.cuda_graphs = !no_cuda_graphs;
   o.device.side_stream = !no_side_stream;
   o.device.overlapped_launch = !no_overlapped_launch;
+  o.device.device_sampler = !host_sampler;
   o.device.profile = gpu_profile;
   o.max_batch = max_batch;
   o.max_prefill_tokens = max_prefill_tokens;

@@ -56,6 +56,7 @@ struct EngineFlags {
   bool no_cuda_graphs = false;
   bool no_side_stream = false;
   bool no_overlapped_launch = false;
+  bool host_sampler = false;
   bool gpu_profile = false;
   std::vector<CLI::Option*> sampling_options_;  // temperature, top_p, top_k, min_p: were they given?
 

@@ -31,6 +31,10 @@ struct BackendOptions {
   // Each kernel scheduled while the one before it finishes (programmatic dependent launch,
   // sm_90; docs/gpu.md "Overlapped launches").
   bool overlapped_launch = true;
+  // Sample on the device (kernels/cuda/sampler.cu: the host Sampler's algorithm and Philox
+  // stream — the same tokens; `probability` may differ in its last bit, docs/sampling.md)
+  // instead of copying every logit row through the host sampler.
+  bool device_sampler = true;
   bool profile = false;     // GPU time per phase of a step, printed to stderr when the backend ends
 };
 

@@ -103,6 +103,7 @@ Result<std::unique_ptr<Backend>> CudaBackend::Create(std::shared_ptr<Model> mode
   b->use_graphs_ = options.cuda_graphs;
   b->use_side_ = options.side_stream;
   b->overlap_launch_ = options.overlapped_launch;
+  b->device_sampler_ = options.device_sampler;
   if (options.profile) {
     LS_ASSIGN_OR_RETURN(b->prof_, cu::EventTimer::Create());
   }
@@ -534,6 +535,98 @@ Status CudaBackend::OverrideRows(std::string_view name, float* dev_x, int64_t co
   if (changed) {
     LS_RETURN_IF_ERROR(cu::CopyAsync(dev_x, host.data(), host.size() * 4, stream_->get()));
     LS_RETURN_IF_ERROR(stream_->Synchronize());
+  }
+  return Status::Ok();
+}
+
+Status CudaBackend::SampleOnDevice(std::span<const Segment> segs, int64_t V, cu::Stream s) {
+  sampled_.clear();
+  if (!device_sampler_) return Status::Ok();
+  for (size_t i = 0; i < segs.size(); ++i) {
+    if (segs[i].sampling != nullptr) sampled_.push_back(i);
+  }
+  const int64_t n = static_cast<int64_t>(sampled_.size());
+  if (n == 0) return Status::Ok();
+  // Each sampled segment's last row in logits_dev_, whose rows are the segments' in order (all
+  // of an all_logits segment's, else its last). One row per segment, all sampled: no gather.
+  std::vector<int32_t> rows(static_cast<size_t>(n));
+  bool contiguous = n == static_cast<int64_t>(segs.size());
+  int64_t lr = 0;
+  size_t next = 0;
+  for (size_t i = 0; i < segs.size(); ++i) {
+    const int64_t nrows = segs[i].all_logits ? static_cast<int64_t>(segs[i].tokens.size()) : 1;
+    contiguous = contiguous && nrows == 1;
+    if (next < sampled_.size() && sampled_[next] == i) rows[next++] = static_cast<int32_t>(lr + nrows - 1);
+    lr += nrows;
+  }
+  // Host (pinned) and device: [n requests][n outputs][n row ids]; then, on the device only, the
+  // sampler's workspace and the gathered rows.
+  const size_t req_bytes = n * sizeof(cu::SampleRequest), out_bytes = n * sizeof(cu::SampleOutput);
+  const size_t row_off = req_bytes + out_bytes, head = row_off + n * sizeof(int32_t);
+  const size_t ws_off = (head + 255) / 256 * 256, ws_bytes = cu::SamplerWorkspaceBytes(n, V);
+  const size_t gather_off = (ws_off + ws_bytes + 255) / 256 * 256;
+  if (sample_host_.size() < head) {
+    LS_ASSIGN_OR_RETURN(sample_host_, cu::PinnedBuffer::Allocate(head * 2));
+  }
+  auto* req = sample_host_.as<cu::SampleRequest>();
+  bool all_greedy = true;
+  for (int64_t j = 0; j < n; ++j) {
+    const Segment& g = segs[sampled_[j]];
+    req[j] = cu::SampleRequest{g.sampling->temperature, g.sampling->top_k, g.sampling->top_p, g.sampling->min_p,
+                               g.sampling->seed, g.sample_step};
+    all_greedy = all_greedy && g.sampling->temperature <= 0.0;
+  }
+  std::memcpy(sample_host_.as<char>() + row_off, rows.data(), n * sizeof(int32_t));
+  LS_RETURN_IF_ERROR(sample_dev_.Ensure(gather_off + (contiguous ? 0 : static_cast<size_t>(n * V) * 4)));
+  char* d = sample_dev_.as<char>();
+  LS_RETURN_IF_ERROR(cu::CopyAsync(d, sample_host_.data(), head, s));  // one copy (the outputs' bytes ride along)
+  const float* logits = logits_dev_.as<float>();
+  if (!contiguous) {
+    cu::GatherRowsParams gp;
+    gp.src = logits;
+    gp.src_rows = lr;
+    gp.src_stride = V * 4;
+    gp.rows = reinterpret_cast<const int32_t*>(d + row_off);
+    gp.n = n;
+    gp.dst = d + gather_off;
+    gp.dst_stride = V * 4;
+    gp.row_bytes = V * 4;
+    LS_RETURN_IF_ERROR(cu::GatherRows(gp, s));
+    logits = reinterpret_cast<const float*>(d + gather_off);
+  }
+  cu::SamplerParams sp;
+  sp.batch = n;
+  sp.vocab = V;
+  sp.logits = logits;
+  sp.logits_stride = V;
+  sp.requests = reinterpret_cast<const cu::SampleRequest*>(d);
+  sp.out = reinterpret_cast<cu::SampleOutput*>(d + req_bytes);
+  sp.workspace = d + ws_off;
+  sp.workspace_bytes = ws_bytes;
+  sp.all_greedy = all_greedy;
+  LS_RETURN_IF_ERROR(cu::Sample(sp, s));
+  return cu::CopyAsync(sample_host_.as<char>() + req_bytes, d + req_bytes, out_bytes, s);
+}
+
+Status CudaBackend::CollectSamples(std::span<const Segment> segs, ForwardOutput* out) const {
+  out->samples.clear();
+  if (sampled_.empty()) return Status::Ok();
+  out->samples.assign(segs.size(), std::nullopt);
+  const auto* o = reinterpret_cast<const cu::SampleOutput*>(sample_host_.as<char>() +
+                                                            sampled_.size() * sizeof(cu::SampleRequest));
+  const int64_t V = model_->config().vocab_size;
+  for (size_t j = 0; j < sampled_.size(); ++j) {
+    if (o[j].token < 0 || o[j].token >= V) {
+      return Status::Internal("cuda backend: the device sampler gave token " + std::to_string(o[j].token) +
+                              " for request " + std::to_string(segs[sampled_[j]].request_id));
+    }
+    SampleResult r;
+    r.token = o[j].token;
+    r.probability = o[j].probability;
+    r.uniform = o[j].uniform;
+    r.counter = o[j].counter;
+    r.candidates = o[j].candidates;
+    out->samples[sampled_[j]] = r;
   }
   return Status::Ok();
 }

@@ -229,6 +229,15 @@ class CudaBackend final : public Backend {
   bool use_graphs_ = true;
   bool use_side_ = true;  // BackendOptions::side_stream
   bool overlap_launch_ = true;  // BackendOptions::overlapped_launch
+  bool device_sampler_ = true;  // BackendOptions::device_sampler
+  // Device sampling (outside the graph: the requests change every step). sample_dev_:
+  // requests, outputs, row ids, the sampler's workspace, gathered rows; sample_host_: the first three.
+  Status SampleOnDevice(std::span<const Segment> segs, int64_t V, cu::Stream s);
+  Status CollectSamples(std::span<const Segment> segs, ForwardOutput* out) const;
+  int64_t sample_generation_ = 0;  // sample_dev_ is never captured: its moves matter to no graph
+  Scratch sample_dev_{cu::DeviceBuffer(), &sample_generation_};
+  cu::PinnedBuffer sample_host_;
+  std::vector<size_t> sampled_;  // the step's sampled segments
   bool capturing_ = false;
 
   // Per-step state used by the tap helpers.

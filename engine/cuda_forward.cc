@@ -760,6 +760,7 @@ LS_RETURN_IF_ERROR(Mark("start"));
       warmed_[key] = alloc_generation_;
     }
   }
+  LS_RETURN_IF_ERROR(SampleOnDevice(segs, V, s));
   LS_RETURN_IF_ERROR(cu::CopyAsync(logits_host_.data(), logits_dev_.buf.data(), static_cast<size_t>(RL * V) * 4, s));
 
   if (mirror_) {
@@ -817,6 +818,7 @@ LS_RETURN_IF_ERROR(Mark("start"));
       hook->OnTap(e);
     }
   }
+  LS_RETURN_IF_ERROR(CollectSamples(segs, out));
   for (auto& g : segs) g.cache->length = g.start_pos + static_cast<int64_t>(g.tokens.size());
   hook_ = nullptr;
   segs_ = {};

@@ -111,10 +111,13 @@ Result<bool> Engine::Step() {
       g.all_logits = r.request.all_prompt_logits;
       g.prefill = true;
       r.prompt_chunks.push_back(r.cache.length);
+      if (n == remaining) g.sampling = &r.request.sampling;  // the prompt's last chunk: its last row samples
     } else {
       last[i] = r.generated.back();
       g.tokens = std::span<const int32_t>(&last[i], 1);
+      g.sampling = &r.request.sampling;
     }
+    g.sample_step = static_cast<uint64_t>(r.generated.size());
     segs.push_back(g);
     seg_owner.push_back(i);
   }
@@ -144,7 +147,11 @@ Result<bool> Engine::Step() {
     ev.request_id = r.id;
     ev.step = step_;
     ev.token_index = static_cast<int64_t>(r.generated.size());
-    ev.sample = Sampler::Sample(r.last_logits, r.request.sampling, static_cast<uint64_t>(ev.token_index));
+    // Sampled on the device when the backend did (the same algorithm and Philox stream), else here.
+    const bool on_device = k < out.samples.size() && out.samples[k].has_value();
+    ev.sample = on_device ? *out.samples[k]
+                          : Sampler::Sample(r.last_logits, r.request.sampling, static_cast<uint64_t>(ev.token_index));
+    ev.sampled_on_device = on_device;
     ev.token = ev.sample.token;
     const auto& forced = r.request.forced_tokens;
     if (ev.token_index < static_cast<int64_t>(forced.size())) {

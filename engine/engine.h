@@ -60,6 +60,7 @@ struct StepEvent {
   int32_t token = -1;         // the token appended (the forced one when teacher-forcing)
   bool forced = false;
   SampleResult sample;        // what the sampler chose from these logits
+  bool sampled_on_device = false;  // by the backend's device sampler (BackendOptions::device_sampler)
   int64_t batch_size = 0;    // requests in this step's forward
   std::vector<int64_t> batch;  // their ids
   // Chunked prefill: the positions at which this request's prompt chunks began (0, c1, c2, …),

@@ -16,6 +16,7 @@
 #include <filesystem>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <shared_mutex>
 #include <span>
 #include <string>
@@ -25,6 +26,7 @@
 #include "engine/config.h"
 #include "engine/kv_cache.h"
 #include "engine/safetensors.h"
+#include "engine/sampler.h"
 #include "engine/tap.h"
 #include "engine/weights.h"
 #include "kernels/registry.h"
@@ -40,6 +42,11 @@ struct Segment {
   // Prompt tokens (a whole prompt or a chunk of one): attention takes the prefill variant even
   // for a one-token chunk, so a token's numbers do not depend on where chunks were cut.
   bool prefill = false;
+  // Sample the segment's last logits row with these parameters (`sample_step`: the index of the
+  // token being generated, Sampler::Sample's `step`). A backend that samples on the device puts
+  // the result in ForwardOutput::samples; otherwise the engine samples on the host.
+  const SamplingParams* sampling = nullptr;
+  uint64_t sample_step = 0;
 };
 
 // A step's segments checked (each continues its request's cache, none empty, every token in
@@ -54,6 +61,9 @@ Result<SegmentLayout> LayOutSegments(std::span<const Segment> segs, const ModelC
 struct ForwardOutput {
   // Per segment: its logits rows ([rows, vocab], rows = tokens or 1).
   std::vector<std::vector<float>> logits;
+  // Per segment, when the backend sampled it on the device (Segment::sampling): the result
+  // Sampler::Sample gives for the same row and parameters. Empty when it samples nothing.
+  std::vector<std::optional<SampleResult>> samples;
 };
 
 // MoE routing of one token from its router logits [n_routed_experts] (fp32, cpu::Dot of the

@@ -87,7 +87,8 @@ Result<RecordSessionResult> RecordRun(engine::Engine& eng, const std::vector<Rec
                          {"max_prefill_tokens", eo.max_prefill_tokens},
                          {"cuda_graphs", eo.device.cuda_graphs},
                          {"side_stream", eo.device.side_stream},
-                         {"overlapped_launch", eo.device.overlapped_launch}};
+                         {"overlapped_launch", eo.device.overlapped_launch},
+                         {"device_sampler", eo.device.device_sampler}};
   char host[256] = {0};
   gethostname(host, sizeof host - 1);
   std::map<std::string, std::string> meta = {

@@ -155,6 +155,8 @@ Result<engine::EngineOptions> RecordedEngineOptions(const traces::TraceReader& t
     o.fault = j.value("fault", std::string());
     o.backend = j.value("backend", std::string("cpu"));
     o.max_prefill_tokens = j.value("max_prefill_tokens", int64_t{0});
+    // Where the recording sampled (traces from before the key sampled on the host).
+    o.device.device_sampler = j.value("device_sampler", false);
   } catch (const json::exception& e) {
     return Status::Corruption(where + ": " + e.what());
   }

@@ -947,9 +947,38 @@ __global__ void __launch_bounds__(kSwThreads) ExpertGemmStreamKernel(ExpertGemmP
   if (g == 0 && o < p.out) p.y[slot * p.y_stride + o] = __fadd_rn(acc0, acc1);
 }
 
+// The ring's depth: every block of a row in flight (up to kSwMaxStages) when the grid fits on
+// the GPU at once; when it would take two waves but fits in one with a shallower ring, the
+// shallower ring (never below kSwMinStages). Routed down at one token: 768 CTAs, 6 stages →
+// 4 CTAs an SM and a second wave 45 % full; 3 stages → 7 an SM, one wave, and as many bytes in
+// flight per SM. Speed only: the depth changes no arithmetic.
+constexpr int kSwMinStages = 3;
+constexpr int kSwMaxCtasPerSm = 8;  // 64 registers × 128 threads: 8 CTAs fill the register file
+
+int StreamStages(int64_t nblk, int64_t ctas, int64_t in) {
+  int stages = static_cast<int>(nblk < kSwMaxStages ? nblk : kSwMaxStages);
+  static const int64_t smem_per_sm = [] {
+    int v = 0, reserved = 0;
+    if (cudaDeviceGetAttribute(&v, cudaDevAttrMaxSharedMemoryPerMultiprocessor, 0) != cudaSuccess ||
+        cudaDeviceGetAttribute(&reserved, cudaDevAttrReservedSharedMemoryPerBlock, 0) != cudaSuccess) {
+      cudaGetLastError();
+      return int64_t{0};  // unknown: keep the full ring
+    }
+    return static_cast<int64_t>(v) - reserved * kSwMaxCtasPerSm;  // room for the most CTAs we aim at
+  }();
+  const int64_t per_sm = (ctas + SmCount() - 1) / SmCount();
+  if (smem_per_sm <= 0 || per_sm > kSwMaxCtasPerSm) return stages;
+  auto fits = [&](int st) { return per_sm * static_cast<int64_t>(StreamSmemBytes(st, in)) <= smem_per_sm; };
+  if (fits(stages)) return stages;
+  int s = stages;
+  while (s > kSwMinStages && !fits(s)) --s;
+  return fits(s) ? s : stages;
+}
+
 Status LaunchExpertGemmStream(const ExpertGemmParams& p, Stream stream) {
   const int64_t nblk = (p.in + kFwBlk - 1) / kFwBlk;
-  const int stages = static_cast<int>(nblk < kSwMaxStages ? nblk : kSwMaxStages);
+  const int64_t ctas = (p.out + kSwRows - 1) / kSwRows * p.rows * p.k;
+  const int stages = StreamStages(nblk, ctas, p.in);
   static const cudaError_t attr =
       cudaFuncSetAttribute(ExpertGemmStreamKernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
                            static_cast<int>(StreamSmemBytes(kSwMaxStages, kSwTileIn)));

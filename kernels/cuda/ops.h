@@ -300,6 +300,9 @@ struct SamplerParams {
   SampleOutput* out = nullptr;             // [batch] device
   void* workspace = nullptr;               // SamplerWorkspaceBytes(batch, vocab)
   size_t workspace_bytes = 0;
+  // Every request has temperature ≤ 0 (the caller's promise): argmax rows only, no sort. A row
+  // that breaks the promise gets token −1.
+  bool all_greedy = false;
 };
 size_t SamplerWorkspaceBytes(int64_t batch, int64_t vocab);
 Status Sample(const SamplerParams& p, Stream stream = nullptr);

@@ -136,6 +136,13 @@ __global__ void __launch_bounds__(kSampleThreads) SampleKernel(SamplerParams p, 
     }
     return;
   }
+  if (p.all_greedy) {  // a broken promise: nothing was sorted
+    if (tid == 0) {
+      out.token = -1;
+      p.out[b] = out;
+    }
+    return;
+  }
 
   const uint64_t* keys = sorted + b * p.vocab;
   double* w = W + b * p.vocab;
@@ -243,12 +250,14 @@ Status Sample(const SamplerParams& p, Stream stream) {
   auto* offsets = reinterpret_cast<int*>(ws + layout->offsets);
   const dim3 prep_grid(static_cast<unsigned>((p.vocab + kPrepThreads - 1) / kPrepThreads),
                        static_cast<unsigned>(p.batch));
-  LS_CUDA_RETURN_IF_ERROR(LaunchKernel(PrepKernel, prep_grid, kPrepThreads, 0, stream, p, keys_in, offsets));
-  LS_CUDA_LAUNCH_CHECK();
-  size_t temp_bytes = layout->total - layout->temp;
-  LS_CUDA_RETURN_IF_ERROR(cub::DeviceSegmentedRadixSort::SortKeys(
-      ws + layout->temp, temp_bytes, keys_in, keys_out, static_cast<int>(p.batch * p.vocab),
-      static_cast<int>(p.batch), offsets, offsets + 1, 0, 64, stream));
+  if (!p.all_greedy) {  // greedy rows need no order (an argmax: decode's usual case, ~1 ms saved)
+    LS_CUDA_RETURN_IF_ERROR(LaunchKernel(PrepKernel, prep_grid, kPrepThreads, 0, stream, p, keys_in, offsets));
+    LS_CUDA_LAUNCH_CHECK();
+    size_t temp_bytes = layout->total - layout->temp;
+    LS_CUDA_RETURN_IF_ERROR(cub::DeviceSegmentedRadixSort::SortKeys(
+        ws + layout->temp, temp_bytes, keys_in, keys_out, static_cast<int>(p.batch * p.vocab),
+        static_cast<int>(p.batch), offsets, offsets + 1, 0, 64, stream));
+  }
   LS_CUDA_RETURN_IF_ERROR(
       LaunchKernel(SampleKernel, static_cast<unsigned>(p.batch), kSampleThreads, 0, stream, p, keys_out, W, P));
   LS_CUDA_LAUNCH_CHECK();

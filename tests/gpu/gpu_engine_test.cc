@@ -221,6 +221,25 @@ bool Bitwise(const std::vector<float>& a, const std::vector<float>& b) {
   return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * 4) == 0;
 }
 
+// Every request's logits at every step, bit for bit; the first difference named.
+::testing::AssertionResult SameLogits(const Logits& a, const Logits& b) {
+  if (a.size() != b.size()) {
+    return ::testing::AssertionFailure() << a.size() << " requests against " << b.size();
+  }
+  for (const auto& [id, steps] : a) {
+    const auto it = b.find(id);
+    if (it == b.end()) return ::testing::AssertionFailure() << "request " << id << " missing";
+    if (steps.size() != it->second.size()) {
+      return ::testing::AssertionFailure() << "request " << id << ": " << steps.size() << " steps against "
+                                           << it->second.size();
+    }
+    for (size_t s = 0; s < steps.size(); ++s) {
+      if (!Bitwise(steps[s], it->second[s])) return ::testing::AssertionFailure() << "request " << id << " step " << s;
+    }
+  }
+  return ::testing::AssertionSuccess();
+}
+
 TEST(GpuEngine, DeterministicAndBatchInvariant) {
   LS_REQUIRE_GPU();
   for (const char* gemm : {"fp32", "bf16", "fp32_dot", "bf16_dot"}) {
@@ -263,11 +282,7 @@ TEST(GpuEngine, GraphsChangeNoBits) {
     ASSERT_EQ(rows_a.size(), rows_b.size());
     EXPECT_GT(rows_a.size(), 0u);
     EXPECT_TRUE(rows_a == rows_b) << "mirrored cache bytes differ between graphed and plain steps";
-    for (const auto& [id, steps] : plain) {
-      for (size_t s = 0; s < steps.size(); ++s) {
-        EXPECT_TRUE(Bitwise(steps[s], graphed.at(id)[s])) << "request " << id << " step " << s;
-      }
-    }
+    EXPECT_TRUE(SameLogits(plain, graphed));
     EXPECT_EQ(a, b);
   }
 }
@@ -283,13 +298,7 @@ TEST(GpuEngine, SideStreamChangesNoBits) {
     one.device.side_stream = false;
     const Logits single = RunBatch(one, 4, true, &a);
     const Logits two = RunBatch(Cuda(engine::KvFormat::kFp8E4m3, gemm), 4, true, &b);
-    ASSERT_EQ(single.size(), two.size());
-    for (const auto& [id, steps] : single) {
-      ASSERT_EQ(steps.size(), two.at(id).size());
-      for (size_t s = 0; s < steps.size(); ++s) {
-        EXPECT_TRUE(Bitwise(steps[s], two.at(id)[s])) << "request " << id << " step " << s;
-      }
-    }
+    EXPECT_TRUE(SameLogits(single, two));
     EXPECT_EQ(a, b);
   }
 }
@@ -311,16 +320,67 @@ TEST(GpuEngine, OverlappedLaunchChangesNoBits) {
       overlapped.device.cuda_graphs = graphs;
       const Logits one = RunBatch(serial, 4, true, &a);
       const Logits two = RunBatch(overlapped, 4, true, &b);
-      ASSERT_EQ(one.size(), two.size());
-      for (const auto& [id, steps] : one) {
-        ASSERT_EQ(steps.size(), two.at(id).size());
-        for (size_t s = 0; s < steps.size(); ++s) {
-          EXPECT_TRUE(Bitwise(steps[s], two.at(id)[s])) << "request " << id << " step " << s;
-        }
-      }
+      EXPECT_TRUE(SameLogits(one, two));
       EXPECT_EQ(a, b);
     }
   }
+}
+
+// Sampling on the GPU (the default) picks the host sampler's tokens with the same draws and
+// candidate counts, for greedy, temperature, top-k, top-p and min-p rows in one batch, with
+// chunked prefills (only a prompt's last chunk samples) and a request keeping every prompt
+// logit (its sampled row is gathered from among others). The probabilities may differ in the
+// last bits (CUDA's exp against glibc's: docs/sampling.md).
+TEST(GpuEngine, DeviceSamplerPicksTheHostSamplersTokens) {
+  LS_REQUIRE_GPU();
+  struct Run {
+    std::map<int64_t, std::vector<engine::StepEvent>> events;
+  };
+  auto run = [&](bool device) {
+    EngineOptions o = Cuda(engine::KvFormat::kFp8E4m3, "bf16");
+    o.device.device_sampler = device;
+    o.max_batch = 8;
+    o.max_prefill_tokens = 16;
+    auto eng = Engine::Create(Tiny(), o);
+    EXPECT_TRUE(eng.ok()) << eng.status().message();
+    Run out;
+    (*eng)->SetStepCallback([&](const engine::StepEvent& ev) { out.events[ev.request_id].push_back(ev); });
+    const engine::SamplingParams kinds[] = {
+        {0.0, 0, 1.0, 0.0, 1},    {0.8, 0, 0.9, 0.0, 2},  {1.0, 50, 1.0, 0.0, 3},  {0.6, 0, 1.0, 0.05, 4},
+        {1.3, 20, 0.5, 0.0, 5},   {0.7, 40, 0.95, 0.02, 6}, {2.0, 0, 1.0, 0.0, 7}, {0.9, 1, 1.0, 0.0, 8},
+    };
+    for (int i = 0; i < 8; ++i) {
+      engine::Request r;
+      for (int j = 0; j < 9 + 11 * i; ++j) r.prompt.push_back(static_cast<int32_t>((131 * i + 17 * j) % 6000 + 3));
+      r.max_new_tokens = 10;
+      r.sampling = kinds[i];
+      r.all_prompt_logits = i == 3;
+      EXPECT_TRUE((*eng)->AddRequest(r).ok());
+    }
+    const Status st = (*eng)->RunToCompletion();
+    EXPECT_TRUE(st.ok()) << st.message();
+    return out;
+  };
+  const Run host = run(false), gpu = run(true);
+  ASSERT_EQ(host.events.size(), 8u);
+  ASSERT_EQ(gpu.events.size(), 8u);
+  int64_t events = 0;
+  for (const auto& [id, want] : host.events) {
+    const auto& got = gpu.events.at(id);
+    ASSERT_EQ(got.size(), want.size()) << "request " << id;
+    for (size_t s = 0; s < want.size(); ++s) {
+      SCOPED_TRACE("request " + std::to_string(id) + " token " + std::to_string(s));
+      EXPECT_FALSE(want[s].sampled_on_device);
+      EXPECT_TRUE(got[s].sampled_on_device);
+      EXPECT_EQ(got[s].sample.token, want[s].sample.token);
+      EXPECT_EQ(got[s].sample.uniform, want[s].sample.uniform);
+      EXPECT_EQ(got[s].sample.counter, want[s].sample.counter);
+      EXPECT_EQ(got[s].sample.candidates, want[s].sample.candidates);
+      EXPECT_NEAR(got[s].sample.probability, want[s].sample.probability, 1e-12 * want[s].sample.probability);
+      ++events;
+    }
+  }
+  EXPECT_EQ(events, 80);
 }
 
 // Chunked prefill on the GPU: prompts fed 5 tokens per step beside running decodes give the
@@ -332,12 +392,7 @@ TEST(GpuEngine, ChunkedPrefillChangesNoBits) {
   chunked.max_prefill_tokens = 5;
   const Logits whole = RunBatch(Cuda(engine::KvFormat::kFp8E4m3, "bf16"), 4, true, &a);
   const Logits parts = RunBatch(chunked, 4, true, &b);
-  for (const auto& [id, steps] : whole) {
-    ASSERT_EQ(steps.size(), parts.at(id).size());
-    for (size_t s = 0; s < steps.size(); ++s) {
-      EXPECT_TRUE(Bitwise(steps[s], parts.at(id)[s])) << "request " << id << " step " << s;
-    }
-  }
+  EXPECT_TRUE(SameLogits(whole, parts));
   EXPECT_EQ(a, b);
 }
 

@@ -479,6 +479,7 @@ TEST(CudaExpertGemm, EveryLaunchShapeGivesTheSameBits) {
       {3, 1, 1, 40, 72, false, false, false, 1},     // fp32, unaligned: register shapes only
       {1, 1, 1, 200, 4352, true, false, true, 0},    // streaming: 17 blocks > the ring, two x tiles
       {2, 3, 5, 40, 1408, true, true, true, 0},      // streaming: per-slot x, half a last block
+      {1, 6, 8, 2048, 1408, true, true, true, 0},    // routed down at one token: 768 CTAs, a 3-deep ring refilled
   };
   const L all[] = {L::kAuto,        L::kRegBySlot,  L::kRegChunk,   L::kFastBySlot4,
                    L::kFastChunk4,  L::kFastBySlot1, L::kFastChunk1, L::kStreamBySlot};

@@ -68,7 +68,7 @@ Batch MakeBatch(int64_t rows, int64_t vocab, uint64_t seed) {
   return b;
 }
 
-std::vector<cu::SampleOutput> RunGpu(const Batch& b) {
+std::vector<cu::SampleOutput> RunGpu(const Batch& b, bool all_greedy = false) {
   const int64_t rows = static_cast<int64_t>(b.reqs.size());
   auto dl = Upload(b.logits), dr = Upload(b.reqs);
   auto dout = Zeros<cu::SampleOutput>(rows);
@@ -83,6 +83,7 @@ std::vector<cu::SampleOutput> RunGpu(const Batch& b) {
   p.out = dout.as<cu::SampleOutput>();
   p.workspace = ws->data();
   p.workspace_bytes = ws->size();
+  p.all_greedy = all_greedy;
   Status s = cu::Sample(p);
   EXPECT_TRUE(s.ok()) << s.message();
   s = cu::Synchronize();
@@ -136,6 +137,23 @@ TEST(CudaSampler, ChoosesTheCpuSamplersTokens) {
     rows_total += s.rows;
   }
   std::printf("  [sampler] %lld rows compared\n", static_cast<long long>(rows_total));
+}
+
+// A batch the caller declares all greedy skips the sort and still picks the CPU's argmax
+// (ties to the lowest id, NaN never; the batches draw such rows); a row that breaks the
+// declaration gets token −1, never a token from unsorted keys.
+TEST(CudaSampler, AllGreedyBatchesSkipTheSort) {
+  LS_REQUIRE_GPU();
+  for (int64_t vocab : {int64_t{3}, int64_t{32000}, int64_t{129280}}) {
+    Batch b = MakeBatch(vocab > 100000 ? 8 : 200, vocab, 500 + vocab);
+    for (auto& q : b.reqs) q.temperature = 0.0;
+    const auto got = RunGpu(b, /*all_greedy=*/true);
+    EXPECT_EQ(Compare(b, got, "all greedy, vocab " + std::to_string(vocab)), 0);
+    b.reqs[1].temperature = 0.7;
+    const auto broken = RunGpu(b, true);
+    EXPECT_EQ(broken[1].token, -1);
+    EXPECT_EQ(std::memcmp(&broken[0], &got[0], sizeof(cu::SampleOutput)), 0);
+  }
 }
 
 TEST(CudaSampler, DeterministicAndBatchInvariant) {
