@@ -10,13 +10,16 @@
 //            these prefixes, so all of them are bitwise the CPU's;
 //   cuts     top-p, min-p and the draw are "first index satisfying …", found by a block-wide
 //            minimum over the candidates: the exact answer of the CPU's loops.
-// Cost: the prefix is a serial chain of k fp64 additions (k = top_k, or the vocabulary when
-// top_k is off): about 130 k additions ≈ 0.5 ms per step at a 129k vocabulary. The
-// sort is a full segmented radix sort even when top_k is small (a top-k select first is
-// future work).
+// Cost: the prefix is a serial chain of fp64 additions over the sorted weights (k = top_k, or
+// the vocabulary when top_k is off), stopped where adding the next weight no longer changes
+// the sum; the chain was ~43 cycles an element (a shuffle waited for per add) and is now the
+// adds alone. One row is sorted device-wide; a batch by a segmented sort (one CTA a row). A
+// top-k select before the sort is future work.
 #include <cuda_runtime.h>
 
 #include <climits>
+#include <algorithm>
+#include <cub/device/device_radix_sort.cuh>
 #include <cub/device/device_segmented_radix_sort.cuh>
 
 #include "kernels/cuda/check.cuh"
@@ -58,6 +61,12 @@ Result<Layout> MakeLayout(int64_t batch, int64_t vocab) {
   LS_CUDA_RETURN_IF_ERROR(cub::DeviceSegmentedRadixSort::SortKeys(
       nullptr, temp_bytes, static_cast<const uint64_t*>(nullptr), static_cast<uint64_t*>(nullptr),
       static_cast<int>(n), static_cast<int>(batch), static_cast<const int*>(nullptr), static_cast<const int*>(nullptr)));
+  if (batch == 1) {  // one row: the device-wide sort (many CTAs), not the segmented one (one CTA a row)
+    size_t one = 0;
+    LS_CUDA_RETURN_IF_ERROR(cub::DeviceRadixSort::SortKeys(nullptr, one, static_cast<const uint64_t*>(nullptr),
+                                                           static_cast<uint64_t*>(nullptr), static_cast<int>(n)));
+    temp_bytes = std::max(temp_bytes, one);
+  }
   l.temp = at;
   at += Align256(temp_bytes);
   l.total = at;
@@ -155,14 +164,25 @@ __global__ void __launch_bounds__(kSampleThreads) SampleKernel(SamplerParams p, 
     w[i] = exp(__ddiv_rn(__dsub_rn(static_cast<double>(Val(lg[id_at(i)])), lmax), req.temperature));
   }
   __syncthreads();
-  // Prefix sums, left to right (warp 0; every lane adds the same broadcast values).
+  // Prefix sums, left to right (warp 0; every lane adds the same broadcast values). A chunk's 32
+  // values are broadcast before its additions, so only the fp64 adds are a chain. The weights
+  // descend: once adding the largest one left changes nothing, rounding's monotonicity means no
+  // later one does (0 ≤ w ≤ w_max: c ≤ c ⊕ w ≤ c ⊕ w_max = c), and every later prefix is c.
   if (tid < 32) {
     double c = 0.0;
     for (int base = 0; base < k; base += 32) {
-      const double mine = base + tid < k ? w[base + tid] : 0.0;
+      if (__dadd_rn(c, w[base]) == c) {
+        for (int i = base + tid; i < k; i += 32) pre[i] = c;
+        break;
+      }
+      const double mine = base + tid < k ? w[base + tid] : 0.0;  // zeros past k add nothing
+      double v[32];
+#pragma unroll
+      for (int j = 0; j < 32; ++j) v[j] = __shfl_sync(0xffffffffu, mine, j);
       double keep_c = 0.0;
-      for (int j = 0; j < 32 && base + j < k; ++j) {
-        c = __dadd_rn(c, __shfl_sync(0xffffffffu, mine, j));
+#pragma unroll
+      for (int j = 0; j < 32; ++j) {
+        c = __dadd_rn(c, v[j]);
         if (j == tid) keep_c = c;
       }
       if (base + tid < k) pre[base + tid] = keep_c;
@@ -254,9 +274,14 @@ Status Sample(const SamplerParams& p, Stream stream) {
     LS_CUDA_RETURN_IF_ERROR(LaunchKernel(PrepKernel, prep_grid, kPrepThreads, 0, stream, p, keys_in, offsets));
     LS_CUDA_LAUNCH_CHECK();
     size_t temp_bytes = layout->total - layout->temp;
-    LS_CUDA_RETURN_IF_ERROR(cub::DeviceSegmentedRadixSort::SortKeys(
-        ws + layout->temp, temp_bytes, keys_in, keys_out, static_cast<int>(p.batch * p.vocab),
-        static_cast<int>(p.batch), offsets, offsets + 1, 0, 64, stream));
+    if (p.batch == 1) {  // the keys are unique: any correct sort gives the same order
+      LS_CUDA_RETURN_IF_ERROR(cub::DeviceRadixSort::SortKeys(ws + layout->temp, temp_bytes, keys_in, keys_out,
+                                                             static_cast<int>(p.vocab), 0, 64, stream));
+    } else {
+      LS_CUDA_RETURN_IF_ERROR(cub::DeviceSegmentedRadixSort::SortKeys(
+          ws + layout->temp, temp_bytes, keys_in, keys_out, static_cast<int>(p.batch * p.vocab),
+          static_cast<int>(p.batch), offsets, offsets + 1, 0, 64, stream));
+    }
   }
   LS_CUDA_RETURN_IF_ERROR(
       LaunchKernel(SampleKernel, static_cast<unsigned>(p.batch), kSampleThreads, 0, stream, p, keys_out, W, P));
