@@ -95,18 +95,36 @@ SampleResult Sampler::Sample(std::span<const float> logits, const SamplingParams
   // 1. Candidates sorted by logit descending, id ascending on ties.
   const std::vector<int32_t> ids = Candidates(logits, p.top_k);
   const int64_t k = static_cast<int64_t>(ids.size());
-  // 2. Unnormalised probabilities in fp64: w_i = exp((l_i − l_max) / T).
+  // 2. Unnormalised probabilities in fp64: w_i = exp((l_i − l_max) / T), and their total.
+  // The weights descend, so once adding the next one leaves the running sum unchanged no later
+  // one changes it either (rounding is monotone: s ≤ s + w_j ≤ s + w_i = s for 0 ≤ w_j ≤ w_i):
+  // from index `settled` on every prefix sum is `total`, and weights past it are computed only
+  // when a later step asks for one. Exact, not an approximation.
   const double lmax = val(ids[0]);
-  std::vector<double> w(k);
-  for (int64_t i = 0; i < k; ++i) w[i] = std::exp((static_cast<double>(val(ids[i])) - lmax) / p.temperature);
+  std::vector<double> w;
+  w.reserve(static_cast<size_t>(std::min<int64_t>(k, 4096)));
+  auto w_at = [&](int64_t i) {
+    while (static_cast<int64_t>(w.size()) <= i) {
+      w.push_back(std::exp((static_cast<double>(val(ids[w.size()])) - lmax) / p.temperature));
+    }
+    return w[static_cast<size_t>(i)];
+  };
   double total = 0;
-  for (int64_t i = 0; i < k; ++i) total += w[i];
+  int64_t settled = k;
+  for (int64_t i = 0; i < k; ++i) {
+    const double wi = w_at(i);
+    if (total + wi == total) {
+      settled = i;
+      break;
+    }
+    total += wi;
+  }
   // 3. top-p: the shortest prefix whose mass reaches top_p (at least one token).
   int64_t keep = k;
   if (p.top_p < 1.0) {
     double cum = 0;
     for (int64_t i = 0; i < k; ++i) {
-      cum += w[i];
+      cum += w_at(i);
       if (cum >= p.top_p * total) {
         keep = i + 1;
         break;
@@ -116,25 +134,29 @@ SampleResult Sampler::Sample(std::span<const float> logits, const SamplingParams
   // 4. min-p: drop tokens whose probability is below min_p × the top probability (w[0] = 1).
   if (p.min_p > 0.0) {
     int64_t m = 1;
-    while (m < keep && w[m] >= p.min_p) ++m;
+    while (m < keep && w_at(m) >= p.min_p) ++m;
     keep = m;
   }
-  double kept = 0;
-  for (int64_t i = 0; i < keep; ++i) kept += w[i];
+  double kept = 0;  // the prefix sum of `keep` weights: `total` once past `settled`
+  if (keep > settled) {
+    kept = total;
+  } else {
+    for (int64_t i = 0; i < keep; ++i) kept += w[i];
+  }
   // 5. Inverse CDF with one Philox draw: first i whose running sum exceeds u × kept.
   const double u = kernels::PhiloxUniform(p.seed, step, /*stream=*/0);
   const double target = u * kept;
   double cum = 0;
   int64_t chosen = keep - 1;
-  for (int64_t i = 0; i < keep; ++i) {
-    cum += w[i];
+  for (int64_t i = 0; i < keep && i <= settled; ++i) {  // past `settled` the running sum stays put
+    cum += w_at(i);
     if (cum > target) {
       chosen = i;
       break;
     }
   }
   r.token = ids[chosen];
-  r.probability = w[chosen] / kept;
+  r.probability = w_at(chosen) / kept;
   r.uniform = u;
   r.candidates = keep;
   return r;
