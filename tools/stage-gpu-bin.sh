@@ -44,4 +44,7 @@ for lib in libcpp-httplib.so.0.11; do
   p=$(find /usr/lib /usr/local/lib -name "$lib" 2>/dev/null | head -1)
   [ -n "$p" ] && cp "$p" "$out/"
 done
+# CUPTI for bench_gpu_decode --timeline (opened at run time; a bare GPU image may lack it).
+p=$(find /usr/local/cuda/ /usr/local/cuda-*/ -name 'libcupti.so.1[0-9]' 2>/dev/null | head -1)
+if [[ " ${targets[*]} " == *" bench_gpu_decode "* && -n "$p" ]]; then cp "$p" "$out/"; fi
 du -sh "$out"
