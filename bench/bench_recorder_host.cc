@@ -4,7 +4,7 @@
 // of random values, and each step is closed as the engine's loop closes it (EndStep). The
 // host side of `bench_record --backend cuda`, measured apart from the GPU.
 //
-//   bench_recorder_host [--steps 64] [--batch 1] [--modes summary-gpu,summary,full] [--compression-threads 4]
+//   bench_recorder_host [--steps 64] [--batch 1] [--modes summary-gpu,summary,full] [--compression-threads 4] [--zstd-level 3]
 //                       [--vocab 102400] [--no-logits] [--gpu-ms 5] [--out /tmp] [--model DIR]
 //
 // --gpu-ms: the engine thread sleeps this long after each step (the GPU's part of a step), so
@@ -62,6 +62,7 @@ int main(int argc, char** argv) {
   int64_t steps = 64, batch = 1, vocab = 102400;
   double gpu_ms = 5.0;
   int threads = 4;
+  int zstd_level = traces::kDefaultZstdLevel;  // --zstd-level (negative: zstd's fast levels)
   bool logits = true;
   std::string modes = "summary-gpu,summary,full", out_dir = "/tmp", model_dir = LOCKSTEP_DEFAULT_MODEL_DIR;
   for (int i = 1; i < argc; ++i) {
@@ -79,12 +80,22 @@ int main(int argc, char** argv) {
     else if (k == "--batch") batch = std::stoll(v);
     else if (k == "--modes") modes = v;
     else if (k == "--compression-threads") threads = std::stoi(v);
+    else if (k == "--zstd-level") zstd_level = std::stoi(v);
     else if (k == "--vocab") vocab = std::stoll(v);
     else if (k == "--out") out_dir = v;
     else if (k == "--gpu-ms") gpu_ms = std::stod(v);
     else if (k == "--model") model_dir = v;
     else {
       std::fprintf(stderr, "bench_recorder_host: unknown flag %s\n", k.c_str());
+      return 2;
+    }
+  }
+  {
+    std::error_code ec;
+    std::filesystem::create_directories(out_dir, ec);
+    if (ec) {
+      std::fprintf(stderr, "bench_recorder_host: --out %s: cannot create the folder (%s)\n", out_dir.c_str(),
+                   ec.message().c_str());
       return 2;
     }
   }
@@ -124,6 +135,7 @@ int main(int argc, char** argv) {
     traces::TraceWriterOptions wo;
     wo.batch_width = batch;
     wo.compression_threads = threads;
+    wo.zstd_level = zstd_level;
     recorder::RecorderOptions ro;
     ro.policy.mode = *m;
     wo.alloc_block_bytes = recorder::RecorderOptions::AllocBlockBytes(ro.policy);
