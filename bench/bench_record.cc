@@ -26,6 +26,7 @@
 #include <string>
 #include <vector>
 
+#include "bench/out_dir.h"
 #include "engine/engine.h"
 #include "recorder/recorder.h"
 #include "traces/trace_reader.h"
@@ -123,15 +124,7 @@ int main(int argc, char** argv) {
       return 2;
     }
   }
-  {
-    std::error_code ec;
-    std::filesystem::create_directories(out_dir, ec);
-    if (ec) {
-      std::fprintf(stderr, "bench_record: --out %s: cannot create the folder (%s)\n", out_dir.c_str(),
-                   ec.message().c_str());
-      return 2;
-    }
-  }
+  if (!bench::MakeOutDir("bench_record", out_dir)) return 2;
   auto model = random_weights ? engine::Model::RandomWeights(model_dir, 0) : engine::Model::Load(model_dir);
   if (!model.ok()) {
     std::fprintf(stderr, "bench_record: %s\n", model.status().message().c_str());

@@ -22,6 +22,7 @@
 #include <thread>
 #include <vector>
 
+#include "bench/out_dir.h"
 #include "engine/engine.h"
 #include "engine/model.h"
 #include "recorder/recorder.h"
@@ -90,15 +91,7 @@ int main(int argc, char** argv) {
       return 2;
     }
   }
-  {
-    std::error_code ec;
-    std::filesystem::create_directories(out_dir, ec);
-    if (ec) {
-      std::fprintf(stderr, "bench_recorder_host: --out %s: cannot create the folder (%s)\n", out_dir.c_str(),
-                   ec.message().c_str());
-      return 2;
-    }
-  }
+  if (!bench::MakeOutDir("bench_recorder_host", out_dir)) return 2;
   // The recorder needs an engine to attach to (--model: the tiny model by default); its CPU
   // engine never runs here.
   auto model = engine::Model::Load(model_dir);
