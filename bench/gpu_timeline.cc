@@ -56,7 +56,8 @@ Result<const CuptiApi*> Api() {
 }
 
 std::mutex mu;
-std::vector<KernelSpan>* collected = nullptr;  // guarded by mu
+std::vector<KernelSpan> spans;  // guarded by mu
+bool collecting = false;        // guarded by mu: between Start and Stop
 
 constexpr size_t kBufferBytes = size_t{8} << 20;
 
@@ -73,7 +74,7 @@ void CUPTIAPI BufferCompleted(CUcontext, uint32_t, uint8_t* buffer, size_t, size
   while (api.ok() && (*api)->next_record(buffer, valid, &record) == CUPTI_SUCCESS) {
     if (record->kind != CUPTI_ACTIVITY_KIND_CONCURRENT_KERNEL && record->kind != CUPTI_ACTIVITY_KIND_KERNEL) continue;
     const auto* k = reinterpret_cast<const CUpti_ActivityKernel10*>(record);
-    if (collected == nullptr) continue;
+    if (!collecting) continue;
     KernelSpan s;
     s.name = k->name != nullptr ? k->name : "?";
     s.start_ns = k->start;
@@ -81,7 +82,7 @@ void CUPTIAPI BufferCompleted(CUcontext, uint32_t, uint8_t* buffer, size_t, size
     s.stream = k->streamId;
     s.grid[0] = k->gridX, s.grid[1] = k->gridY, s.grid[2] = k->gridZ;
     s.block[0] = k->blockX, s.block[1] = k->blockY, s.block[2] = k->blockZ;
-    collected->push_back(std::move(s));
+    spans.push_back(std::move(s));
   }
   std::free(buffer);
 }
@@ -93,16 +94,14 @@ Status Cupti(CUptiResult r, const char* what) {
   return Status::Internal(std::string("CUPTI ") + what + ": " + (text != nullptr ? text : "error"));
 }
 
-std::vector<KernelSpan> spans_store;
-
 }  // namespace
 
 Status GpuTimeline::Start() {
   LS_ASSIGN_OR_RETURN(const CuptiApi* api, Api());
   {
     std::lock_guard<std::mutex> lock(mu);
-    spans_store.clear();
-    collected = &spans_store;
+    spans.clear();
+    collecting = true;
   }
   LS_RETURN_IF_ERROR(Cupti(api->register_callbacks(BufferRequested, BufferCompleted), "register callbacks"));
   return Cupti(api->enable(CUPTI_ACTIVITY_KIND_CONCURRENT_KERNEL), "enable kernel activity");
@@ -115,8 +114,8 @@ Result<std::vector<KernelSpan>> GpuTimeline::Stop() {
   std::vector<KernelSpan> out;
   {
     std::lock_guard<std::mutex> lock(mu);
-    out.swap(spans_store);
-    collected = nullptr;
+    out.swap(spans);
+    collecting = false;
   }
   std::sort(out.begin(), out.end(), [](const KernelSpan& a, const KernelSpan& b) { return a.start_ns < b.start_ns; });
   return out;

@@ -224,8 +224,8 @@ LS_RETURN_IF_ERROR(Mark("start"));
     LS_RETURN_IF_ERROR(OverrideRows("embed", x, H));
     LS_RETURN_IF_ERROR(Mark("embed"));
   
-    auto rmsnorm = [&](const float* in, int64_t in_stride, const DevTensor& w, int64_t n, float eps, float* y,
-                       int64_t y_stride) {
+    auto norm_params = [&](const float* in, int64_t in_stride, const DevTensor& w, int64_t n, float eps, float* y,
+                           int64_t y_stride) {
       cu::RmsNormParams p;
       p.x = in;
       p.x_stride = in_stride;
@@ -235,8 +235,10 @@ LS_RETURN_IF_ERROR(Mark("start"));
       p.rows = R;
       p.n = n;
       p.eps = eps;
-      return cu::RmsNorm(p, s);
+      return p;
     };
+    auto rmsnorm = [&](const float* in, int64_t in_stride, const DevTensor& w, int64_t n, float eps, float* y,
+                       int64_t y_stride) { return cu::RmsNorm(norm_params(in, in_stride, w, n, eps, y, y_stride), s); };
     auto rope = [&](float* v, int64_t row_stride, int64_t heads_n, int64_t head_stride, cu::RopeStyle style) {
       cu::RopeParams p;
       p.x = v;
@@ -276,19 +278,11 @@ LS_RETURN_IF_ERROR(Mark("start"));
       return join_->Record(side_->get());
     };
     auto add_norm = [&](float* sum, const float* a, const float* b, const DevTensor& w, float* y) {
-      cu::RmsNormParams p;
-      p.x = a;
-      p.x_stride = H;
+      cu::RmsNormParams p = norm_params(a, H, w, H, rms_eps, y, H);
       p.add = b;
       p.add_stride = H;
       p.sum = sum;
       p.sum_stride = H;
-      p.weight = w.f32();
-      p.y = y;
-      p.y_stride = H;
-      p.rows = R;
-      p.n = H;
-      p.eps = rms_eps;
       return cu::RmsNorm(p, s);
     };
   

@@ -87,6 +87,24 @@ __device__ __forceinline__ void HashAndSquares(const uint8_t* in, size_t len, in
 }
 
 // One warp per row of `t` (row r), `stage` = this warp's kStageValues floats of shared memory.
+// dst[0, n) = src[0, n) by a warp, 16 loads a lane issued before their stores.
+template <typename T>
+__device__ __forceinline__ void StageWarp(const T* src, T* dst, int64_t n, int lane) {
+  for (int64_t base = 0; base < n; base += 32 * 16) {
+    T v[16];
+#pragma unroll
+    for (int u = 0; u < 16; ++u) {
+      const int64_t idx = base + u * 32 + lane;
+      if (idx < n) v[u] = src[idx];
+    }
+#pragma unroll
+    for (int u = 0; u < 16; ++u) {
+      const int64_t idx = base + u * 32 + lane;
+      if (idx < n) dst[idx] = v[u];
+    }
+  }
+}
+
 __device__ void SummarizeRowWarp(const SummarizeBatchParams::Tensor& t, int64_t r, float* stage, int lane) {
   const int64_t cols = t.cols;
   const uint8_t* src = static_cast<const uint8_t*>(t.x) + static_cast<size_t>(r * t.x_stride) * 4;
@@ -96,36 +114,9 @@ __device__ void SummarizeRowWarp(const SummarizeBatchParams::Tensor& t, int64_t 
   if (cols <= kStageValues) {
     const bool vec = (reinterpret_cast<uintptr_t>(src) & 15) == 0 && (cols & 3) == 0;
     if (vec) {
-      const float4* s4 = reinterpret_cast<const float4*>(src);
-      const int n4 = static_cast<int>(cols / 4);
-      for (int base = 0; base < n4; base += 32 * 16) {
-        float4 v[16];
-#pragma unroll
-        for (int u = 0; u < 16; ++u) {
-          const int idx = base + u * 32 + lane;
-          if (idx < n4) v[u] = s4[idx];
-        }
-#pragma unroll
-        for (int u = 0; u < 16; ++u) {
-          const int idx = base + u * 32 + lane;
-          if (idx < n4) reinterpret_cast<float4*>(stage)[idx] = v[u];
-        }
-      }
+      StageWarp(reinterpret_cast<const float4*>(src), reinterpret_cast<float4*>(stage), cols / 4, lane);
     } else {
-      const float* sf = reinterpret_cast<const float*>(src);
-      for (int64_t base = 0; base < cols; base += 32 * 16) {
-        float v[16];
-#pragma unroll
-        for (int u = 0; u < 16; ++u) {
-          const int64_t idx = base + u * 32 + lane;
-          if (idx < cols) v[u] = sf[idx];
-        }
-#pragma unroll
-        for (int u = 0; u < 16; ++u) {
-          const int64_t idx = base + u * 32 + lane;
-          if (idx < cols) stage[idx] = v[u];
-        }
-      }
+      StageWarp(reinterpret_cast<const float*>(src), stage, cols, lane);
     }
     __syncwarp();
     row = reinterpret_cast<const uint8_t*>(stage);

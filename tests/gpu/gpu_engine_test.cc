@@ -240,6 +240,16 @@ bool Bitwise(const std::vector<float>& a, const std::vector<float>& b) {
   return ::testing::AssertionSuccess();
 }
 
+// Two engine settings that must not change a bit: the staggered batch under each gives the
+// same logits at every step and the same tokens.
+void ExpectSameRuns(const EngineOptions& x, const EngineOptions& y) {
+  std::vector<std::vector<int32_t>> a, b;
+  const Logits lx = RunBatch(x, 4, true, &a);
+  const Logits ly = RunBatch(y, 4, true, &b);
+  EXPECT_TRUE(SameLogits(lx, ly));
+  EXPECT_EQ(a, b);
+}
+
 TEST(GpuEngine, DeterministicAndBatchInvariant) {
   LS_REQUIRE_GPU();
   for (const char* gemm : {"fp32", "bf16", "fp32_dot", "bf16_dot"}) {
@@ -293,13 +303,9 @@ TEST(GpuEngine, SideStreamChangesNoBits) {
   LS_REQUIRE_GPU();
   for (const char* gemm : {"bf16", "bf16_dot"}) {
     SCOPED_TRACE(std::string("gemm=") + gemm);
-    std::vector<std::vector<int32_t>> a, b;
     EngineOptions one = Cuda(engine::KvFormat::kFp8E4m3, gemm);
     one.device.side_stream = false;
-    const Logits single = RunBatch(one, 4, true, &a);
-    const Logits two = RunBatch(Cuda(engine::KvFormat::kFp8E4m3, gemm), 4, true, &b);
-    EXPECT_TRUE(SameLogits(single, two));
-    EXPECT_EQ(a, b);
+    ExpectSameRuns(one, Cuda(engine::KvFormat::kFp8E4m3, gemm));
   }
 }
 
@@ -312,16 +318,12 @@ TEST(GpuEngine, OverlappedLaunchChangesNoBits) {
   for (const char* gemm : {"bf16", "bf16_dot"}) {
     for (const bool graphs : {true, false}) {
       SCOPED_TRACE(std::string("gemm=") + gemm + (graphs ? " graphs" : " no graphs"));
-      std::vector<std::vector<int32_t>> a, b;
       EngineOptions serial = Cuda(engine::KvFormat::kFp8E4m3, gemm);
       serial.device.overlapped_launch = false;
       serial.device.cuda_graphs = graphs;
       EngineOptions overlapped = Cuda(engine::KvFormat::kFp8E4m3, gemm);
       overlapped.device.cuda_graphs = graphs;
-      const Logits one = RunBatch(serial, 4, true, &a);
-      const Logits two = RunBatch(overlapped, 4, true, &b);
-      EXPECT_TRUE(SameLogits(one, two));
-      EXPECT_EQ(a, b);
+      ExpectSameRuns(serial, overlapped);
     }
   }
 }
@@ -387,13 +389,9 @@ TEST(GpuEngine, DeviceSamplerPicksTheHostSamplersTokens) {
 // bits of whole-prompt prefill (every row is its own absorbed query, whatever the chunking).
 TEST(GpuEngine, ChunkedPrefillChangesNoBits) {
   LS_REQUIRE_GPU();
-  std::vector<std::vector<int32_t>> a, b;
   EngineOptions chunked = Cuda(engine::KvFormat::kFp8E4m3, "bf16");
   chunked.max_prefill_tokens = 5;
-  const Logits whole = RunBatch(Cuda(engine::KvFormat::kFp8E4m3, "bf16"), 4, true, &a);
-  const Logits parts = RunBatch(chunked, 4, true, &b);
-  EXPECT_TRUE(SameLogits(whole, parts));
-  EXPECT_EQ(a, b);
+  ExpectSameRuns(Cuda(engine::KvFormat::kFp8E4m3, "bf16"), chunked);
 }
 
 // Engines over the same Model share one copy of the device weights (a server's capture re-runs
