@@ -178,7 +178,7 @@ int main(int argc, char** argv) {
   using L = cu::ExpertGemmParams::Launch;
   const std::vector<L> launches = sweep ? std::vector<L>{L::kAuto, L::kRegBySlot, L::kRegChunk, L::kFastBySlot4,
                                                          L::kFastChunk4, L::kFastBySlot1, L::kFastChunk1,
-                                                         L::kStreamBySlot}
+                                                         L::kStreamBySlot, L::kBulkBySlot}
                                         : std::vector<L>{L::kAuto};
   std::printf("%-15s %6s %6s %10s %12s %14s %10s %10s\n", "shape", "launch", "rows", "us/call", "experts/call",
               "weight GB/s", "% of copy", "TFLOP/s");

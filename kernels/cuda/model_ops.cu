@@ -807,6 +807,43 @@ size_t StreamSmemBytes(int stages, int64_t in) {
   return static_cast<size_t>(stages) * kSwRows * kFwBlk * 2 + static_cast<size_t>(in < kSwTileIn ? in : kSwTileIn) * 4;
 }
 
+// x[0, n) into shared memory, rounded to bf16 when `round`, by `threads` threads. A tile of
+// ≤ kXv·4·threads values that is 16-byte aligned with n % 4 = 0 goes in 16-byte loads, all of a
+// thread's issued before its first store; split in two (XTileLoad, then XTileStore) so that
+// other requests can go out between the loads and their use.
+constexpr int kXv = 8;  // float4s a thread holds
+struct XTile {
+  float4 v[kXv];
+  bool vec;
+};
+__device__ __forceinline__ void XTileLoad(const float* x, int n, int tid, int threads, XTile& t) {
+  t.vec = (reinterpret_cast<uintptr_t>(x) & 15) == 0 && n % 4 == 0 && n <= kXv * 4 * threads;
+  if (!t.vec) return;
+#pragma unroll
+  for (int u = 0; u < kXv; ++u) {
+    const int i = tid + u * threads;
+    if (i < n / 4) t.v[u] = reinterpret_cast<const float4*>(x)[i];
+  }
+}
+__device__ __forceinline__ void XTileStore(const float* x, int n, bool round, float* xs, int tid, int threads,
+                                           const XTile& t) {
+  auto rd = [&](float v) { return round ? dev::Bf16ToF32(dev::F32ToBf16(v)) : v; };
+  if (t.vec) {
+#pragma unroll
+    for (int u = 0; u < kXv; ++u) {
+      const int i = tid + u * threads;
+      if (i < n / 4) reinterpret_cast<float4*>(xs)[i] = make_float4(rd(t.v[u].x), rd(t.v[u].y), rd(t.v[u].z), rd(t.v[u].w));
+    }
+  } else {
+    for (int i = tid; i < n; i += threads) xs[i] = rd(x[i]);
+  }
+}
+__device__ __forceinline__ void StageX(const float* x, int n, bool round, float* xs, int tid, int threads) {
+  XTile t;
+  XTileLoad(x, n, tid, threads, t);
+  XTileStore(x, n, round, xs, tid, threads, t);
+}
+
 __global__ void __launch_bounds__(kSwThreads) ExpertGemmStreamKernel(ExpertGemmParams p, int stages) {
   constexpr int kRows = kSwRows;
   constexpr int kChunks16 = kFwBlk / 8;  // 16-byte chunks per row per block (32)
@@ -858,30 +895,9 @@ __global__ void __launch_bounds__(kSwThreads) ExpertGemmStreamKernel(ExpertGemmP
   }
   dev::GridDependencySync();  // (a no-op wait when it was waited for above)
   const float* xrow = p.x + (p.x_per_slot ? slot : slot / p.k) * p.x_stride;
-  auto round = [&](float v) { return p.round_x_bf16 ? dev::Bf16ToF32(dev::F32ToBf16(v)) : v; };
   auto tile_len = [&](int64_t t0) { return static_cast<int>(p.in - t0 < kSwTileIn ? p.in - t0 : kSwTileIn); };
-  // x's first tile, rounded, while the weights land: loads all issued before the first store.
-  const int tn0 = tile_len(0);
-  if ((reinterpret_cast<uintptr_t>(xrow) & 15) == 0 && tn0 % 4 == 0) {
-    constexpr int kXv = 8;  // float4s a thread loads before storing them
-    for (int base = 0; base < tn0 / 4; base += kXv * kSwThreads) {
-      float4 v[kXv];
-#pragma unroll
-      for (int u = 0; u < kXv; ++u) {
-        const int i = base + tid + u * kSwThreads;
-        if (i < tn0 / 4) v[u] = reinterpret_cast<const float4*>(xrow)[i];
-      }
-#pragma unroll
-      for (int u = 0; u < kXv; ++u) {
-        const int i = base + tid + u * kSwThreads;
-        if (i < tn0 / 4) {
-          reinterpret_cast<float4*>(xs)[i] = make_float4(round(v[u].x), round(v[u].y), round(v[u].z), round(v[u].w));
-        }
-      }
-    }
-  } else {
-    for (int i = tid; i < tn0; i += kSwThreads) xs[i] = round(xrow[i]);
-  }
+  // x's first tile, rounded, while the weights land.
+  StageX(xrow, tile_len(0), p.round_x_bf16, xs, tid, kSwThreads);
   __syncthreads();  // x visible to every warp
 
   // Lane g of a row holds chains 2g, 2g + 1: elements 16b + 2g, 16b + 2g + 1 of each block,
@@ -897,8 +913,7 @@ __global__ void __launch_bounds__(kSwThreads) ExpertGemmStreamKernel(ExpertGemmP
     const int64_t col0 = static_cast<int64_t>(blk) * kFwBlk;
     if (xc == kSwTileIn) {  // the next x tile (in > kSwTileIn): plain loads, once all are done with the last
       __syncthreads();
-      const int tn = tile_len(col0);
-      for (int i = tid; i < tn; i += kSwThreads) xs[i] = round(xrow[col0 + i]);
+      StageX(xrow + col0, tile_len(col0), p.round_x_bf16, xs, tid, kSwThreads);
       __syncthreads();
       xc = 0;
     }
@@ -955,24 +970,44 @@ __global__ void __launch_bounds__(kSwThreads) ExpertGemmStreamKernel(ExpertGemmP
 constexpr int kSwMinStages = 3;
 constexpr int kSwMaxCtasPerSm = 8;  // 64 registers × 128 threads: 8 CTAs fill the register file
 
-int StreamStages(int64_t nblk, int64_t ctas, int64_t in) {
-  int stages = static_cast<int>(nblk < kSwMaxStages ? nblk : kSwMaxStages);
-  static const int64_t smem_per_sm = [] {
-    int v = 0, reserved = 0;
-    if (cudaDeviceGetAttribute(&v, cudaDevAttrMaxSharedMemoryPerMultiprocessor, 0) != cudaSuccess ||
+// A ring's depth for a grid of `ctas` CTAs that each need bytes(stages) of shared memory:
+// every block of a row in flight (up to max_stages) unless the grid would then take two waves
+// where a shallower ring (never below min_stages) fits it in one.
+// Shared memory an SM offers CTAs when it runs kSwMaxCtasPerSm of them (0: unknown).
+int64_t SmemPerSm() {
+  static const int64_t v = [] {
+    int total = 0, reserved = 0;
+    if (cudaDeviceGetAttribute(&total, cudaDevAttrMaxSharedMemoryPerMultiprocessor, 0) != cudaSuccess ||
         cudaDeviceGetAttribute(&reserved, cudaDevAttrReservedSharedMemoryPerBlock, 0) != cudaSuccess) {
       cudaGetLastError();
-      return int64_t{0};  // unknown: keep the full ring
+      return int64_t{0};
     }
-    return static_cast<int64_t>(v) - reserved * kSwMaxCtasPerSm;  // room for the most CTAs we aim at
+    return static_cast<int64_t>(total) - reserved * kSwMaxCtasPerSm;
   }();
+  return v;
+}
+
+// Whether `ctas` CTAs of `bytes` shared memory each run on the GPU at once.
+bool OneWave(int64_t ctas, size_t bytes) {
   const int64_t per_sm = (ctas + SmCount() - 1) / SmCount();
-  if (smem_per_sm <= 0 || per_sm > kSwMaxCtasPerSm) return stages;
-  auto fits = [&](int st) { return per_sm * static_cast<int64_t>(StreamSmemBytes(st, in)) <= smem_per_sm; };
-  if (fits(stages)) return stages;
+  return SmemPerSm() > 0 && per_sm <= kSwMaxCtasPerSm && per_sm * static_cast<int64_t>(bytes) <= SmemPerSm();
+}
+
+// A ring's depth for a grid of `ctas` CTAs that each need bytes(stages) of shared memory:
+// every block of a row in flight (up to max_stages) unless the grid would then take two waves
+// where a shallower ring (never below min_stages) fits it in one.
+template <typename Bytes>
+int RingStages(int64_t nblk, int64_t ctas, int max_stages, int min_stages, Bytes bytes) {
+  const int stages = static_cast<int>(nblk < max_stages ? nblk : max_stages);
+  const int64_t per_sm = (ctas + SmCount() - 1) / SmCount();
+  if (SmemPerSm() <= 0 || per_sm > kSwMaxCtasPerSm || OneWave(ctas, bytes(stages))) return stages;
   int s = stages;
-  while (s > kSwMinStages && !fits(s)) --s;
-  return fits(s) ? s : stages;
+  while (s > min_stages && !OneWave(ctas, bytes(s))) --s;
+  return OneWave(ctas, bytes(s)) ? s : stages;
+}
+
+int StreamStages(int64_t nblk, int64_t ctas, int64_t in) {
+  return RingStages(nblk, ctas, kSwMaxStages, kSwMinStages, [&](int st) { return StreamSmemBytes(st, in); });
 }
 
 Status LaunchExpertGemmStream(const ExpertGemmParams& p, Stream stream) {
@@ -988,6 +1023,177 @@ Status LaunchExpertGemmStream(const ExpertGemmParams& p, Stream stream) {
       LaunchKernel(ExpertGemmStreamKernel, grid, kSwThreads, StreamSmemBytes(stages, p.in), stream, p, stages));
   LS_CUDA_LAUNCH_CHECK();
   return Status::Ok();
+}
+
+// --- ExpertGemm, bulk-copy per-slot path (decode's products, sm_90) ----------------------------
+//
+// The streaming path's work split and arithmetic (a CTA of 4 warps owns 16 rows of one slot;
+// 8 lanes a row, lane g holding chains 2g and 2g + 1; Dot's fold), with the weights moved by
+// bulk copies (async_copy.cuh) instead of 16-byte cp.async: lanes 0–3 of a warp request the
+// warp's four rows, a ring slot (512 or 256 values) a row at a time, each slot on the warp's
+// own mbarrier; x is staged while they land and a slot is consumed as soon as its barrier's
+// phase ends. Why (H200, 2026-11-30, probes in kernels/cuda/README.md): a CTA's cp.async
+// requests — 32 instructions a thread for 64 KB — fill the SM's load queue, and x's loads,
+// issued after them, came back only with the last weight byte (x from L2: 600 cycles alone,
+// 3100 behind 64 KB of cp.async, 1700 behind the same bytes in bulk copies). Row r of a slot
+// sits at r·kBkRowBytes: the 32-byte pad puts a warp's four rows 8 banks apart, so the 32
+// lanes' 4-byte reads hit 32 banks (what the streaming path's XOR swizzle did; bulk copies
+// cannot swizzle).
+constexpr int kBkMaxValues = 2560;  // a row's values in flight at most
+constexpr int kBkThreads = 128, kBkRows = 16;
+template <int kBlk>
+constexpr int kBkRowBytes = kBlk * 2 + 32;  // a row's bytes in a ring slot of kBlk values, padded
+static_assert(kSwTileIn % 512 == 0 && kBkRows == 4 * (kBkThreads / 32));
+
+template <int kBlk>
+size_t BulkSmemBytes(int stages, int64_t in) {
+  return static_cast<size_t>(stages) * (4 * sizeof(uint64_t) + kBkRows * kBkRowBytes<kBlk>) +
+         static_cast<size_t>(in < kSwTileIn ? in : kSwTileIn) * 4;
+}
+
+template <int kBlk>
+__global__ void __launch_bounds__(kBkThreads) ExpertGemmBulkKernel(ExpertGemmParams p, int stages) {
+  constexpr int kRowBytes = kBkRowBytes<kBlk>;
+  static_assert(kRowBytes % 16 == 0 && (kRowBytes / 4) % 32 == 8);  // rows 8 banks apart
+  extern __shared__ __align__(16) unsigned char smem[];
+  uint64_t* bars = reinterpret_cast<uint64_t*>(smem);  // [stages][4 warps]
+  unsigned char* wbuf = smem + static_cast<size_t>(stages) * 4 * sizeof(uint64_t);  // [stages][16][kRowBytes]
+  float* xs = reinterpret_cast<float*>(wbuf + static_cast<size_t>(stages) * kBkRows * kRowBytes);
+  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, g = lane & 7, row = tid >> 3;
+  const int64_t slot = blockIdx.y, row0 = static_cast<int64_t>(blockIdx.x) * kBkRows, o = row0 + row;
+  const float* const xrow = p.x + (p.x_per_slot ? slot : slot / p.k) * p.x_stride;
+  const int tn0 = p.in < kSwTileIn ? static_cast<int>(p.in) : kSwTileIn;
+  XTile xt;
+  if (!p.ids_fixed) {
+    // Ids a kernel of this step wrote (a routing): nothing can be requested before it is done,
+    // so x's loads go out first, ahead of the weights they would otherwise queue behind.
+    dev::WaitForPrior();
+    XTileLoad(xrow, tn0, tid, kBkThreads, xt);
+  }
+  const int e = p.ids[slot];
+  if (e < 0 || e >= p.experts) {
+    dev::GridDependencySync();
+    if (blockIdx.x == 0 && tid == 0 && p.error_flag != nullptr) atomicOr(p.error_flag, kErrExpert);
+    if (tid < kBkRows && row0 + tid < p.out) p.y[slot * p.y_stride + row0 + tid] = QuietNan();
+    return;
+  }
+  const int nblk = static_cast<int>((p.in + kBlk - 1) / kBlk);
+  const int ring = nblk < stages ? nblk : stages;
+  uint64_t* const wbar = bars + warp;  // this warp's barrier of ring slot s: wbar[4 s]
+  if (lane < ring) dev::MbarInit(wbar + 4 * lane, 1);
+  __syncwarp();
+  // The warp's rows that exist; lane i below that count copies row 4·warp + i.
+  const int64_t wrow0 = row0 + 4 * warp;
+  const int nrows = static_cast<int>(p.out - wrow0 < 0 ? 0 : (p.out - wrow0 > 4 ? 4 : p.out - wrow0));
+  const uint16_t* wsrc = static_cast<const uint16_t*>(p.w) + static_cast<int64_t>(e) * p.w_expert_stride +
+                         (lane < nrows ? wrow0 + lane : 0) * p.w_row_stride;
+  unsigned char* const wdst = wbuf + static_cast<size_t>(4 * warp + lane) * kRowBytes;
+  auto issue = [&](int blk, int s) {
+    const int64_t c0 = static_cast<int64_t>(blk) * kBlk;
+    const unsigned bytes = static_cast<unsigned>((p.in - c0 < kBlk ? p.in - c0 : kBlk) * 2);
+    if (lane == 0) dev::MbarArriveExpectTx(wbar + 4 * s, bytes * nrows);
+    if (lane < nrows) {
+      dev::BulkCopyToShared(wdst + static_cast<size_t>(s) * kBkRows * kRowBytes, wsrc + c0, bytes, wbar + 4 * s);
+    }
+  };
+  // With fixed ids the requests go out before the previous kernel has finished (launch.cuh).
+  for (int blk = 0; blk < ring; ++blk) issue(blk, blk);
+  dev::GridDependencySync();  // (a no-op wait when it was waited for above)
+  if (p.ids_fixed) XTileLoad(xrow, tn0, tid, kBkThreads, xt);
+  XTileStore(xrow, tn0, p.round_x_bf16, xs, tid, kBkThreads, xt);
+  __syncthreads();  // x visible to every warp
+
+  // Lane g of a row reads word 8b + g of the row's block for elements 16b + 2g, 16b + 2g + 1.
+  const uint32_t* const wrow = reinterpret_cast<const uint32_t*>(wbuf + static_cast<size_t>(row) * kRowBytes) + g;
+  const float2* const x2 = reinterpret_cast<const float2*>(xs) + g;
+  float acc0 = 0.0f, acc1 = 0.0f;  // chains 2g, 2g + 1
+  int s = 0, xc = 0;
+  unsigned parity = 0;
+  for (int blk = 0; blk < nblk; ++blk) {
+    const int64_t col0 = static_cast<int64_t>(blk) * kBlk;
+    if (xc == kSwTileIn) {  // the next x tile (in > kSwTileIn), once every warp is done with the last
+      __syncthreads();
+      const int64_t left = p.in - col0;
+      StageX(xrow + col0, left < kSwTileIn ? static_cast<int>(left) : kSwTileIn, p.round_x_bf16, xs, tid, kBkThreads);
+      __syncthreads();
+      xc = 0;
+    }
+    dev::MbarWait(wbar + 4 * s, parity);
+    const uint32_t* wb = wrow + static_cast<size_t>(s) * (kBkRows * kRowBytes / 4);
+    const float2* xb = x2 + xc / 2;
+    if (col0 + kBlk <= p.in) {
+#pragma unroll
+      for (int b = 0; b < kBlk / 16; ++b) {
+        const uint32_t w2 = wb[8 * b];
+        const float2 xv = xb[8 * b];
+        acc0 = __fmaf_rn(__uint_as_float(w2 << 16), xv.x, acc0);
+        acc1 = __fmaf_rn(__uint_as_float(w2 & 0xffff0000u), xv.y, acc1);
+      }
+    } else {  // the last, partial block (in % 16 = 0)
+      const int nb = static_cast<int>((p.in - col0) / 16);
+#pragma unroll 4
+      for (int b = 0; b < nb; ++b) {
+        const uint32_t w2 = wb[8 * b];
+        const float2 xv = xb[8 * b];
+        acc0 = __fmaf_rn(__uint_as_float(w2 << 16), xv.x, acc0);
+        acc1 = __fmaf_rn(__uint_as_float(w2 & 0xffff0000u), xv.y, acc1);
+      }
+    }
+    xc += kBlk;
+    if (blk + ring < nblk) {
+      __syncwarp();  // every lane is done with this slot before it is refilled
+      dev::FenceProxyAsyncShared();
+      issue(blk + ring, s);
+    }
+    if (++s == ring) {
+      s = 0;
+      parity ^= 1u;
+    }
+  }
+  // Dot's fold: chain l + chain l+8 (lanes g, g+4), then 8 → 4 (g, g+2), 4 → 2 (g, g+1), 2 → 1.
+  acc0 = __fadd_rn(acc0, __shfl_xor_sync(0xffffffffu, acc0, 4));
+  acc1 = __fadd_rn(acc1, __shfl_xor_sync(0xffffffffu, acc1, 4));
+  acc0 = __fadd_rn(acc0, __shfl_xor_sync(0xffffffffu, acc0, 2));
+  acc1 = __fadd_rn(acc1, __shfl_xor_sync(0xffffffffu, acc1, 2));
+  acc0 = __fadd_rn(acc0, __shfl_xor_sync(0xffffffffu, acc0, 1));
+  acc1 = __fadd_rn(acc1, __shfl_xor_sync(0xffffffffu, acc1, 1));
+  if (g == 0 && o < p.out) p.y[slot * p.y_stride + o] = __fadd_rn(acc0, acc1);
+}
+
+template <int kBlk>
+Status LaunchBulk(const ExpertGemmParams& p, int stages, Stream stream) {
+  static const cudaError_t attr =
+      cudaFuncSetAttribute(ExpertGemmBulkKernel<kBlk>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                           static_cast<int>(BulkSmemBytes<kBlk>(kBkMaxValues / kBlk, kSwTileIn)));
+  LS_CUDA_RETURN_IF_ERROR(attr);
+  const dim3 grid(static_cast<unsigned>((p.out + kBkRows - 1) / kBkRows), static_cast<unsigned>(p.rows * p.k));
+  LS_CUDA_RETURN_IF_ERROR(LaunchKernel(ExpertGemmBulkKernel<kBlk>, grid, kBkThreads,
+                                       BulkSmemBytes<kBlk>(stages, p.in), stream, p, stages));
+  LS_CUDA_LAUNCH_CHECK();
+  return Status::Ok();
+}
+
+// The bulk path's ring for `p`: slots of 512 values (half the copies and barrier waits of 256)
+// when the grid then fits on the GPU in one wave, else 256-value slots, whose shallower rings
+// fit more CTAs on an SM (routed down at one token: 768 CTAs). `one_wave` tells whether either
+// does. Speed only: the slot size changes no arithmetic.
+struct BulkShape {
+  int blk, stages;
+  bool one_wave;
+};
+BulkShape PickBulkShape(const ExpertGemmParams& p) {
+  const int64_t ctas = (p.out + kBkRows - 1) / kBkRows * p.rows * p.k;
+  const int s512 = RingStages((p.in + 511) / 512, ctas, kBkMaxValues / 512, 2,
+                              [&](int st) { return BulkSmemBytes<512>(st, p.in); });
+  if (OneWave(ctas, BulkSmemBytes<512>(s512, p.in))) return {512, s512, true};
+  const int s256 = RingStages((p.in + 255) / 256, ctas, kBkMaxValues / 256, 3,
+                              [&](int st) { return BulkSmemBytes<256>(st, p.in); });
+  return {256, s256, OneWave(ctas, BulkSmemBytes<256>(s256, p.in))};
+}
+
+Status LaunchExpertGemmBulk(const ExpertGemmParams& p, Stream stream) {
+  const BulkShape b = PickBulkShape(p);
+  return b.blk == 512 ? LaunchBulk<512>(p, b.stages, stream) : LaunchBulk<256>(p, b.stages, stream);
 }
 
 Status CheckRows(const char* op, int64_t rows, int64_t n) {
@@ -1179,7 +1385,12 @@ Status ExpertGemm(const ExpertGemmParams& p, Stream stream) {
       // Fewer 4-warp CTAs than about two per SM leave the GPU idle: one warp per CTA, with
       // the whole row in flight, instead (decode's dense products, the heads' absorptions).
       // A dense product streams at any size (lm_head: 103 against 125 µs).
-      launch = dense || (p.out + 63) / 64 * slots < kEgStreamBelowCtas ? L::kStreamBySlot : L::kFastBySlot4;
+      // Of the two streaming shapes, bulk copies when the grid runs in one wave; cp.async when it
+      // takes several (lm_head: 107 µs against 143; layer 0's down 32 against 39: the copy
+      // engine's small requests are slower to stream than cp.async's once a wave waits).
+      launch = dense || (p.out + 63) / 64 * slots < kEgStreamBelowCtas
+                   ? (PickBulkShape(p).one_wave ? L::kBulkBySlot : L::kStreamBySlot)
+                   : L::kFastBySlot4;
     } else if (!dense && !crowded && slots <= kEgRegSlotMax) {
       launch = L::kRegBySlot;  // a few tokens' experts: one CTA column per slot still wins
     } else if (fast_ok && crowded) {
@@ -1189,7 +1400,7 @@ Status ExpertGemm(const ExpertGemmParams& p, Stream stream) {
     }
   }
   const bool by_slot_launch = launch == L::kRegBySlot || launch == L::kFastBySlot4 || launch == L::kFastBySlot1 ||
-                              launch == L::kStreamBySlot;
+                              launch == L::kStreamBySlot || launch == L::kBulkBySlot;
   LS_CHECK_ARG(!by_slot_launch || slots <= kMaxGrid, op, "launch (one CTA per slot needs rows·k ≤ 65535)", slots);
   switch (launch) {
     case L::kRegBySlot:
@@ -1212,6 +1423,8 @@ Status ExpertGemm(const ExpertGemmParams& p, Stream stream) {
       return LaunchExpertGemmFast<1, kEgFastChunk, 4, 1024, false>(p, stream);
     case L::kStreamBySlot:
       return LaunchExpertGemmStream(p, stream);
+    case L::kBulkBySlot:
+      return LaunchExpertGemmBulk(p, stream);
     default:
       return Status::InvalidArgument("ExpertGemm: launch " + std::to_string(static_cast<int>(launch)) +
                                      " is not a launch shape");

@@ -485,6 +485,7 @@ struct ExpertGemmParams {
     kFastBySlot1,  // cp.async, 1 warp = 16 outputs per CTA, 6 stages (few outputs, one slot)
     kFastChunk1,   // cp.async, 1 warp, per-expert chunks (a dense layer at a handful of rows)
     kStreamBySlot, // cp.async, a CTA per (16 outputs, slot), 8 lanes an output, whole rows in flight
+    kBulkBySlot,   // kStreamBySlot's split with bulk copies on mbarriers (sm_90)
   };
   Launch launch = Launch::kAuto;
 };

@@ -480,9 +480,10 @@ TEST(CudaExpertGemm, EveryLaunchShapeGivesTheSameBits) {
       {1, 1, 1, 200, 4352, true, false, true, 0},    // streaming: 17 blocks > the ring, two x tiles
       {2, 3, 5, 40, 1408, true, true, true, 0},      // streaming: per-slot x, half a last block
       {1, 6, 8, 2048, 1408, true, true, true, 0},    // routed down at one token: 768 CTAs, a 3-deep ring refilled
+      {1, 1, 1, 42, 10944, true, false, true, 0},    // a warp with 2 rows; 22 blocks over 3 x tiles (layer 0's down)
   };
   const L all[] = {L::kAuto,        L::kRegBySlot,  L::kRegChunk,   L::kFastBySlot4,
-                   L::kFastChunk4,  L::kFastBySlot1, L::kFastChunk1, L::kStreamBySlot};
+                   L::kFastChunk4,  L::kFastBySlot1, L::kFastChunk1, L::kStreamBySlot, L::kBulkBySlot};
   uint64_t seed = 5000;
   for (const GemmCase& g : cases) {
     GemmData d = MakeGemm(g, seed += 10);
@@ -540,7 +541,7 @@ TEST(CudaExpertGemm, StreamingGemvReadsXOnlyAfterTheKernelBefore) {
   p.ids = ids.as<int32_t>(), p.ids_fixed = true;
   p.y = dy.as<float>(), p.y_stride = d.ys;
   using L = cu::ExpertGemmParams::Launch;
-  for (L launch : {L::kStreamBySlot, L::kAuto}) {
+  for (L launch : {L::kStreamBySlot, L::kBulkBySlot, L::kAuto}) {
     p.launch = launch;
     for (int rep = 0; rep < 4; ++rep) {
       ASSERT_TRUE(cu::CopyAsync(big.data(), halves.data(), halves.size() * sizeof(float), s).ok());
