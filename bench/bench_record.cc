@@ -80,6 +80,7 @@ int main(int argc, char** argv) {
   bool random_weights = false;   // --random-weights 1: config only, weights made on the GPU
   bool gpu_profile = false;      // --gpu-profile 1: GPU time per phase of each run, on stderr
   int compression_threads = 1;   // the trace writer's compression workers (record's default)
+  std::string gemm = "bf16";     // the cuda backend's gemm variant
   for (int i = 1; i < argc; ++i) {
     if (std::string(argv[i]) == "--help" || std::string(argv[i]) == "-h") {
       std::printf(
@@ -96,7 +97,8 @@ int main(int argc, char** argv) {
           "  --compression-threads N  the trace writer's zstd workers (default 1)\n"
           "  --flush-interval S       seconds between flushes (default 1)\n"
           "  --out DIR                where the traces go (created; default /tmp)\n"
-          "  --gpu-profile 1          GPU time per phase of each run, on stderr\n");
+          "  --gpu-profile 1          GPU time per phase of each run, on stderr\n"
+          "  --gemm NAME              the cuda backend's gemm variant (default bf16, cuBLAS; bf16_dot: our GEMVs)\n");
       return 0;
     }
   }
@@ -119,6 +121,7 @@ int main(int argc, char** argv) {
     else if (k == "--random-weights") random_weights = v == "1";
     else if (k == "--gpu-profile") gpu_profile = v == "1";
     else if (k == "--compression-threads") compression_threads = std::stoi(v);
+    else if (k == "--gemm") gemm = v;
     else {
       std::fprintf(stderr, "bench_record: unknown flag %s\n", k.c_str());
       return 2;
@@ -130,7 +133,7 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "bench_record: %s\n", model.status().message().c_str());
     return 1;
   }
-  std::printf("backend %s, ", backend.c_str());
+  std::printf("backend %s%s, ", backend.c_str(), backend == "cuda" ? (" (gemm=" + gemm + ")").c_str() : "");
   std::printf("model %s, %lld requests × (%lld prompt + %lld generated) tokens, kv-cache %s, flush every %.2f s\n\n",
               model_dir.c_str(), static_cast<long long>(batch), static_cast<long long>(prompt_len),
               static_cast<long long>(tokens), kv.c_str(), flush_interval);
@@ -151,7 +154,7 @@ int main(int argc, char** argv) {
     o.max_batch = batch;
     o.kv_format = *engine::ParseKvFormat(kv);
     o.backend = backend;
-    if (backend == "cuda") o.kernels = {{"gemm", "bf16"}};
+    if (backend == "cuda") o.kernels = {{"gemm", gemm}};
     o.device.profile = gpu_profile;
     o.kv_cache_tokens = std::max<int64_t>(o.kv_cache_tokens, batch * (prompt_len + tokens + 64));
     auto eng = engine::Engine::Create(*model, o);

@@ -145,6 +145,9 @@ class CudaBackend final : public Backend {
   };
   Status Tap(std::string_view name, const void* dev, int64_t cols, int64_t stride, TapDType dtype);
   Status FlushTaps();
+  // Points logits_host_ at a buffer of ≥ bytes nobody else holds (see logits_shared_); a shared
+  // one (with its owner) when `share`.
+  Status TakeLogitsBuffer(size_t bytes, bool share);
   // Summary-only taps (the hook does not want values): Tap queues the tensor and SummaryFence
   // summarises the queue in one launch. The step calls it before a tapped buffer is written
   // again (after embed, resid_mid, resid_out and final_norm); FlushTaps calls it too.
@@ -210,7 +213,16 @@ class CudaBackend final : public Backend {
   cu::PinnedBuffer host_in_;
   Scratch slab_buf_;
   Scratch dev_in_, act_, xb_, xb_side_, zero_ids_, mla_ws_, scores_, logits_dev_, gather_, tap_arena_, mirror_dev_;
-  cu::PinnedBuffer logits_host_, tap_host_, mirror_host_;
+  cu::PinnedBuffer tap_host_, mirror_host_;
+  // The step's logits on the host. A tap hook may keep a buffer past the step
+  // (TapEvent::owner: the recorder's writer thread summarises it in place), so the step takes
+  // one nobody else holds: up to kLogitsShared shared ones, then a private one handed out
+  // without an owner (the hook then copies).
+  static constexpr size_t kLogitsShared = 4;
+  std::vector<std::shared_ptr<cu::PinnedBuffer>> logits_shared_;
+  cu::PinnedBuffer logits_private_;
+  cu::PinnedBuffer* logits_host_ = nullptr;
+  std::shared_ptr<const void> logits_owner_;  // logits_host_'s, when shared
   cu::DeviceBuffer error_flag_;
 
   // CUDA graphs of decode steps, by batch size: captured on the second step of a size (the

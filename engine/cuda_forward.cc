@@ -179,9 +179,7 @@ Status CudaBackend::Forward(std::span<Segment> segs, PagedKvCache& cache, const 
     LS_ASSIGN_OR_RETURN(tap_host_, cu::PinnedBuffer::Allocate(tap_arena_.buf.size()));
   }
 
-  if (logits_host_.size() < static_cast<size_t>(RL * V) * 4) {
-    LS_ASSIGN_OR_RETURN(logits_host_, cu::PinnedBuffer::Allocate(static_cast<size_t>(RL * V) * 4 * 3 / 2));
-  }
+  LS_RETURN_IF_ERROR(TakeLogitsBuffer(static_cast<size_t>(RL * V) * 4, hook != nullptr));
   LS_RETURN_IF_ERROR(logits_dev_.Ensure(static_cast<size_t>(RL * V) * 4));
   // The new cache rows go back into the host cache when a reader wants them: gathered by
   // slot on the device (inside the step, so a graph includes it), then one copy.
@@ -755,7 +753,7 @@ LS_RETURN_IF_ERROR(Mark("start"));
     }
   }
   LS_RETURN_IF_ERROR(SampleOnDevice(segs, V, s));
-  LS_RETURN_IF_ERROR(cu::CopyAsync(logits_host_.data(), logits_dev_.buf.data(), static_cast<size_t>(RL * V) * 4, s));
+  LS_RETURN_IF_ERROR(cu::CopyAsync(logits_host_->data(), logits_dev_.buf.data(), static_cast<size_t>(RL * V) * 4, s));
 
   if (mirror_) {
     LS_RETURN_IF_ERROR(cu::CopyAsync(mirror_host_.data(), mirror_dev_.buf.data(), mirror_bytes, s));
@@ -793,7 +791,7 @@ LS_RETURN_IF_ERROR(Mark("start"));
   }
 
   out->logits.assign(segs.size(), {});
-  const float* lg = logits_host_.as<float>();
+  const float* lg = logits_host_->as<float>();
   int64_t lr = 0;
   for (size_t i = 0; i < segs.size(); ++i) {
     const int64_t n = static_cast<int64_t>(segs[i].tokens.size());
@@ -808,13 +806,15 @@ LS_RETURN_IF_ERROR(Mark("start"));
       e.position = segs[i].start_pos + first;
       e.rows = rows;
       e.cols = V;
-      e.data = out->logits[i].data();
+      e.data = lg + (lr - rows) * V;  // the pinned copy: with an owner, a hook may keep it
+      e.owner = logits_owner_;
       hook->OnTap(e);
     }
   }
   LS_RETURN_IF_ERROR(CollectSamples(segs, out));
   for (auto& g : segs) g.cache->length = g.start_pos + static_cast<int64_t>(g.tokens.size());
   hook_ = nullptr;
+  logits_owner_.reset();  // the hook's copies, if any, keep the buffer
   segs_ = {};
   return Status::Ok();
 }

@@ -3,10 +3,12 @@
 // The engine calls TapHook::OnTap at every stable tap point (docs/tap-points.md lists them)
 // with the rows one request contributed to a forward pass. With no hook attached the engine
 // builds no names and copies nothing: the cost is one pointer test per tap point.
-// The data pointer is valid only during the call; copy what you keep.
+// The data pointer is valid only during the call — copy what you keep — unless the event
+// carries an owner (TapEvent::owner).
 #pragma once
 
 #include <cstdint>
+#include <memory>
 #include <string_view>
 
 namespace lockstep::engine {
@@ -41,6 +43,10 @@ struct TapEvent {
   TapDType dtype = TapDType::kF32;
   const void* data = nullptr;  // rows × cols, row-major, contiguous; null when only summaries came
   const TapRowSummary* summaries = nullptr;  // [rows] when the backend summarised the rows itself
+  // When set, `data` stays valid and unchanged for as long as any copy of `owner` is held: a
+  // hook may keep both past the call instead of copying the rows (the CUDA backend's logits,
+  // which the recorder's writer thread then summarises where they are).
+  std::shared_ptr<const void> owner;
 };
 
 class TapHook {

@@ -64,15 +64,18 @@ const Recorder::Tensor* Recorder::Define(const std::string& path, DType dtype, i
 }
 
 void Recorder::Capture(const Tensor& t, int64_t request, int64_t position, int64_t rows, const void* data,
-                       int64_t row_stride_bytes, const traces::TraceWriter::LogitsTopKTensors* topk) {
+                       int64_t row_stride_bytes, const traces::TraceWriter::LogitsTopKTensors* topk,
+                       const std::shared_ptr<const void>& owner) {
   const auto* base = static_cast<const uint8_t*>(data);
   CaptureRows(t, request, position, rows, [&](int64_t i) { return base + i * row_stride_bytes; },
-              row_stride_bytes == static_cast<int64_t>(t.cols * traces::DTypeSize(t.dtype)) ? base : nullptr, topk);
+              row_stride_bytes == static_cast<int64_t>(t.cols * traces::DTypeSize(t.dtype)) ? base : nullptr, topk,
+              owner);
 }
 
 void Recorder::CaptureRows(const Tensor& t, int64_t request, int64_t position, int64_t rows,
                            const std::function<const uint8_t*(int64_t)>& row, const uint8_t* contiguous,
-                           const traces::TraceWriter::LogitsTopKTensors* topk) {
+                           const traces::TraceWriter::LogitsTopKTensors* topk,
+                           const std::shared_ptr<const void>& owner) {
   const CapturePolicy& p = opts_.policy;
   const size_t row_bytes = static_cast<size_t>(t.cols) * traces::DTypeSize(t.dtype);
   positions_.clear();
@@ -99,9 +102,11 @@ void Recorder::CaptureRows(const Tensor& t, int64_t request, int64_t position, i
     }
     s = writer_->Append(t.handle, summaries_, nullptr);
   } else {
-    // The values are stored (or the rows are wide, or the writer derives their top-k), so the
-    // rows are copied: the summaries are computed on the writer's thread.
+    // The values are stored (or the rows are wide, or the writer derives their top-k): the
+    // summaries are computed on the writer's thread, from a copy of the rows — or from the
+    // rows where they are, when an owner keeps them there and no position was dropped.
     const uint8_t* values = contiguous;
+    const bool in_place = owner != nullptr && values != nullptr && static_cast<int64_t>(positions_.size()) == rows;
     if (static_cast<int64_t>(positions_.size()) != rows || values == nullptr) {
       gather_.resize(positions_.size() * row_bytes);
       for (size_t k = 0; k < positions_.size(); ++k) {
@@ -110,7 +115,7 @@ void Recorder::CaptureRows(const Tensor& t, int64_t request, int64_t position, i
       values = gather_.data();
     }
     s = writer_->AppendToSummarize(t.handle, static_cast<int32_t>(request), static_cast<int32_t>(steps_), positions_,
-                                   values, topk);
+                                   values, topk, in_place ? owner : nullptr);
   }
   if (!s.ok()) Fail(s);
 }
@@ -193,7 +198,7 @@ void Recorder::CaptureLogits(const engine::TapEvent& e) {
   const Tensor* t = Define(base, DType::kF32, V, all);
   if (!t) return;
   if (!full || all) {
-    Capture(*t, e.request_id, e.position, e.rows, e.data, V * 4);
+    Capture(*t, e.request_id, e.position, e.rows, e.data, V * 4, nullptr, e.owner);
     return;
   }
   const int64_t k = std::min<int64_t>(p.logits_topk, V);
@@ -202,7 +207,7 @@ void Recorder::CaptureLogits(const engine::TapEvent& e) {
   const Tensor* lse = Define(base + ".logsumexp", DType::kF32, 1, true, {{"of", "logits"}});
   if (!ids || !vals || !lse) return;
   const traces::TraceWriter::LogitsTopKTensors topk{ids->handle, vals->handle, lse->handle, k};
-  Capture(*t, e.request_id, e.position, e.rows, e.data, V * 4, &topk);
+  Capture(*t, e.request_id, e.position, e.rows, e.data, V * 4, &topk, e.owner);
 }
 
 // The KV cache rows this forward pass wrote, read back as stored. Tensors per layer and

@@ -20,6 +20,7 @@
 #include <cstdint>
 #include <functional>
 #include <map>
+#include <memory>
 #include <span>
 #include <string>
 #include <unordered_map>
@@ -90,13 +91,17 @@ class Recorder : public engine::TapHook {
   // Summarises the rows of `data` (rows × cols of dtype) at positions position + i that the
   // position filter keeps, and appends them. With `topk` (logits), the writer also derives
   // each row's top-k and logsumexp into those tensors.
+  // With `owner` (TapEvent::owner), rows the writer thread summarises are not copied: it
+  // reads them in place and holds the owner until it has.
   void Capture(const Tensor& t, int64_t request, int64_t position, int64_t rows, const void* data,
-               int64_t row_stride_bytes, const traces::TraceWriter::LogitsTopKTensors* topk = nullptr);
+               int64_t row_stride_bytes, const traces::TraceWriter::LogitsTopKTensors* topk = nullptr,
+               const std::shared_ptr<const void>& owner = nullptr);
   // The same for rows anywhere: row(i) is row i; `contiguous`, when not null, holds all
   // `rows` rows back to back (then nothing is gathered when every row is kept).
   void CaptureRows(const Tensor& t, int64_t request, int64_t position, int64_t rows,
                    const std::function<const uint8_t*(int64_t)>& row, const uint8_t* contiguous = nullptr,
-                   const traces::TraceWriter::LogitsTopKTensors* topk = nullptr);
+                   const traces::TraceWriter::LogitsTopKTensors* topk = nullptr,
+                   const std::shared_ptr<const void>& owner = nullptr);
   void CaptureLogits(const engine::TapEvent& e);
   // Rows the backend summarised itself (TapEvent::summaries), filtered by position like Capture.
   void CaptureSummaries(const Tensor& t, int64_t request, int64_t position, int64_t rows,

@@ -42,6 +42,11 @@ struct Command {
     // tables (values at + 1), or −1.
     int32_t topk_tables[3] = {-1, -1, -1};
     int64_t topk = 0;
+    // Summarize entries whose values stay where the caller has them (AppendToSummarize's
+    // values_owner): `bytes` then holds the head and positions only.
+    const uint8_t* ext_values = nullptr;
+    size_t ext_bytes = 0;
+    std::shared_ptr<const void> ext_owner = nullptr;
   };
   std::vector<Entry> entries;
   std::vector<uint8_t> bytes;
@@ -50,6 +55,13 @@ struct Command {
   TensorSpec tensor;           // kDefineTensor
   int64_t steps = 0;           // kFlush
 };
+
+// A summarize entry's rows: after its head and positions in the command, or the caller's.
+const uint8_t* EntryValues(const Command::Entry& e, const uint8_t* data) {
+  int64_t rows;
+  std::memcpy(&rows, data + 8, 8);
+  return e.ext_values != nullptr ? e.ext_values : data + 16 + 8 * rows;
+}
 
 std::filesystem::path TailsPath(const std::filesystem::path& trace) {
   std::filesystem::path p = trace;
@@ -120,6 +132,9 @@ class TraceWriter::Impl {
   // The caller's side: commands not yet handed over (touched by the caller thread only).
   std::vector<Command> pending;
   int64_t pending_bytes = 0;
+  // A pending command reads rows in the caller's buffers (AppendToSummarize's values_owner):
+  // the writer is woken at once, so that the caller gets its buffers back within a step.
+  bool pending_borrows = false;
   std::atomic<bool> failed{false};  // error_ is set (read without the lock)
   static constexpr std::chrono::milliseconds kWriterPoll{20};
   // Row buffers travel caller → writer → back: a fresh multi-100-KB buffer per step would
@@ -346,7 +361,7 @@ void TraceWriter::Impl::Submit(int64_t* stall_ns) {
     *stall_ns += std::chrono::duration_cast<std::chrono::nanoseconds>(Clock::now() - t0).count();
   }
   queued_bytes_ += bytes;
-  bool urgent = queued_bytes_ > (1 << 20);
+  bool urgent = queued_bytes_ > (1 << 20) || pending_borrows;
   for (auto& c : pending) {
     urgent |= c.kind != Command::Kind::kAppend;
     commands_.push_back(std::move(c));
@@ -365,6 +380,7 @@ void TraceWriter::Impl::Submit(int64_t* stall_ns) {
   }
   pending.clear();
   pending_bytes = 0;
+  pending_borrows = false;
 }
 
 void TraceWriter::Impl::WorkerLoop() {
@@ -522,7 +538,7 @@ void TraceWriter::Impl::Derive(const Command::Entry& e, const uint8_t* data, Der
   std::memcpy(&step, data + 4, 4);
   std::memcpy(&rows, data + 8, 8);
   const uint8_t* positions = data + 16;
-  const uint8_t* values = positions + 8 * rows;
+  const uint8_t* values = EntryValues(e, data);
   const size_t row_bytes = static_cast<size_t>(e.cols) * DTypeSize(e.dtype);
   out->summaries.resize(rows);
   for (int64_t i = 0; i < rows; ++i) {
@@ -553,7 +569,8 @@ void TraceWriter::Impl::PrecomputeDerived(const Command& c, std::vector<Derived>
   if (workers_.empty()) return;
   std::vector<size_t> offset(c.entries.size());
   auto weight = [&](const Command::Entry& e) -> size_t {  // a top-k scan costs about 3 summaries
-    return !e.summarize ? 0 : e.topk_tables[0] >= 0 ? 4 * e.bytes : e.bytes;
+    const size_t b = e.bytes + e.ext_bytes;
+    return !e.summarize ? 0 : e.topk_tables[0] >= 0 ? 4 * b : b;
   };
   size_t at = 0, total = 0;
   for (size_t i = 0; i < c.entries.size(); ++i) {
@@ -601,7 +618,7 @@ void TraceWriter::Impl::PrecomputeDerived(const Command& c, std::vector<Derived>
 Status TraceWriter::Impl::DoSummarizeAppend(const Command::Entry& e, const uint8_t* data, Derived* pre) {
   int64_t rows;
   std::memcpy(&rows, data + 8, 8);
-  const uint8_t* values = data + 16 + 8 * rows;
+  const uint8_t* values = EntryValues(e, data);
   const size_t row_bytes = static_cast<size_t>(e.cols) * DTypeSize(e.dtype);
   Derived& d = pre != nullptr ? *pre : derived_;
   if (pre == nullptr) Derive(e, data, &d);
@@ -1033,7 +1050,7 @@ Status TraceWriter::AppendRows(int32_t table, const void* data, size_t bytes) {
 
 Status TraceWriter::AppendToSummarize(int32_t tensor, int32_t request, int32_t step,
                                       std::span<const int64_t> positions, const void* values,
-                                      const LogitsTopKTensors* topk) {
+                                      const LogitsTopKTensors* topk, std::shared_ptr<const void> values_owner) {
   if (tensor < 0 || tensor >= static_cast<int32_t>(tensors_.size())) {
     return Status::InvalidArgument("unknown tensor handle " + std::to_string(tensor));
   }
@@ -1060,8 +1077,9 @@ Status TraceWriter::AppendToSummarize(int32_t tensor, int32_t request, int32_t s
   const TensorSpec& spec = tensors_[tensor];
   const int64_t rows = static_cast<int64_t>(positions.size());
   const size_t value_bytes = rows * spec.cols * DTypeSize(spec.dtype);
-  Command& c = AppendCommand(16 + 8 * positions.size() + value_bytes);
-  const size_t n = 16 + 8 * positions.size() + value_bytes;
+  const size_t inline_value_bytes = values_owner ? 0 : value_bytes;  // an owner: read in place
+  Command& c = AppendCommand(16 + 8 * positions.size() + inline_value_bytes);
+  const size_t n = 16 + 8 * positions.size() + inline_value_bytes;
   // Appended with insert, not resize + memcpy: resize would zero the bytes first (a second
   // pass over every tap value on the engine's thread).
   uint8_t head[16];
@@ -1072,8 +1090,14 @@ Status TraceWriter::AppendToSummarize(int32_t tensor, int32_t request, int32_t s
   const auto* val = static_cast<const uint8_t*>(values);
   c.bytes.insert(c.bytes.end(), head, head + 16);
   c.bytes.insert(c.bytes.end(), pos, pos + 8 * positions.size());
-  c.bytes.insert(c.bytes.end(), val, val + value_bytes);
+  c.bytes.insert(c.bytes.end(), val, val + inline_value_bytes);
   Command::Entry e{summary_table_[tensor], n};
+  if (values_owner) {
+    e.ext_values = val;
+    e.ext_bytes = value_bytes;
+    e.ext_owner = std::move(values_owner);
+    impl_->pending_borrows = true;
+  }
   e.summarize = true;
   e.store_values = spec.values;
   e.dtype = spec.dtype;
@@ -1085,7 +1109,7 @@ Status TraceWriter::AppendToSummarize(int32_t tensor, int32_t request, int32_t s
     e.topk = topk->k;
     bytes_in_ += rows * static_cast<int64_t>(3 * sizeof(SummaryRow) + (2 * topk->k + 1) * 4);
   }
-  c.entries.push_back(e);
+  c.entries.push_back(std::move(e));
   append_reserve_ = std::max<int64_t>(append_reserve_, static_cast<int64_t>(c.bytes.size()));
   impl_->pending_bytes += static_cast<int64_t>(n);
   bytes_in_ += static_cast<int64_t>(spec.values ? value_bytes + rows * sizeof(SummaryRow) : rows * sizeof(SummaryRow));

@@ -115,8 +115,13 @@ class TraceWriter {
     int32_t ids = -1, values = -1, logsumexp = -1;
     int64_t k = 0;
   };
+  //
+  // With `values_owner` the rows are not copied: the writer thread reads them where they are
+  // and holds a copy of values_owner until it has (the CUDA backend's pinned logits buffers,
+  // engine/tap.h TapEvent::owner); the bytes must not change while any holder remains.
   Status AppendToSummarize(int32_t tensor, int32_t request, int32_t step, std::span<const int64_t> positions,
-                           const void* values, const LogitsTopKTensors* topk = nullptr);
+                           const void* values, const LogitsTopKTensors* topk = nullptr,
+                           std::shared_ptr<const void> values_owner = nullptr);
   Status AppendSampling(const SamplingRow& row);
   // `batch` holds the request ids of the step (at most batch_width are kept).
   Status AppendStep(const StepRow& row, std::span<const int64_t> batch);

@@ -13,6 +13,7 @@
 #include <cmath>
 #include <cstring>
 #include <filesystem>
+#include <memory>
 #include <random>
 
 #include "traces/row_summary.h"
@@ -264,13 +265,17 @@ TEST(TraceRoundTrip, TensorsSamplingRequestsAndFlushCopies) {
 // Rows the writer summarises (AppendToSummarize), with and without top-k logits, come out the
 // same whether the writer thread derives them alone (no compression workers) or shares the work
 // with three workers (steps of more than 2 MB: a full capture at batch 8), byte for byte: the
-// summary tables, the values and the derived top-k tensors.
+// summary tables, the values and the derived top-k tensors. The same again with the logits
+// lent in place (AppendToSummarize's values_owner, as the CUDA backend's pinned buffers are):
+// each step's buffer is dropped by the caller right after the call, so only the writer's
+// copy of the owner keeps it alive, and every one is let go by the close.
 TEST(TraceWriter, DerivedRowsAreTheSameWithWorkersSharingThem) {
   constexpr int64_t kCols = 4096, kVocab = 3000, kRows = 160, kSteps = 4;
   std::mt19937 rng(11);
   std::normal_distribution<float> nd(0.0f, 2.0f);
   std::vector<float> values(kRows * kCols), logits(8 * kVocab);
-  auto write = [&](const fs::path& path, int threads) {
+  std::vector<std::weak_ptr<std::vector<float>>> lent;  // the buffers lent in place
+  auto write = [&](const fs::path& path, int threads, bool lend) {
     TraceWriterOptions opts;
     opts.compression_threads = threads;
     auto w = TraceWriter::Create(path, opts);
@@ -291,7 +296,13 @@ TEST(TraceWriter, DerivedRowsAreTheSameWithWorkersSharingThem) {
       std::vector<int64_t> lpos(8);
       for (int64_t i = 0; i < 8; ++i) lpos[i] = step * 8 + i;
       // The logits first, so they share a command with rows (commands go at 4 MB).
-      ASSERT_TRUE(tw.AppendToSummarize(*tl, 0, static_cast<int32_t>(step), lpos, logits.data(), &topk).ok());
+      if (lend) {
+        auto buf = std::make_shared<std::vector<float>>(logits);
+        lent.push_back(buf);
+        ASSERT_TRUE(tw.AppendToSummarize(*tl, 0, static_cast<int32_t>(step), lpos, buf->data(), &topk, buf).ok());
+      } else {
+        ASSERT_TRUE(tw.AppendToSummarize(*tl, 0, static_cast<int32_t>(step), lpos, logits.data(), &topk).ok());
+      }
       std::vector<int64_t> pos(kRows);
       for (int64_t i = 0; i < kRows; ++i) pos[i] = step * kRows + i;
       // Rows in pieces, as a recorder appends a step's taps.
@@ -305,8 +316,10 @@ TEST(TraceWriter, DerivedRowsAreTheSameWithWorkersSharingThem) {
     ASSERT_TRUE(tw.Close().ok()) << tw.status().message();
   };
   const fs::path alone = TempPath("derived_alone.h5"), shared = TempPath("derived_shared.h5");
-  write(alone, 0);
-  write(shared, 3);
+  write(alone, 0, false);
+  write(shared, 3, true);
+  ASSERT_EQ(lent.size(), static_cast<size_t>(kSteps));
+  for (const auto& w : lent) EXPECT_TRUE(w.expired()) << "the writer still holds a lent buffer after close";
   auto a = TraceReader::Open(alone);
   auto b = TraceReader::Open(shared);
   ASSERT_TRUE(a.ok() && b.ok());
