@@ -2,6 +2,7 @@
 // set-up are engine/cuda_backend_impl.h and engine/cuda_backend.cc; the file header there
 // describes the computation).
 #include <algorithm>
+#include <array>
 #include <cmath>
 #include <cstring>
 #include <string>
@@ -183,7 +184,10 @@ Status CudaBackend::Forward(std::span<Segment> segs, PagedKvCache& cache, const 
   LS_RETURN_IF_ERROR(logits_dev_.Ensure(static_cast<size_t>(RL * V) * 4));
   // The new cache rows go back into the host cache when a reader wants them: gathered by
   // slot on the device (inside the step, so a graph includes it), then one copy.
+  // The kernels that write a layer's cache rows write the same bytes there too
+  // (LatentWriteParams::copy, ScatterRowsParams::copy): no gathers at the step's end.
   std::vector<size_t> mirror_off;
+  std::vector<std::array<uint8_t*, 2>> mirror_at(static_cast<size_t>(c.num_hidden_layers), {nullptr, nullptr});
   size_t mirror_bytes = 0;
   if (mirror_) {
     for (int64_t l = 0; l < c.num_hidden_layers; ++l) {
@@ -199,6 +203,12 @@ Status CudaBackend::Forward(std::span<Segment> segs, PagedKvCache& cache, const 
     LS_RETURN_IF_ERROR(mirror_dev_.Ensure(mirror_bytes));
     if (mirror_host_.size() < mirror_bytes) {
       LS_ASSIGN_OR_RETURN(mirror_host_, cu::PinnedBuffer::Allocate(mirror_bytes * 3 / 2));
+    }
+    size_t idx = 0;
+    for (int64_t l = 0; l < c.num_hidden_layers; ++l) {
+      for (const StreamSpec& st : cache.streams(l)) {
+        mirror_at[l][st.kind == StreamKind::kMlaLatent ? 0 : 1] = mirror_dev_.as<uint8_t>() + mirror_off[idx++];
+      }
     }
   }
   auto body = [&]() -> Status {
@@ -325,6 +335,7 @@ LS_RETURN_IF_ERROR(Mark("start"));
         wp.rope_dim = dr;
         wp.format = format_;
         wp.error_flag = err;
+        wp.copy = mirror_at[l][0];
         LS_RETURN_IF_ERROR(cu::WriteLatent(wp, s));
         if (!overlap) LS_RETURN_IF_ERROR(Mark("norm_rope_write"));
         return Status::Ok();
@@ -375,6 +386,7 @@ LS_RETURN_IF_ERROR(Mark("start"));
         sp.dst_stride = di * 4;
         sp.row_bytes = di * 4;
         sp.error_flag = err;
+        sp.copy = mirror_at[l][1];
         LS_RETURN_IF_ERROR(cu::ScatterRows(sp, s));
   
         LS_RETURN_IF_ERROR(scores_.Ensure(static_cast<size_t>(R * max_len) * 4));
@@ -661,31 +673,15 @@ LS_RETURN_IF_ERROR(Mark("start"));
     if (!h_ready) LS_RETURN_IF_ERROR(rmsnorm(x, H, weights_->final_norm, H, rms_eps, h, H));
     LS_RETURN_IF_ERROR(Tap("final_norm", h, H, H, TapDType::kF32));
     LS_RETURN_IF_ERROR(SummaryFence());
-    // The step's tail besides the logits: the slab's tap summaries and the new cache rows for
-    // the host. They read what the layers wrote and nothing lm_head writes, so with `overlap`
-    // they run on the side stream while lm_head (the step's largest read) runs here.
+    // The step's tail besides the logits: the slab's tap summaries. They read what the layers
+    // wrote and nothing lm_head writes, so with `overlap` they run on the side stream while
+    // lm_head (the step's largest read) runs here. (The new cache rows for the host were
+    // copied as they were written.)
     auto tail = [&]() -> Status {
       if (slab_ && summary_taps_) LS_RETURN_IF_ERROR(SummarizeSlab());
-      if (!mirror_) return Status::Ok();
-      size_t idx = 0;
-      for (int64_t l = 0; l < c.num_hidden_layers; ++l) {
-        for (const StreamSpec& st : cache.streams(l)) {
-          cu::GatherRowsParams gp;
-          gp.src = st.kind == StreamKind::kMlaLatent ? latent_pool_[l].data() : index_pool_[l].data();
-          gp.src_rows = num_pages_ * page_size_;
-          gp.src_stride = st.bytes_per_token;
-          gp.rows = d_slot;
-          gp.n = R;
-          gp.dst = mirror_dev_.as<char>() + mirror_off[idx++];
-          gp.dst_stride = st.bytes_per_token;
-          gp.row_bytes = st.bytes_per_token;
-          gp.error_flag = err;
-          LS_RETURN_IF_ERROR(cu::GatherRows(gp, s));
-        }
-      }
       return Status::Ok();
     };
-    const bool tail_side = overlap && ((slab_ && summary_taps_) || mirror_);
+    const bool tail_side = overlap && slab_ && summary_taps_;
     if (tail_side) LS_RETURN_IF_ERROR(on_side(tail));
     LS_RETURN_IF_ERROR(Mark("final_norm_taps"));
     {
@@ -708,7 +704,7 @@ LS_RETURN_IF_ERROR(Mark("start"));
     } else {
       LS_RETURN_IF_ERROR(tail());
     }
-    LS_RETURN_IF_ERROR(Mark("taps_and_cache_mirror"));
+    LS_RETURN_IF_ERROR(Mark("tap_summaries"));
     return Status::Ok();
   };
   if (!graph) {

@@ -185,6 +185,13 @@ __global__ void __launch_bounds__(kWriteThreads) LatentWriteKernel(LatentWritePa
       break;
     }
   }
+  if (p.copy != nullptr) {  // the row as stored, read back by the block that wrote it
+    __syncthreads();
+    uint8_t* c = p.copy + r * bytes_per_token;
+    for (int64_t i = t; i < bytes_per_token / 4; i += kWriteThreads) {
+      reinterpret_cast<uint32_t*>(c)[i] = reinterpret_cast<const uint32_t*>(b)[i];
+    }
+  }
 }
 
 }  // namespace
@@ -250,6 +257,8 @@ Status WriteLatent(const LatentWriteParams& p, Stream stream) {
                op, "format", static_cast<int>(p.format));
   if (p.rows == 0) return Status::Ok();
   const int64_t bpt = LatentBytesPerToken(p.format, p.kv_lora, p.rope_dim);
+  LS_CHECK_ARG(p.copy == nullptr || (bpt % 4 == 0 && reinterpret_cast<uintptr_t>(p.copy) % 4 == 0), op,
+               "copy (needs 4-byte rows and alignment)", bpt);
   LS_CUDA_RETURN_IF_ERROR(
       LaunchKernel(LatentWriteKernel, static_cast<unsigned>(p.rows), kWriteThreads, 0, stream, p, bpt));
   LS_CUDA_LAUNCH_CHECK();

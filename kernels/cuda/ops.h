@@ -170,6 +170,9 @@ struct LatentWriteParams {
   int64_t rows = 0, kv_lora = 0, rope_dim = 0;
   LatentFormat format = LatentFormat::kFp8E4m3;
   int32_t* error_flag = nullptr;  // optional; kErrSlot
+  // Optional: each written row's stored bytes also at copy + r·LatentBytesPerToken (a
+  // contiguous copy of the step's new cache rows, for the host's mirror of the cache).
+  uint8_t* copy = nullptr;
 };
 Status WriteLatent(const LatentWriteParams& p, Stream stream = nullptr);
 

@@ -154,6 +154,7 @@ struct ScatterRowsParams {
   int64_t dst_rows = 0, dst_stride = 0;
   int64_t row_bytes = 0;
   int32_t* error_flag = nullptr;
+  void* copy = nullptr;  // optional: each scattered row also at copy + i·row_bytes (contiguous)
 };
 Status ScatterRows(const ScatterRowsParams& p, Stream stream = nullptr);
 

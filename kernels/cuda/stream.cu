@@ -238,7 +238,12 @@ __global__ void ScatterRowsKernel(ScatterRowsParams p) {
   }
   const uint32_t* s = reinterpret_cast<const uint32_t*>(static_cast<const char*>(p.src) + i * p.src_stride);
   uint32_t* d = reinterpret_cast<uint32_t*>(static_cast<char*>(p.dst) + r * p.dst_stride);
-  for (int64_t w = threadIdx.x; w < p.row_bytes / 4; w += blockDim.x) d[w] = s[w];
+  uint32_t* c = p.copy == nullptr ? nullptr : reinterpret_cast<uint32_t*>(static_cast<char*>(p.copy) + i * p.row_bytes);
+  for (int64_t w = threadIdx.x; w < p.row_bytes / 4; w += blockDim.x) {
+    const uint32_t v = s[w];
+    d[w] = v;
+    if (c != nullptr) c[w] = v;
+  }
 }
 
 // 16 lanes per dot (two dots per warp): lane l's chain, then the fold by shuffles.
@@ -393,6 +398,7 @@ Status ScatterRows(const ScatterRowsParams& p, Stream stream) {
   LS_CHECK_ARG(p.src_stride >= p.row_bytes && p.src_stride % 4 == 0, op, "src_stride", p.src_stride);
   LS_CHECK_ARG(p.dst_stride >= p.row_bytes && p.dst_stride % 4 == 0, op, "dst_stride", p.dst_stride);
   LS_CHECK_ARG(p.dst_rows > 0, op, "dst_rows", p.dst_rows);
+  LS_CHECK_ARG(reinterpret_cast<uintptr_t>(p.copy) % 4 == 0, op, "copy", p.copy);
   LS_CUDA_RETURN_IF_ERROR(LaunchKernel(ScatterRowsKernel, static_cast<unsigned>(p.n), 128, 0, stream, p));
   LS_CUDA_LAUNCH_CHECK();
   return Status::Ok();
