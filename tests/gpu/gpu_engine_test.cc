@@ -561,15 +561,25 @@ TEST(GpuEngine, SummaryTapsAreTheHostSummariesOfTheValues) {
 
 TEST(GpuEngine, TapsMatchTheCpuBackendAndTheCacheMirror) {
   LS_REQUIRE_GPU();
-  auto run = [&](const EngineOptions& o, TapRecorder* rec, std::vector<std::vector<uint8_t>>* cache_rows) {
+  // index_keys: every sparse layer's indexer keys of every new row, as the host mirror holds them.
+  auto run = [&](const EngineOptions& o, TapRecorder* rec, std::vector<std::vector<uint8_t>>* cache_rows,
+                 std::vector<float>* index_keys) {
     auto eng = Engine::Create(Tiny(), o);
     EXPECT_TRUE(eng.ok()) << eng.status().message();
     (*eng)->SetTapHook(rec);
     (*eng)->SetForwardCallback([&](std::span<const engine::Segment> segs, const engine::PagedKvCache& cache) {
       for (const auto& g : segs) {
         for (size_t j = 0; j < g.tokens.size(); ++j) {
-          const uint8_t* b = cache.TokenBytes(0, 0, *g.cache, g.start_pos + static_cast<int64_t>(j));
+          const int64_t pos = g.start_pos + static_cast<int64_t>(j);
+          const uint8_t* b = cache.TokenBytes(0, 0, *g.cache, pos);
           cache_rows->emplace_back(b, b + cache.latent_bytes_per_token());
+          for (int64_t l = 0; l < Tiny()->config().num_hidden_layers; ++l) {
+            for (size_t st = 0; st < cache.streams(l).size(); ++st) {
+              if (cache.streams(l)[st].kind != engine::StreamKind::kIndexerKey) continue;
+              const auto* k = reinterpret_cast<const float*>(cache.TokenBytes(l, st, *g.cache, pos));
+              index_keys->insert(index_keys->end(), k, k + cache.streams(l)[st].bytes_per_token / 4);
+            }
+          }
         }
       }
     });
@@ -585,8 +595,9 @@ TEST(GpuEngine, TapsMatchTheCpuBackendAndTheCacheMirror) {
   cpu.kv_cache_tokens = 4096;
   TapRecorder g, c;
   std::vector<std::vector<uint8_t>> g_rows, c_rows;
-  run(Cuda(), &g, &g_rows);
-  run(cpu, &c, &c_rows);
+  std::vector<float> g_keys, c_keys;
+  run(Cuda(), &g, &g_rows, &g_keys);
+  run(cpu, &c, &c_rows, &c_keys);
   ASSERT_EQ(g.taps.size(), c.taps.size());
   int compared = 0;
   for (const auto& [name, ct] : c.taps) {
@@ -623,6 +634,16 @@ TEST(GpuEngine, TapsMatchTheCpuBackendAndTheCacheMirror) {
     want.insert(want.end(), kr.bytes.begin() + r * kr.cols * 4, kr.bytes.begin() + (r + 1) * kr.cols * 4);
     ASSERT_EQ(g_rows[r], want) << "mirrored cache row " << r;
   }
+  // The indexer keys mirrored to the host are the GPU's keys: the CPU's within the taps' bound.
+  ASSERT_FALSE(c_keys.empty()) << "the tiny model has sparse layers";
+  ASSERT_EQ(g_keys.size(), c_keys.size());
+  double num = 0, den = 0;
+  for (size_t i = 0; i < c_keys.size(); ++i) {
+    ASSERT_FALSE(std::isnan(g_keys[i])) << "mirrored indexer key value " << i;
+    num += (double(g_keys[i]) - c_keys[i]) * (double(g_keys[i]) - c_keys[i]);
+    den += double(c_keys[i]) * c_keys[i];
+  }
+  EXPECT_LE(std::sqrt(num / std::max(den, 1e-30)), 1e-4) << "mirrored indexer keys";
 }
 
 // The router's logits (RowDots) are cpu::Dot's bits, for any row count and odd lengths: the

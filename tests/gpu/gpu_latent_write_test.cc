@@ -1,9 +1,11 @@
 // tests/gpu/gpu_latent_write_test.cc — the CUDA quantise-on-write of latent rows must produce
 // exactly the bytes of engine::PagedKvCache::WriteLatent, in every format, for ordinary
 // values and for the edges of the formats (NaN, ±Inf, ±0, subnormals, saturation, rounding
-// ties, tile amax exactly 448·2^k), and must write nowhere else.
+// ties, tile amax exactly 448·2^k), and must write nowhere else — but, when asked
+// (LatentWriteParams::copy), the same bytes to a contiguous copy (the host mirror's).
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <random>
@@ -122,10 +124,31 @@ void RunCase(int64_t C, int64_t R, engine::KvFormat format, uint64_t seed) {
   p.rope_dim = R;
   p.format = static_cast<cu::LatentFormat>(format);
   p.error_flag = flag.as<int32_t>();
+  // The contiguous copy of the stored rows (the host mirror's): 4-byte rows only.
+  const std::vector<uint8_t> copy_poison(tokens * bpt, 0x5A);
+  auto dcopy = Upload(copy_poison);
+  p.copy = dcopy.as<uint8_t>();
+  if (bpt % 4 != 0) {
+    const Status st = cu::WriteLatent(p);
+    EXPECT_FALSE(st.ok());
+    EXPECT_NE(st.message().find("copy"), std::string::npos) << st.message();
+    p.copy = nullptr;
+  }
   LS_ASSERT_OK(cu::WriteLatent(p));
   LS_ASSERT_OK(cu::Synchronize());
   const std::vector<uint8_t> got = Download<uint8_t>(dpool, pool.size());
   EXPECT_EQ(Download<int32_t>(flag, 1)[0], 0);
+  if (p.copy != nullptr) {
+    const std::vector<uint8_t> copied = Download<uint8_t>(dcopy, copy_poison.size());
+    for (int64_t t = 0; t < tokens; ++t) {
+      const uint8_t* row = copied.data() + t * bpt;
+      if (slots[t] < 0) {  // skipped: its copy row untouched
+        EXPECT_TRUE(std::equal(row, row + bpt, copy_poison.begin())) << "skipped token " << t << "'s copy row changed";
+      } else {
+        EXPECT_EQ(0, std::memcmp(row, cache.TokenBytes(0, 0, seq, t), bpt)) << "copy of token " << t;
+      }
+    }
+  }
 
   std::vector<bool> written(num_slots, false);
   int64_t mismatched_tokens = 0;
