@@ -844,6 +844,28 @@ __device__ __forceinline__ void StageX(const float* x, int n, bool round, float*
   XTileStore(x, n, round, xs, tid, threads, t);
 }
 
+// The streaming shapes' shared pieces. An id outside [0, experts): kErrExpert, and the CTA's
+// `rows` outputs from row0 are NaN; true when so (the CTA then returns).
+__device__ __forceinline__ bool BadExpert(const ExpertGemmParams& p, int e, int64_t slot, int64_t row0, int rows,
+                                          int tid) {
+  if (e >= 0 && e < p.experts) return false;
+  dev::GridDependencySync();
+  if (blockIdx.x == 0 && tid == 0 && p.error_flag != nullptr) atomicOr(p.error_flag, kErrExpert);
+  if (tid < rows && row0 + tid < p.out) p.y[slot * p.y_stride + row0 + tid] = QuietNan();
+  return true;
+}
+// Dot's fold over a row's 8 lanes (lane g holding chains 2g and 2g + 1): chain l + chain l+8
+// (lanes g, g+4), then 8 → 4 (g, g+2), 4 → 2 (g, g+1), 2 → 1. Lane g = 0 holds the sum.
+__device__ __forceinline__ float RowFold(float acc0, float acc1) {
+  acc0 = __fadd_rn(acc0, __shfl_xor_sync(0xffffffffu, acc0, 4));
+  acc1 = __fadd_rn(acc1, __shfl_xor_sync(0xffffffffu, acc1, 4));
+  acc0 = __fadd_rn(acc0, __shfl_xor_sync(0xffffffffu, acc0, 2));
+  acc1 = __fadd_rn(acc1, __shfl_xor_sync(0xffffffffu, acc1, 2));
+  acc0 = __fadd_rn(acc0, __shfl_xor_sync(0xffffffffu, acc0, 1));
+  acc1 = __fadd_rn(acc1, __shfl_xor_sync(0xffffffffu, acc1, 1));
+  return __fadd_rn(acc0, acc1);
+}
+
 __global__ void __launch_bounds__(kSwThreads) ExpertGemmStreamKernel(ExpertGemmParams p, int stages) {
   constexpr int kRows = kSwRows;
   constexpr int kChunks16 = kFwBlk / 8;  // 16-byte chunks per row per block (32)
@@ -858,12 +880,7 @@ __global__ void __launch_bounds__(kSwThreads) ExpertGemmStreamKernel(ExpertGemmP
   // previous kernel (launch.cuh), so they stream in while it finishes.
   if (!p.ids_fixed) dev::WaitForPrior();
   const int e = p.ids[slot];
-  if (e < 0 || e >= p.experts) {
-    dev::GridDependencySync();
-    if (blockIdx.x == 0 && tid == 0 && p.error_flag != nullptr) atomicOr(p.error_flag, kErrExpert);
-    if (tid < kRows && row0 + tid < p.out) p.y[slot * p.y_stride + row0 + tid] = QuietNan();
-    return;
-  }
+  if (BadExpert(p, e, slot, row0, kRows, tid)) return;
   const int nblk = static_cast<int>((p.in + kFwBlk - 1) / kFwBlk);
   // A warp copies its own four rows (lane = chunk), so a warp barrier, not the CTA's, makes a
   // block visible to the lanes that read it. Row 4·warp + i's chunk q sits at q ^ 2i: a warp's
@@ -952,14 +969,8 @@ __global__ void __launch_bounds__(kSwThreads) ExpertGemmStreamKernel(ExpertGemmP
     ring_slot = ring_slot + 1 == ring ? 0 : ring_slot + 1;
   }
   CpAsyncWait<0>();
-  // Dot's fold: chain l + chain l+8 (lanes g, g+4), then 8 → 4 (g, g+2), 4 → 2 (g, g+1), 2 → 1.
-  acc0 = __fadd_rn(acc0, __shfl_xor_sync(0xffffffffu, acc0, 4));
-  acc1 = __fadd_rn(acc1, __shfl_xor_sync(0xffffffffu, acc1, 4));
-  acc0 = __fadd_rn(acc0, __shfl_xor_sync(0xffffffffu, acc0, 2));
-  acc1 = __fadd_rn(acc1, __shfl_xor_sync(0xffffffffu, acc1, 2));
-  acc0 = __fadd_rn(acc0, __shfl_xor_sync(0xffffffffu, acc0, 1));
-  acc1 = __fadd_rn(acc1, __shfl_xor_sync(0xffffffffu, acc1, 1));
-  if (g == 0 && o < p.out) p.y[slot * p.y_stride + o] = __fadd_rn(acc0, acc1);
+  const float sum = RowFold(acc0, acc1);
+  if (g == 0 && o < p.out) p.y[slot * p.y_stride + o] = sum;
 }
 
 // The ring's depth: every block of a row in flight (up to kSwMaxStages) when the grid fits on
@@ -1071,12 +1082,7 @@ __global__ void __launch_bounds__(kBkThreads) ExpertGemmBulkKernel(ExpertGemmPar
     XTileLoad(xrow, tn0, tid, kBkThreads, xt);
   }
   const int e = p.ids[slot];
-  if (e < 0 || e >= p.experts) {
-    dev::GridDependencySync();
-    if (blockIdx.x == 0 && tid == 0 && p.error_flag != nullptr) atomicOr(p.error_flag, kErrExpert);
-    if (tid < kBkRows && row0 + tid < p.out) p.y[slot * p.y_stride + row0 + tid] = QuietNan();
-    return;
-  }
+  if (BadExpert(p, e, slot, row0, kBkRows, tid)) return;
   const int nblk = static_cast<int>((p.in + kBlk - 1) / kBlk);
   const int ring = nblk < stages ? nblk : stages;
   uint64_t* const wbar = bars + warp;  // this warp's barrier of ring slot s: wbar[4 s]
@@ -1150,14 +1156,8 @@ __global__ void __launch_bounds__(kBkThreads) ExpertGemmBulkKernel(ExpertGemmPar
       parity ^= 1u;
     }
   }
-  // Dot's fold: chain l + chain l+8 (lanes g, g+4), then 8 → 4 (g, g+2), 4 → 2 (g, g+1), 2 → 1.
-  acc0 = __fadd_rn(acc0, __shfl_xor_sync(0xffffffffu, acc0, 4));
-  acc1 = __fadd_rn(acc1, __shfl_xor_sync(0xffffffffu, acc1, 4));
-  acc0 = __fadd_rn(acc0, __shfl_xor_sync(0xffffffffu, acc0, 2));
-  acc1 = __fadd_rn(acc1, __shfl_xor_sync(0xffffffffu, acc1, 2));
-  acc0 = __fadd_rn(acc0, __shfl_xor_sync(0xffffffffu, acc0, 1));
-  acc1 = __fadd_rn(acc1, __shfl_xor_sync(0xffffffffu, acc1, 1));
-  if (g == 0 && o < p.out) p.y[slot * p.y_stride + o] = __fadd_rn(acc0, acc1);
+  const float sum = RowFold(acc0, acc1);
+  if (g == 0 && o < p.out) p.y[slot * p.y_stride + o] = sum;
 }
 
 template <int kBlk>
