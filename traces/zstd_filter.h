@@ -39,7 +39,8 @@ Status DecompressUnshuffleChunk(const uint8_t* stored, size_t bytes, size_t elem
                                 std::vector<uint8_t>* out);
 
 // HDF5's byte shuffle (H5Zshuffle.c): byte j of element i goes to j·n + i; the bytes of
-// a trailing partial element stay at the end. Exposed for tests.
+// a trailing partial element stay at the end. UnshuffleBytes undoes it. Exposed for tests.
 void ShuffleBytes(const uint8_t* in, size_t bytes, size_t element_size, uint8_t* out);
+void UnshuffleBytes(const uint8_t* in, size_t bytes, size_t element_size, uint8_t* out);
 
 }  // namespace lockstep::traces
