@@ -238,13 +238,19 @@ Result<CaptureResult> CaptureRequest(const std::shared_ptr<engine::Model>& model
     r.detail = mismatch;
   }
 
-  std::ofstream out(r.live_json);
+  // Written aside and renamed into place: whoever watches the directory for *.live.json (a
+  // test, a collector) never reads half a record.
+  std::filesystem::path partial = r.live_json;
+  partial += ".partial";
+  std::ofstream out(partial);
   out << LiveJson(live, r).dump(1) << "\n";
   out.close();
-  if (!out) return Status::IoError(r.live_json.string() + ": cannot write");
+  if (!out) return Status::IoError(partial.string() + ": cannot write");
   std::error_code ec;
   ::chmod(r.trace.c_str(), 0600);
-  ::chmod(r.live_json.c_str(), 0600);
+  ::chmod(partial.c_str(), 0600);
+  std::filesystem::rename(partial, r.live_json, ec);
+  if (ec) return Status::IoError(r.live_json.string() + ": cannot move the record into place: " + ec.message());
   r.bytes = std::filesystem::file_size(r.trace, ec) + std::filesystem::file_size(r.live_json, ec);
   return r;
 }
