@@ -1043,13 +1043,13 @@ Status LaunchExpertGemmStream(const ExpertGemmParams& p, Stream stream) {
 // bulk copies (async_copy.cuh) instead of 16-byte cp.async: lanes 0–3 of a warp request the
 // warp's four rows, a ring slot (512 or 256 values) a row at a time, each slot on the warp's
 // own mbarrier; x is staged while they land and a slot is consumed as soon as its barrier's
-// phase ends. Why (H200, 2026-11-30, probes in kernels/cuda/README.md): a CTA's cp.async
-// requests — 32 instructions a thread for 64 KB — fill the SM's load queue, and x's loads,
-// issued after them, came back only with the last weight byte (x from L2: 600 cycles alone,
-// 3100 behind 64 KB of cp.async, 1700 behind the same bytes in bulk copies). Row r of a slot
-// sits at r·kBkRowBytes: the 32-byte pad puts a warp's four rows 8 banks apart, so the 32
-// lanes' 4-byte reads hit 32 banks (what the streaming path's XOR swizzle did; bulk copies
-// cannot swizzle).
+// phase ends. Why (H200, 2026-11-30, kernels/cuda/README.md): x's loads, issued after a
+// CTA's 64 KB of cp.async weight requests (32 instructions a thread), came back only with the
+// last weight byte — an L2-resident x in 611 cycles alone, 2360 behind cp.async, 1633 behind
+// the same bytes in bulk copies (bench/bench_smem_fill, 36 CTAs). Row r of a slot sits at
+// r·kBkRowBytes: the 32-byte pad puts a warp's four rows 8 banks apart, so the 32 lanes'
+// 4-byte reads hit 32 banks (what the streaming path's XOR swizzle did; bulk copies cannot
+// swizzle).
 constexpr int kBkMaxValues = 2560;  // a row's values in flight at most
 constexpr int kBkThreads = 128, kBkRows = 16;
 template <int kBlk>
