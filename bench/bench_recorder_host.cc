@@ -71,6 +71,23 @@ int main(int argc, char** argv) {
   std::string modes = "summary-gpu,summary,full", out_dir = "/tmp", model_dir = LOCKSTEP_DEFAULT_MODEL_DIR;
   for (int i = 1; i < argc; ++i) {
     const std::string k = argv[i];
+    if (k == "--help" || k == "-h") {
+      std::printf(
+          "bench_recorder_host: what recording costs the engine's thread per decode step, without a GPU: a\n"
+          "DeepSeek-V2-Lite-shaped step's tap events (and logits row) fed to the recorder (docs/performance.md).\n\n"
+          "  --steps N                decode steps (default 64; the first 4 are not timed)\n"
+          "  --batch B                requests per step (default 1)\n"
+          "  --modes LIST             of summary-gpu (summaries and lent logits, as from --backend cuda),\n"
+          "                           summary, full (values, as from --backend cpu); default all three\n"
+          "  --compression-threads N  the trace writer's zstd workers (default 4)\n"
+          "  --zstd-level L           (default %d)\n"
+          "  --vocab V / --no-logits  the logits row (default 102400)\n"
+          "  --gpu-ms MS              sleep after each step, standing in for the GPU (default 5)\n"
+          "  --out DIR                where the traces go (created; default /tmp)\n"
+          "  --model DIR              the model the recorder's engine is made from (default: the tiny model)\n",
+          traces::kDefaultZstdLevel);
+      return 0;
+    }
     if (k == "--no-logits") {
       logits = false;
       continue;

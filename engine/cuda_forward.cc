@@ -182,10 +182,9 @@ Status CudaBackend::Forward(std::span<Segment> segs, PagedKvCache& cache, const 
 
   LS_RETURN_IF_ERROR(TakeLogitsBuffer(static_cast<size_t>(RL * V) * 4, hook != nullptr));
   LS_RETURN_IF_ERROR(logits_dev_.Ensure(static_cast<size_t>(RL * V) * 4));
-  // The new cache rows go back into the host cache when a reader wants them: gathered by
-  // slot on the device (inside the step, so a graph includes it), then one copy.
-  // The kernels that write a layer's cache rows write the same bytes there too
-  // (LatentWriteParams::copy, ScatterRowsParams::copy): no gathers at the step's end.
+  // The new cache rows go back into the host cache when a reader wants them: the kernels that
+  // store a layer's rows write the same bytes to mirror_dev_ too (LatentWriteParams::copy,
+  // ScatterRowsParams::copy; inside the step, so a graph includes it), then one copy.
   std::vector<size_t> mirror_off;
   std::vector<std::array<uint8_t*, 2>> mirror_at(static_cast<size_t>(c.num_hidden_layers), {nullptr, nullptr});
   size_t mirror_bytes = 0;

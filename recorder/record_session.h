@@ -30,7 +30,7 @@ struct RecordSessionOptions {
   CapturePolicy policy;
   traces::TraceWriterOptions writer;
   double flush_interval_s = 1.0;
-  size_t summarize_here_max_row_bytes = size_t{64} << 10;  // RecorderOptions'
+  size_t summarize_here_max_row_bytes = RecorderOptions{}.summarize_here_max_row_bytes;
   std::function<std::string(const std::vector<int32_t>&)> detokenize;  // may be empty
   std::map<std::string, std::string> meta;  // model_dir, model_fingerprint, … (merged into /meta)
   // Taps the recorder sees go through this hook first when set (replay: grafting, verifying).

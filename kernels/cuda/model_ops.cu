@@ -981,9 +981,6 @@ __global__ void __launch_bounds__(kSwThreads) ExpertGemmStreamKernel(ExpertGemmP
 constexpr int kSwMinStages = 3;
 constexpr int kSwMaxCtasPerSm = 8;  // 64 registers × 128 threads: 8 CTAs fill the register file
 
-// A ring's depth for a grid of `ctas` CTAs that each need bytes(stages) of shared memory:
-// every block of a row in flight (up to max_stages) unless the grid would then take two waves
-// where a shallower ring (never below min_stages) fits it in one.
 // Shared memory an SM offers CTAs when it runs kSwMaxCtasPerSm of them (0: unknown).
 int64_t SmemPerSm() {
   static const int64_t v = [] {
@@ -1010,21 +1007,16 @@ bool OneWave(int64_t ctas, size_t bytes) {
 template <typename Bytes>
 int RingStages(int64_t nblk, int64_t ctas, int max_stages, int min_stages, Bytes bytes) {
   const int stages = static_cast<int>(nblk < max_stages ? nblk : max_stages);
-  const int64_t per_sm = (ctas + SmCount() - 1) / SmCount();
-  if (SmemPerSm() <= 0 || per_sm > kSwMaxCtasPerSm || OneWave(ctas, bytes(stages))) return stages;
   int s = stages;
   while (s > min_stages && !OneWave(ctas, bytes(s))) --s;
   return OneWave(ctas, bytes(s)) ? s : stages;
 }
 
-int StreamStages(int64_t nblk, int64_t ctas, int64_t in) {
-  return RingStages(nblk, ctas, kSwMaxStages, kSwMinStages, [&](int st) { return StreamSmemBytes(st, in); });
-}
-
 Status LaunchExpertGemmStream(const ExpertGemmParams& p, Stream stream) {
   const int64_t nblk = (p.in + kFwBlk - 1) / kFwBlk;
   const int64_t ctas = (p.out + kSwRows - 1) / kSwRows * p.rows * p.k;
-  const int stages = StreamStages(nblk, ctas, p.in);
+  const int stages =
+      RingStages(nblk, ctas, kSwMaxStages, kSwMinStages, [&](int st) { return StreamSmemBytes(st, p.in); });
   static const cudaError_t attr =
       cudaFuncSetAttribute(ExpertGemmStreamKernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
                            static_cast<int>(StreamSmemBytes(kSwMaxStages, kSwTileIn)));

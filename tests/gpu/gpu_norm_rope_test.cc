@@ -33,18 +33,24 @@ struct NormRun {
   Status status;
 };
 
-NormRun GpuRmsNorm(const std::vector<float>& x, const std::vector<float>& w, int64_t rows, int64_t n, float eps) {
-  auto dx = Upload(x), dw = Upload(w);
-  auto dy = Zeros<float>(rows * n);
+// y = RMSNorm(x) · w over `rows` contiguous rows of n.
+cu::RmsNormParams Params(const float* x, const float* w, float* y, int64_t rows, int64_t n, float eps) {
   cu::RmsNormParams p;
-  p.x = dx.as<float>();
+  p.x = x;
   p.x_stride = n;
-  p.weight = dw.as<float>();
-  p.y = dy.as<float>();
+  p.weight = w;
+  p.y = y;
   p.y_stride = n;
   p.rows = rows;
   p.n = n;
   p.eps = eps;
+  return p;
+}
+
+NormRun GpuRmsNorm(const std::vector<float>& x, const std::vector<float>& w, int64_t rows, int64_t n, float eps) {
+  auto dx = Upload(x), dw = Upload(w);
+  auto dy = Zeros<float>(rows * n);
+  const cu::RmsNormParams p = Params(dx.as<float>(), dw.as<float>(), dy.as<float>(), rows, n, eps);
   NormRun r;
   r.status = cu::RmsNorm(p);
   if (r.status.ok()) r.status = cu::Synchronize();
@@ -126,19 +132,11 @@ TEST(CudaRmsNorm, FusedResidualAddIsAddThenNorm) {
       LS_ASSERT_OK(want.status);
       auto dx = Upload(x), doo = Upload(o), dw = Upload(w);
       auto dy = Zeros<float>(rows * n), ds = Zeros<float>(rows * n);
-      cu::RmsNormParams p;
-      p.x = dx.as<float>();
-      p.x_stride = n;
+      cu::RmsNormParams p = Params(dx.as<float>(), dw.as<float>(), dy.as<float>(), rows, n, 1e-6f);
       p.add = doo.as<float>();
       p.add_stride = n;
       p.sum = in_place ? dx.as<float>() : ds.as<float>();
       p.sum_stride = n;
-      p.weight = dw.as<float>();
-      p.y = dy.as<float>();
-      p.y_stride = n;
-      p.rows = rows;
-      p.n = n;
-      p.eps = 1e-6f;
       LS_ASSERT_OK(cu::RmsNorm(p));
       LS_ASSERT_OK(cu::Synchronize());
       const std::string what = "n=" + std::to_string(n) + (in_place ? " in place" : " own sum buffer");
