@@ -42,7 +42,7 @@ double CopyBandwidthGBs() {
   return bw.ok() ? *bw / 1e9 : 0;
 }
 
-// Bytes one decode step must read at least (bf16 weights, the cache at its format).
+// Bytes one decode step must read at least (weights at wbytes each, the cache at its format).
 struct StepBytes {
   double weights = 0, cache = 0;
 };
@@ -100,7 +100,8 @@ int main(int argc, char** argv) {
           "  --prompt-len N         prompt tokens per request (default 512)\n"
           "  --tokens N             decode steps timed (default 64)\n"
           "  --kv-cache F           fp32 | bf16 | fp8_e4m3 (default bf16)\n"
-          "  --gemm V               fp32 | bf16 | bf16_dot (default bf16: cuBLAS)\n"
+          "  --gemm V               fp32 | bf16 | bf16_dot | fp8_dot (default bf16: cuBLAS; fp8_dot: FP8\n"
+          "                         weights with 128x128 block scales, random e4m3 bytes)\n"
           "  --profile              GPU time per phase of a step, on stderr\n"
           "  --no-cuda-graphs       launch kernel by kernel\n"
           "  --no-side-stream       one stream for the whole step\n"
@@ -249,7 +250,9 @@ int main(int argc, char** argv) {
     const double prefill_s = std::chrono::duration<double>(t1 - t0).count();
     const double step_s = std::chrono::duration<double>(t3 - t2).count() / std::max<int64_t>(steps, 1);
     const double bpt = static_cast<double>(eng->cache().latent_bytes_per_token());
-    const StepBytes need = MinimumBytes(c, batch, prompt_len + tokens / 2, bpt, gemm.rfind("bf16", 0) == 0 ? 2 : 4);
+    // FP8 weights: a byte each plus a row's fp32 scale per 128 of them.
+    const double wbytes = gemm == "fp8_dot" ? 1.0 + 4.0 / 128 : gemm.rfind("bf16", 0) == 0 ? 2 : 4;
+    const StepBytes need = MinimumBytes(c, batch, prompt_len + tokens / 2, bpt, wbytes);
     const double gbps = (need.weights + need.cache) / step_s / 1e9;
     std::printf(
         "batch %3lld: engine+weights %.1f s, prefill %lld×%lld tokens %.3f s (%.0f tok/s); decode %.3f ms/step, "

@@ -53,26 +53,123 @@ Result<DevTensor> Upload(const float* data, int64_t rows, int64_t cols, bool bf1
   return t;
 }
 
-Result<DevTensor> Upload(const Matrix& m, bool bf16) { return Upload(m.ptr(), m.rows, m.cols, bf16); }
+// FP8 bytes [rows, cols] and each row's scale per 128 columns [rows, ⌈cols / 128⌉].
+Result<DevTensor> UploadFp8(const std::vector<uint8_t>& values, const std::vector<float>& row_scales, int64_t rows,
+                            int64_t cols) {
+  DevTensor t;
+  t.rows = rows;
+  t.cols = cols;
+  t.fp8 = true;
+  t.scale_cols = (cols + 127) / 128;
+  if (rows * cols == 0) return t;
+  LS_ASSIGN_OR_RETURN(t.buf, cu::DeviceBuffer::Allocate(values.size()));
+  LS_RETURN_IF_ERROR(t.buf.CopyFromHost(values.data(), values.size()));
+  LS_ASSIGN_OR_RETURN(t.scale, cu::DeviceBuffer::Allocate(row_scales.size() * 4));
+  LS_RETURN_IF_ERROR(t.scale.CopyFromHost(row_scales.data(), row_scales.size() * 4));
+  return t;
+}
 
-// Rows of several matrices stacked into one device tensor (gate ; up → [2I, in]).
-Result<DevTensor> UploadStacked(const std::vector<const Matrix*>& parts, bool bf16) {
+// Appends f's rows' scales per 128 columns to `out`; false when a 128-column chunk spans blocks
+// of different scales (block_cols not a multiple of 128).
+bool AppendRowScales(const Fp8Blocks& f, std::vector<float>* out) {
+  const int64_t chunks = (f.cols + 127) / 128;
+  for (int64_t r = 0; r < f.rows; ++r) {
+    for (int64_t j = 0; j < chunks; ++j) {
+      const int64_t c0 = 128 * j, c1 = std::min(f.cols, c0 + 128);
+      const float sc = f.scale(r, c0);
+      if (f.block_cols < 128 || f.scale(r, c1 - 1) != sc) return false;
+      out->push_back(sc);
+    }
+  }
+  return true;
+}
+
+// Rows of several matrices stacked into one device tensor (gate ; up → [2I, in]), in the
+// backend's weight precision: bf16, or (fp8) FP8 when every part has an FP8 form whose blocks
+// fit 128-column chunks — else fp32, the exact dequantised values.
+Result<DevTensor> UploadStacked(const std::vector<const Matrix*>& parts, bool bf16, bool fp8 = false) {
   int64_t rows = 0;
   const int64_t cols = parts.empty() ? 0 : parts[0]->cols;
   for (const Matrix* m : parts) {
     if (m->cols != cols) return Status::Internal("UploadStacked: column counts differ");
     rows += m->rows;
   }
+  if (fp8) {
+    std::vector<uint8_t> values;
+    std::vector<float> scales;
+    bool ok = true;
+    for (const Matrix* m : parts) {
+      if (m->fp8 == nullptr || !AppendRowScales(*m->fp8, &scales)) {
+        ok = false;
+        break;
+      }
+      values.insert(values.end(), m->fp8->values.begin(), m->fp8->values.end());
+    }
+    if (ok) return UploadFp8(values, scales, rows, cols);
+  }
+  if (parts.size() == 1) return Upload(parts[0]->ptr(), rows, cols, bf16);
   std::vector<float> host;
   host.reserve(static_cast<size_t>(rows * cols));
   for (const Matrix* m : parts) host.insert(host.end(), m->data.begin(), m->data.end());
   return Upload(host.data(), rows, cols, bf16);
 }
 
+Result<DevTensor> Upload(const Matrix& m, bool bf16, bool fp8 = false) { return UploadStacked({&m}, bf16, fp8); }
+
+// W_UKᵀ per head, [nh·C, dn] (row h·C + k, column a = kv_b_proj[h·(dn + dv) + a, k]): FP8 when
+// kv_b_proj is FP8 and each transposed row's 128-column chunk lies in one block of it (dn and
+// dn + dv multiples of 128: DeepSeek's shapes), else fp32 / bf16 of the dequantised values.
+Result<DevTensor> UploadUkT(const Matrix& kv_b, int64_t nh, int64_t C, int64_t dn, int64_t dv, bool bf16, bool fp8) {
+  const int64_t chunks = (dn + 127) / 128;
+  if (fp8 && kv_b.fp8 != nullptr) {
+    const Fp8Blocks& f = *kv_b.fp8;
+    std::vector<uint8_t> values(static_cast<size_t>(nh * C * dn));
+    std::vector<float> scales(static_cast<size_t>(nh * C * chunks));
+    bool ok = true;
+    for (int64_t h = 0; h < nh && ok; ++h) {
+      for (int64_t k = 0; k < C && ok; ++k) {
+        for (int64_t a = 0; a < dn; ++a) {
+          const int64_t src = h * (dn + dv) + a;
+          values[(h * C + k) * dn + a] = f.values[src * f.cols + k];
+          float& sc = scales[(h * C + k) * chunks + a / 128];
+          if (a % 128 == 0) {
+            sc = f.scale(src, k);
+          } else if (f.scale(src, k) != sc) {
+            ok = false;
+            break;
+          }
+        }
+      }
+    }
+    if (ok) return UploadFp8(values, scales, nh * C, dn);
+  }
+  std::vector<float> ukt(static_cast<size_t>(nh * C * dn));
+  for (int64_t h = 0; h < nh; ++h) {
+    for (int64_t a = 0; a < dn; ++a) {
+      const float* row = kv_b.row(h * (dn + dv) + a);
+      for (int64_t k = 0; k < C; ++k) ukt[(h * C + k) * dn + a] = row[k];
+    }
+  }
+  return Upload(ukt.data(), nh * C, dn, bf16);
+}
+
 // Random weights made on the device (--random-weights): U(−bound, bound) with Philox seeded
-// by (seed, tensor number), so a run is reproducible without a checkpoint on disk.
-Result<DevTensor> Random(int64_t rows, int64_t cols, bool bf16, float bound, uint64_t seed, cu::Stream s) {
+// by (seed, tensor number), so a run is reproducible without a checkpoint on disk. FP8: e4m3
+// of U(−448, 448) with every scale bound / 448.
+Result<DevTensor> Random(int64_t rows, int64_t cols, bool bf16, float bound, uint64_t seed, cu::Stream s,
+                         bool fp8 = false) {
   DevTensor t;
+  if (fp8) {
+    t.rows = rows;
+    t.cols = cols;
+    t.fp8 = true;
+    t.scale_cols = (cols + 127) / 128;
+    LS_ASSIGN_OR_RETURN(t.buf, cu::DeviceBuffer::Allocate(static_cast<size_t>(rows * cols)));
+    LS_RETURN_IF_ERROR(cu::FillUniformFp8(t.buf.as<uint8_t>(), rows * cols, seed, s));
+    LS_ASSIGN_OR_RETURN(t.scale, cu::DeviceBuffer::Allocate(static_cast<size_t>(rows * t.scale_cols) * 4));
+    LS_RETURN_IF_ERROR(cu::FillConstant(t.scale.data(), rows * t.scale_cols, false, bound / 448.0f, s));
+    return t;
+  }
   t.rows = rows;
   t.cols = cols;
   t.bf16 = bf16;
@@ -111,6 +208,7 @@ Result<std::unique_ptr<Backend>> CudaBackend::Create(std::shared_ptr<Model> mode
   auto it = kernels.find("gemm");
   b->gemm_variant_ = it == kernels.end() ? "fp32" : it->second;
   b->bf16_ = b->gemm_variant_.rfind("bf16", 0) == 0;
+  b->fp8_ = b->gemm_variant_ == "fp8_dot";
   const bool pinned = b->gemm_variant_.find("heuristic") == std::string::npos;
   b->dot_ = b->gemm_variant_.size() > 4 && b->gemm_variant_.ends_with("_dot");
   LS_ASSIGN_OR_RETURN(b->stream_, cu::CudaStream::Create());
@@ -141,9 +239,9 @@ Result<std::unique_ptr<Backend>> CudaBackend::Create(std::shared_ptr<Model> mode
 
 Status CudaBackend::AcquireWeights() {
   static std::mutex mu;
-  static std::map<std::pair<const Model*, bool>, std::weak_ptr<const DeviceWeights>> shared;
+  static std::map<std::pair<const Model*, int>, std::weak_ptr<const DeviceWeights>> shared;
   std::lock_guard<std::mutex> lock(mu);  // held while uploading: a second engine waits, then shares
-  auto& slot = shared[{model_.get(), bf16_}];
+  auto& slot = shared[{model_.get(), fp8_ ? 2 : bf16_ ? 1 : 0}];
   if (auto live = slot.lock()) {
     weights_ = std::move(live);
     return Status::Ok();
@@ -163,11 +261,11 @@ Status CudaBackend::AcquireWeights() {
 
 Status CudaBackend::UploadWeights(DeviceWeights* dw) {
   const ModelConfig& c = model_->config();
-  const ModelWeights& W = model_->weights();
+  const ModelWeights& W = fp8_ ? model_->Fp8Weights() : model_->weights();
   const int64_t nh = c.num_attention_heads, dn = c.qk_nope_head_dim, dv = c.v_head_dim, C = c.kv_lora_rank;
   LS_ASSIGN_OR_RETURN(dw->embed, Upload(W.embed, false));
   LS_ASSIGN_OR_RETURN(dw->final_norm, Upload(W.final_norm, false));
-  LS_ASSIGN_OR_RETURN(dw->lm_head, Upload(W.lm_head, bf16_));
+  LS_ASSIGN_OR_RETURN(dw->lm_head, Upload(W.lm_head, bf16_, fp8_));
   dw->layers.resize(c.num_hidden_layers);
   for (int64_t l = 0; l < c.num_hidden_layers; ++l) {
     const LayerWeights& L = W.layers[l];
@@ -175,35 +273,28 @@ Status CudaBackend::UploadWeights(DeviceWeights* dw) {
     LS_ASSIGN_OR_RETURN(D.input_norm, Upload(L.input_norm, false));
     LS_ASSIGN_OR_RETURN(D.post_attn_norm, Upload(L.post_attn_norm, false));
     if (c.q_lora_rank > 0) {
-      LS_ASSIGN_OR_RETURN(D.q_a_proj, Upload(L.q_a_proj, bf16_));
+      LS_ASSIGN_OR_RETURN(D.q_a_proj, Upload(L.q_a_proj, bf16_, fp8_));
       LS_ASSIGN_OR_RETURN(D.q_a_norm, Upload(L.q_a_norm, false));
-      LS_ASSIGN_OR_RETURN(D.q_b_proj, Upload(L.q_b_proj, bf16_));
+      LS_ASSIGN_OR_RETURN(D.q_b_proj, Upload(L.q_b_proj, bf16_, fp8_));
     } else {
-      LS_ASSIGN_OR_RETURN(D.q_proj, Upload(L.q_proj, bf16_));
+      LS_ASSIGN_OR_RETURN(D.q_proj, Upload(L.q_proj, bf16_, fp8_));
     }
-    LS_ASSIGN_OR_RETURN(D.kv_a_proj, Upload(L.kv_a_proj, bf16_));
+    LS_ASSIGN_OR_RETURN(D.kv_a_proj, Upload(L.kv_a_proj, bf16_, fp8_));
     LS_ASSIGN_OR_RETURN(D.kv_a_norm, Upload(L.kv_a_norm, false));
-    LS_ASSIGN_OR_RETURN(D.kv_b, Upload(L.kv_b_proj, bf16_));
-    std::vector<float> ukt(static_cast<size_t>(nh * C * dn));
-    for (int64_t h = 0; h < nh; ++h) {
-      for (int64_t a = 0; a < dn; ++a) {
-        const float* row = L.kv_b_proj.row(h * (dn + dv) + a);
-        for (int64_t k = 0; k < C; ++k) ukt[(h * C + k) * dn + a] = row[k];
-      }
-    }
-    LS_ASSIGN_OR_RETURN(D.w_ukt, Upload(ukt.data(), nh * C, dn, bf16_));
-    LS_ASSIGN_OR_RETURN(D.o_proj, Upload(L.o_proj, bf16_));
+    LS_ASSIGN_OR_RETURN(D.kv_b, Upload(L.kv_b_proj, bf16_, fp8_));
+    LS_ASSIGN_OR_RETURN(D.w_ukt, UploadUkT(L.kv_b_proj, nh, C, dn, dv, bf16_, fp8_));
+    LS_ASSIGN_OR_RETURN(D.o_proj, Upload(L.o_proj, bf16_, fp8_));
     if (c.has_indexer()) {
-      LS_ASSIGN_OR_RETURN(D.iq_b, Upload(L.indexer.wq_b, bf16_));
-      LS_ASSIGN_OR_RETURN(D.ik, Upload(L.indexer.wk, bf16_));
+      LS_ASSIGN_OR_RETURN(D.iq_b, Upload(L.indexer.wq_b, bf16_, fp8_));
+      LS_ASSIGN_OR_RETURN(D.ik, Upload(L.indexer.wk, bf16_, fp8_));
       LS_ASSIGN_OR_RETURN(D.ik_norm_w, Upload(L.indexer.k_norm_w, false));
       LS_ASSIGN_OR_RETURN(D.ik_norm_b, Upload(L.indexer.k_norm_b, false));
-      LS_ASSIGN_OR_RETURN(D.iw_proj, Upload(L.indexer.weights_proj, bf16_));
+      LS_ASSIGN_OR_RETURN(D.iw_proj, Upload(L.indexer.weights_proj, bf16_, fp8_));
     }
     if (c.layers[l].ffn == FfnKind::kDense) {
       D.mlp_inter = L.mlp.gate.rows;
-      LS_ASSIGN_OR_RETURN(D.mlp_gate_up, UploadStacked({&L.mlp.gate, &L.mlp.up}, bf16_));
-      LS_ASSIGN_OR_RETURN(D.mlp_down, Upload(L.mlp.down, bf16_));
+      LS_ASSIGN_OR_RETURN(D.mlp_gate_up, UploadStacked({&L.mlp.gate, &L.mlp.up}, bf16_, fp8_));
+      LS_ASSIGN_OR_RETURN(D.mlp_down, Upload(L.mlp.down, bf16_, fp8_));
     } else {
       LS_ASSIGN_OR_RETURN(D.router, Upload(L.router, false));
       if (!L.router_bias.empty()) {
@@ -216,12 +307,12 @@ Status CudaBackend::UploadWeights(DeviceWeights* dw) {
         gu.push_back(&e.up);
         dn_.push_back(&e.down);
       }
-      LS_ASSIGN_OR_RETURN(D.experts_gate_up, UploadStacked(gu, bf16_));
-      LS_ASSIGN_OR_RETURN(D.experts_down, UploadStacked(dn_, bf16_));
+      LS_ASSIGN_OR_RETURN(D.experts_gate_up, UploadStacked(gu, bf16_, fp8_));
+      LS_ASSIGN_OR_RETURN(D.experts_down, UploadStacked(dn_, bf16_, fp8_));
       if (c.n_shared_experts > 0) {
         D.shared_inter = L.shared.gate.rows;
-        LS_ASSIGN_OR_RETURN(D.shared_gate_up, UploadStacked({&L.shared.gate, &L.shared.up}, bf16_));
-        LS_ASSIGN_OR_RETURN(D.shared_down, Upload(L.shared.down, bf16_));
+        LS_ASSIGN_OR_RETURN(D.shared_gate_up, UploadStacked({&L.shared.gate, &L.shared.up}, bf16_, fp8_));
+        LS_ASSIGN_OR_RETURN(D.shared_down, Upload(L.shared.down, bf16_, fp8_));
       }
     }
   }
@@ -235,40 +326,42 @@ Status CudaBackend::RandomWeights(uint64_t seed, DeviceWeights* dw) {
   cu::Stream s = stream_->get();
   uint64_t tensor = 0;
   // Kaiming-uniform-like bounds keep activations of order one through the layers.
-  auto rnd = [&](int64_t rows, int64_t cols, bool bf16) {
-    return Random(rows, cols, bf16, 1.0f / std::sqrt(static_cast<float>(cols)), seed * 1000003u + tensor++, s);
+  // A product's weight (product: in the GEMM's precision) or an fp32 one.
+  auto rnd = [&](int64_t rows, int64_t cols, bool product) {
+    return Random(rows, cols, product && bf16_, 1.0f / std::sqrt(static_cast<float>(cols)), seed * 1000003u + tensor++,
+                  s, product && fp8_);
   };
   LS_ASSIGN_OR_RETURN(dw->embed, Random(V, H, false, 1.0f, seed * 1000003u + tensor++, s));
   LS_ASSIGN_OR_RETURN(dw->final_norm, Constant(1, H, 1.0f, s));
-  LS_ASSIGN_OR_RETURN(dw->lm_head, rnd(V, H, bf16_));
+  LS_ASSIGN_OR_RETURN(dw->lm_head, rnd(V, H, true));
   dw->layers.resize(c.num_hidden_layers);
   for (int64_t l = 0; l < c.num_hidden_layers; ++l) {
     DevLayer& D = dw->layers[l];
     LS_ASSIGN_OR_RETURN(D.input_norm, Constant(1, H, 1.0f, s));
     LS_ASSIGN_OR_RETURN(D.post_attn_norm, Constant(1, H, 1.0f, s));
     if (c.q_lora_rank > 0) {
-      LS_ASSIGN_OR_RETURN(D.q_a_proj, rnd(c.q_lora_rank, H, bf16_));
+      LS_ASSIGN_OR_RETURN(D.q_a_proj, rnd(c.q_lora_rank, H, true));
       LS_ASSIGN_OR_RETURN(D.q_a_norm, Constant(1, c.q_lora_rank, 1.0f, s));
-      LS_ASSIGN_OR_RETURN(D.q_b_proj, rnd(nh * dqk, c.q_lora_rank, bf16_));
+      LS_ASSIGN_OR_RETURN(D.q_b_proj, rnd(nh * dqk, c.q_lora_rank, true));
     } else {
-      LS_ASSIGN_OR_RETURN(D.q_proj, rnd(nh * dqk, H, bf16_));
+      LS_ASSIGN_OR_RETURN(D.q_proj, rnd(nh * dqk, H, true));
     }
-    LS_ASSIGN_OR_RETURN(D.kv_a_proj, rnd(C + dr, H, bf16_));
+    LS_ASSIGN_OR_RETURN(D.kv_a_proj, rnd(C + dr, H, true));
     LS_ASSIGN_OR_RETURN(D.kv_a_norm, Constant(1, C, 1.0f, s));
-    LS_ASSIGN_OR_RETURN(D.kv_b, rnd(nh * (dn + dv), C, bf16_));
-    LS_ASSIGN_OR_RETURN(D.w_ukt, rnd(nh * C, dn, bf16_));  // independent of kv_b: random either way
-    LS_ASSIGN_OR_RETURN(D.o_proj, rnd(H, nh * dv, bf16_));
+    LS_ASSIGN_OR_RETURN(D.kv_b, rnd(nh * (dn + dv), C, true));
+    LS_ASSIGN_OR_RETURN(D.w_ukt, rnd(nh * C, dn, true));  // independent of kv_b: random either way
+    LS_ASSIGN_OR_RETURN(D.o_proj, rnd(H, nh * dv, true));
     if (c.has_indexer()) {
-      LS_ASSIGN_OR_RETURN(D.iq_b, rnd(c.index_n_heads * c.index_head_dim, c.q_lora_rank, bf16_));
-      LS_ASSIGN_OR_RETURN(D.ik, rnd(c.index_head_dim, H, bf16_));
+      LS_ASSIGN_OR_RETURN(D.iq_b, rnd(c.index_n_heads * c.index_head_dim, c.q_lora_rank, true));
+      LS_ASSIGN_OR_RETURN(D.ik, rnd(c.index_head_dim, H, true));
       LS_ASSIGN_OR_RETURN(D.ik_norm_w, Constant(1, c.index_head_dim, 1.0f, s));
       LS_ASSIGN_OR_RETURN(D.ik_norm_b, Constant(1, c.index_head_dim, 0.0f, s));
-      LS_ASSIGN_OR_RETURN(D.iw_proj, rnd(c.index_n_heads, H, bf16_));
+      LS_ASSIGN_OR_RETURN(D.iw_proj, rnd(c.index_n_heads, H, true));
     }
     if (c.layers[l].ffn == FfnKind::kDense) {
       D.mlp_inter = c.intermediate_size;
-      LS_ASSIGN_OR_RETURN(D.mlp_gate_up, rnd(2 * D.mlp_inter, H, bf16_));
-      LS_ASSIGN_OR_RETURN(D.mlp_down, rnd(H, D.mlp_inter, bf16_));
+      LS_ASSIGN_OR_RETURN(D.mlp_gate_up, rnd(2 * D.mlp_inter, H, true));
+      LS_ASSIGN_OR_RETURN(D.mlp_down, rnd(H, D.mlp_inter, true));
     } else {
       const int64_t E = c.n_routed_experts;
       LS_ASSIGN_OR_RETURN(D.router, rnd(E, H, false));
@@ -276,12 +369,12 @@ Status CudaBackend::RandomWeights(uint64_t seed, DeviceWeights* dw) {
         LS_ASSIGN_OR_RETURN(D.router_bias, Constant(1, E, 0.0f, s));
       }
       D.moe_inter = c.moe_intermediate_size;
-      LS_ASSIGN_OR_RETURN(D.experts_gate_up, rnd(E * 2 * D.moe_inter, H, bf16_));
-      LS_ASSIGN_OR_RETURN(D.experts_down, rnd(E * H, D.moe_inter, bf16_));
+      LS_ASSIGN_OR_RETURN(D.experts_gate_up, rnd(E * 2 * D.moe_inter, H, true));
+      LS_ASSIGN_OR_RETURN(D.experts_down, rnd(E * H, D.moe_inter, true));
       if (c.n_shared_experts > 0) {
         D.shared_inter = c.moe_intermediate_size * c.n_shared_experts;
-        LS_ASSIGN_OR_RETURN(D.shared_gate_up, rnd(2 * D.shared_inter, H, bf16_));
-        LS_ASSIGN_OR_RETURN(D.shared_down, rnd(H, D.shared_inter, bf16_));
+        LS_ASSIGN_OR_RETURN(D.shared_gate_up, rnd(2 * D.shared_inter, H, true));
+        LS_ASSIGN_OR_RETURN(D.shared_down, rnd(H, D.shared_inter, true));
       }
     }
   }
@@ -332,9 +425,12 @@ Status CudaBackend::EnsureZeroIds(int64_t rows) {
   return Status::Ok();
 }
 
-Status CudaBackend::Linear(const float* x, int64_t x_stride, int64_t rows, const void* w, int64_t w_stride,
-                           bool w_bf16, int64_t out, int64_t in, float* y, int64_t y_stride) {
+Status CudaBackend::Linear(const float* x, int64_t x_stride, int64_t rows, const DevTensor& wt, float* y,
+                           int64_t y_stride) {
   if (rows == 0) return Status::Ok();
+  const int64_t out = wt.rows, in = wt.cols, w_stride = wt.cols;
+  const void* w = wt.ptr();
+  const bool w_bf16 = wt.bf16;
   if (dot_) {
     LS_RETURN_IF_ERROR(EnsureZeroIds(rows));
     cu::ExpertGemmParams g;
@@ -343,10 +439,7 @@ Status CudaBackend::Linear(const float* x, int64_t x_stride, int64_t rows, const
     g.experts = 1;
     g.out = out;
     g.in = in;
-    g.w = w;
-    g.w_bf16 = w_bf16;
-    g.w_expert_stride = out * w_stride;  // one expert: only e = 0 is ever read
-    g.w_row_stride = w_stride;
+    wt.Bind(&g, 0, out);  // one expert: only e = 0 is ever read
     g.x = x;
     g.x_stride = x_stride;
     g.round_x_bf16 = w_bf16;

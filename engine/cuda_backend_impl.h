@@ -19,14 +19,31 @@ namespace lockstep::engine::cuda_impl {
 
 namespace cu = kernels::cuda;
 
-// A weight on the device: fp32, or bf16 bits for the bf16 GEMM variants.
+// A weight on the device: fp32, bf16 bits for the bf16 GEMM variants, or FP8 e4m3 bytes for
+// gemm=fp8_dot with `scale` [rows, scale_cols]: each row's fp32 scale per 128 columns (a
+// 128 × 128 block's scale repeated over its rows, so stacked and sliced matrices keep theirs).
 struct DevTensor {
   cu::DeviceBuffer buf;
   int64_t rows = 0, cols = 0;
   bool bf16 = false;
+  bool fp8 = false;
+  cu::DeviceBuffer scale;
+  int64_t scale_cols = 0;
   const void* ptr() const { return buf.data(); }
   const float* f32() const { return buf.as<const float>(); }
   bool empty() const { return rows == 0; }
+  size_t element_bytes() const { return fp8 ? 1 : bf16 ? 2 : 4; }
+  // Points g's weight at rows [row0, …) of this tensor, expert e at e·expert_rows rows further.
+  void Bind(cu::ExpertGemmParams* g, int64_t row0, int64_t expert_rows) const {
+    g->w = static_cast<const char*>(ptr()) + row0 * cols * static_cast<int64_t>(element_bytes());
+    g->w_bf16 = bf16;
+    g->w_fp8 = fp8;
+    g->w_row_stride = cols;
+    g->w_expert_stride = expert_rows * cols;
+    g->w_scale = fp8 ? scale.as<const float>() + row0 * scale_cols : nullptr;
+    g->w_scale_row_stride = scale_cols;
+    g->w_scale_expert_stride = expert_rows * scale_cols;
+  }
 };
 
 struct DevLayer {
@@ -117,16 +134,12 @@ class CudaBackend final : public Backend {
   int64_t alloc_generation_ = 0;  // see Scratch
   Status UploadWeights(DeviceWeights* w);
   Status RandomWeights(uint64_t seed, DeviceWeights* w);
-  // The shared device weights of (model_, bf16_): made now, or taken from a live engine.
+  // The shared device weights of (model_, weight precision): made now, or taken from a live engine.
   Status AcquireWeights();
   Status AllocateCache(const PagedKvCache& cache);
 
-  // y[rows, out] = x[rows, in] · wᵀ through the chosen GEMM; bf16 weights take x rounded to bf16.
-  Status Linear(const float* x, int64_t x_stride, int64_t rows, const void* w, int64_t w_stride, bool w_bf16,
-                int64_t out, int64_t in, float* y, int64_t y_stride);
-  Status Linear(const float* x, int64_t x_stride, int64_t rows, const DevTensor& w, float* y, int64_t y_stride) {
-    return Linear(x, x_stride, rows, w.ptr(), w.cols, w.bf16, w.rows, w.cols, y, y_stride);
-  }
+  // y[rows, out] = x[rows, w.rows] · wᵀ through the chosen GEMM; bf16 weights take x rounded to bf16.
+  Status Linear(const float* x, int64_t x_stride, int64_t rows, const DevTensor& w, float* y, int64_t y_stride);
   Status SwiGluMlp(const DevTensor& gate_up, const DevTensor& down, int64_t inter, const float* x, int64_t rows,
                    float* y);
 
@@ -183,6 +196,7 @@ class CudaBackend final : public Backend {
   std::string device_;
   std::string gemm_variant_;
   bool bf16_ = false;
+  bool fp8_ = false;  // gemm=fp8_dot: product weights in FP8 where the model has them (Model::Fp8Weights)
   bool mirror_ = false;
   // gemm=*_dot: dense products through ExpertGemm (one "expert", ids all zero: zero_ids_), in
   // cpu::Dot's order — bitwise the CPU engine's GEMM of the same precision.

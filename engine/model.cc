@@ -165,6 +165,42 @@ const ModelWeights& Model::Bf16Weights() {
   return *bf16_weights_;
 }
 
+const ModelWeights& Model::Fp8Weights() {
+  if (weights_.fp8_tensors > 0) return weights_;
+  std::lock_guard<std::mutex> lock(lazy_mu_);
+  if (!fp8_weights_) {
+    auto w = std::make_unique<ModelWeights>(weights_);
+    auto quantize = [](Matrix& m) {
+      if (m.empty()) return;
+      auto f = std::make_shared<Fp8Blocks>(Fp8Blocks::Quantize(m.ptr(), m.rows, m.cols));
+      for (int64_t r = 0; r < m.rows; ++r) {
+        for (int64_t c = 0; c < m.cols; ++c) m.data[r * m.cols + c] = f->value(r, c);
+      }
+      m.fp8 = std::move(f);
+    };
+    // The matrices Bf16Weights rounds.
+    quantize(w->lm_head);
+    for (auto& L : w->layers) {
+      for (Matrix* m : {&L.q_proj, &L.q_a_proj, &L.q_b_proj, &L.kv_a_proj, &L.kv_b_proj, &L.o_proj, &L.indexer.wq_b,
+                        &L.indexer.wk, &L.indexer.weights_proj}) {
+        quantize(*m);
+      }
+      for (MlpWeights* m : {&L.mlp, &L.shared}) {
+        quantize(m->gate);
+        quantize(m->up);
+        quantize(m->down);
+      }
+      for (auto& e : L.experts) {
+        quantize(e.gate);
+        quantize(e.up);
+        quantize(e.down);
+      }
+    }
+    fp8_weights_ = std::move(w);
+  }
+  return *fp8_weights_;
+}
+
 void Model::RopeTable(int64_t positions, std::vector<float>* cos, std::vector<float>* sin) {
   std::unique_lock<std::shared_mutex> lock(rope_mu_);
   EnsureRope(positions);
@@ -352,7 +388,7 @@ Status Model::Forward(std::span<Segment> segs, PagedKvCache& cache, const kernel
   const bool indexer_hadamard = kernel("indexer") == "hadamard";
   // *_dot name the GPU's CPU-order GEMMs; the CPU's GEMM is in that order already.
   const Gemm gemm{kernel("gemm") == "bf16" || kernel("gemm") == "bf16_dot"};
-  const ModelWeights& W = gemm.bf16 ? Bf16Weights() : weights_;
+  const ModelWeights& W = gemm.bf16 ? Bf16Weights() : kernel("gemm") == "fp8_dot" ? Fp8Weights() : weights_;
   // Fault zoo (docs/fault-zoo.md); all false unless --fault chose one.
   const bool fault_skip_partial = kernel("indexer") == "fault_skip_partial_page";
   const bool fault_neg1 = kernel("attn_sparse") == "fault_neg1_as_token0";

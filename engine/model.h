@@ -96,6 +96,13 @@ class Model {
   // each, the attention factor applied (what every backend rotates with). Thread-safe.
   void RopeTable(int64_t positions, std::vector<float>* cos, std::vector<float>* sin);
 
+  // gemm=fp8_dot's weights (made on first use, kept; thread-safe): every product matrix as
+  // FP8 e4m3 with 128 × 128 block scales (Matrix::fp8) and `data` its exact dequantisation.
+  // An FP8 checkpoint's matrices keep their own bytes and scales, and its other matrices stay
+  // as they are (these are then the loaded weights themselves); any other checkpoint's product
+  // matrices — the ones gemm=bf16 rounds — are quantised here (Fp8Blocks::Quantize).
+  const ModelWeights& Fp8Weights();
+
   // Parameter counts: total, and active per token (routed experts counted num_experts_per_tok times).
   int64_t ParameterCount() const;
   int64_t ActiveParameterCount() const;
@@ -106,6 +113,7 @@ class Model {
   // gemm=bf16: the product weights rounded to bf16 (made on first use, kept).
   const ModelWeights& Bf16Weights();
   std::unique_ptr<ModelWeights> bf16_weights_;  // made once under lazy_mu_, then read-only
+  std::unique_ptr<ModelWeights> fp8_weights_;   // likewise (unset for an FP8 checkpoint)
   std::mutex lazy_mu_;
   // Forward reads the RoPE tables under a shared lock; EnsureRope grows them under an
   // exclusive one (rarely: the tables double).

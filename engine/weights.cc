@@ -1,6 +1,8 @@
 // engine/weights.cc — see weights.h.
 #include "engine/weights.h"
 
+#include <algorithm>
+#include <cmath>
 #include <cstdlib>
 #include <cstring>
 #include <set>
@@ -53,7 +55,7 @@ class Loader {
         }
         break;
       case DType::kF8E4M3:
-        LS_RETURN_IF_ERROR(DequantFp8(*t, name, dst));
+        LS_RETURN_IF_ERROR(DequantFp8(*t, name, dst, &out->fp8));
         break;
       default:
         return Status::Unsupported(t->file + ": tensor '" + name + "': dtype " + std::string(DTypeName(t->dtype)) +
@@ -77,7 +79,8 @@ class Loader {
 
  private:
   // fp8 value × weight_scale_inv[row / block_rows, col / block_cols]
-  Status DequantFp8(const TensorView& t, const std::string& name, float* dst) {
+  Status DequantFp8(const TensorView& t, const std::string& name, float* dst,
+                    std::shared_ptr<const Fp8Blocks>* fp8) {
     if (t.shape.size() != 2) return Status::Unsupported(t.file + ": tensor '" + name + "': F8_E4M3 must be 2-D");
     std::string sname = name;
     if (sname.size() > 7 && sname.compare(sname.size() - 7, 7, ".weight") == 0) sname += "_scale_inv";
@@ -97,13 +100,18 @@ class Loader {
                                 std::string(DTypeName(s->dtype)) + " " + s->ShapeString());
     }
     w_->fp8_tensors++;
+    auto f = std::make_shared<Fp8Blocks>();
+    f->rows = rows;
+    f->cols = cols;
+    f->block_rows = br;
+    f->block_cols = bc;
+    f->values.assign(t.data, t.data + rows * cols);
+    f->scales.resize(want[0] * want[1]);
+    std::memcpy(f->scales.data(), s->data, f->scales.size() * 4);
     for (int64_t r = 0; r < rows; ++r) {
-      for (int64_t c = 0; c < cols; ++c) {
-        float scale;
-        std::memcpy(&scale, s->data + 4 * ((r / br) * want[1] + c / bc), 4);
-        dst[r * cols + c] = kernels::Fp8E4m3ToF32(t.data[r * cols + c]) * scale;
-      }
+      for (int64_t c = 0; c < cols; ++c) dst[r * cols + c] = f->value(r, c);
     }
+    *fp8 = std::move(f);
     return Status::Ok();
   }
 
@@ -114,6 +122,35 @@ class Loader {
 };
 
 }  // namespace
+
+float Fp8Blocks::value(int64_t r, int64_t c) const { return kernels::Fp8E4m3ToF32(values[r * cols + c]) * scale(r, c); }
+
+Fp8Blocks Fp8Blocks::Quantize(const float* m, int64_t rows, int64_t cols, int64_t block_rows, int64_t block_cols) {
+  Fp8Blocks f;
+  f.rows = rows;
+  f.cols = cols;
+  f.block_rows = block_rows;
+  f.block_cols = block_cols;
+  f.values.resize(static_cast<size_t>(rows * cols));
+  const int64_t brs = (rows + block_rows - 1) / block_rows, bcs = f.scale_cols();
+  f.scales.resize(static_cast<size_t>(brs * bcs));
+  for (int64_t bi = 0; bi < brs; ++bi) {
+    for (int64_t bj = 0; bj < bcs; ++bj) {
+      const int64_t r0 = bi * block_rows, r1 = std::min(rows, r0 + block_rows);
+      const int64_t c0 = bj * block_cols, c1 = std::min(cols, c0 + block_cols);
+      float amax = 0.0f;
+      for (int64_t r = r0; r < r1; ++r) {
+        for (int64_t c = c0; c < c1; ++c) amax = std::max(amax, std::fabs(m[r * cols + c]));
+      }
+      const float scale = amax > 0.0f ? amax / kernels::kFp8E4m3Max : 1.0f;
+      f.scales[bi * bcs + bj] = scale;
+      for (int64_t r = r0; r < r1; ++r) {
+        for (int64_t c = c0; c < c1; ++c) f.values[r * cols + c] = kernels::F32ToFp8E4m3(m[r * cols + c] / scale);
+      }
+    }
+  }
+  return f;
+}
 
 Result<ModelWeights> ModelWeights::Load(const ModelConfig& c, const Checkpoint& ck) {
   ModelWeights w;

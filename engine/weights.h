@@ -10,6 +10,7 @@
 
 #include <cstdint>
 #include <map>
+#include <memory>
 #include <optional>
 #include <string>
 #include <vector>
@@ -20,10 +21,29 @@
 
 namespace lockstep::engine {
 
+// A matrix in FP8 e4m3 with one fp32 scale per block_rows × block_cols block: element (r, c)
+// is Fp8E4m3ToF32(values[r·cols + c]) × scales[(r / block_rows)·block_cols_n + c / block_cols],
+// one fp32 product (DeepSeek-V3's `weight_scale_inv` layout).
+struct Fp8Blocks {
+  int64_t rows = 0, cols = 0, block_rows = 128, block_cols = 128;
+  std::vector<uint8_t> values;  // [rows, cols]
+  std::vector<float> scales;    // [⌈rows / block_rows⌉, ⌈cols / block_cols⌉]
+  int64_t scale_cols() const { return (cols + block_cols - 1) / block_cols; }
+  float scale(int64_t r, int64_t c) const { return scales[(r / block_rows) * scale_cols() + c / block_cols]; }
+  float value(int64_t r, int64_t c) const;  // the dequantised element
+  // Block-quantised `m` [rows, cols]: per block, scale = amax / 448 (1 for an all-zero block)
+  // and value = e4m3(x / scale), rounded to nearest even, saturating (DeepSeek's quantiser).
+  static Fp8Blocks Quantize(const float* m, int64_t rows, int64_t cols, int64_t block_rows = 128,
+                            int64_t block_cols = 128);
+};
+
 // A dense fp32 matrix [rows, cols] row-major (a Linear's weight: [out, in]); a vector has rows 1.
+// `fp8`, when set, holds the FP8 form `data` was dequantised from: an FP8 checkpoint's own
+// bytes and scales (kept for gemm=fp8_dot), or a quantisation made for it (Model::Fp8Weights).
 struct Matrix {
   int64_t rows = 0, cols = 0;
   std::vector<float> data;
+  std::shared_ptr<const Fp8Blocks> fp8;
   const float* ptr() const { return data.data(); }
   const float* row(int64_t r) const { return data.data() + r * cols; }
   bool empty() const { return data.empty(); }

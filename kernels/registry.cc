@@ -29,6 +29,10 @@ Registry::Registry() {
        "= fp32 (the CPU's GEMM is always in cpu::Dot's order); named for replays of GPU traces", true, true, false},
       {"gemm", "bf16_dot", "cpu",
        "= bf16 (the CPU's GEMM is always in cpu::Dot's order); named for replays of GPU traces", true, true, false},
+      {"gemm", "fp8_dot", "cpu",
+       "FP8 e4m3 weights with 128x128 block scales (an FP8 checkpoint's own, else amax/448 at load), "
+       "dequantised exactly; fp32 activations, cpu::Dot's order",
+       true, true, false},
       {"attn_sparse", "reference", "cpu", "sparse attention reads exactly the indexer's selected keys", true, true,
        true},
       {"softmax", "reference", "cpu", "attention softmax: max-subtracted, fp32 exp, fp64 sum", true, true, true},
@@ -59,6 +63,10 @@ Registry::Registry() {
        false},
       {"gemm", "bf16_dot", "cuda",
        "bf16 weights and activations, fp32 in cpu::Dot's order (ExpertGemm): bitwise the CPU's gemm=bf16",
+       true, true, false},
+      {"gemm", "fp8_dot", "cuda",
+       "FP8 e4m3 weights with 128x128 block scales, dequantised in the kernel (one fp32 rounding), fp32 "
+       "activations, cpu::Dot's order: bitwise the CPU's gemm=fp8_dot; half of bf16's weight bytes",
        true, true, false},
       {"gemm", "fp32_heuristic", "cuda",
        "cuBLASLt fp32 with its per-shape heuristic: deterministic, NOT batch-invariant (split-K varies with rows)",

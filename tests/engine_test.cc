@@ -2,6 +2,8 @@
 // on what it is batched with (issue 2 acceptance: batch 1 vs batch 8).
 #include <gtest/gtest.h>
 
+#include <cmath>
+#include <cstring>
 #include <map>
 #include <random>
 
@@ -128,6 +130,97 @@ TEST(Engine, DotGemmNamesAreTheCpuGemms) {
   ASSERT_EQ(b16.size(), b16_dot.size());
   EXPECT_EQ(0, std::memcmp(b16.data(), b16_dot.data(), b16.size() * 4));
   EXPECT_NE(0, std::memcmp(f32.data(), b16.data(), f32.size() * 4));
+}
+
+// Fp8Blocks::Quantize by hand: per 128 × 128 block, scale = amax / 448, values rounded to
+// the nearest e4m3 (even on ties), an all-zero block's scale 1; dequantised = value × scale.
+TEST(Fp8Weights, BlockQuantisationByHand) {
+  // 130 × 129: four blocks (128 × 128, 128 × 1, 2 × 128, 2 × 1).
+  const int64_t R = 130, C = 129;
+  std::vector<float> m(R * C, 0.0f);
+  m[0] = 1.0f;          // block (0, 0): amax 1 → scale 1/448; 1 → 448 (0x7e)
+  m[1] = 0.5f;          // → 224 = 1.75 · 2^7 exactly (0x76)
+  m[2] = 0.3f;          // → 134.4 → 128 (grid step 16 in [128, 256): 0x70)
+  m[3] = -0.3125f;      // → −140 → −144, the nearer of −128 and −144 (0xf1)
+  m[128] = -3.0f;       // block (0, 1): amax 3 → 448 (sign set: 0xFE)
+  m[129 * C + 5] = 2e-3f;  // block (1, 0): amax 2e-3 → 448
+  const Fp8Blocks f = Fp8Blocks::Quantize(m.data(), R, C);
+  ASSERT_EQ(f.scales.size(), 4u);
+  EXPECT_EQ(f.scales[0], 1.0f / 448.0f);
+  EXPECT_EQ(f.scales[1], 3.0f / 448.0f);
+  EXPECT_EQ(f.scales[2], 2e-3f / 448.0f);
+  EXPECT_EQ(f.scales[3], 1.0f);  // all zero
+  EXPECT_EQ(f.values[0], 0x7e);
+  EXPECT_EQ(f.values[1], 0x76);
+  EXPECT_EQ(f.values[2], 0x70);
+  EXPECT_EQ(f.values[3], 0xf1);
+  EXPECT_EQ(f.values[128], 0xfe);
+  EXPECT_EQ(f.values[129 * C + 5], 0x7e);
+  EXPECT_EQ(f.values[129 * C + 128], 0x00);
+  EXPECT_EQ(f.value(0, 2), 128.0f * (1.0f / 448.0f));
+  EXPECT_EQ(f.value(0, 3), -144.0f * (1.0f / 448.0f));
+  EXPECT_EQ(f.value(0, 128), -448.0f * (3.0f / 448.0f));
+}
+
+// gemm=fp8_dot: an FP8 checkpoint runs on its own bytes and scales — its loaded fp32 weights are
+// their exact dequantisation, so its logits are gemm=fp32's bit for bit — while any other
+// checkpoint is quantised at load (its logits move by the quantisation, not more).
+TEST(Fp8Weights, Fp8CheckpointKeepsItsBytesOthersAreQuantised) {
+  auto run = [&](const std::shared_ptr<Model>& m, const std::string& gemm) {
+    EngineOptions o;
+    o.kernels = {{"gemm", gemm}};
+    auto e = Engine::Create(m, o);
+    EXPECT_TRUE(e.ok()) << gemm << ": " << e.status().message();
+    Request r;
+    r.prompt = {5, 9, 13, 2, 7};
+    r.max_new_tokens = 1;
+    r.all_prompt_logits = true;  // the same inputs for both precisions (no sampled token in between)
+    EXPECT_TRUE((*e)->AddRequest(r).ok());
+    EXPECT_TRUE((*e)->RunToCompletion().ok());
+    return (*e)->request(0).prompt_logits;
+  };
+  auto fp8 = Model::Load(testing::FixtureDir() / "models" / "v3_fp8");
+  ASSERT_TRUE(fp8.ok()) << fp8.status().message();
+  // The loader kept the checkpoint's FP8 form of q_a_proj, and `data` is its dequantisation.
+  const Matrix& qa = (*fp8)->weights().layers[0].q_a_proj;
+  ASSERT_NE(qa.fp8, nullptr);
+  ASSERT_EQ(qa.fp8->values.size(), qa.data.size());
+  for (int64_t r = 0; r < qa.rows; ++r) {
+    for (int64_t c = 0; c < qa.cols; ++c) ASSERT_EQ(qa.data[r * qa.cols + c], qa.fp8->value(r, c));
+  }
+  EXPECT_EQ(&(*fp8)->Fp8Weights(), &(*fp8)->weights());
+  const auto a = run(*fp8, "fp32"), b = run(*fp8, "fp8_dot");
+  ASSERT_EQ(a.size(), b.size());
+  EXPECT_EQ(0, std::memcmp(a.data(), b.data(), a.size() * 4));
+
+  auto basic = Model::Load(testing::FixtureDir() / "models" / "v3_basic");
+  ASSERT_TRUE(basic.ok());
+  const ModelWeights& q = (*basic)->Fp8Weights();
+  ASSERT_NE(q.layers[0].q_a_proj.fp8, nullptr);
+  EXPECT_EQ(q.layers[0].input_norm.fp8, nullptr);  // norms, embeddings and routers stay fp32
+  EXPECT_EQ(q.embed.fp8, nullptr);
+  // e4m3 keeps 3 mantissa bits: round to nearest moves a normal value by ≤ 2^-4 of itself, so
+  // the weights' relative L2 error is a few percent — and not zero.
+  {
+    const Matrix& w = (*basic)->weights().layers[0].q_a_proj;
+    const Matrix& d = q.layers[0].q_a_proj;
+    double num = 0, den = 0;
+    for (size_t i = 0; i < w.data.size(); ++i) {
+      num += (double(d.data[i]) - w.data[i]) * (double(d.data[i]) - w.data[i]);
+      den += double(w.data[i]) * w.data[i];
+    }
+    const double rel = std::sqrt(num / den);
+    std::printf("  v3_basic q_a_proj: FP8 relative L2 error %.4f\n", rel);
+    EXPECT_GT(rel, 0.005);
+    EXPECT_LT(rel, 0.0625);
+  }
+  const auto f32 = run(*basic, "fp32"), f8 = run(*basic, "fp8_dot"), b16 = run(*basic, "bf16");
+  ASSERT_EQ(f32.size(), f8.size());
+  const int64_t n = static_cast<int64_t>(f32.size());
+  const double err = testing::RelMaxErr(f8.data(), f32.data(), n);
+  const double err_bf16 = testing::RelMaxErr(b16.data(), f32.data(), n);
+  std::printf("  v3_basic prompt logits against fp32: fp8_dot %.3g, bf16 %.3g (max|Δ|/max|ref|)\n", err, err_bf16);
+  EXPECT_GT(err, 4 * err_bf16) << "e4m3 keeps 3 mantissa bits to bf16's 7";
 }
 
 TEST(Engine, ChunkedPrefillReportsItsChunks) {

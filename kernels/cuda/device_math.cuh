@@ -6,6 +6,8 @@
 // the __f*_rn intrinsics make the intent explicit and survive a change of that flag.
 #pragma once
 
+#include <cuda_fp16.h>
+#include <cuda_fp8.h>
 #include <cuda_runtime.h>
 
 #include <cstdint>
@@ -34,6 +36,13 @@ __device__ __forceinline__ float Fp8E4m3ToF32(uint8_t b) {
     return __uint_as_float(sign | __float_as_uint(static_cast<float>(man) * 0.001953125f));
   }
   return __uint_as_float(sign | ((exp - 7u + 127u) << 23) | (man << 20));
+}
+
+// Two e4m3 values (the low byte first) as fp32, exactly: the hardware's conversion to f16,
+// which holds every e4m3 value, then to fp32. Finite values equal Fp8E4m3ToF32's.
+__device__ __forceinline__ float2 Fp8x2ToF32(uint16_t two) {
+  const __half2_raw h = __nv_cvt_fp8x2_to_halfraw2(static_cast<__nv_fp8x2_storage_t>(two), __NV_E4M3);
+  return __half22float2(__half2(h));
 }
 
 // Round to nearest even with saturation to ±448; NaN → 0x7f. The CPU's algorithm, step by step.

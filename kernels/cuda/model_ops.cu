@@ -282,9 +282,30 @@ constexpr int64_t kEgRegSlotMax = 96;   // … on the register path, for MoE (me
 constexpr int64_t kEgStreamBelowCtas = 256;  // by-slot grids of fewer 4-warp CTAs stream instead
 constexpr int64_t kEgDenseSlotMax = 8;       // dense products per slot up to this many rows
 
-template <bool kBf16, bool kVec>
-__device__ __forceinline__ void LoadW8(const void* w, int64_t off, float (&v)[8]) {
-  if constexpr (kBf16) {
+// Weight element types of ExpertGemmParams: fp32, bf16, FP8 e4m3 with per-row 128-column scales.
+enum WKind : int { kWF32 = 0, kWBf16 = 1, kWFp8 = 2 };
+
+// Eight weights of a row from element `off` (a multiple of 8 from the row's start, so one
+// FP8 scale covers them: `scale`, unused otherwise), as fp32.
+template <int kW, bool kVec>
+__device__ __forceinline__ void LoadW8(const void* w, int64_t off, float scale, float (&v)[8]) {
+  if constexpr (kW == kWFp8) {
+    const uint8_t* p = static_cast<const uint8_t*>(w) + off;
+    uint32_t u[2];
+    if constexpr (kVec) {
+      const uint2 q = __ldg(reinterpret_cast<const uint2*>(p));
+      u[0] = q.x, u[1] = q.y;
+    } else {
+      u[0] = p[0] | p[1] << 8 | p[2] << 16 | static_cast<uint32_t>(p[3]) << 24;
+      u[1] = p[4] | p[5] << 8 | p[6] << 16 | static_cast<uint32_t>(p[7]) << 24;
+    }
+#pragma unroll
+    for (int j = 0; j < 4; ++j) {
+      const float2 f = dev::Fp8x2ToF32(static_cast<uint16_t>(u[j / 2] >> (16 * (j % 2))));
+      v[2 * j] = __fmul_rn(f.x, scale);
+      v[2 * j + 1] = __fmul_rn(f.y, scale);
+    }
+  } else if constexpr (kW == kWBf16) {
     const uint16_t* p = static_cast<const uint16_t*>(w) + off;
     if constexpr (kVec) {
       const uint4 q = __ldg(reinterpret_cast<const uint4*>(p));
@@ -307,6 +328,18 @@ __device__ __forceinline__ void LoadW8(const void* w, int64_t off, float (&v)[8]
 #pragma unroll
       for (int j = 0; j < 8; ++j) v[j] = p[j];
     }
+  }
+}
+
+// One weight, element `off` (column `col` of its row, whose scales start at `srow`), as fp32.
+template <int kW>
+__device__ __forceinline__ float LoadW1(const void* w, int64_t off, const float* srow, int64_t col) {
+  if constexpr (kW == kWFp8) {
+    return __fmul_rn(dev::Fp8E4m3ToF32(static_cast<const uint8_t*>(w)[off]), srow[col >> 7]);
+  } else if constexpr (kW == kWBf16) {
+    return dev::Bf16ToF32(static_cast<const uint16_t*>(w)[off]);
+  } else {
+    return static_cast<const float*>(w)[off];
   }
 }
 
@@ -380,7 +413,7 @@ __device__ __forceinline__ void StageX(float (*xs)[kTileIn], const int32_t* slot
 // Grid (out tiles, experts): a CTA gathers the slots routed to its expert. kBySlot — for a
 // handful of slots (decode) — grid (out tiles, slots) instead: a CTA takes one slot and reads
 // that slot's expert, so no CTA is launched without work and the busy ones spread evenly.
-template <int kWarps, int kChunk, int kUnroll, bool kBf16, bool kVec, bool kBySlot>
+template <int kWarps, int kChunk, int kUnroll, int kW, bool kVec, bool kBySlot>
 __global__ void __launch_bounds__(kWarps * 32) ExpertGemmKernel(ExpertGemmParams p) {
   dev::GridDependencySync();
   constexpr int kThreads = kWarps * 32, kRows = kWarps * 16;
@@ -412,6 +445,10 @@ __global__ void __launch_bounds__(kWarps * 32) ExpertGemmKernel(ExpertGemmParams
     __syncthreads();
   }
   const int64_t w_row = e * p.w_expert_stride + (row_ok ? o : 0) * p.w_row_stride + 8 * h;
+  const float* const srow =
+      kW == kWFp8 ? p.w_scale + e * p.w_scale_expert_stride + (row_ok ? o : 0) * p.w_scale_row_stride : nullptr;
+  // The FP8 scale of this lane's 8 weights from column `col` (a multiple of 16).
+  auto scale8 = [&](int64_t col) { return kW == kWFp8 ? srow[(col + 8 * h) >> 7] : 0.0f; };
   for (;;) {
     // Top the list up to a chunk, in slot order; the expert-0 CTAs also police the ids.
     while (count < kChunk && pos < total) {
@@ -458,25 +495,20 @@ __global__ void __launch_bounds__(kWarps * 32) ExpertGemmKernel(ExpertGemmParams
         for (; c + 16 * kUnroll <= full; c += 16 * kUnroll) {
           float w[kUnroll][8];
 #pragma unroll
-          for (int u = 0; u < kUnroll; ++u) LoadW8<kBf16, kVec>(p.w, w_row + t0 + c + 16 * u, w[u]);
+          for (int u = 0; u < kUnroll; ++u) LoadW8<kW, kVec>(p.w, w_row + t0 + c + 16 * u, scale8(t0 + c + 16 * u), w[u]);
 #pragma unroll
           for (int u = 0; u < kUnroll; ++u) Fma8<kChunk>(w[u], xs, c + 16 * u + 8 * h, ns, acc);
         }
         for (; c < full; c += 16) {
           float w[8];
-          LoadW8<kBf16, kVec>(p.w, w_row + t0 + c, w);
+          LoadW8<kW, kVec>(p.w, w_row + t0 + c, scale8(t0 + c), w);
           Fma8<kChunk>(w, xs, c + 8 * h, ns, acc);
         }
         if (c < tn) {  // the last partial block of `in`: element c + 8h + q is chain 8h + q
 #pragma unroll
           for (int q = 0; q < 8; ++q) {
             if (c + 8 * h + q < tn) {
-              float wv;
-              if constexpr (kBf16) {
-                wv = dev::Bf16ToF32(static_cast<const uint16_t*>(p.w)[w_row + t0 + c + q]);
-              } else {
-                wv = static_cast<const float*>(p.w)[w_row + t0 + c + q];
-              }
+              const float wv = LoadW1<kW>(p.w, w_row + t0 + c + q, srow, t0 + c + 8 * h + q);
 #pragma unroll
               for (int s = 0; s < kChunk; ++s) {
                 if (s < ns) acc[s][q] = __fmaf_rn(wv, xs[s][c + 8 * h + q], acc[s][q]);
@@ -516,25 +548,21 @@ Status LaunchExpertGemm(const ExpertGemmParams& p, bool vec, Stream stream) {
   const dim3 grid(static_cast<unsigned>((p.out + kRows - 1) / kRows),
                   static_cast<unsigned>(kBySlot ? p.rows * p.k : p.experts));
   const dim3 block(kWarps * 32);
-  if (p.w_bf16) {
-    if (vec) {
-      LS_CUDA_RETURN_IF_ERROR(
-          LaunchKernel(ExpertGemmKernel<kWarps, kChunk, kUnroll, true, true, kBySlot>, grid, block, 0, stream, p));
-    } else {
-      LS_CUDA_RETURN_IF_ERROR(
-          LaunchKernel(ExpertGemmKernel<kWarps, kChunk, kUnroll, true, false, kBySlot>, grid, block, 0, stream, p));
-    }
-  } else {
-    if (vec) {
-      LS_CUDA_RETURN_IF_ERROR(
-          LaunchKernel(ExpertGemmKernel<kWarps, kChunk, kUnroll, false, true, kBySlot>, grid, block, 0, stream, p));
-    } else {
-      LS_CUDA_RETURN_IF_ERROR(
-          LaunchKernel(ExpertGemmKernel<kWarps, kChunk, kUnroll, false, false, kBySlot>, grid, block, 0, stream, p));
-    }
+  auto launch = [&](auto kernel) {
+    LS_CUDA_RETURN_IF_ERROR(LaunchKernel(kernel, grid, block, 0, stream, p));
+    LS_CUDA_LAUNCH_CHECK();
+    return Status::Ok();
+  };
+  if (p.w_fp8) {
+    return vec ? launch(ExpertGemmKernel<kWarps, kChunk, kUnroll, kWFp8, true, kBySlot>)
+               : launch(ExpertGemmKernel<kWarps, kChunk, kUnroll, kWFp8, false, kBySlot>);
   }
-  LS_CUDA_LAUNCH_CHECK();
-  return Status::Ok();
+  if (p.w_bf16) {
+    return vec ? launch(ExpertGemmKernel<kWarps, kChunk, kUnroll, kWBf16, true, kBySlot>)
+               : launch(ExpertGemmKernel<kWarps, kChunk, kUnroll, kWBf16, false, kBySlot>);
+  }
+  return vec ? launch(ExpertGemmKernel<kWarps, kChunk, kUnroll, kWF32, true, kBySlot>)
+             : launch(ExpertGemmKernel<kWarps, kChunk, kUnroll, kWF32, false, kBySlot>);
 }
 
 // --- ExpertGemm, fast path (bf16 W, 16-byte aligned rows, in % 16 == 0) -----------------------
@@ -1044,19 +1072,25 @@ Status LaunchExpertGemmStream(const ExpertGemmParams& p, Stream stream) {
 // swizzle).
 constexpr int kBkMaxValues = 2560;  // a row's values in flight at most
 constexpr int kBkThreads = 128, kBkRows = 16;
-template <int kBlk>
-constexpr int kBkRowBytes = kBlk * 2 + 32;  // a row's bytes in a ring slot of kBlk values, padded
+// A row's bytes in a ring slot of kBlk values (bf16, or FP8 when kFp8), padded.
+template <int kBlk, bool kFp8>
+constexpr int kBkRowBytes = kBlk * (kFp8 ? 1 : 2) + 32;
 static_assert(kSwTileIn % 512 == 0 && kBkRows == 4 * (kBkThreads / 32));
 
-template <int kBlk>
+template <int kBlk, bool kFp8>
 size_t BulkSmemBytes(int stages, int64_t in) {
-  return static_cast<size_t>(stages) * (4 * sizeof(uint64_t) + kBkRows * kBkRowBytes<kBlk>) +
+  return static_cast<size_t>(stages) * (4 * sizeof(uint64_t) + kBkRows * kBkRowBytes<kBlk, kFp8>) +
          static_cast<size_t>(in < kSwTileIn ? in : kSwTileIn) * 4;
 }
 
-template <int kBlk>
+// FP8 weights (kFp8): the same split and chains; lane g reads the byte pair of elements
+// 16b + 2g, 16b + 2g + 1, and each weight is value × its row's scale for those 128 columns
+// (loaded for a whole ring slot before the wait for its bytes), one rounding, then the FMA.
+template <int kBlk, bool kFp8>
 __global__ void __launch_bounds__(kBkThreads) ExpertGemmBulkKernel(ExpertGemmParams p, int stages) {
-  constexpr int kRowBytes = kBkRowBytes<kBlk>;
+  constexpr int kRowBytes = kBkRowBytes<kBlk, kFp8>;
+  constexpr int kEsz = kFp8 ? 1 : 2;
+  constexpr int kScales = kBlk / 128;  // FP8 scales a row has per ring slot
   static_assert(kRowBytes % 16 == 0 && (kRowBytes / 4) % 32 == 8);  // rows 8 banks apart
   extern __shared__ __align__(16) unsigned char smem[];
   uint64_t* bars = reinterpret_cast<uint64_t*>(smem);  // [stages][4 warps]
@@ -1083,17 +1117,24 @@ __global__ void __launch_bounds__(kBkThreads) ExpertGemmBulkKernel(ExpertGemmPar
   // The warp's rows that exist; lane i below that count copies row 4·warp + i.
   const int64_t wrow0 = row0 + 4 * warp;
   const int nrows = static_cast<int>(p.out - wrow0 < 0 ? 0 : (p.out - wrow0 > 4 ? 4 : p.out - wrow0));
-  const uint16_t* wsrc = static_cast<const uint16_t*>(p.w) + static_cast<int64_t>(e) * p.w_expert_stride +
-                         (lane < nrows ? wrow0 + lane : 0) * p.w_row_stride;
+  const unsigned char* wsrc =
+      static_cast<const unsigned char*>(p.w) +
+      (static_cast<int64_t>(e) * p.w_expert_stride + (lane < nrows ? wrow0 + lane : 0) * p.w_row_stride) * kEsz;
   unsigned char* const wdst = wbuf + static_cast<size_t>(4 * warp + lane) * kRowBytes;
   auto issue = [&](int blk, int s) {
     const int64_t c0 = static_cast<int64_t>(blk) * kBlk;
-    const unsigned bytes = static_cast<unsigned>((p.in - c0 < kBlk ? p.in - c0 : kBlk) * 2);
+    const unsigned bytes = static_cast<unsigned>((p.in - c0 < kBlk ? p.in - c0 : kBlk) * kEsz);
     if (lane == 0) dev::MbarArriveExpectTx(wbar + 4 * s, bytes * nrows);
     if (lane < nrows) {
-      dev::BulkCopyToShared(wdst + static_cast<size_t>(s) * kBkRows * kRowBytes, wsrc + c0, bytes, wbar + 4 * s);
+      dev::BulkCopyToShared(wdst + static_cast<size_t>(s) * kBkRows * kRowBytes, wsrc + c0 * kEsz, bytes,
+                            wbar + 4 * s);
     }
   };
+  // This thread's row's FP8 scales (a row past `out` reads row 0's: computed, not stored).
+  const float* const srow = kFp8 ? p.w_scale + static_cast<int64_t>(e) * p.w_scale_expert_stride +
+                                       (o < p.out ? o : 0) * p.w_scale_row_stride
+                                 : nullptr;
+  const int nscales = static_cast<int>((p.in + 127) / 128);
   // With fixed ids the requests go out before the previous kernel has finished (launch.cuh).
   for (int blk = 0; blk < ring; ++blk) issue(blk, blk);
   dev::GridDependencySync();  // (a no-op wait when it was waited for above)
@@ -1101,8 +1142,10 @@ __global__ void __launch_bounds__(kBkThreads) ExpertGemmBulkKernel(ExpertGemmPar
   XTileStore(xrow, tn0, p.round_x_bf16, xs, tid, kBkThreads, xt);
   __syncthreads();  // x visible to every warp
 
-  // Lane g of a row reads word 8b + g of the row's block for elements 16b + 2g, 16b + 2g + 1.
+  // Lane g of a row reads word 8b + g of the row's block for elements 16b + 2g, 16b + 2g + 1
+  // (FP8: half-word 8b + g).
   const uint32_t* const wrow = reinterpret_cast<const uint32_t*>(wbuf + static_cast<size_t>(row) * kRowBytes) + g;
+  const uint16_t* const wrow8 = reinterpret_cast<const uint16_t*>(wbuf + static_cast<size_t>(row) * kRowBytes) + g;
   const float2* const x2 = reinterpret_cast<const float2*>(xs) + g;
   float acc0 = 0.0f, acc1 = 0.0f;  // chains 2g, 2g + 1
   int s = 0, xc = 0;
@@ -1116,10 +1159,33 @@ __global__ void __launch_bounds__(kBkThreads) ExpertGemmBulkKernel(ExpertGemmPar
       __syncthreads();
       xc = 0;
     }
+    float sc[kScales];
+    if constexpr (kFp8) {
+#pragma unroll
+      for (int j = 0; j < kScales; ++j) {
+        const int c = static_cast<int>(col0 / 128) + j;
+        sc[j] = c < nscales ? __ldg(srow + c) : 0.0f;
+      }
+    }
     dev::MbarWait(wbar + 4 * s, parity);
-    const uint32_t* wb = wrow + static_cast<size_t>(s) * (kBkRows * kRowBytes / 4);
     const float2* xb = x2 + xc / 2;
-    if (col0 + kBlk <= p.in) {
+    if constexpr (kFp8) {
+      const uint16_t* wb = wrow8 + static_cast<size_t>(s) * (kBkRows * kRowBytes / 2);
+      auto step = [&](int b, float scale) {
+        const float2 f = dev::Fp8x2ToF32(wb[8 * b]);
+        const float2 xv = xb[8 * b];
+        acc0 = __fmaf_rn(__fmul_rn(f.x, scale), xv.x, acc0);
+        acc1 = __fmaf_rn(__fmul_rn(f.y, scale), xv.y, acc1);
+      };
+      if (col0 + kBlk <= p.in) {
+#pragma unroll
+        for (int b = 0; b < kBlk / 16; ++b) step(b, sc[b / 8]);
+      } else {  // the last, partial block (in % 16 = 0)
+        const int nb = static_cast<int>((p.in - col0) / 16);
+        for (int b = 0; b < nb; ++b) step(b, __ldg(srow + (col0 + 16 * b) / 128));
+      }
+    } else if (col0 + kBlk <= p.in) {
+      const uint32_t* wb = wrow + static_cast<size_t>(s) * (kBkRows * kRowBytes / 4);
 #pragma unroll
       for (int b = 0; b < kBlk / 16; ++b) {
         const uint32_t w2 = wb[8 * b];
@@ -1128,6 +1194,7 @@ __global__ void __launch_bounds__(kBkThreads) ExpertGemmBulkKernel(ExpertGemmPar
         acc1 = __fmaf_rn(__uint_as_float(w2 & 0xffff0000u), xv.y, acc1);
       }
     } else {  // the last, partial block (in % 16 = 0)
+      const uint32_t* wb = wrow + static_cast<size_t>(s) * (kBkRows * kRowBytes / 4);
       const int nb = static_cast<int>((p.in - col0) / 16);
 #pragma unroll 4
       for (int b = 0; b < nb; ++b) {
@@ -1152,15 +1219,15 @@ __global__ void __launch_bounds__(kBkThreads) ExpertGemmBulkKernel(ExpertGemmPar
   if (g == 0 && o < p.out) p.y[slot * p.y_stride + o] = sum;
 }
 
-template <int kBlk>
+template <int kBlk, bool kFp8>
 Status LaunchBulk(const ExpertGemmParams& p, int stages, Stream stream) {
   static const cudaError_t attr =
-      cudaFuncSetAttribute(ExpertGemmBulkKernel<kBlk>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                           static_cast<int>(BulkSmemBytes<kBlk>(kBkMaxValues / kBlk, kSwTileIn)));
+      cudaFuncSetAttribute(ExpertGemmBulkKernel<kBlk, kFp8>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                           static_cast<int>(BulkSmemBytes<kBlk, kFp8>(kBkMaxValues / kBlk, kSwTileIn)));
   LS_CUDA_RETURN_IF_ERROR(attr);
   const dim3 grid(static_cast<unsigned>((p.out + kBkRows - 1) / kBkRows), static_cast<unsigned>(p.rows * p.k));
-  LS_CUDA_RETURN_IF_ERROR(LaunchKernel(ExpertGemmBulkKernel<kBlk>, grid, kBkThreads,
-                                       BulkSmemBytes<kBlk>(stages, p.in), stream, p, stages));
+  LS_CUDA_RETURN_IF_ERROR(LaunchKernel(ExpertGemmBulkKernel<kBlk, kFp8>, grid, kBkThreads,
+                                       BulkSmemBytes<kBlk, kFp8>(stages, p.in), stream, p, stages));
   LS_CUDA_LAUNCH_CHECK();
   return Status::Ok();
 }
@@ -1175,17 +1242,22 @@ struct BulkShape {
 };
 BulkShape PickBulkShape(const ExpertGemmParams& p) {
   const int64_t ctas = (p.out + kBkRows - 1) / kBkRows * p.rows * p.k;
-  const int s512 = RingStages((p.in + 511) / 512, ctas, kBkMaxValues / 512, 2,
-                              [&](int st) { return BulkSmemBytes<512>(st, p.in); });
-  if (OneWave(ctas, BulkSmemBytes<512>(s512, p.in))) return {512, s512, true};
-  const int s256 = RingStages((p.in + 255) / 256, ctas, kBkMaxValues / 256, 3,
-                              [&](int st) { return BulkSmemBytes<256>(st, p.in); });
-  return {256, s256, OneWave(ctas, BulkSmemBytes<256>(s256, p.in))};
+  auto bytes = [&](int blk, int st) {
+    return p.w_fp8 ? (blk == 512 ? BulkSmemBytes<512, true>(st, p.in) : BulkSmemBytes<256, true>(st, p.in))
+                   : (blk == 512 ? BulkSmemBytes<512, false>(st, p.in) : BulkSmemBytes<256, false>(st, p.in));
+  };
+  const int s512 = RingStages((p.in + 511) / 512, ctas, kBkMaxValues / 512, 2, [&](int st) { return bytes(512, st); });
+  if (OneWave(ctas, bytes(512, s512))) return {512, s512, true};
+  const int s256 = RingStages((p.in + 255) / 256, ctas, kBkMaxValues / 256, 3, [&](int st) { return bytes(256, st); });
+  return {256, s256, OneWave(ctas, bytes(256, s256))};
 }
 
 Status LaunchExpertGemmBulk(const ExpertGemmParams& p, Stream stream) {
   const BulkShape b = PickBulkShape(p);
-  return b.blk == 512 ? LaunchBulk<512>(p, b.stages, stream) : LaunchBulk<256>(p, b.stages, stream);
+  if (p.w_fp8) {
+    return b.blk == 512 ? LaunchBulk<512, true>(p, b.stages, stream) : LaunchBulk<256, true>(p, b.stages, stream);
+  }
+  return b.blk == 512 ? LaunchBulk<512, false>(p, b.stages, stream) : LaunchBulk<256, false>(p, b.stages, stream);
 }
 
 Status CheckRows(const char* op, int64_t rows, int64_t n) {
@@ -1349,10 +1421,18 @@ Status ExpertGemm(const ExpertGemmParams& p, Stream stream) {
   LS_CHECK_ARG(p.w_expert_stride >= (p.out - 1) * p.w_row_stride + p.in, op, "w_expert_stride", p.w_expert_stride);
   LS_CHECK_ARG(p.x_stride >= p.in, op, "x_stride", p.x_stride);
   LS_CHECK_ARG(p.y_stride >= p.out, op, "y_stride", p.y_stride);
+  LS_CHECK_ARG(!(p.w_bf16 && p.w_fp8), op, "w_fp8 (and w_bf16)", p.w_fp8);
+  if (p.w_fp8) {
+    const int64_t chunks = (p.in + 127) / 128;
+    LS_CHECK_ARG(p.w_scale != nullptr, op, "w_scale", p.w_scale);
+    LS_CHECK_ARG(p.w_scale_row_stride >= chunks, op, "w_scale_row_stride", p.w_scale_row_stride);
+    LS_CHECK_ARG(p.w_scale_expert_stride >= (p.out - 1) * p.w_scale_row_stride + chunks, op, "w_scale_expert_stride",
+                 p.w_scale_expert_stride);
+  }
   if (p.rows == 0) return Status::Ok();
   // 16-byte weight loads need every row start 16-byte aligned; otherwise element loads (same
   // arithmetic, same bits).
-  const int64_t es = p.w_bf16 ? 2 : 4;
+  const int64_t es = p.w_fp8 ? 1 : p.w_bf16 ? 2 : 4;
   const bool vec = reinterpret_cast<uintptr_t>(p.w) % 16 == 0 && (p.w_row_stride * es) % 16 == 0 &&
                    (p.w_expert_stride * es) % 16 == 0;
   // The launch shape changes speed only: each output's order is fixed by `in` (see above);
@@ -1360,8 +1440,18 @@ Status ExpertGemm(const ExpertGemmParams& p, Stream stream) {
   using L = ExpertGemmParams::Launch;
   const int64_t slots = p.rows * p.k;
   const bool fast_ok = p.w_bf16 && vec && p.in % 16 == 0;
+  const bool bulk_ok = (p.w_bf16 || p.w_fp8) && vec && p.in % 16 == 0;
   L launch = p.launch;
-  if (launch == L::kAuto) {
+  if (launch == L::kAuto && p.w_fp8) {
+    // FP8 weights: bulk copies per slot (any number of waves) for the few-row products, the
+    // register path otherwise (no cp.async or tensor-core shape reads FP8 yet).
+    const bool dense = p.experts == 1;
+    const bool by_slot = slots <= (dense ? kEgDenseSlotMax : kEgSlotModeMax);
+    const bool crowded = dense || slots >= kEgFastChunk * p.experts;
+    launch = bulk_ok && by_slot                                     ? L::kBulkBySlot
+             : by_slot || (!crowded && slots <= kEgRegSlotMax) ? L::kRegBySlot
+                                                               : L::kRegChunk;
+  } else if (launch == L::kAuto) {
     // Up to kEgSlotModeMax slots of distinct experts: one CTA column per slot (decode's
     // experts). Slots sharing experts (a dense layer: one "expert"; heads as experts; MoE
     // batches of ≥ 8 slots per expert) gather per-expert chunks so a weight row is read once
@@ -1401,6 +1491,11 @@ Status ExpertGemm(const ExpertGemmParams& p, Stream stream) {
       return LaunchExpertGemm<4, 8, 4, false>(p, vec, stream);
     default:
       break;
+  }
+  if (launch == L::kBulkBySlot) {
+    LS_CHECK_ARG(bulk_ok, op, "launch (bulk copies need bf16 or FP8 weights, 16-byte rows, in % 16 = 0)",
+                 static_cast<int>(launch));
+    return LaunchExpertGemmBulk(p, stream);
   }
   LS_CHECK_ARG(fast_ok, op, "launch (cp.async shapes need bf16 weights, 16-byte rows, in % 16 = 0)",
                static_cast<int>(launch));

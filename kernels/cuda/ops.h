@@ -449,9 +449,12 @@ Status Route(const RouteParams& p, Stream stream = nullptr);
 
 // Grouped expert GEMM for MoE. For every row r and slot j < k with e = ids[r·k + j]:
 //   y[r·k + j, o] = Σ_i W[e][o, i] · x[xrow, i],   xrow = r (x_per_slot false) or r·k + j (true)
-// W: [experts, out, in] fp32 or bf16 (raw uint16), element (e, o, i) at
-// e·w_expert_stride + o·w_row_stride + i. round_x_bf16 rounds x to bf16 first (the precision
-// of a bf16 GEMM; the CPU engine's gemm=bf16 path). Each sum is cpu::Dot's exactly (16
+// W: [experts, out, in] fp32, bf16 (raw uint16) or FP8 e4m3 (raw bytes), element (e, o, i) at
+// e·w_expert_stride + o·w_row_stride + i. An FP8 element's value is
+// fp8(W[e][o, i]) × w_scale[e·w_scale_expert_stride + o·w_scale_row_stride + i / 128], one
+// fp32 product rounded once (engine/weights.h's dequantisation: a row's scales for each 128
+// columns, so 128 × 128 blocks and rows of stacked or sliced matrices all fit). round_x_bf16
+// rounds x to bf16 first (the precision of a bf16 GEMM; the CPU engine's gemm=bf16 path). Each sum is cpu::Dot's exactly (16
 // interleaved FMA chains, lane = i mod 16, pairwise fold), so y is bitwise cpu::MatMulNT of
 // the same operands — and depends on `in` only, never on rows, k, the routing or the grid.
 // A CTA owns (64 output rows, one expert): it gathers the slots routed to its expert and
@@ -461,9 +464,12 @@ Status Route(const RouteParams& p, Stream stream = nullptr);
 // outside [0, experts) sets kErrExpert and that slot's row is NaN.
 struct ExpertGemmParams {
   int64_t rows = 0, k = 0, experts = 0, out = 0, in = 0;
-  const void* w = nullptr;  // [experts, out, in] fp32, or bf16 when w_bf16
+  const void* w = nullptr;  // [experts, out, in] fp32, or bf16 when w_bf16, or e4m3 when w_fp8
   bool w_bf16 = false;
+  bool w_fp8 = false;
   int64_t w_expert_stride = 0, w_row_stride = 0;  // elements
+  const float* w_scale = nullptr;                 // w_fp8: a row's scale per 128 columns
+  int64_t w_scale_expert_stride = 0, w_scale_row_stride = 0;  // floats; row stride ≥ ⌈in / 128⌉
   const float* x = nullptr;  // [rows or rows·k, in], row stride x_stride
   int64_t x_stride = 0;
   bool x_per_slot = false;
@@ -478,7 +484,8 @@ struct ExpertGemmParams {
   // The launch shape: kAuto picks by shape and device (ExpertGemm's comment in model_ops.cu);
   // the others force one, for tests (every shape gives the same bits) and benchmarks. The
   // kFast* and kStream* shapes need bf16 weights, 16-byte aligned rows and in % 16 = 0 (else
-  // an error).
+  // an error); kBulkBySlot takes bf16 or FP8 weights so aligned; FP8 weights take kReg* and
+  // kBulkBySlot only.
   enum class Launch : int32_t {
     kAuto = 0,
     kRegBySlot,    // register path, a CTA per (64 outputs, slot)

@@ -127,6 +127,8 @@ Result<double> MeasureCopyBandwidth(int reps);
 // so a random-weights model is the same on every run and device. bf16 = raw uint16 bits
 // (round to nearest even), else fp32.
 Status FillUniform(void* dst, int64_t n, bool bf16, float lo, float hi, uint64_t seed, Stream stream);
+// n FP8 e4m3 bytes: e4m3(U(−448, 448)) with FillUniform's Philox stream (NaN never drawn).
+Status FillUniformFp8(uint8_t* dst, int64_t n, uint64_t seed, Stream stream);
 // Fills n values with one constant (fp32, or bf16 bits when bf16).
 Status FillConstant(void* dst, int64_t n, bool bf16, float value, Stream stream);
 

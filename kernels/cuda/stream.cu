@@ -200,6 +200,16 @@ __global__ void FillUniformKernel(void* dst, int64_t n, bool bf16, float lo, flo
   }
 }
 
+__global__ void FillUniformFp8Kernel(uint8_t* dst, int64_t n, uint64_t seed) {
+  dev::GridDependencySync();
+  const int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (i >= n) return;
+  Philox4x32 c{{static_cast<uint32_t>(i), static_cast<uint32_t>(static_cast<uint64_t>(i) >> 32), 0x77656967u, 0u}};
+  const Philox4x32 r = Philox4x32_10(c, static_cast<uint32_t>(seed), static_cast<uint32_t>(seed >> 32));
+  const float u = static_cast<float>(r.v[0] >> 8) * (1.0f / 16777216.0f);
+  dst[i] = dev::F32ToFp8E4m3(__fsub_rn(__fmul_rn(u, 896.0f), 448.0f));
+}
+
 __global__ void FillConstantKernel(void* dst, int64_t n, bool bf16, float value) {
   dev::GridDependencySync();
   const int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
@@ -357,6 +367,16 @@ Status FillUniform(void* dst, int64_t n, bool bf16, float lo, float hi, uint64_t
   const int64_t blocks = (n + 255) / 256;
   LS_CUDA_RETURN_IF_ERROR(
       LaunchKernel(FillUniformKernel, static_cast<unsigned>(blocks), 256, 0, stream, dst, n, bf16, lo, hi, seed));
+  LS_CUDA_LAUNCH_CHECK();
+  return Status::Ok();
+}
+
+Status FillUniformFp8(uint8_t* dst, int64_t n, uint64_t seed, Stream stream) {
+  LS_CHECK_ARG(n >= 0, "FillUniformFp8", "n", n);
+  LS_CHECK_ARG(dst != nullptr || n == 0, "FillUniformFp8", "dst", dst);
+  if (n == 0) return Status::Ok();
+  LS_CUDA_RETURN_IF_ERROR(
+      LaunchKernel(FillUniformFp8Kernel, static_cast<unsigned>((n + 255) / 256), 256, 0, stream, dst, n, seed));
   LS_CUDA_LAUNCH_CHECK();
   return Status::Ok();
 }

@@ -252,7 +252,7 @@ void ExpectSameRuns(const EngineOptions& x, const EngineOptions& y) {
 
 TEST(GpuEngine, DeterministicAndBatchInvariant) {
   LS_REQUIRE_GPU();
-  for (const char* gemm : {"fp32", "bf16", "fp32_dot", "bf16_dot"}) {
+  for (const char* gemm : {"fp32", "bf16", "fp32_dot", "bf16_dot", "fp8_dot"}) {
     for (auto fmt : {engine::KvFormat::kFp32, engine::KvFormat::kFp8E4m3}) {
       SCOPED_TRACE(std::string("gemm=") + gemm + " cache=" + std::string(engine::KvFormatName(fmt)));
       std::vector<std::vector<int32_t>> t_alone, t_again, t_batch, t_stagger;
@@ -280,7 +280,7 @@ TEST(GpuEngine, GraphsChangeNoBits) {
   LS_REQUIRE_GPU();
   // bf16_dot: the step's independent branches (latent-cache path, shared experts) run on a
   // second stream, forked and joined inside the graph.
-  for (const char* gemm : {"bf16", "bf16_dot"}) {
+  for (const char* gemm : {"bf16", "bf16_dot", "fp8_dot"}) {
     SCOPED_TRACE(std::string("gemm=") + gemm);
     std::vector<std::vector<int32_t>> a, b;
     std::vector<std::vector<uint8_t>> rows_a, rows_b;
@@ -315,7 +315,7 @@ TEST(GpuEngine, SideStreamChangesNoBits) {
 // would see the previous step's or layer's values here.
 TEST(GpuEngine, OverlappedLaunchChangesNoBits) {
   LS_REQUIRE_GPU();
-  for (const char* gemm : {"bf16", "bf16_dot"}) {
+  for (const char* gemm : {"bf16", "bf16_dot", "fp8_dot"}) {
     for (const bool graphs : {true, false}) {
       SCOPED_TRACE(std::string("gemm=") + gemm + (graphs ? " graphs" : " no graphs"));
       EngineOptions serial = Cuda(engine::KvFormat::kFp8E4m3, gemm);
@@ -325,6 +325,66 @@ TEST(GpuEngine, OverlappedLaunchChangesNoBits) {
       overlapped.device.cuda_graphs = graphs;
       ExpectSameRuns(serial, overlapped);
     }
+  }
+}
+
+// gemm=fp8_dot on the GPU is the CPU's gemm=fp8_dot: FP8 bytes and block scales (the
+// checkpoint's, or the host's quantisation) dequantised in the kernels. The FP8 checkpoint
+// fixture against transformers (its reference ran on the dequantised weights) within the
+// engine's tolerance, greedy tokens equal; quantised bf16/fp32 checkpoints against the CPU
+// engine's fp8_dot within that tolerance, while quantising moved the logits far more.
+TEST(GpuEngine, Fp8WeightsAreTheCpusFp8Weights) {
+  LS_REQUIRE_GPU();
+  auto prompt_logits = [](const std::shared_ptr<Model>& m, EngineOptions o, const std::vector<int32_t>& prompt,
+                          int64_t decode, std::vector<int32_t>* tokens = nullptr) {
+    auto e = Engine::Create(m, o);
+    EXPECT_TRUE(e.ok()) << e.status().message();
+    engine::Request r;
+    r.prompt = prompt;
+    r.max_new_tokens = decode;
+    r.all_prompt_logits = true;
+    EXPECT_TRUE((*e)->AddRequest(r).ok());
+    const Status st = (*e)->RunToCompletion();
+    EXPECT_TRUE(st.ok()) << st.message();
+    if (tokens != nullptr) *tokens = (*e)->request(0).generated;
+    return (*e)->request(0).prompt_logits;
+  };
+  {
+    const auto dir = testing::FixtureDir() / "models" / "v3_fp8";
+    auto model = Model::Load(dir);
+    ASSERT_TRUE(model.ok()) << model.status().message();
+    const Reference ref = LoadReference(dir);
+    const int64_t V = (*model)->config().vocab_size;
+    std::vector<int32_t> tokens;
+    const auto got = prompt_logits(*model, Cuda(engine::KvFormat::kFp32, "fp8_dot"), ref.prompt,
+                                   static_cast<int64_t>(ref.decode_ids.size()), &tokens);
+    double worst = 0;
+    for (size_t p = 0; p < ref.prompt.size(); ++p) {
+      worst = std::max(worst, testing::RelMaxErr(&got[p * V], &ref.prefill[p * V], V));
+    }
+    EXPECT_LE(worst, 1e-4) << "v3_fp8 prefill, gemm=fp8_dot on the GPU";
+    EXPECT_EQ(tokens, ref.decode_ids);
+    std::printf("  [v3_fp8 / cuda fp8_dot] worst prefill max|Δ|/max|ref| vs transformers = %.3g\n", worst);
+  }
+  for (const char* name : {"v3_basic", "v2_lite_like", "v32_sparse"}) {
+    auto model = Model::Load(testing::FixtureDir() / "models" / name);
+    ASSERT_TRUE(model.ok()) << model.status().message();
+    std::vector<int32_t> prompt;
+    for (int j = 0; j < 24; ++j) prompt.push_back(static_cast<int32_t>((37 * j + 11) % (*model)->config().vocab_size));
+    EngineOptions cpu;
+    cpu.page_size = 16;
+    cpu.kernels = {{"gemm", "fp8_dot"}};
+    const auto c8 = prompt_logits(*model, cpu, prompt, 1);
+    cpu.kernels = {{"gemm", "fp32"}};
+    const auto c32 = prompt_logits(*model, cpu, prompt, 1);
+    const auto g8 = prompt_logits(*model, Cuda(engine::KvFormat::kFp32, "fp8_dot"), prompt, 1);
+    ASSERT_EQ(g8.size(), c8.size());
+    const int64_t total = static_cast<int64_t>(c8.size());
+    const double err = testing::RelMaxErr(g8.data(), c8.data(), total);
+    const double moved = testing::RelMaxErr(c8.data(), c32.data(), total);
+    EXPECT_LE(err, 1e-4) << name;
+    EXPECT_GT(moved, 100 * err) << name << ": the GPU's weights are not the CPU's quantisation";
+    std::printf("  [%s] cuda fp8_dot vs cpu fp8_dot %.3g; cpu fp8_dot vs fp32 %.3g\n", name, err, moved);
   }
 }
 

@@ -291,19 +291,24 @@ struct GemmCase {
   int64_t rows, k, experts, out, in;
   bool w_bf16, x_per_slot, round_x;
   int64_t pad;  // extra elements per weight row (pad 1 breaks 16-byte alignment)
+  bool w_fp8 = false;  // FP8 e4m3 weights with a scale per row and 128 columns (w_bf16 false)
 };
 
 std::string Name(const GemmCase& g) {
   return "rows=" + std::to_string(g.rows) + " k=" + std::to_string(g.k) + " E=" + std::to_string(g.experts) +
-         " out=" + std::to_string(g.out) + " in=" + std::to_string(g.in) + (g.w_bf16 ? " bf16" : " fp32") +
+         " out=" + std::to_string(g.out) + " in=" + std::to_string(g.in) +
+         (g.w_fp8 ? " fp8" : g.w_bf16 ? " bf16" : " fp32") +
          (g.x_per_slot ? " per-slot" : "") + (g.round_x ? " round-x" : "") + " pad=" + std::to_string(g.pad);
 }
 
 struct GemmData {
   GemmCase g;
   int64_t rs, es, xs, ys, xrows;
-  std::vector<float> w;        // fp32 values (bf16-exact when w_bf16)
+  std::vector<float> w;        // fp32 values (bf16-exact when w_bf16; FP8's dequantised values when w_fp8)
   std::vector<uint16_t> w16;   // bf16 bits when w_bf16
+  std::vector<uint8_t> w8;     // e4m3 bytes when w_fp8
+  std::vector<float> scales;   // w_fp8: [experts][out][srs] (row stride srs, expert stride ses)
+  int64_t srs = 0, ses = 0;
   std::vector<float> x;
   std::vector<int32_t> ids;
 };
@@ -312,7 +317,7 @@ GemmData MakeGemm(const GemmCase& g, uint64_t seed) {
   GemmData d;
   d.g = g;
   d.rs = g.in + g.pad;
-  d.es = g.out * d.rs + 8;
+  d.es = g.out * d.rs + 16;
   d.xrows = g.x_per_slot ? g.rows * g.k : g.rows;
   d.xs = g.in + 2;
   d.ys = g.out + 1;
@@ -322,6 +327,31 @@ GemmData MakeGemm(const GemmCase& g, uint64_t seed) {
     for (size_t i = 0; i < d.w.size(); ++i) {
       d.w16[i] = kernels::F32ToBf16(d.w[i]);
       d.w[i] = kernels::Bf16ToF32(d.w16[i]);
+    }
+  }
+  if (g.w_fp8) {
+    // Each row's 128-column chunks quantised on their own amax (DeepSeek's amax / 448), scales
+    // padded apart (srs > chunks, ses > out·srs) to exercise the strides; `w` becomes the exact
+    // dequantisation, value × scale in fp32 — the CPU's definition (engine/weights.h).
+    const int64_t chunks = (g.in + 127) / 128;
+    d.srs = chunks + 1;
+    d.ses = g.out * d.srs + 3;
+    d.scales.assign(g.experts * d.ses, 0.0f);
+    d.w8.assign(d.w.size(), 0);
+    for (int64_t e = 0; e < g.experts; ++e) {
+      for (int64_t o = 0; o < g.out; ++o) {
+        for (int64_t j = 0; j < chunks; ++j) {
+          const int64_t base = e * d.es + o * d.rs, c0 = 128 * j, c1 = std::min(g.in, c0 + 128);
+          float amax = 0.0f;
+          for (int64_t c = c0; c < c1; ++c) amax = std::max(amax, std::fabs(d.w[base + c]));
+          const float sc = amax > 0 ? amax / 448.0f : 1.0f;
+          d.scales[e * d.ses + o * d.srs + j] = sc;
+          for (int64_t c = c0; c < c1; ++c) {
+            d.w8[base + c] = kernels::F32ToFp8E4m3(d.w[base + c] / sc);
+            d.w[base + c] = kernels::Fp8E4m3ToF32(d.w8[base + c]) * sc;
+          }
+        }
+      }
     }
   }
   d.x = Randn(d.xrows * d.xs, seed + 1, 1.0f);
@@ -345,7 +375,8 @@ struct GemmRun {
 GemmRun GpuExpertGemm(const GemmData& d, const std::vector<int32_t>& ids, int64_t rows, const float* x_host,
                       cu::ExpertGemmParams::Launch launch = cu::ExpertGemmParams::Launch::kAuto) {
   const GemmCase& g = d.g;
-  cu::DeviceBuffer dw = g.w_bf16 ? Upload(d.w16) : Upload(d.w);
+  cu::DeviceBuffer dw = g.w_fp8 ? Upload(d.w8) : g.w_bf16 ? Upload(d.w16) : Upload(d.w);
+  cu::DeviceBuffer dscale = Upload(g.w_fp8 ? d.scales : std::vector<float>(1, 0.0f));
   const int64_t xrows = g.x_per_slot ? rows * g.k : rows;
   auto dx = Upload(std::vector<float>(x_host, x_host + xrows * d.xs));
   auto di = Upload(ids);
@@ -359,8 +390,14 @@ GemmRun GpuExpertGemm(const GemmData& d, const std::vector<int32_t>& ids, int64_
   p.in = g.in;
   p.w = dw.data();
   p.w_bf16 = g.w_bf16;
+  p.w_fp8 = g.w_fp8;
   p.w_expert_stride = d.es;
   p.w_row_stride = d.rs;
+  if (g.w_fp8) {
+    p.w_scale = dscale.as<float>();
+    p.w_scale_row_stride = d.srs;
+    p.w_scale_expert_stride = d.ses;
+  }
   p.x = dx.as<float>();
   p.x_stride = d.xs;
   p.x_per_slot = g.x_per_slot;
@@ -481,6 +518,15 @@ TEST(CudaExpertGemm, EveryLaunchShapeGivesTheSameBits) {
       {2, 3, 5, 40, 1408, true, true, true, 0},      // streaming: per-slot x, half a last block
       {1, 6, 8, 2048, 1408, true, true, true, 0},    // routed down at one token: 768 CTAs, a 3-deep ring refilled
       {1, 1, 1, 42, 10944, true, false, true, 0},    // a warp with 2 rows; 22 blocks over 3 x tiles (layer 0's down)
+      // FP8 weights (gemm=fp8_dot): register shapes and bulk copies; the cp.async shapes refuse them.
+      {1, 1, 1, 3072, 2048, false, false, false, 0, true},   // q_proj at batch 1
+      {5, 1, 1, 576, 2048, false, false, false, 0, true},    // kv_a_proj, a few rows
+      {4, 6, 64, 352, 512, false, false, false, 0, true},    // MoE decode
+      {50, 6, 8, 96, 1024, false, true, false, 0, true},     // MoE crowded, per-slot x
+      {1, 1, 1, 42, 10944, false, false, false, 0, true},    // 22 blocks over 3 x tiles, 86 scale chunks
+      {2, 3, 5, 40, 1408, false, true, false, 0, true},      // half a last block, 11 chunks
+      {1, 6, 8, 2048, 1408, false, true, false, 0, true},    // routed down at one token
+      {3, 1, 1, 40, 200, false, false, false, 1, true},      // unaligned rows, a partial chunk: register only
   };
   const L all[] = {L::kAuto,        L::kRegBySlot,  L::kRegChunk,   L::kFastBySlot4,
                    L::kFastChunk4,  L::kFastBySlot1, L::kFastChunk1, L::kStreamBySlot, L::kBulkBySlot};
@@ -488,9 +534,10 @@ TEST(CudaExpertGemm, EveryLaunchShapeGivesTheSameBits) {
   for (const GemmCase& g : cases) {
     GemmData d = MakeGemm(g, seed += 10);
     const std::vector<float> want = CpuExpertGemm(d);
-    const bool fast_ok = g.w_bf16 && g.pad == 0 && g.in % 16 == 0;
+    const bool aligned = g.pad == 0 && g.in % 16 == 0;
     for (L launch : all) {
       const bool fast = launch >= L::kFastBySlot4;
+      const bool fast_ok = aligned && (g.w_bf16 || (g.w_fp8 && launch == L::kBulkBySlot));
       const std::string what = Name(g) + " launch " + std::to_string(static_cast<int>(launch));
       if (fast && !fast_ok) {
         // Refused with a named field, before any launch.
@@ -498,6 +545,8 @@ TEST(CudaExpertGemm, EveryLaunchShapeGivesTheSameBits) {
         p.rows = g.rows, p.k = g.k, p.experts = g.experts, p.out = g.out, p.in = g.in;
         p.w = reinterpret_cast<const void*>(uintptr_t{16});  // never dereferenced: the check comes first
         p.w_bf16 = g.w_bf16, p.w_expert_stride = d.es, p.w_row_stride = d.rs;
+        p.w_fp8 = g.w_fp8, p.w_scale = reinterpret_cast<const float*>(uintptr_t{16});
+        p.w_scale_row_stride = d.srs, p.w_scale_expert_stride = d.ses;
         p.x = reinterpret_cast<const float*>(uintptr_t{16}), p.x_stride = d.xs;
         p.ids = reinterpret_cast<const int32_t*>(uintptr_t{16});
         p.y = reinterpret_cast<float*>(uintptr_t{16}), p.y_stride = d.ys;
@@ -640,6 +689,20 @@ TEST(CudaModelOps, ValidationNamesTheField) {
   Status s = cu::ExpertGemm(p);
   EXPECT_FALSE(s.ok());
   EXPECT_NE(s.message().find("w_row_stride"), std::string::npos) << s.message();
+  // FP8 weights need their scales, a row's worth per 128 columns.
+  p.w_row_stride = 32;
+  p.w_expert_stride = 16 * 32;
+  p.x_stride = 32;
+  p.y_stride = 16;
+  p.w_fp8 = true;
+  s = cu::ExpertGemm(p);
+  EXPECT_NE(s.message().find("w_scale"), std::string::npos) << s.message();
+  p.w_scale = &f;
+  s = cu::ExpertGemm(p);
+  EXPECT_NE(s.message().find("w_scale_row_stride"), std::string::npos) << s.message();
+  p.w_bf16 = true;
+  s = cu::ExpertGemm(p);
+  EXPECT_NE(s.message().find("w_fp8"), std::string::npos) << s.message();
 
   cu::RouteParams r;
   r.logits = &f;
