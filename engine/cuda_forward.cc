@@ -23,6 +23,13 @@ Status CudaBackend::Forward(std::span<Segment> segs, PagedKvCache& cache, const 
   if (gemm != gemm_variant_) {
     return Status::Internal("cuda backend: weights were loaded for gemm=" + gemm_variant_ + ", step asks gemm=" + gemm);
   }
+  // --kernel indexer=hadamard: q and k rotated after RoPE, as engine/model.cc does.
+  auto iv = kernels.find("indexer");
+  const bool indexer_hadamard = iv != kernels.end() && iv->second == "hadamard";
+  if (indexer_hadamard && c.has_indexer() && (c.index_head_dim & (c.index_head_dim - 1)) != 0) {
+    return Status::InvalidArgument("--kernel indexer=hadamard: index_head_dim " + std::to_string(c.index_head_dim) +
+                                   " is not a power of two");
+  }
   cu::Stream s = stream_->get();
   launch_ = s;
   // This thread's launches (and the graphs it captures) overlap or not, as the options say.
@@ -374,6 +381,10 @@ LS_RETURN_IF_ERROR(Mark("start"));
         LS_RETURN_IF_ERROR(Linear(h, H, R, D.iw_proj, iw, nhi));
         LS_RETURN_IF_ERROR(rope(iq, nhi * di, nhi, di, cu::RopeStyle::kHalves));
         LS_RETURN_IF_ERROR(rope(ikn, di, 1, di, cu::RopeStyle::kHalves));
+        if (indexer_hadamard) {
+          LS_RETURN_IF_ERROR(cu::Hadamard(iq, di, R * nhi, di, s));
+          LS_RETURN_IF_ERROR(cu::Hadamard(ikn, di, R, di, s));
+        }
         LS_RETURN_IF_ERROR(cu::Scale(iw, nhi, R, nhi, 1.0f / std::sqrt(static_cast<float>(nhi)), s));
         cu::ScatterRowsParams sp;
         sp.src = ikn;

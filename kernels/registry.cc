@@ -53,6 +53,10 @@ Registry::Registry() {
       {"indexer", "reference", "cuda",
        "V3.2 indexer: one thread per key, CPU-bitwise scores, exact radix top-k (ties: lowest position)", true, true,
        true},
+      {"indexer", "hadamard", "cuda",
+       "V3.2 indexer with the official Hadamard rotation of q and k after RoPE (Hadamard kernel: the CPU's "
+       "butterflies, bitwise)",
+       true, true, false},
       {"gemm", "fp32", "cuda",
        "cuBLASLt fp32 (COMPUTE_32F_PEDANTIC, no TF32), algorithm pinned per shape without split-K", true, true,
        true},

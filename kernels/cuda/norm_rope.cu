@@ -1,6 +1,9 @@
-// kernels/cuda/norm_rope.cu — RMSNorm, RoPE and the latent-cache write (quantise on write).
+// kernels/cuda/norm_rope.cu — RMSNorm, RoPE, the latent-cache write (quantise on write) and the
+// indexer's Hadamard rotation.
 // See ops.h for the contracts; device_math.cuh for the CPU-exact scalar conversions.
 #include <cuda_runtime.h>
+
+#include <cmath>
 
 #include "kernels/cuda/check.cuh"
 #include "kernels/cuda/device_math.cuh"
@@ -194,6 +197,33 @@ __global__ void __launch_bounds__(kWriteThreads) LatentWriteKernel(LatentWritePa
   }
 }
 
+// One CTA per vector, staged in shared memory: stage h pairs element j with j + h for every j
+// whose bit h is clear, as cpu::Hadamard's loops do (each pair on its own, so the order of pairs
+// within a stage changes nothing).
+constexpr int kHadamardThreads = 256;
+constexpr int64_t kHadamardMax = 4096;
+__global__ void __launch_bounds__(kHadamardThreads) HadamardKernel(float* x, int64_t stride, int64_t rows, int n,
+                                                                    float scale) {
+  dev::GridDependencySync();
+  __shared__ float v[kHadamardMax];
+  for (int64_t r = blockIdx.x; r < rows; r += gridDim.x) {
+    float* row = x + r * stride;
+    for (int i = threadIdx.x; i < n; i += kHadamardThreads) v[i] = row[i];
+    __syncthreads();
+    for (int h = 1; h < n; h *= 2) {
+      for (int p = threadIdx.x; p < n / 2; p += kHadamardThreads) {
+        const int j = (p / h) * 2 * h + p % h;
+        const float a = v[j], b = v[j + h];
+        v[j] = __fadd_rn(a, b);
+        v[j + h] = __fsub_rn(a, b);
+      }
+      __syncthreads();
+    }
+    for (int i = threadIdx.x; i < n; i += kHadamardThreads) row[i] = __fmul_rn(v[i], scale);
+    __syncthreads();  // v is refilled for the next row
+  }
+}
+
 }  // namespace
 
 Status RmsNorm(const RmsNormParams& p, Stream stream) {
@@ -261,6 +291,22 @@ Status WriteLatent(const LatentWriteParams& p, Stream stream) {
                "copy (needs 4-byte rows and alignment)", bpt);
   LS_CUDA_RETURN_IF_ERROR(
       LaunchKernel(LatentWriteKernel, static_cast<unsigned>(p.rows), kWriteThreads, 0, stream, p, bpt));
+  LS_CUDA_LAUNCH_CHECK();
+  return Status::Ok();
+}
+
+Status Hadamard(float* x, int64_t stride, int64_t rows, int64_t n, Stream stream) {
+  constexpr const char* op = "Hadamard";
+  LS_CHECK_ARG(x != nullptr, op, "x", x);
+  LS_CHECK_ARG(n > 0 && n <= kHadamardMax && (n & (n - 1)) == 0, op, "n (a power of two ≤ 4096)", n);
+  LS_CHECK_ARG(stride >= n, op, "stride", stride);
+  LS_CHECK_ARG(rows >= 0, op, "rows", rows);
+  if (rows == 0) return Status::Ok();
+  // The CPU's scale: 1/√n in double, rounded once to float.
+  const float scale = static_cast<float>(1.0 / std::sqrt(static_cast<double>(n)));
+  const unsigned grid = static_cast<unsigned>(rows < 65535 ? rows : 65535);
+  LS_CUDA_RETURN_IF_ERROR(LaunchKernel(HadamardKernel, grid, kHadamardThreads, 0, stream, x, stride, rows,
+                                       static_cast<int>(n), scale));
   LS_CUDA_LAUNCH_CHECK();
   return Status::Ok();
 }

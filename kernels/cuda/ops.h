@@ -155,6 +155,12 @@ struct RopeParams {
 };
 Status Rope(const RopeParams& p, Stream stream = nullptr);
 
+// In-place Walsh–Hadamard transform (Sylvester order) of `rows` vectors of n values (n a power
+// of two, ≤ 4096), vector r at x + r·stride, scaled by float(n^-1/2): cpu::Hadamard's
+// butterflies (each a single fp32 add or subtract of the same pair) and scaling, bitwise. The
+// V3.2 indexer's rotation of q and k (--kernel indexer=hadamard).
+Status Hadamard(float* x, int64_t stride, int64_t rows, int64_t n, Stream stream = nullptr);
+
 // ---------------------------------------------------------------------------------------
 // Latent-cache write (quantise on write). Row r goes to global slot slots[r]
 // (= page · page_size + offset) of a pool of `num_slots` tokens. The bytes are identical to

@@ -706,6 +706,43 @@ TEST(GpuEngine, TapsMatchTheCpuBackendAndTheCacheMirror) {
   EXPECT_LE(std::sqrt(num / std::max(den, 1e-30)), 1e-4) << "mirrored indexer keys";
 }
 
+// --kernel indexer=hadamard on the GPU is the CPU's: the same keys selected at every sparse
+// layer and step (the indexer top-k taps, bytes equal), logits within the taps' bound; and it is
+// the variant the step ran (a non-power-of-two head size is refused the way the CPU refuses it).
+TEST(GpuEngine, HadamardIndexerSelectsTheCpusKeys) {
+  LS_REQUIRE_GPU();
+  auto run = [&](EngineOptions o, TapRecorder* rec) {
+    o.kernels["indexer"] = "hadamard";
+    auto eng = Engine::Create(Tiny(), o);
+    EXPECT_TRUE(eng.ok()) << eng.status().message();
+    (*eng)->SetTapHook(rec);
+    engine::Request r;
+    for (int j = 0; j < 70; ++j) r.prompt.push_back(static_cast<int32_t>(29 * j % 5000 + 10));
+    r.max_new_tokens = 8;
+    EXPECT_TRUE((*eng)->AddRequest(r).ok());
+    const Status st = (*eng)->RunToCompletion();
+    EXPECT_TRUE(st.ok()) << st.message();
+    return (*eng)->request(0).last_logits;
+  };
+  EngineOptions cpu;
+  cpu.page_size = 16;
+  cpu.kv_cache_tokens = 4096;
+  TapRecorder g, c;
+  const auto gl = run(Cuda(engine::KvFormat::kFp32, "fp32_dot"), &g);
+  const auto cl = run(cpu, &c);
+  int selections = 0;
+  for (const auto& [name, ct] : c.taps) {
+    if (name.find("indexer") == std::string::npos || ct.dtype != engine::TapDType::kI32) continue;
+    auto it = g.taps.find(name);
+    ASSERT_NE(it, g.taps.end()) << name;
+    EXPECT_EQ(it->second.bytes, ct.bytes) << name;
+    ++selections;
+  }
+  EXPECT_GT(selections, 8);
+  ASSERT_EQ(gl.size(), cl.size());
+  EXPECT_LE(testing::RelMaxErr(gl.data(), cl.data(), static_cast<int64_t>(cl.size())), 1e-4);
+}
+
 // The router's logits (RowDots) are cpu::Dot's bits, for any row count and odd lengths: the
 // staged kernel (n % 4 = 0: tiles of 2048, rows in fours, a 4-value last tile) and the other.
 TEST(GpuEngine, RowDotsIsCpuDotBitwise) {

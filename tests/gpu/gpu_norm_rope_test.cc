@@ -1,9 +1,10 @@
-// tests/gpu/gpu_norm_rope_test.cc — CUDA RMSNorm and RoPE against their CPU twins
+// tests/gpu/gpu_norm_rope_test.cc — CUDA RMSNorm, RoPE and Hadamard against their CPU twins
 // (kernels/cpu/ops.h) on fresh seeded inputs, NaN/Inf positions, determinism, batch
 // invariance, argument validation and the device-side error flag.
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstring>
 #include <random>
 #include <vector>
 
@@ -274,6 +275,35 @@ TEST(CudaRope, ValidationNamesTheField) {
   Status s = cu::Rope(p);
   EXPECT_EQ(s.code(), Status::Code::kInvalidArgument);
   EXPECT_NE(s.message().find("dim"), std::string::npos) << s.message();
+}
+
+// The indexer's Hadamard rotation: cpu::Hadamard's bits for every power of two up to 4096, rows
+// at a stride, and values spread over many binades (so the butterflies' roundings matter).
+TEST(CudaHadamard, BitwiseEqualToCpu) {
+  LS_REQUIRE_GPU();
+  std::mt19937_64 rng(77);
+  std::normal_distribution<float> g(0.0f, 1.0f);
+  for (int64_t n : {1, 2, 4, 8, 64, 128, 256, 4096}) {
+    const int64_t rows = 5, stride = n + 3;
+    std::vector<float> x(rows * stride);
+    for (float& v : x) v = g(rng) * std::ldexp(1.0f, static_cast<int>(rng() % 24) - 12);
+    std::vector<float> want = x;
+    for (int64_t r = 0; r < rows; ++r) kernels::cpu::Hadamard(&want[r * stride], n);
+    cu::DeviceBuffer dx = Upload(x);
+    LS_ASSERT_OK(cu::Hadamard(dx.as<float>(), stride, rows, n));
+    LS_ASSERT_OK(cu::Synchronize());
+    const auto got = Download<float>(dx, x.size());
+    EXPECT_EQ(0, std::memcmp(got.data(), want.data(), x.size() * 4)) << "n=" << n;
+  }
+}
+
+TEST(CudaHadamard, ValidationNamesTheField) {  // nothing is launched
+  float f = 0;
+  Status s = cu::Hadamard(&f, 96, 1, 96);
+  EXPECT_EQ(s.code(), Status::Code::kInvalidArgument);
+  EXPECT_NE(s.message().find("power of two"), std::string::npos) << s.message();
+  s = cu::Hadamard(&f, 32, 1, 64);
+  EXPECT_NE(s.message().find("stride"), std::string::npos) << s.message();
 }
 
 }  // namespace
