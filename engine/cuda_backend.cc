@@ -384,6 +384,7 @@ Status CudaBackend::RandomWeights(uint64_t seed, DeviceWeights* dw) {
 Status CudaBackend::AllocateCache(const PagedKvCache& cache) {
   const ModelConfig& c = model_->config();
   num_pages_ = cache.max_pages();
+  fp8_index_keys_ = cache.fp8_index_keys();
   page_size_ = cache.page_size();
   format_ = ToLatentFormat(cache.format());
   latent_bytes_ = cu::LatentBytesPerToken(format_, c.kv_lora_rank, c.qk_rope_head_dim);
@@ -398,8 +399,9 @@ Status CudaBackend::AllocateCache(const PagedKvCache& cache) {
     LS_ASSIGN_OR_RETURN(latent_pool_[l], cu::DeviceBuffer::Allocate(static_cast<size_t>(slots * latent_bytes_)));
     LS_RETURN_IF_ERROR(latent_pool_[l].Fill(0));
     if (c.layers[l].attention == AttentionKind::kMlaSparse) {
-      LS_ASSIGN_OR_RETURN(index_pool_[l],
-                          cu::DeviceBuffer::Allocate(static_cast<size_t>(slots * c.index_head_dim) * 4));
+      // fp32 keys, or FP8 rows (indexer=fp8_paged): the host cache's stream decides.
+      const int64_t key_bytes = cache.streams(l).at(1).bytes_per_token;
+      LS_ASSIGN_OR_RETURN(index_pool_[l], cu::DeviceBuffer::Allocate(static_cast<size_t>(slots * key_bytes)));
       LS_RETURN_IF_ERROR(index_pool_[l].Fill(0));
     }
   }

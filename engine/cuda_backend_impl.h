@@ -126,8 +126,8 @@ class CudaBackend final : public Backend {
 
  private:
   CudaBackend() {
-    for (Scratch* sc : {&dev_in_, &act_, &xb_, &xb_side_, &zero_ids_, &mla_ws_, &scores_, &logits_dev_, &gather_, &tap_arena_,
-                        &mirror_dev_, &slab_buf_}) {
+    for (Scratch* sc : {&dev_in_, &act_, &xb_, &xb_side_, &zero_ids_, &mla_ws_, &scores_, &iq8_, &logits_dev_, &gather_,
+                        &tap_arena_, &mirror_dev_, &slab_buf_}) {
       sc->generation = &alloc_generation_;
     }
   }
@@ -220,6 +220,7 @@ class CudaBackend final : public Backend {
 
   // The device cache: per layer, the latent pool and (V3.2) the index-key pool, slot-major.
   std::vector<cu::DeviceBuffer> latent_pool_, index_pool_;
+  bool fp8_index_keys_ = false;  // index_pool_ rows are FP8 (indexer=fp8_paged), else fp32
   int64_t num_pages_ = 0, page_size_ = 0, latent_bytes_ = 0;
   cu::LatentFormat format_ = cu::LatentFormat::kFp32;
 
@@ -227,6 +228,7 @@ class CudaBackend final : public Backend {
   cu::PinnedBuffer host_in_;
   Scratch slab_buf_;
   Scratch dev_in_, act_, xb_, xb_side_, zero_ids_, mla_ws_, scores_, logits_dev_, gather_, tap_arena_, mirror_dev_;
+  Scratch iq8_;  // indexer=fp8_paged: the indexer's queries as FP8 rows
   cu::PinnedBuffer tap_host_, mirror_host_;
   // The step's logits on the host. A tap hook may keep a buffer past the step
   // (TapEvent::owner: the recorder's writer thread summarises it in place), so the step takes

@@ -23,12 +23,19 @@ Status CudaBackend::Forward(std::span<Segment> segs, PagedKvCache& cache, const 
   if (gemm != gemm_variant_) {
     return Status::Internal("cuda backend: weights were loaded for gemm=" + gemm_variant_ + ", step asks gemm=" + gemm);
   }
-  // --kernel indexer=hadamard: q and k rotated after RoPE, as engine/model.cc does.
+  // --kernel indexer=hadamard: q and k rotated after RoPE, as engine/model.cc does;
+  // indexer=fp8_paged: rotated, then q through FP8 and back and k into the cache as FP8.
   auto iv = kernels.find("indexer");
-  const bool indexer_hadamard = iv != kernels.end() && iv->second == "hadamard";
+  const std::string indexer = iv == kernels.end() ? "reference" : iv->second;
+  const bool indexer_fp8 = indexer == "fp8_paged";
+  const bool indexer_hadamard = indexer == "hadamard" || indexer_fp8;
+  if (indexer_fp8 != fp8_index_keys_) {
+    return Status::Internal("cuda backend: indexer=" + indexer + " over a cache whose index keys are " +
+                            (fp8_index_keys_ ? "FP8" : "fp32"));
+  }
   if (indexer_hadamard && c.has_indexer() && (c.index_head_dim & (c.index_head_dim - 1)) != 0) {
-    return Status::InvalidArgument("--kernel indexer=hadamard: index_head_dim " + std::to_string(c.index_head_dim) +
-                                   " is not a power of two");
+    return Status::InvalidArgument("--kernel indexer=" + indexer + ": index_head_dim " +
+                                   std::to_string(c.index_head_dim) + " is not a power of two (the Hadamard rotation)");
   }
   cu::Stream s = stream_->get();
   launch_ = s;
@@ -385,19 +392,49 @@ LS_RETURN_IF_ERROR(Mark("start"));
           LS_RETURN_IF_ERROR(cu::Hadamard(iq, di, R * nhi, di, s));
           LS_RETURN_IF_ERROR(cu::Hadamard(ikn, di, R, di, s));
         }
+        const int64_t row8 = 4 * ((di + cu::kFp8TileValues - 1) / cu::kFp8TileValues) + di;
+        if (indexer_fp8) {  // each head's query as an FP8 row (the cache's key layout), row r·nhi + h
+          LS_RETURN_IF_ERROR(iq8_.Ensure(static_cast<size_t>(R * nhi * row8)));
+          cu::LatentWriteParams qw;
+          qw.latent = iq;
+          qw.latent_stride = di;
+          qw.rope = iq;  // rope_dim 0: never read
+          qw.cache = iq8_.as<uint8_t>();
+          qw.num_slots = R * nhi;
+          qw.rows = R * nhi;
+          qw.kv_lora = di;
+          qw.format = cu::LatentFormat::kFp8E4m3;
+          LS_RETURN_IF_ERROR(cu::WriteLatent(qw, s));
+        }
         LS_RETURN_IF_ERROR(cu::Scale(iw, nhi, R, nhi, 1.0f / std::sqrt(static_cast<float>(nhi)), s));
-        cu::ScatterRowsParams sp;
-        sp.src = ikn;
-        sp.src_stride = di * 4;
-        sp.slots = d_slot;
-        sp.n = R;
-        sp.dst = index_pool_[l].data();
-        sp.dst_rows = num_pages_ * page_size_;
-        sp.dst_stride = di * 4;
-        sp.row_bytes = di * 4;
-        sp.error_flag = err;
-        sp.copy = mirror_at[l][1];
-        LS_RETURN_IF_ERROR(cu::ScatterRows(sp, s));
+        if (indexer_fp8) {  // quantised on write: the latent's FP8 layout without a rope part
+          cu::LatentWriteParams kw;
+          kw.latent = ikn;
+          kw.latent_stride = di;
+          kw.rope = ikn;  // rope_dim 0: never read
+          kw.slots = d_slot;
+          kw.cache = index_pool_[l].as<uint8_t>();
+          kw.num_slots = num_pages_ * page_size_;
+          kw.rows = R;
+          kw.kv_lora = di;
+          kw.format = cu::LatentFormat::kFp8E4m3;
+          kw.error_flag = err;
+          kw.copy = mirror_at[l][1];
+          LS_RETURN_IF_ERROR(cu::WriteLatent(kw, s));
+        } else {
+          cu::ScatterRowsParams sp;
+          sp.src = ikn;
+          sp.src_stride = di * 4;
+          sp.slots = d_slot;
+          sp.n = R;
+          sp.dst = index_pool_[l].data();
+          sp.dst_rows = num_pages_ * page_size_;
+          sp.dst_stride = di * 4;
+          sp.row_bytes = di * 4;
+          sp.error_flag = err;
+          sp.copy = mirror_at[l][1];
+          LS_RETURN_IF_ERROR(cu::ScatterRows(sp, s));
+        }
   
         LS_RETURN_IF_ERROR(scores_.Ensure(static_cast<size_t>(R * max_len) * 4));
         cu::IndexerScoreParams ip;
@@ -410,7 +447,12 @@ LS_RETURN_IF_ERROR(Mark("start"));
         ip.weights = iw;
         ip.weights_stride = nhi;
         ip.key_scale = 1.0f / std::sqrt(static_cast<float>(di));
-        ip.keys = index_pool_[l].as<float>();
+        if (indexer_fp8) {
+          ip.q_fp8 = iq8_.as<uint8_t>();
+          ip.keys_fp8 = index_pool_[l].as<uint8_t>();
+        } else {
+          ip.keys = index_pool_[l].as<float>();
+        }
         ip.num_pages = num_pages_;
         ip.page_size = page_size_;
         ip.page_table = d_table;

@@ -18,7 +18,8 @@ Result<std::unique_ptr<Engine>> Engine::Create(std::shared_ptr<Model> model, Eng
   std::unique_ptr<Engine> e(new Engine());
   LS_ASSIGN_OR_RETURN(e->kernels_, kernels::Registry::Get().Resolve(options.kernels, options.backend, options.fault));
   e->cache_ = std::make_unique<PagedKvCache>(model->config(), options.kv_format, options.page_size,
-                                             (options.kv_cache_tokens + options.page_size - 1) / options.page_size);
+                                             (options.kv_cache_tokens + options.page_size - 1) / options.page_size,
+                                             e->kernels_["indexer"] == "fp8_paged");
   e->cache_->SetFaultFp8NoClamp(e->kernels_["kv_quant"] == "fault_fp8_no_clamp");
   LS_ASSIGN_OR_RETURN(e->backend_, CreateBackend(options.backend, model, *e->cache_, e->kernels_, options.device));
   e->model_ = std::move(model);

@@ -46,10 +46,12 @@ static float FaultyFp8Scale(const float* x, int64_t n) {
   return std::ldexp(1.0f, static_cast<int>(std::lround(std::log2(static_cast<double>(amax) / kernels::kFp8E4m3Max))));
 }
 
-PagedKvCache::PagedKvCache(const ModelConfig& c, KvFormat format, int64_t page_size, int64_t max_pages)
+PagedKvCache::PagedKvCache(const ModelConfig& c, KvFormat format, int64_t page_size, int64_t max_pages,
+                           bool fp8_index_keys)
     : kv_lora_(c.kv_lora_rank),
       rope_(c.qk_rope_head_dim),
       index_dim_(c.index_head_dim),
+      fp8_index_keys_(fp8_index_keys),
       format_(format),
       page_size_(page_size),
       max_pages_(max_pages) {
@@ -65,7 +67,9 @@ PagedKvCache::PagedKvCache(const ModelConfig& c, KvFormat format, int64_t page_s
   for (int64_t l = 0; l < c.num_hidden_layers; ++l) {
     layer_streams_[l].push_back({StreamKind::kMlaLatent, "latent", latent_bytes_});
     if (c.layers[l].attention == AttentionKind::kMlaSparse) {
-      layer_streams_[l].push_back({StreamKind::kIndexerKey, "indexer_k", index_dim_ * 4});
+      layer_streams_[l].push_back({StreamKind::kIndexerKey, "indexer_k",
+                                   fp8_index_keys_ ? index_dim_ + 4 * ((index_dim_ + kFp8Tile - 1) / kFp8Tile)
+                                                   : index_dim_ * 4});
     }
     storage_[l].resize(layer_streams_[l].size());
     for (auto& s : storage_[l]) s.resize(max_pages);
@@ -204,11 +208,52 @@ void PagedKvCache::ReadLatent(int64_t layer, const SeqCache& seq, int64_t pos, f
 }
 
 void PagedKvCache::WriteIndexKey(int64_t layer, const SeqCache& seq, int64_t pos, const float* key) {
-  std::memcpy(MutableTokenBytes(layer, 1, seq, pos), key, index_dim_ * 4);
+  uint8_t* b = MutableTokenBytes(layer, 1, seq, pos);
+  if (fp8_index_keys_) {
+    QuantizeFp8Row(key, index_dim_, b);
+  } else {
+    std::memcpy(b, key, index_dim_ * 4);
+  }
 }
 
-const float* PagedKvCache::IndexKey(int64_t layer, const SeqCache& seq, int64_t pos) const {
-  return reinterpret_cast<const float*>(TokenBytes(layer, 1, seq, pos));
+void PagedKvCache::ReadIndexKey(int64_t layer, const SeqCache& seq, int64_t pos, float* key) const {
+  const uint8_t* b = TokenBytes(layer, 1, seq, pos);
+  if (!fp8_index_keys_) {
+    std::memcpy(key, b, index_dim_ * 4);
+    return;
+  }
+  for (int64_t i = 0; i < index_dim_; ++i) {
+    float s;
+    std::memcpy(&s, b + index_dim_ + 4 * (i / kFp8Tile), 4);
+    key[i] = kernels::Fp8E4m3ToF32(b[i]) * s;
+  }
+}
+
+int64_t Fp8RowBytes(int64_t n) { return n + 4 * ((n + kFp8Tile - 1) / kFp8Tile); }
+
+void QuantizeFp8Row(const float* x, int64_t n, uint8_t* row) {
+  for (int64_t t = 0; t * kFp8Tile < n; ++t) {
+    const int64_t lo = t * kFp8Tile, m = std::min(kFp8Tile, n - lo);
+    const float s = Fp8TileScale(x + lo, m);
+    std::memcpy(row + n + 4 * t, &s, 4);
+    for (int64_t i = 0; i < m; ++i) row[lo + i] = kernels::F32ToFp8E4m3(x[lo + i] / s);
+  }
+}
+
+double Fp8RowDot(const uint8_t* a, const uint8_t* b, int64_t n) {
+  double total = 0;
+  for (int64_t t = 0; t * kFp8Tile < n; ++t) {
+    const int64_t lo = t * kFp8Tile, m = std::min(kFp8Tile, n - lo);
+    double sum = 0;  // exact: see kv_cache.h
+    for (int64_t i = lo; i < lo + m; ++i) {
+      sum += static_cast<double>(kernels::Fp8E4m3ToF32(a[i])) * static_cast<double>(kernels::Fp8E4m3ToF32(b[i]));
+    }
+    float sa, sb;
+    std::memcpy(&sa, a + n + 4 * t, 4);
+    std::memcpy(&sb, b + n + 4 * t, 4);
+    total += sum * (static_cast<double>(sa) * static_cast<double>(sb));
+  }
+  return total;
 }
 
 }  // namespace lockstep::engine

@@ -13,7 +13,9 @@
 //   fp8_e4m3  — FlashMLA's V3.2 layout: kv_lora e4m3 values, one fp32 power-of-two scale per
 //               128 latent values (amax/448 rounded up to a power of two), then rope as bf16.
 //               For DeepSeek-V3 shapes (512 + 64) that is 656 bytes per token.
-// Indexer keys are kept in fp32 in every format (the official FP8 indexer cache is future work).
+// Indexer keys (V3.2) are fp32 in every format, or — for --kernel indexer=fp8_paged, whatever the
+// latent's format — FP8 rows (QuantizeFp8Row below: the latent's FP8 layout without a rope
+// part; 132 bytes for DeepSeek-V3.2's 128, DeepGEMM's paged indexer layout).
 //
 // Not thread-safe: the engine thread owns it.
 #pragma once
@@ -49,7 +51,8 @@ struct SeqCache {
 
 class PagedKvCache {
  public:
-  PagedKvCache(const ModelConfig& config, KvFormat format, int64_t page_size, int64_t max_pages);
+  PagedKvCache(const ModelConfig& config, KvFormat format, int64_t page_size, int64_t max_pages,
+               bool fp8_index_keys = false);
 
   KvFormat format() const { return format_; }
   int64_t page_size() const { return page_size_; }
@@ -68,8 +71,11 @@ class PagedKvCache {
   // Reads back what attention sees: the stored values dequantised to fp32.
   void ReadLatent(int64_t layer, const SeqCache& seq, int64_t pos, float* latent, float* rope) const;
 
+  // The indexer key of one token: stored (fp32, or quantised to FP8), and read back as what the
+  // indexer sees (the stored values, dequantised).
   void WriteIndexKey(int64_t layer, const SeqCache& seq, int64_t pos, const float* key);
-  const float* IndexKey(int64_t layer, const SeqCache& seq, int64_t pos) const;
+  void ReadIndexKey(int64_t layer, const SeqCache& seq, int64_t pos, float* key) const;
+  bool fp8_index_keys() const { return fp8_index_keys_; }
 
   // The bytes of one token of one stream exactly as stored (for the recorder).
   const uint8_t* TokenBytes(int64_t layer, size_t stream, const SeqCache& seq, int64_t pos) const;
@@ -83,6 +89,7 @@ class PagedKvCache {
 
  private:
   int64_t kv_lora_, rope_, index_dim_;
+  bool fp8_index_keys_ = false;
   KvFormat format_;
   int64_t page_size_, max_pages_;
   int64_t latent_bytes_;
@@ -97,5 +104,16 @@ class PagedKvCache {
 // FP8 quantisation of one tile as the cache does it: scale = 2^ceil(log2(amax / 448)) (1 when
 // amax is 0), q = e4m3(x / scale) with round-to-nearest-even and saturation.
 float Fp8TileScale(const float* x, int64_t n);
+
+// An FP8 row (indexer=fp8_paged's keys and queries): n e4m3 values, then per tile of 128 values
+// Fp8TileScale's power-of-two scale s as fp32 (value = e4m3(x / s)). Fp8RowBytes(128) = 132.
+int64_t Fp8RowBytes(int64_t n);
+void QuantizeFp8Row(const float* x, int64_t n, uint8_t* row);
+// The dot product of two FP8 rows of n values: per tile, Σ e4m3(a_i)·e4m3(b_i) in fp64 — exact
+// in any order (every e4m3 value is N·2^E with N ≤ 15 and −9 ≤ E ≤ 5, so 128 products are
+// integers in units of 2^-18 below 2^43, inside fp64's 53 bits) — times s_a·s_b, and the tiles'
+// terms added in ascending order (one tile for head sizes ≤ 128: then the result is exact
+// before the caller rounds it once to fp32).
+double Fp8RowDot(const uint8_t* a, const uint8_t* b, int64_t n);
 
 }  // namespace lockstep::engine

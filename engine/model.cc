@@ -385,7 +385,10 @@ Status Model::Forward(std::span<Segment> segs, PagedKvCache& cache, const kernel
   };
   const bool prefill_absorbed = kernel("attn_prefill") == "absorbed";
   const bool decode_expanded = kernel("attn_decode") == "expanded";
-  const bool indexer_hadamard = kernel("indexer") == "hadamard";
+  // indexer=fp8_paged: the official indexer's FP8 path — Hadamard-rotated q and k in FP8 (keys so
+  // in the cache), scored page by page up to each request's last page.
+  const bool indexer_fp8 = kernel("indexer") == "fp8_paged";
+  const bool indexer_hadamard = kernel("indexer") == "hadamard" || indexer_fp8;
   // *_dot name the GPU's CPU-order GEMMs; the CPU's GEMM is in that order already.
   const Gemm gemm{kernel("gemm") == "bf16" || kernel("gemm") == "bf16_dot"};
   const ModelWeights& W = gemm.bf16 ? Bf16Weights() : kernel("gemm") == "fp8_dot" ? Fp8Weights() : weights_;
@@ -397,8 +400,8 @@ Status Model::Forward(std::span<Segment> segs, PagedKvCache& cache, const kernel
   const bool fault_softmax = kernel("softmax") == "fault_no_max_fp16_sum";
   auto softmax = fault_softmax ? SoftmaxNoMaxFp16Sum : cpu::Softmax;
   if (indexer_hadamard && c.has_indexer() && (c.index_head_dim & (c.index_head_dim - 1)) != 0) {
-    return Status::InvalidArgument("--kernel indexer=hadamard: index_head_dim " + std::to_string(c.index_head_dim) +
-                                   " is not a power of two");
+    return Status::InvalidArgument("--kernel indexer=" + kernel("indexer") + ": index_head_dim " +
+                                   std::to_string(c.index_head_dim) + " is not a power of two (the Hadamard rotation)");
   }
 
   // Rows, positions, and validation.
@@ -502,6 +505,8 @@ Status Model::Forward(std::span<Segment> segs, PagedKvCache& cache, const kernel
     if (sparse) {
       const int64_t nhi = c.index_n_heads, di = c.index_head_dim;
       std::vector<float> iq(R * nhi * di), ik(R * di), ikn(R * di), iw(R * nhi);
+      const int64_t row8 = Fp8RowBytes(di);
+      std::vector<uint8_t> iq8(indexer_fp8 ? R * nhi * row8 : 0);  // fp8_paged: each head's query as an FP8 row
       gemm(q_resid.data(), R, L.indexer.wq_b.ptr(), nhi * di, c.q_lora_rank, iq.data());
       gemm(h.data(), R, L.indexer.wk.ptr(), di, H, ik.data());
       cpu::LayerNorm(ik.data(), L.indexer.k_norm_w.ptr(), L.indexer.k_norm_b.ptr(), R, di, 1e-6, ikn.data());
@@ -516,6 +521,9 @@ Status Model::Forward(std::span<Segment> segs, PagedKvCache& cache, const kernel
           for (int64_t hd = 0; hd < nhi; ++hd) cpu::Hadamard(&iq[(r * nhi + hd) * di], di);
           cpu::Hadamard(&ikn[r * di], di);
         }
+        if (indexer_fp8) {
+          for (int64_t hd = 0; hd < nhi; ++hd) QuantizeFp8Row(&iq[(r * nhi + hd) * di], di, &iq8[(r * nhi + hd) * row8]);
+        }
         for (int64_t hd = 0; hd < nhi; ++hd) iw[r * nhi + hd] *= wscale;
         cache.WriteIndexKey(l, *segs[seg_of[r]].cache, pos[r], &ikn[r * di]);
       }
@@ -523,14 +531,13 @@ Status Model::Forward(std::span<Segment> segs, PagedKvCache& cache, const kernel
       selected.resize(R);
       const int64_t topk = c.index_topk;
       std::vector<int32_t> topk_tap(tapping ? R * topk : 0, -1);
-      // Each request's index keys, gathered once per layer into [T, di].
+      // Each request's index keys as the indexer sees them, gathered once per layer into [T, di]
+      // (the reference variant; fp8_paged reads them page by page below).
       std::vector<std::vector<float>> keys(segs.size());
-      for (size_t sgi = 0; sgi < segs.size(); ++sgi) {
+      for (size_t sgi = 0; sgi < segs.size() && !indexer_fp8; ++sgi) {
         const int64_t Tn = segs[sgi].start_pos + static_cast<int64_t>(segs[sgi].tokens.size());
         keys[sgi].resize(Tn * di);
-        for (int64_t t = 0; t < Tn; ++t) {
-          std::memcpy(&keys[sgi][t * di], cache.IndexKey(l, *segs[sgi].cache, t), di * sizeof(float));
-        }
+        for (int64_t t = 0; t < Tn; ++t) cache.ReadIndexKey(l, *segs[sgi].cache, t, &keys[sgi][t * di]);
       }
 #pragma omp parallel for schedule(dynamic) if (R * (max_pos + 1) * nhi * di > cpu::kParallelMacs)
       for (int64_t r = 0; r < R; ++r) {
@@ -539,7 +546,22 @@ Status Model::Forward(std::span<Segment> segs, PagedKvCache& cache, const kernel
         if (fault_skip_partial) T = (T / cache.page_size()) * cache.page_size();
         // d[h, t] = q_h · k_t for every head and key; then s_t = Σ_h w_h · ReLU(d[h, t] / √d), h ascending.
         std::vector<float> d(nhi * T);
-        cpu::MatMulNT(&iq[r * nhi * di], nhi, keys[seg_of[r]].data(), T, di, d.data());
+        if (indexer_fp8) {
+          // Page by page through the request's page table, stopping after the page that holds
+          // key T − 1 (a partial page scores only its first T mod page_size keys): d[h, t] is
+          // the FP8 rows' dot product (Fp8RowDot: exact for head sizes ≤ 128), rounded once.
+          const int64_t ps = cache.page_size();
+          for (int64_t t0 = 0; t0 < T; t0 += ps) {
+            for (int64_t t = t0; t < std::min(T, t0 + ps); ++t) {
+              const uint8_t* k8 = cache.TokenBytes(l, 1, *segs[seg_of[r]].cache, t);
+              for (int64_t hd = 0; hd < nhi; ++hd) {
+                d[hd * T + t] = static_cast<float>(Fp8RowDot(&iq8[(r * nhi + hd) * row8], k8, di));
+              }
+            }
+          }
+        } else {
+          cpu::MatMulNT(&iq[r * nhi * di], nhi, keys[seg_of[r]].data(), T, di, d.data());
+        }
         std::vector<std::pair<float, int32_t>> sc_t(T);
         for (int64_t t = 0; t < T; ++t) {
           float s = 0;

@@ -22,6 +22,11 @@ Registry::Registry() {
       {"indexer", "hadamard", "cpu",
        "V3.2 indexer with the official Hadamard rotation of q and k (orthogonal: same scores up to rounding)", true,
        true, false},
+      {"indexer", "fp8_paged", "cpu",
+       "V3.2 indexer as the official FP8 path: Hadamard-rotated q and k in FP8 e4m3 (power-of-two scale per 128; "
+       "keys stored so in the cache, 132 bytes); each q.k the rows' exact dot product, rounded once; scored page by "
+       "page up to the request's last page",
+       true, true, false},
       {"gemm", "fp32", "cpu", "fp32 GEMM, 16-lane FMA dot products in a fixed order", true, true, true},
       {"gemm", "bf16", "cpu", "bf16 weights and activations, fp32 accumulation (a bf16 GPU GEMM's precision)", true,
        true, false},
@@ -53,6 +58,10 @@ Registry::Registry() {
       {"indexer", "reference", "cuda",
        "V3.2 indexer: one thread per key, CPU-bitwise scores, exact radix top-k (ties: lowest position)", true, true,
        true},
+      {"indexer", "fp8_paged", "cuda",
+       "V3.2 indexer, the official FP8 path: Hadamard, q and keys as FP8 rows (keys quantised on write, 132 bytes), "
+       "exact dot products on fp64 tensor cores (bitwise the CPU's), 64-key tiles past a request's end exit at once",
+       true, true, false},
       {"indexer", "hadamard", "cuda",
        "V3.2 indexer with the official Hadamard rotation of q and k after RoPE (Hadamard kernel: the CPU's "
        "butterflies, bitwise)",

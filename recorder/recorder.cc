@@ -256,6 +256,10 @@ void Recorder::DefineKvTensors(const engine::PagedKvCache& cache) {
         parts.push_back({"", "latent_e4m3", DType::kFp8E4m3, 0, C});
         parts.push_back({".scales", "scales", DType::kF32, C, tiles});
         parts.push_back({".rope", "rope", DType::kBf16, C + 4 * tiles, R});
+      } else if (st.kind == engine::StreamKind::kIndexerKey && cache.fp8_index_keys()) {
+        const int64_t D = c.index_head_dim, tiles = (D + 127) / 128;
+        parts.push_back({"", "key_e4m3", DType::kFp8E4m3, 0, D});
+        parts.push_back({".scales", "scales", DType::kF32, D, tiles});
       } else if (st.kind == engine::StreamKind::kMlaLatent && cache.format() == engine::KvFormat::kBf16) {
         parts.push_back({"", "latent", DType::kBf16, 0, tb / 2});
       } else {

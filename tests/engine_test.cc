@@ -223,6 +223,45 @@ TEST(Fp8Weights, Fp8CheckpointKeepsItsBytesOthersAreQuantised) {
   EXPECT_GT(err, 4 * err_bf16) << "e4m3 keeps 3 mantissa bits to bf16's 7";
 }
 
+// indexer=fp8_paged scores keys page by page and stops at a request's last page: the page size
+// (5: partial pages everywhere; 16; 64: one page) and the batch change no bit, and it is not the
+// reference indexer (FP8 q and k move the scores; with a prompt longer than index_topk the
+// selection, and so the logits, move).
+TEST(Engine, Fp8PagedIndexerDependsOnNeitherPageSizeNorBatch) {
+  auto m = Model::Load(testing::FixtureDir() / "models" / "v32_sparse");
+  ASSERT_TRUE(m.ok()) << m.status().message();
+  ASSERT_LT((*m)->config().index_topk, 40);
+  auto run = [&](const std::string& indexer, int64_t page_size, int64_t batch) {
+    EngineOptions o;
+    o.kernels = {{"indexer", indexer}};
+    o.page_size = page_size;
+    o.max_batch = batch;
+    auto e = Engine::Create(*m, o);
+    EXPECT_TRUE(e.ok()) << e.status().message();
+    for (int i = 0; i < 3; ++i) {
+      Request r;
+      for (int j = 0; j < 40 + 7 * i; ++j) r.prompt.push_back((13 * j + 5 * i) % 200 + 3);
+      r.max_new_tokens = 6;
+      EXPECT_TRUE((*e)->AddRequest(r).ok());
+    }
+    EXPECT_TRUE((*e)->RunToCompletion().ok());
+    std::vector<float> all;
+    for (int i = 0; i < 3; ++i) {
+      const auto& l = (*e)->request(i).last_logits;
+      all.insert(all.end(), l.begin(), l.end());
+    }
+    return all;
+  };
+  const auto base = run("fp8_paged", 16, 1);
+  for (auto [ps, b] : {std::pair<int64_t, int64_t>{5, 1}, {64, 1}, {16, 3}, {5, 3}}) {
+    const auto other = run("fp8_paged", ps, b);
+    ASSERT_EQ(other.size(), base.size());
+    EXPECT_EQ(0, std::memcmp(other.data(), base.data(), base.size() * 4)) << "page size " << ps << " batch " << b;
+  }
+  const auto ref = run("reference", 16, 1);
+  EXPECT_NE(0, std::memcmp(ref.data(), base.data(), base.size() * 4)) << "fp8_paged ran as the reference";
+}
+
 TEST(Engine, ChunkedPrefillReportsItsChunks) {
   auto m = Model::Load(testing::FixtureDir() / "models" / "v3_basic");
   ASSERT_TRUE(m.ok());

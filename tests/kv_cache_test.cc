@@ -84,6 +84,84 @@ TEST(KvCache, QuantisationErrorIsWithinHalfAStep) {
   }
 }
 
+// indexer=fp8_paged's key stream: index_head_dim e4m3 values then a power-of-two scale per 128
+// (132 bytes for V3.2's 128), by hand; read back it is the FP8 round trip of the key; without
+// the option it stays 512 bytes of fp32 whatever the latent's format.
+TEST(KvCache, Fp8IndexKeysAre132BytesForDeepSeekV32) {
+  auto c = ModelConfig::FromJson(
+      R"({"model_type":"deepseek_v32","num_hidden_layers":1,"first_k_dense_replace":1,"index_head_dim":128,
+          "index_n_heads":64,"index_topk":2048,"q_lora_rank":1536})",
+      "config.json");
+  ASSERT_TRUE(c.ok()) << c.status().message();
+  ASSERT_TRUE(c->has_indexer());
+  PagedKvCache plain(*c, KvFormat::kFp8E4m3, 64, 2);
+  ASSERT_EQ(plain.streams(0).size(), 2u);
+  EXPECT_EQ(plain.streams(0)[1].bytes_per_token, 512);
+  PagedKvCache cache(*c, KvFormat::kBf16, 64, 2, /*fp8_index_keys=*/true);
+  EXPECT_EQ(cache.streams(0)[1].bytes_per_token, 132);
+  SeqCache seq;
+  ASSERT_TRUE(cache.Reserve(&seq, 70).ok());
+  std::vector<float> key(128);
+  for (int i = 0; i < 128; ++i) key[i] = 0.01f * static_cast<float>(i) - 0.3f;
+  key[7] = 5.0f;  // amax 5 → scale 2^ceil(log2(5/448)) = 2^-6
+  cache.WriteIndexKey(0, seq, 67, key.data());  // second page
+  const uint8_t* b = cache.TokenBytes(0, 1, seq, 67);
+  float scale;
+  std::memcpy(&scale, b + 128, 4);
+  EXPECT_EQ(scale, std::ldexp(1.0f, -6));
+  EXPECT_EQ(b[7], kernels::F32ToFp8E4m3(320.0f));  // 5 / 2^-6 = 320, on the e4m3 grid
+  std::vector<float> back(128);
+  cache.ReadIndexKey(0, seq, 67, back.data());
+  std::vector<uint8_t> row(Fp8RowBytes(128));
+  QuantizeFp8Row(key.data(), 128, row.data());
+  EXPECT_EQ(0, std::memcmp(row.data(), b, row.size()));  // the cache stores QuantizeFp8Row's row
+  for (int i = 0; i < 128; ++i) {
+    EXPECT_EQ(back[i], kernels::Fp8E4m3ToF32(b[i]) * scale) << i;
+    EXPECT_LE(std::fabs(back[i] - key[i]), std::ldexp(std::fabs(key[i]), -4) + std::ldexp(scale, -10)) << i;
+  }
+  EXPECT_EQ(back[7], 5.0f);
+}
+
+// Fp8RowDot by hand and against an exact integer sum: per tile the e4m3 products summed in
+// fp64 are exact (so the order cannot matter), times the two scales; tiles in ascending order.
+TEST(KvCache, Fp8RowDotIsTheExactSumOfTheProducts) {
+  // Hand case: a = [1, 2, -0.5] · 2^-3, b = [4, 0.25, 8] · 2^1 → (4 + 0.5 − 4) · 2^-2 = 0.125.
+  const float a[3] = {0.125f, 0.25f, -0.0625f}, b[3] = {8.0f, 0.5f, 16.0f};
+  std::vector<uint8_t> ra(Fp8RowBytes(3)), rb(Fp8RowBytes(3));
+  QuantizeFp8Row(a, 3, ra.data());
+  QuantizeFp8Row(b, 3, rb.data());
+  EXPECT_EQ(Fp8RowDot(ra.data(), rb.data(), 3), 0.125);
+  // Random 128-value rows spanning many binades (subnormal e4m3 values too): the fp64 sum equals
+  // the exact sum of the products as integers in units of 2^-18, and reversing the order of
+  // the products changes nothing.
+  std::mt19937_64 rng(5);
+  std::normal_distribution<float> g(0.0f, 1.0f);
+  for (int rep = 0; rep < 200; ++rep) {
+    std::vector<float> x(128), y(128);
+    for (int i = 0; i < 128; ++i) {
+      x[i] = g(rng) * std::ldexp(1.0f, static_cast<int>(rng() % 20) - 10);
+      y[i] = g(rng) * std::ldexp(1.0f, static_cast<int>(rng() % 20) - 10);
+    }
+    std::vector<uint8_t> rx(Fp8RowBytes(128)), ry(Fp8RowBytes(128));
+    QuantizeFp8Row(x.data(), 128, rx.data());
+    QuantizeFp8Row(y.data(), 128, ry.data());
+    __int128 exact = 0;
+    double reversed = 0;
+    for (int i = 127; i >= 0; --i) {
+      const double p = double(kernels::Fp8E4m3ToF32(rx[i])) * double(kernels::Fp8E4m3ToF32(ry[i]));
+      exact += static_cast<__int128>(std::ldexp(p, 18));  // an integer: checked below
+      ASSERT_EQ(std::ldexp(p, 18), std::floor(std::ldexp(p, 18))) << "product not on the 2^-18 grid";
+      reversed += p;
+    }
+    float sx, sy;
+    std::memcpy(&sx, rx.data() + 128, 4);
+    std::memcpy(&sy, ry.data() + 128, 4);
+    const double want = std::ldexp(static_cast<double>(exact), -18) * (double(sx) * double(sy));
+    EXPECT_EQ(Fp8RowDot(rx.data(), ry.data(), 128), want) << rep;
+    EXPECT_EQ(reversed * (double(sx) * double(sy)), want) << rep;
+  }
+}
+
 TEST(KvCache, PagesAreAllocatedLowestFirstAndReturned) {
   ModelConfig c = V3Shapes();
   PagedKvCache cache(c, KvFormat::kBf16, 4, 5);

@@ -138,7 +138,7 @@ __device__ __forceinline__ void StoreBytes(uint8_t* dst, const void* src, int n)
 __global__ void __launch_bounds__(kWriteThreads) LatentWriteKernel(LatentWriteParams p, int64_t bytes_per_token) {
   dev::GridDependencySync();
   const int64_t r = blockIdx.x;
-  const int32_t slot = p.slots[r];
+  const int64_t slot = p.slots != nullptr ? p.slots[r] : r;
   if (slot == -1) return;
   if (slot < -1 || slot >= p.num_slots) {
     if (threadIdx.x == 0 && p.error_flag != nullptr) atomicOr(p.error_flag, kErrSlot);
@@ -274,8 +274,8 @@ Status WriteLatent(const LatentWriteParams& p, Stream stream) {
   constexpr const char* op = "WriteLatent";
   LS_CHECK_ARG(p.latent != nullptr, op, "latent", p.latent);
   LS_CHECK_ARG(p.rope != nullptr || p.rope_dim == 0, op, "rope", p.rope);
-  LS_CHECK_ARG(p.slots != nullptr, op, "slots", p.slots);
   LS_CHECK_ARG(p.cache != nullptr, op, "cache", p.cache);
+  LS_CHECK_ARG(p.slots != nullptr || p.rows <= p.num_slots, op, "rows (more than num_slots without slots)", p.rows);
   LS_CHECK_ARG(p.rows >= 0 && p.rows < (int64_t{1} << 31), op, "rows", p.rows);
   LS_CHECK_ARG(p.kv_lora > 0, op, "kv_lora", p.kv_lora);
   LS_CHECK_ARG(p.rope_dim >= 0, op, "rope_dim", p.rope_dim);

@@ -161,6 +161,7 @@ Status Rope(const RopeParams& p, Stream stream = nullptr);
 // V3.2 indexer's rotation of q and k (--kernel indexer=hadamard).
 Status Hadamard(float* x, int64_t stride, int64_t rows, int64_t n, Stream stream = nullptr);
 
+
 // ---------------------------------------------------------------------------------------
 // Latent-cache write (quantise on write). Row r goes to global slot slots[r]
 // (= page · page_size + offset) of a pool of `num_slots` tokens. The bytes are identical to
@@ -170,7 +171,7 @@ struct LatentWriteParams {
   int64_t latent_stride = 0;
   const float* rope = nullptr;    // [rows, rope_dim], row stride rope_stride (already RoPE'd)
   int64_t rope_stride = 0;
-  const int32_t* slots = nullptr; // [rows] device; −1 skips the row
+  const int32_t* slots = nullptr; // [rows] device; −1 skips the row; null: row r to slot r
   uint8_t* cache = nullptr;       // [num_slots, LatentBytesPerToken(format, kv_lora, rope_dim)]
   int64_t num_slots = 0;
   int64_t rows = 0, kv_lora = 0, rope_dim = 0;
@@ -246,6 +247,12 @@ struct IndexerScoreParams {
   int64_t weights_stride = 0;
   float key_scale = 0.0f;          // head_dim^-0.5
   const float* keys = nullptr;     // [num_pages, page_size, head_dim] indexer keys, fp32
+  // indexer=fp8_paged instead of q and keys: FP8 rows (engine::QuantizeFp8Row's layout, which
+  // WriteLatent's fp8 format without rope writes), q_fp8 [batch·heads] (row b·heads + h) and
+  // keys_fp8 [num_pages·page_size]. Then Dot(q_h, k_t) above is float(engine::Fp8RowDot):
+  // exact per 128-value tile in fp64 whatever the order, so the kernel tiles freely.
+  const uint8_t* q_fp8 = nullptr;
+  const uint8_t* keys_fp8 = nullptr;
   int64_t num_pages = 0, page_size = 0;
   const int32_t* page_table = nullptr;  // [batch, page_table_stride]
   int64_t page_table_stride = 0;

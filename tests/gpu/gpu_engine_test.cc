@@ -706,41 +706,83 @@ TEST(GpuEngine, TapsMatchTheCpuBackendAndTheCacheMirror) {
   EXPECT_LE(std::sqrt(num / std::max(den, 1e-30)), 1e-4) << "mirrored indexer keys";
 }
 
-// --kernel indexer=hadamard on the GPU is the CPU's: the same keys selected at every sparse
-// layer and step (the indexer top-k taps, bytes equal), logits within the taps' bound; and it is
-// the variant the step ran (a non-power-of-two head size is refused the way the CPU refuses it).
-TEST(GpuEngine, HadamardIndexerSelectsTheCpusKeys) {
+// --kernel indexer=hadamard and indexer=fp8_paged on the GPU are the CPU's: the same keys
+// selected at every sparse layer and step (the indexer top-k taps, bytes equal), logits within
+// the taps' bound. fp8_paged's keys are stored as FP8 rows (the host mirror holds the GPU's
+// bytes: a power-of-two scale after each 128 values) and its bits depend neither on the batch
+// nor on arrival order.
+TEST(GpuEngine, HadamardAndFp8IndexersSelectTheCpusKeys) {
   LS_REQUIRE_GPU();
-  auto run = [&](EngineOptions o, TapRecorder* rec) {
-    o.kernels["indexer"] = "hadamard";
-    auto eng = Engine::Create(Tiny(), o);
-    EXPECT_TRUE(eng.ok()) << eng.status().message();
-    (*eng)->SetTapHook(rec);
-    engine::Request r;
-    for (int j = 0; j < 70; ++j) r.prompt.push_back(static_cast<int32_t>(29 * j % 5000 + 10));
-    r.max_new_tokens = 8;
-    EXPECT_TRUE((*eng)->AddRequest(r).ok());
-    const Status st = (*eng)->RunToCompletion();
-    EXPECT_TRUE(st.ok()) << st.message();
-    return (*eng)->request(0).last_logits;
-  };
-  EngineOptions cpu;
-  cpu.page_size = 16;
-  cpu.kv_cache_tokens = 4096;
-  TapRecorder g, c;
-  const auto gl = run(Cuda(engine::KvFormat::kFp32, "fp32_dot"), &g);
-  const auto cl = run(cpu, &c);
-  int selections = 0;
-  for (const auto& [name, ct] : c.taps) {
-    if (name.find("indexer") == std::string::npos || ct.dtype != engine::TapDType::kI32) continue;
-    auto it = g.taps.find(name);
-    ASSERT_NE(it, g.taps.end()) << name;
-    EXPECT_EQ(it->second.bytes, ct.bytes) << name;
-    ++selections;
+  for (const char* variant : {"hadamard", "fp8_paged"}) {
+    SCOPED_TRACE(std::string("indexer=") + variant);
+    std::vector<std::vector<uint8_t>> key_rows;
+    auto run = [&](EngineOptions o, TapRecorder* rec, bool gpu) {
+      o.kernels["indexer"] = variant;
+      auto eng = Engine::Create(Tiny(), o);
+      EXPECT_TRUE(eng.ok()) << eng.status().message();
+      (*eng)->SetTapHook(rec);
+      if (gpu) {
+        (*eng)->SetForwardCallback([&](std::span<const engine::Segment> segs, const engine::PagedKvCache& cache) {
+          for (const auto& g : segs) {
+            for (int64_t l = 0; l < Tiny()->config().num_hidden_layers; ++l) {
+              if (cache.streams(l).size() < 2) continue;
+              const uint8_t* b = cache.TokenBytes(l, 1, *g.cache, g.start_pos);
+              key_rows.emplace_back(b, b + cache.streams(l)[1].bytes_per_token);
+            }
+          }
+        });
+      }
+      engine::Request r;
+      for (int j = 0; j < 70; ++j) r.prompt.push_back(static_cast<int32_t>(29 * j % 5000 + 10));
+      r.max_new_tokens = 8;
+      EXPECT_TRUE((*eng)->AddRequest(r).ok());
+      const Status st = (*eng)->RunToCompletion();
+      EXPECT_TRUE(st.ok()) << st.message();
+      return (*eng)->request(0).last_logits;
+    };
+    EngineOptions cpu;
+    cpu.page_size = 16;
+    cpu.kv_cache_tokens = 4096;
+    TapRecorder g, c;
+    const auto gl = run(Cuda(engine::KvFormat::kFp32, "fp32_dot"), &g, true);
+    const auto cl = run(cpu, &c, false);
+    int selections = 0;
+    for (const auto& [name, ct] : c.taps) {
+      if (name.find("indexer") == std::string::npos || ct.dtype != engine::TapDType::kI32) continue;
+      auto it = g.taps.find(name);
+      ASSERT_NE(it, g.taps.end()) << name;
+      EXPECT_EQ(it->second.bytes, ct.bytes) << name;
+      ++selections;
+    }
+    EXPECT_GT(selections, 8);
+    ASSERT_EQ(gl.size(), cl.size());
+    EXPECT_LE(testing::RelMaxErr(gl.data(), cl.data(), static_cast<int64_t>(cl.size())), 1e-4);
+    const int64_t di = Tiny()->config().index_head_dim;
+    ASSERT_FALSE(key_rows.empty());
+    for (const auto& row : key_rows) {
+      if (std::string(variant) == "fp8_paged") {
+        ASSERT_EQ(static_cast<int64_t>(row.size()), di + 4);  // 32 e4m3 values and one scale
+        float scale;
+        std::memcpy(&scale, row.data() + di, 4);
+        int e;
+        EXPECT_EQ(std::frexp(scale, &e), 0.5f) << "scale " << scale << " is not a power of two";
+      } else {
+        ASSERT_EQ(static_cast<int64_t>(row.size()), di * 4);
+      }
+    }
   }
-  EXPECT_GT(selections, 8);
-  ASSERT_EQ(gl.size(), cl.size());
-  EXPECT_LE(testing::RelMaxErr(gl.data(), cl.data(), static_cast<int64_t>(cl.size())), 1e-4);
+  // fp8_paged: batch 1, batch 8 and staggered arrivals give the same bits.
+  EngineOptions o = Cuda(engine::KvFormat::kFp8E4m3, "bf16_dot");
+  o.kernels["indexer"] = "fp8_paged";
+  std::vector<std::vector<int32_t>> t1, t8;
+  const Logits alone = RunBatch(o, 1, false, &t1);
+  const Logits stagger = RunBatch(o, 8, true, &t8);
+  for (const auto& [id, steps] : alone) {
+    for (size_t st = 0; st < steps.size(); ++st) {
+      EXPECT_TRUE(Bitwise(steps[st], stagger.at(id)[st])) << "request " << id << " step " << st;
+    }
+  }
+  EXPECT_EQ(t1, t8);
 }
 
 // The router's logits (RowDots) are cpu::Dot's bits, for any row count and odd lengths: the

@@ -12,6 +12,8 @@
 #include <random>
 #include <vector>
 
+#include "engine/kv_cache.h"
+#include "kernels/cpu/numerics.h"
 #include "kernels/cpu/ops.h"
 #include "kernels/cuda/ops.h"
 #include "tests/gpu/gpu_test_util.h"
@@ -26,6 +28,7 @@ struct IndexerCase {
   int64_t heads, dim, topk, page_size;
   std::vector<int64_t> lens;
   bool ties;  // many exactly-zero and duplicated scores
+  bool fp8 = false;  // keys stored as the cache's FP8 rows (indexer=fp8_paged)
 };
 
 struct IndexerData {
@@ -33,6 +36,7 @@ struct IndexerData {
   std::vector<float> q, w, keys;   // q [B, H, d]; w [B, H]; keys [num_pages, page_size, d]
   std::vector<int32_t> table;      // [B, max_pages]
   std::vector<int32_t> lens;
+  std::vector<uint8_t> keys8, q8;  // fp8: FP8 rows of every slot's key and every (b, h) query
 };
 
 IndexerData MakeData(const IndexerCase& c, uint64_t seed) {
@@ -74,6 +78,16 @@ IndexerData MakeData(const IndexerCase& c, uint64_t seed) {
       }
     }
   }
+  if (c.fp8) {
+    // Every used slot's key and every query as the engine's FP8 rows (unused slots: NaN bytes).
+    const int64_t rb = engine::Fp8RowBytes(c.dim);
+    d.keys8.assign(d.num_pages * c.page_size * rb, 0x7f);
+    for (int64_t slot = 0; slot < d.num_pages * c.page_size; ++slot) {
+      if (!std::isnan(d.keys[slot * c.dim])) engine::QuantizeFp8Row(&d.keys[slot * c.dim], c.dim, &d.keys8[slot * rb]);
+    }
+    d.q8.resize(d.B * c.heads * rb);
+    for (int64_t i = 0; i < d.B * c.heads; ++i) engine::QuantizeFp8Row(&d.q[i * c.dim], c.dim, &d.q8[i * rb]);
+  }
   return d;
 }
 
@@ -87,8 +101,13 @@ void CpuIndexer(const IndexerCase& c, const IndexerData& d, int64_t b, float ksc
     const float* kt = &d.keys[(static_cast<int64_t>(d.table[b * d.max_pages + t / c.page_size]) * c.page_size +
                                t % c.page_size) * c.dim];
     float s = 0;
+    const int64_t rb = engine::Fp8RowBytes(c.dim), slot = (kt - d.keys.data()) / c.dim;
     for (int64_t hd = 0; hd < c.heads; ++hd) {
-      const float dd = cpu::Dot(&d.q[(b * c.heads + hd) * c.dim], kt, c.dim) * kscale;
+      // fp8: engine/model.cc's fp8_paged product, the rows' exact dot rounded once.
+      const float dot = c.fp8 ? static_cast<float>(engine::Fp8RowDot(&d.q8[(b * c.heads + hd) * rb],
+                                                                     &d.keys8[slot * rb], c.dim))
+                              : cpu::Dot(&d.q[(b * c.heads + hd) * c.dim], kt, c.dim);
+      const float dd = dot * kscale;
       s += d.w[b * c.heads + hd] * std::max(dd, 0.0f);
     }
     sc_t[t] = {s, static_cast<int32_t>(t)};
@@ -112,6 +131,7 @@ struct GpuIndexer {
 
 GpuIndexer RunGpu(const IndexerCase& c, const IndexerData& d, float kscale) {
   auto dq = Upload(d.q), dw = Upload(d.w), dk = Upload(d.keys), dt = Upload(d.table), dl = Upload(d.lens);
+  auto dk8 = Upload(c.fp8 ? d.keys8 : std::vector<uint8_t>(1, 0)), dq8 = Upload(c.fp8 ? d.q8 : std::vector<uint8_t>(1, 0));
   auto dscores = Zeros<float>(d.B * d.max_len), dpos = Zeros<int32_t>(d.B * c.topk),
        dslots = Zeros<int32_t>(d.B * c.topk), flag = Zeros<int32_t>(1);
   cu::IndexerScoreParams s;
@@ -124,7 +144,12 @@ GpuIndexer RunGpu(const IndexerCase& c, const IndexerData& d, float kscale) {
   s.weights = dw.as<float>();
   s.weights_stride = c.heads;
   s.key_scale = kscale;
-  s.keys = dk.as<float>();
+  if (c.fp8) {
+    s.q_fp8 = dq8.as<uint8_t>();
+    s.keys_fp8 = dk8.as<uint8_t>();
+  } else {
+    s.keys = dk.as<float>();
+  }
   s.num_pages = d.num_pages;
   s.page_size = c.page_size;
   s.page_table = dt.as<int32_t>();
@@ -168,7 +193,7 @@ bool SameBitsOrBothNan(float a, float b) {
 
 void CheckCase(const IndexerCase& c, uint64_t seed) {
   SCOPED_TRACE("heads " + std::to_string(c.heads) + " dim " + std::to_string(c.dim) + " topk " +
-               std::to_string(c.topk) + (c.ties ? " (ties)" : ""));
+               std::to_string(c.topk) + (c.ties ? " (ties)" : "") + (c.fp8 ? " fp8 keys" : ""));
   const IndexerData d = MakeData(c, seed);
   const float kscale = 1.0f / std::sqrt(static_cast<float>(c.dim));
   const GpuIndexer g = RunGpu(c, d, kscale);
@@ -211,6 +236,19 @@ TEST(CudaIndexer, ScoresBitwiseAndTopKIdenticalToCpu) {
   CheckCase({8, 32, 16, 16, {1, 16, 17, 70}, false}, 3);              // the tiny test model
   CheckCase({8, 32, 16, 16, {70, 40}, true}, 4);
   CheckCase({5, 20, 7, 3, {50, 7, 6}, true}, 5);                      // odd shapes: head tail, dim tail
+}
+
+// indexer=fp8_paged: queries and keys as FP8 rows, each product the rows' exact dot rounded
+// once (engine::Fp8RowDot) — whatever the kernel's tiling, the CPU's scores bit for bit and the
+// same sets, ties included. Tiles of 64 keys past a request's end exit at once (-inf).
+TEST(CudaIndexer, Fp8RowsScoreAsTheirExactDot) {
+  LS_REQUIRE_GPU();
+  CheckCase({64, 128, 2048, 64, {5000, 2048, 100, 2049}, false, true}, 11);  // V3.2: 132-byte rows
+  CheckCase({64, 128, 2048, 64, {3000, 2500}, true, true}, 12);
+  CheckCase({8, 32, 16, 16, {1, 16, 17, 70}, false, true}, 13);              // 36-byte rows
+  CheckCase({4, 256, 40, 5, {90, 33}, false, true}, 14);                     // two tiles a key
+  CheckCase({5, 32, 7, 3, {50, 7, 6}, true, true}, 15);                      // odd heads, pages of 3
+  CheckCase({100, 64, 30, 16, {200, 64, 65}, false, true}, 16);              // two passes over heads
 }
 
 TEST(CudaIndexer, DeterministicAndBatchInvariant) {
