@@ -51,7 +51,7 @@ int Fail(const std::string& m) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  std::string model_dir, kv = "fp32", capture = "full", out, expect;
+  std::string model_dir, kv = "fp32", capture = "full", out, expect, indexer;
   int64_t max_tokens = 12, requests = 3, chunk_bytes = 8 << 10;
   double flush_interval = 0;
   bool print_flushes = false;
@@ -60,6 +60,7 @@ int main(int argc, char** argv) {
     auto next = [&]() -> std::string { return i + 1 < argc ? argv[++i] : ""; };
     if (a == "--model") model_dir = next();
     else if (a == "--kv") kv = next();
+    else if (a == "--indexer") indexer = next();
     else if (a == "--capture") capture = next();
     else if (a == "--out") out = next();
     else if (a == "--expect") expect = next();
@@ -70,13 +71,16 @@ int main(int argc, char** argv) {
     else if (a == "--chunk-bytes") chunk_bytes = std::stoll(next());
     else return Fail("unknown argument " + a);
   }
-  if (model_dir.empty() || out.empty()) return Fail("usage: --model DIR --out X.h5 [--kv F] [--expect X.json]");
+  if (model_dir.empty() || out.empty()) {
+    return Fail("usage: --model DIR --out X.h5 [--kv F] [--indexer VARIANT] [--expect X.json]");
+  }
   auto model = engine::Model::Load(model_dir);
   if (!model.ok()) return Fail(model.status().message());
   engine::EngineOptions eo;
   auto fmt = engine::ParseKvFormat(kv);
   if (!fmt.ok()) return Fail(fmt.status().message());
   eo.kv_format = *fmt;
+  if (!indexer.empty()) eo.kernels["indexer"] = indexer;
   eo.page_size = 16;
   eo.max_batch = 2;  // three requests: the third joins when the first finishes
   auto eng = engine::Engine::Create(*model, eo);
@@ -154,6 +158,8 @@ int main(int argc, char** argv) {
   if (!expect.empty()) {
     json j;
     j["kv_format"] = kv;
+    j["fp8_index_keys"] = indexer == "fp8_paged";
+    j["index_head_dim"] = (*model)->config().index_head_dim;
     j["capture"] = capture;
     j["taps"] = witness.taps;
     j["kv"] = kv_expect;

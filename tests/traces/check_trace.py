@@ -204,6 +204,14 @@ def main():
             assert parts[0].dtype == np.uint8 and parts[1].dtype == np.float32 and parts[2].dtype == np.uint16
         elif name.endswith(".latent") and fmt == "bf16":
             assert parts[0].dtype == np.uint16 and text(f[path].attrs["dtype"]) == "bf16"
+        elif name.endswith(".indexer_k") and exp.get("fp8_index_keys"):
+            # indexer=fp8_paged: e4m3 values, then a power-of-two fp32 scale per 128 of them.
+            parts += [read_table(f, side, path + ".scales/values")]
+            D = exp["index_head_dim"]
+            assert parts[0].dtype == np.uint8 and parts[0].shape[1] == D, f"{path}: fp8 key values"
+            assert parts[1].dtype == np.float32 and parts[1].shape[1] == (D + 127) // 128, f"{path}: key scales"
+            mant, _ = np.frexp(parts[1])
+            assert np.all(mant == 0.5), f"{path}: a key scale is not a power of two"
         for req, pos, want in rows:
             i = key[(req, pos)]
             token = b"".join(np.ascontiguousarray(p[i]).tobytes() for p in parts)
