@@ -19,6 +19,7 @@ constexpr int kScoreThreads = 128;  // one key per thread, a tile of 128 keys pe
 constexpr int kHeadBlock = 4;       // heads sharing one pass over a key row
 constexpr size_t kMaxScoreSmem = 220 * 1024;
 constexpr int kTopKThreads = 512;
+constexpr int kTopKPer = 8;  // positions a thread takes per chunk of the final pass
 
 size_t ScoreSmem(int64_t heads, int64_t head_dim) {
   return sizeof(int64_t) * kScoreThreads + sizeof(float) * (heads * head_dim + heads + kScoreThreads * (head_dim + 1));
@@ -121,9 +122,26 @@ __global__ void __launch_bounds__(kTopKThreads) TopKKernel(TopKParams p) {
     for (int shift = 24; shift >= 0; shift -= 8) {
       for (int i = tid; i < 256; i += kTopKThreads) hist[i] = 0;
       __syncthreads();
-      for (int64_t t = tid; t < n; t += kTopKThreads) {
-        const uint32_t key = dev::OrderedKey(sc[t]);
-        if ((key & mask) == prefix) atomicAdd(&hist[(key >> shift) & 255u], 1);
+      // Lanes of a warp with the same digit add once, all of them (scores cluster in a few
+      // digits: per-lane atomics on one counter serialise). Counts: order-independent.
+      // A thread's kTopKPer loads go out together (one CTA walks the row: latency-bound).
+      for (int64_t base = 0; base < n; base += static_cast<int64_t>(kTopKThreads) * kTopKPer) {
+        float v[kTopKPer];
+#pragma unroll
+        for (int j = 0; j < kTopKPer; ++j) {
+          const int64_t t = base + j * kTopKThreads + tid;
+          v[j] = t < n ? sc[t] : 0.0f;
+        }
+#pragma unroll
+        for (int j = 0; j < kTopKPer; ++j) {
+          uint32_t digit = 256;  // none
+          if (base + j * kTopKThreads + tid < n) {
+            const uint32_t key = dev::OrderedKey(v[j]);
+            if ((key & mask) == prefix) digit = (key >> shift) & 255u;
+          }
+          const unsigned peers = __match_any_sync(0xffffffffu, digit);
+          if (digit < 256 && (tid & 31) == __ffs(peers) - 1) atomicAdd(&hist[digit], __popc(peers));
+        }
       }
       __syncthreads();
       if (tid == 0) {
@@ -144,23 +162,36 @@ __global__ void __launch_bounds__(kTopKThreads) TopKKernel(TopKParams p) {
       __syncthreads();
     }
     // Keep every key > τ and the first `remaining` keys == τ, scanning positions upwards so the
-    // output comes out in ascending position order.
+    // output comes out in ascending position order: chunks of kTopKPer positions a thread
+    // (contiguous, so a scan over threads orders them), until all k are written.
     const uint32_t tau = prefix;
     int eq_taken = 0, written = 0;
-    for (int64_t base = 0; base < n; base += kTopKThreads) {
-      const int64_t t = base + tid;
-      const uint32_t key = t < n ? dev::OrderedKey(sc[t]) : 0u;
-      const int gt = (t < n && key > tau) ? 1 : 0;
-      const int eq = (t < n && key == tau) ? 1 : 0;
+    for (int64_t base = 0; base < n && written < k; base += static_cast<int64_t>(kTopKThreads) * kTopKPer) {
+      const int64_t t0 = base + static_cast<int64_t>(tid) * kTopKPer;
+      uint32_t keys[kTopKPer];
+      int gt = 0, eq = 0;
+#pragma unroll
+      for (int j = 0; j < kTopKPer; ++j) {
+        keys[j] = t0 + j < n ? dev::OrderedKey(sc[t0 + j]) : 0u;
+        gt += (t0 + j < n && keys[j] > tau) ? 1 : 0;
+        eq += (t0 + j < n && keys[j] == tau) ? 1 : 0;
+      }
       int eq_rank, eq_total;
       Scan(scan_tmp).ExclusiveSum(eq, eq_rank, eq_total);
       __syncthreads();
-      const int sel = (gt || (eq && eq_taken + eq_rank < remaining)) ? 1 : 0;
+      // This thread's keys == τ that are still wanted, in position order.
+      const int eq_want = max(0, min(eq, remaining - eq_taken - eq_rank));
       int sel_rank, sel_total;
-      Scan(scan_tmp).ExclusiveSum(sel, sel_rank, sel_total);
+      Scan(scan_tmp).ExclusiveSum(gt + eq_want, sel_rank, sel_total);
       __syncthreads();
-      if (sel) {
-        const int at = written + sel_rank;
+      int at = written + sel_rank, eq_seen = 0;
+#pragma unroll
+      for (int j = 0; j < kTopKPer; ++j) {
+        const int64_t t = t0 + j;
+        if (t >= n) break;
+        bool sel = keys[j] > tau;
+        if (keys[j] == tau) sel = eq_seen++ < eq_want;
+        if (!sel) continue;
         pos_out[at] = static_cast<int32_t>(t);
         if (slot_out != nullptr) {
           const int32_t page = p.page_table[b * p.page_table_stride + t / p.page_size];
@@ -171,6 +202,7 @@ __global__ void __launch_bounds__(kTopKThreads) TopKKernel(TopKParams p) {
             slot_out[at] = static_cast<int32_t>(static_cast<int64_t>(page) * p.page_size + t % p.page_size);
           }
         }
+        ++at;
       }
       eq_taken += eq_total;
       written += sel_total;
