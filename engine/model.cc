@@ -522,7 +522,9 @@ Status Model::Forward(std::span<Segment> segs, PagedKvCache& cache, const kernel
           cpu::Hadamard(&ikn[r * di], di);
         }
         if (indexer_fp8) {
-          for (int64_t hd = 0; hd < nhi; ++hd) QuantizeFp8Row(&iq[(r * nhi + hd) * di], di, &iq8[(r * nhi + hd) * row8]);
+          for (int64_t hd = 0; hd < nhi; ++hd) {
+            QuantizeFp8Row(&iq[(r * nhi + hd) * di], di, &iq8[(r * nhi + hd) * row8]);
+          }
         }
         for (int64_t hd = 0; hd < nhi; ++hd) iw[r * nhi + hd] *= wscale;
         cache.WriteIndexKey(l, *segs[seg_of[r]].cache, pos[r], &ikn[r * di]);

@@ -297,7 +297,8 @@ __global__ void __launch_bounds__(kF8Threads) IndexerFp8ScoreKernel(IndexerScore
       for (int u = 0; u < kBatch; ++u) {
         const int i = base + u * kF8Threads + tid;
         if (i < rows * words) {
-          const float2 lo = dev::Fp8x2ToF32(static_cast<uint16_t>(v[u])), hi = dev::Fp8x2ToF32(static_cast<uint16_t>(v[u] >> 16));
+          const float2 lo = dev::Fp8x2ToF32(static_cast<uint16_t>(v[u]));
+          const float2 hi = dev::Fp8x2ToF32(static_cast<uint16_t>(v[u] >> 16));
           double2* d = reinterpret_cast<double2*>(dst + (i / words) * dp + 4 * (i % words));
           d[0] = make_double2(lo.x, lo.y);
           d[1] = make_double2(hi.x, hi.y);
@@ -312,7 +313,8 @@ __global__ void __launch_bounds__(kF8Threads) IndexerFp8ScoreKernel(IndexerScore
   // The request's queries, once for all the CTA's tiles (rows past H up to the warp tiles: 0).
   const uint8_t* qrows = p.q_fp8 + static_cast<int64_t>(b) * H * rb;
   stage([&](int r) { return qrows + r * rb; }, H, qd, qs);
-  for (int i = H * static_cast<int>(dp) + tid; i < (H + 15) / 16 * 16 * static_cast<int>(dp); i += kF8Threads) qd[i] = 0.0;
+  const int q_end = (H + 15) / 16 * 16 * static_cast<int>(dp);
+  for (int i = H * static_cast<int>(dp) + tid; i < q_end; i += kF8Threads) qd[i] = 0.0;
   for (int h = tid; h < H; h += kF8Threads) w_s[h] = p.weights[b * p.weights_stride + h];
 
   const int lane = tid & 31, warp = tid >> 5, gid = lane >> 2, tig = lane & 3;

@@ -495,7 +495,9 @@ __global__ void __launch_bounds__(kWarps * 32) ExpertGemmKernel(ExpertGemmParams
         for (; c + 16 * kUnroll <= full; c += 16 * kUnroll) {
           float w[kUnroll][8];
 #pragma unroll
-          for (int u = 0; u < kUnroll; ++u) LoadW8<kW, kVec>(p.w, w_row + t0 + c + 16 * u, scale8(t0 + c + 16 * u), w[u]);
+          for (int u = 0; u < kUnroll; ++u) {
+            LoadW8<kW, kVec>(p.w, w_row + t0 + c + 16 * u, scale8(t0 + c + 16 * u), w[u]);
+          }
 #pragma unroll
           for (int u = 0; u < kUnroll; ++u) Fma8<kChunk>(w[u], xs, c + 16 * u + 8 * h, ns, acc);
         }

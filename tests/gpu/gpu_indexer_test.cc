@@ -131,7 +131,8 @@ struct GpuIndexer {
 
 GpuIndexer RunGpu(const IndexerCase& c, const IndexerData& d, float kscale) {
   auto dq = Upload(d.q), dw = Upload(d.w), dk = Upload(d.keys), dt = Upload(d.table), dl = Upload(d.lens);
-  auto dk8 = Upload(c.fp8 ? d.keys8 : std::vector<uint8_t>(1, 0)), dq8 = Upload(c.fp8 ? d.q8 : std::vector<uint8_t>(1, 0));
+  const std::vector<uint8_t> none(1, 0);
+  auto dk8 = Upload(c.fp8 ? d.keys8 : none), dq8 = Upload(c.fp8 ? d.q8 : none);
   auto dscores = Zeros<float>(d.B * d.max_len), dpos = Zeros<int32_t>(d.B * c.topk),
        dslots = Zeros<int32_t>(d.B * c.topk), flag = Zeros<int32_t>(1);
   cu::IndexerScoreParams s;
