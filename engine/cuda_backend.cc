@@ -84,10 +84,30 @@ bool AppendRowScales(const Fp8Blocks& f, std::vector<float>* out) {
   return true;
 }
 
+// m's FP8 form for gemm=fp8_dot: its own (an FP8 checkpoint's tensor), or — `quantize`, for a
+// checkpoint without FP8 tensors — Fp8Blocks::Quantize's, made here (as Model::Fp8Weights makes
+// it for the CPU, without keeping a dequantised fp32 copy of the model on the host); null for an
+// FP8 checkpoint's other tensors, which stay as stored.
+std::shared_ptr<const Fp8Blocks> Fp8Of(const Matrix& m, bool quantize) {
+  if (m.fp8 != nullptr || !quantize || m.empty()) return m.fp8;
+  return std::make_shared<Fp8Blocks>(Fp8Blocks::Quantize(m.ptr(), m.rows, m.cols));
+}
+
+// The fp32 values gemm=fp8_dot computes with: the FP8 form's dequantisation, else the stored ones.
+std::vector<float> Fp8Values(const Matrix& m, const Fp8Blocks* f) {
+  if (f == nullptr) return m.data;
+  std::vector<float> v(static_cast<size_t>(m.rows * m.cols));
+  for (int64_t r = 0; r < m.rows; ++r) {
+    for (int64_t c = 0; c < m.cols; ++c) v[r * m.cols + c] = f->value(r, c);
+  }
+  return v;
+}
+
 // Rows of several matrices stacked into one device tensor (gate ; up → [2I, in]), in the
-// backend's weight precision: bf16, or (fp8) FP8 when every part has an FP8 form whose blocks
-// fit 128-column chunks — else fp32, the exact dequantised values.
-Result<DevTensor> UploadStacked(const std::vector<const Matrix*>& parts, bool bf16, bool fp8 = false) {
+// backend's weight precision: bf16; or (fp8) FP8 when every part has an FP8 form (Fp8Of) whose
+// blocks fit 128-column chunks — else fp32, the values those forms dequantise to.
+Result<DevTensor> UploadStacked(const std::vector<const Matrix*>& parts, bool bf16, bool fp8 = false,
+                                bool quantize = false) {
   int64_t rows = 0;
   const int64_t cols = parts.empty() ? 0 : parts[0]->cols;
   for (const Matrix* m : parts) {
@@ -95,17 +115,26 @@ Result<DevTensor> UploadStacked(const std::vector<const Matrix*>& parts, bool bf
     rows += m->rows;
   }
   if (fp8) {
+    std::vector<std::shared_ptr<const Fp8Blocks>> blocks;
     std::vector<uint8_t> values;
     std::vector<float> scales;
     bool ok = true;
     for (const Matrix* m : parts) {
-      if (m->fp8 == nullptr || !AppendRowScales(*m->fp8, &scales)) {
+      blocks.push_back(Fp8Of(*m, quantize));
+      if (blocks.back() == nullptr || !AppendRowScales(*blocks.back(), &scales)) {
         ok = false;
-        break;
+      } else {
+        values.insert(values.end(), blocks.back()->values.begin(), blocks.back()->values.end());
       }
-      values.insert(values.end(), m->fp8->values.begin(), m->fp8->values.end());
     }
     if (ok) return UploadFp8(values, scales, rows, cols);
+    std::vector<float> host;
+    host.reserve(static_cast<size_t>(rows * cols));
+    for (size_t i = 0; i < parts.size(); ++i) {
+      const std::vector<float> v = Fp8Values(*parts[i], blocks[i].get());
+      host.insert(host.end(), v.begin(), v.end());
+    }
+    return Upload(host.data(), rows, cols, false);
   }
   if (parts.size() == 1) return Upload(parts[0]->ptr(), rows, cols, bf16);
   std::vector<float> host;
@@ -114,15 +143,20 @@ Result<DevTensor> UploadStacked(const std::vector<const Matrix*>& parts, bool bf
   return Upload(host.data(), rows, cols, bf16);
 }
 
-Result<DevTensor> Upload(const Matrix& m, bool bf16, bool fp8 = false) { return UploadStacked({&m}, bf16, fp8); }
+Result<DevTensor> Upload(const Matrix& m, bool bf16, bool fp8 = false, bool quantize = false) {
+  return UploadStacked({&m}, bf16, fp8, quantize);
+}
 
 // W_UKᵀ per head, [nh·C, dn] (row h·C + k, column a = kv_b_proj[h·(dn + dv) + a, k]): FP8 when
-// kv_b_proj is FP8 and each transposed row's 128-column chunk lies in one block of it (dn and
-// dn + dv multiples of 128: DeepSeek's shapes), else fp32 / bf16 of the dequantised values.
-Result<DevTensor> UploadUkT(const Matrix& kv_b, int64_t nh, int64_t C, int64_t dn, int64_t dv, bool bf16, bool fp8) {
+// kv_b_proj has an FP8 form and each transposed row's 128-column chunk lies in one block of it
+// (dn and dn + dv multiples of 128: DeepSeek's shapes), else fp32 / bf16 of the values the
+// product uses (under fp8, the FP8 form's dequantisation).
+Result<DevTensor> UploadUkT(const Matrix& kv_b, int64_t nh, int64_t C, int64_t dn, int64_t dv, bool bf16, bool fp8,
+                            bool quantize) {
   const int64_t chunks = (dn + 127) / 128;
-  if (fp8 && kv_b.fp8 != nullptr) {
-    const Fp8Blocks& f = *kv_b.fp8;
+  const std::shared_ptr<const Fp8Blocks> blocks = fp8 ? Fp8Of(kv_b, quantize) : nullptr;
+  if (blocks != nullptr) {
+    const Fp8Blocks& f = *blocks;
     std::vector<uint8_t> values(static_cast<size_t>(nh * C * dn));
     std::vector<float> scales(static_cast<size_t>(nh * C * chunks));
     bool ok = true;
@@ -143,10 +177,11 @@ Result<DevTensor> UploadUkT(const Matrix& kv_b, int64_t nh, int64_t C, int64_t d
     }
     if (ok) return UploadFp8(values, scales, nh * C, dn);
   }
+  const std::vector<float> kvb = fp8 ? Fp8Values(kv_b, blocks.get()) : std::vector<float>();
   std::vector<float> ukt(static_cast<size_t>(nh * C * dn));
   for (int64_t h = 0; h < nh; ++h) {
     for (int64_t a = 0; a < dn; ++a) {
-      const float* row = kv_b.row(h * (dn + dv) + a);
+      const float* row = fp8 ? &kvb[(h * (dn + dv) + a) * C] : kv_b.row(h * (dn + dv) + a);
       for (int64_t k = 0; k < C; ++k) ukt[(h * C + k) * dn + a] = row[k];
     }
   }
@@ -261,11 +296,14 @@ Status CudaBackend::AcquireWeights() {
 
 Status CudaBackend::UploadWeights(DeviceWeights* dw) {
   const ModelConfig& c = model_->config();
-  const ModelWeights& W = fp8_ ? model_->Fp8Weights() : model_->weights();
+  const ModelWeights& W = model_->weights();
+  // gemm=fp8_dot: a checkpoint without FP8 tensors is quantised here, matrix by matrix (the
+  // matrices Model::Fp8Weights quantises for the CPU: the same Fp8Blocks::Quantize).
+  const bool q8 = fp8_ && W.fp8_tensors == 0;
   const int64_t nh = c.num_attention_heads, dn = c.qk_nope_head_dim, dv = c.v_head_dim, C = c.kv_lora_rank;
   LS_ASSIGN_OR_RETURN(dw->embed, Upload(W.embed, false));
   LS_ASSIGN_OR_RETURN(dw->final_norm, Upload(W.final_norm, false));
-  LS_ASSIGN_OR_RETURN(dw->lm_head, Upload(W.lm_head, bf16_, fp8_));
+  LS_ASSIGN_OR_RETURN(dw->lm_head, Upload(W.lm_head, bf16_, fp8_, q8));
   dw->layers.resize(c.num_hidden_layers);
   for (int64_t l = 0; l < c.num_hidden_layers; ++l) {
     const LayerWeights& L = W.layers[l];
@@ -273,28 +311,28 @@ Status CudaBackend::UploadWeights(DeviceWeights* dw) {
     LS_ASSIGN_OR_RETURN(D.input_norm, Upload(L.input_norm, false));
     LS_ASSIGN_OR_RETURN(D.post_attn_norm, Upload(L.post_attn_norm, false));
     if (c.q_lora_rank > 0) {
-      LS_ASSIGN_OR_RETURN(D.q_a_proj, Upload(L.q_a_proj, bf16_, fp8_));
+      LS_ASSIGN_OR_RETURN(D.q_a_proj, Upload(L.q_a_proj, bf16_, fp8_, q8));
       LS_ASSIGN_OR_RETURN(D.q_a_norm, Upload(L.q_a_norm, false));
-      LS_ASSIGN_OR_RETURN(D.q_b_proj, Upload(L.q_b_proj, bf16_, fp8_));
+      LS_ASSIGN_OR_RETURN(D.q_b_proj, Upload(L.q_b_proj, bf16_, fp8_, q8));
     } else {
-      LS_ASSIGN_OR_RETURN(D.q_proj, Upload(L.q_proj, bf16_, fp8_));
+      LS_ASSIGN_OR_RETURN(D.q_proj, Upload(L.q_proj, bf16_, fp8_, q8));
     }
-    LS_ASSIGN_OR_RETURN(D.kv_a_proj, Upload(L.kv_a_proj, bf16_, fp8_));
+    LS_ASSIGN_OR_RETURN(D.kv_a_proj, Upload(L.kv_a_proj, bf16_, fp8_, q8));
     LS_ASSIGN_OR_RETURN(D.kv_a_norm, Upload(L.kv_a_norm, false));
-    LS_ASSIGN_OR_RETURN(D.kv_b, Upload(L.kv_b_proj, bf16_, fp8_));
-    LS_ASSIGN_OR_RETURN(D.w_ukt, UploadUkT(L.kv_b_proj, nh, C, dn, dv, bf16_, fp8_));
-    LS_ASSIGN_OR_RETURN(D.o_proj, Upload(L.o_proj, bf16_, fp8_));
+    LS_ASSIGN_OR_RETURN(D.kv_b, Upload(L.kv_b_proj, bf16_, fp8_, q8));
+    LS_ASSIGN_OR_RETURN(D.w_ukt, UploadUkT(L.kv_b_proj, nh, C, dn, dv, bf16_, fp8_, q8));
+    LS_ASSIGN_OR_RETURN(D.o_proj, Upload(L.o_proj, bf16_, fp8_, q8));
     if (c.has_indexer()) {
-      LS_ASSIGN_OR_RETURN(D.iq_b, Upload(L.indexer.wq_b, bf16_, fp8_));
-      LS_ASSIGN_OR_RETURN(D.ik, Upload(L.indexer.wk, bf16_, fp8_));
+      LS_ASSIGN_OR_RETURN(D.iq_b, Upload(L.indexer.wq_b, bf16_, fp8_, q8));
+      LS_ASSIGN_OR_RETURN(D.ik, Upload(L.indexer.wk, bf16_, fp8_, q8));
       LS_ASSIGN_OR_RETURN(D.ik_norm_w, Upload(L.indexer.k_norm_w, false));
       LS_ASSIGN_OR_RETURN(D.ik_norm_b, Upload(L.indexer.k_norm_b, false));
-      LS_ASSIGN_OR_RETURN(D.iw_proj, Upload(L.indexer.weights_proj, bf16_, fp8_));
+      LS_ASSIGN_OR_RETURN(D.iw_proj, Upload(L.indexer.weights_proj, bf16_, fp8_, q8));
     }
     if (c.layers[l].ffn == FfnKind::kDense) {
       D.mlp_inter = L.mlp.gate.rows;
-      LS_ASSIGN_OR_RETURN(D.mlp_gate_up, UploadStacked({&L.mlp.gate, &L.mlp.up}, bf16_, fp8_));
-      LS_ASSIGN_OR_RETURN(D.mlp_down, Upload(L.mlp.down, bf16_, fp8_));
+      LS_ASSIGN_OR_RETURN(D.mlp_gate_up, UploadStacked({&L.mlp.gate, &L.mlp.up}, bf16_, fp8_, q8));
+      LS_ASSIGN_OR_RETURN(D.mlp_down, Upload(L.mlp.down, bf16_, fp8_, q8));
     } else {
       LS_ASSIGN_OR_RETURN(D.router, Upload(L.router, false));
       if (!L.router_bias.empty()) {
@@ -307,12 +345,12 @@ Status CudaBackend::UploadWeights(DeviceWeights* dw) {
         gu.push_back(&e.up);
         dn_.push_back(&e.down);
       }
-      LS_ASSIGN_OR_RETURN(D.experts_gate_up, UploadStacked(gu, bf16_, fp8_));
-      LS_ASSIGN_OR_RETURN(D.experts_down, UploadStacked(dn_, bf16_, fp8_));
+      LS_ASSIGN_OR_RETURN(D.experts_gate_up, UploadStacked(gu, bf16_, fp8_, q8));
+      LS_ASSIGN_OR_RETURN(D.experts_down, UploadStacked(dn_, bf16_, fp8_, q8));
       if (c.n_shared_experts > 0) {
         D.shared_inter = L.shared.gate.rows;
-        LS_ASSIGN_OR_RETURN(D.shared_gate_up, UploadStacked({&L.shared.gate, &L.shared.up}, bf16_, fp8_));
-        LS_ASSIGN_OR_RETURN(D.shared_down, Upload(L.shared.down, bf16_, fp8_));
+        LS_ASSIGN_OR_RETURN(D.shared_gate_up, UploadStacked({&L.shared.gate, &L.shared.up}, bf16_, fp8_, q8));
+        LS_ASSIGN_OR_RETURN(D.shared_down, Upload(L.shared.down, bf16_, fp8_, q8));
       }
     }
   }
