@@ -309,6 +309,121 @@ __global__ void __launch_bounds__(kThreads) MlaSplitKernel(MlaDecodeParams p, in
   }
 }
 
+// One head a CTA (batch-1 decode: a split has 32 keys, and 16 heads a CTA would leave nearly
+// every SM idle while each lane walked 576 values serially). The same bits as MlaSplitKernel:
+// the dequantised keys, each score's cpu::Dot chains (a key's 16 chains held by 8 threads, two
+// each — chains g and g + 8, whose sum is Fold16's first step — then Fold16's other steps
+// across those threads), and the online softmax done by one warp with a lane per key exactly
+// as there (WarpMax, WarpSum); P·V per column in ascending key order.
+template <bool kSparse>
+__global__ void __launch_bounds__(kThreads) MlaSplitHeadKernel(MlaDecodeParams p, int64_t bytes_per_token,
+                                                               Workspace ws) {
+  dev::GridDependencySync();
+  extern __shared__ __align__(16) float smem[];
+  const int b = blockIdx.z, head = blockIdx.y, split = blockIdx.x;
+  const int C = static_cast<int>(p.kv_lora), R = static_cast<int>(p.rope_dim), D = C + R;
+  const int H = static_cast<int>(p.heads);
+  const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
+  const int64_t n_keys = KeyCount<kSparse>(p, b, head == 0 && split == 0 && tid == 0);
+  const int64_t split_keys = SplitKeys(n_keys);
+  const int64_t key_begin = split * split_keys;
+  if (key_begin >= n_keys) return;
+  const int64_t key_end = min(n_keys, key_begin + split_keys);
+
+  float* q_s = smem;                        // [D]
+  float* k_s = q_s + D;                     // [32][D + 1]
+  float* s_s = k_s + kTileKeys * (D + 1);   // [32] scores
+  float* p_s = s_s + kTileKeys;             // [32]
+  float* alpha_s = p_s + kTileKeys;         // [1]
+  int* valid_s = reinterpret_cast<int*>(alpha_s + 1);  // [32]
+  const int k_stride = D + 1;
+  for (int j = tid; j < D; j += kThreads) {
+    q_s[j] = j < C ? p.q_latent[b * p.q_latent_batch_stride + head * p.q_latent_head_stride + j]
+                   : p.q_rope[b * p.q_rope_batch_stride + head * p.q_rope_head_stride + (j - C)];
+  }
+  // Score role: key t = tid / 8 of the tile, chains g and g + 8 (g = tid % 8).
+  const int t_key = tid / 8, g = tid % 8;
+  // Softmax role (warp 0, lane = key): the running max and sum, replicated across its lanes.
+  float m_run = -INFINITY, l_run = 0.0f;
+  // P·V role: columns tid, tid + 256 (kv_lora ≤ 512).
+  float o[2] = {0.0f, 0.0f};
+
+  // Σ over i ≡ lane (mod 16) of a[i]·b[i], ascending: cpu::Dot's chain `lane`.
+  auto chain = [](const float* a, const float* bb, int n, int l) {
+    float acc = 0.0f;
+    for (int i = l; i < n; i += 16) acc = __fmaf_rn(a[i], bb[i], acc);
+    return acc;
+  };
+  // Fold16 of the chains held two a thread by 8 consecutive lanes (g: chains g and g + 8).
+  auto fold = [](float lo, float hi) {
+    float v = __fadd_rn(lo, hi);                               // l + (l + 8)
+    v = __fadd_rn(v, __shfl_xor_sync(0xffffffffu, v, 4));     // l + (l + 4), l < 4
+    v = __fadd_rn(v, __shfl_xor_sync(0xffffffffu, v, 2));     // l + (l + 2), l < 2
+    return __fadd_rn(v, __shfl_xor_sync(0xffffffffu, v, 1));  // 0 + 1
+  };
+
+  for (int64_t t0 = key_begin; t0 < key_end; t0 += kTileKeys) {
+    __syncthreads();  // q_s written (first tile) / the last tile's P·V done with k_s, p_s
+    for (int row = warp; row < kTileKeys; row += kWarps) {
+      const int64_t key = t0 + row;
+      const int64_t slot = key < key_end ? KeySlot<kSparse>(p, b, key) : -1;
+      float* krow = k_s + row * k_stride;
+      if (slot < 0) {
+        for (int j = lane; j < D; j += 32) krow[j] = 0.0f;
+      } else {
+        DequantRow(p.format, p.cache + slot * bytes_per_token, C, R, krow, lane);
+      }
+      if (lane == 0) valid_s[row] = slot >= 0;
+    }
+    __syncthreads();
+    {
+      const float* krow = k_s + t_key * k_stride;
+      // Fold16's lanes l and l + 8 are chains g and g + 8 (l = g); a chain past n is 0.
+      const float dl = fold(chain(q_s, krow, C, g), chain(q_s, krow, C, g + 8));
+      const float dr = fold(chain(q_s + C, krow + C, R, g), chain(q_s + C, krow + C, R, g + 8));
+      if (g == 0) {
+        s_s[t_key] = valid_s[t_key] != 0 ? __fmul_rn(__fadd_rn(dl, dr), p.softmax_scale) : -INFINITY;
+      }
+    }
+    __syncthreads();
+    if (warp == 0) {  // MlaSplitKernel's per-head update, lane = key
+      const float sc = s_s[lane];
+      const float m_new = fmaxf(m_run, dev::WarpMax(sc));
+      const float pr = sc == -INFINITY ? 0.0f : expf(__fsub_rn(sc, m_new));
+      const float alpha = m_run == -INFINITY ? 0.0f : expf(__fsub_rn(m_run, m_new));
+      l_run = __fadd_rn(__fmul_rn(l_run, alpha), dev::WarpSum(pr));
+      m_run = m_new;
+      p_s[lane] = pr;
+      if (lane == 0) alpha_s[0] = alpha;
+    }
+    __syncthreads();
+    const float a = alpha_s[0];
+#pragma unroll
+    for (int m = 0; m < 2; ++m) o[m] = __fmul_rn(o[m], a);
+    for (int t = 0; t < kTileKeys; ++t) {
+      const float pv = p_s[t];
+#pragma unroll
+      for (int m = 0; m < 2; ++m) {
+        const int c = tid + m * kThreads;
+        if (c < C) o[m] = __fmaf_rn(pv, k_s[t * k_stride + c], o[m]);
+      }
+    }
+  }
+  float* dst = ws.o_part + ((static_cast<int64_t>(b) * H + head) * ws.splits + split) * C;
+#pragma unroll
+  for (int m = 0; m < 2; ++m) {
+    const int c = tid + m * kThreads;
+    if (c < C) dst[c] = o[m];
+  }
+  if (tid == 0) {
+    const int64_t at = (static_cast<int64_t>(b) * H + head) * ws.splits + split;
+    ws.m_part[at] = m_run;
+    ws.l_part[at] = l_run;
+  }
+}
+static_assert(2 * kThreads >= kMaxLora, "MlaSplitHeadKernel: two columns a thread");
+static_assert(kThreads == 8 * kTileKeys, "MlaSplitHeadKernel: eight threads a key");
+
 template <bool kSparse>
 __global__ void __launch_bounds__(kCombineThreads) MlaCombineKernel(MlaDecodeParams p, Workspace ws) {
   dev::GridDependencySync();
@@ -409,6 +524,9 @@ Status Validate(const MlaDecodeParams& p, bool sparse, const char* op) {
   LS_CHECK_ARG(p.o_head_stride >= p.kv_lora, op, "o_head_stride", p.o_head_stride);
   LS_CHECK_ARG(p.o_batch_stride >= (p.heads - 1) * p.o_head_stride + p.kv_lora, op, "o_batch_stride",
                p.o_batch_stride);
+  LS_CHECK_ARG(p.heads_per_cta == 0 || p.heads_per_cta == 1 || p.heads_per_cta == 8 || p.heads_per_cta == 16, op,
+               "heads_per_cta (0, 1, 8 or 16)", p.heads_per_cta);
+  LS_CHECK_ARG(p.heads <= 65535, op, "heads", p.heads);
   const size_t need = MlaDecodeWorkspaceBytes(p);
   LS_CHECK_ARG(p.workspace_bytes >= need, op, "workspace_bytes (need MlaDecodeWorkspaceBytes)", p.workspace_bytes);
   LS_CHECK_ARG(p.workspace != nullptr || need == 0, op, "workspace", p.workspace);
@@ -429,9 +547,16 @@ Status Launch(const MlaDecodeParams& p, Stream stream) {
                reinterpret_cast<float*>(w + layout.o_bytes + layout.ml_bytes), splits};
   const int64_t D = p.kv_lora + p.rope_dim;
   if (splits > 0) {
-    // 8 heads a CTA when 16 would leave most SMs idle (batch-1 decode at short context).
-    const int64_t ctas16 = splits * ((p.heads + 15) / 16) * p.batch;
-    const bool narrow = ctas16 < SmCount() && p.heads > 8;
+    // 8 heads a CTA when 16 would leave SMs idle; one when 8 still would at one or two requests
+    // (batch-1 decode at short context: H200, 16 heads, bf16 cache, 1 × 256 keys 20 → 13 µs; at
+    // 8 × 256 one head a CTA is slower, 21 → 39 µs: every CTA dequantises its keys again). The
+    // grid counts splits for max_seq_len (a graph's: the cache's capacity), not the keys the
+    // requests have. Every shape gives the same bits (gpu_mla_decode_test).
+    const int64_t ctas16 = splits * ((p.heads + 15) / 16) * p.batch, ctas8 = splits * ((p.heads + 7) / 8) * p.batch;
+    const int hpc = p.heads_per_cta != 0                       ? p.heads_per_cta
+                    : ctas16 >= SmCount()                      ? 16
+                    : ctas8 >= SmCount() || p.batch > 2        ? 8
+                                                               : 1;
     auto launch = [&](auto kernel, int hpc) -> Status {
       const size_t smem = sizeof(float) * (hpc * D + kTileKeys * (D + 1) + hpc * kTileKeys + hpc) +
                           sizeof(int) * kTileKeys;
@@ -444,7 +569,17 @@ Status Launch(const MlaDecodeParams& p, Stream stream) {
       LS_CUDA_LAUNCH_CHECK();
       return Status::Ok();
     };
-    LS_RETURN_IF_ERROR(narrow ? launch(MlaSplitKernel<kSparse, 8>, 8) : launch(MlaSplitKernel<kSparse, 16>, 16));
+    if (hpc == 1) {
+      const size_t smem = sizeof(float) * (D + kTileKeys * (D + 1) + 2 * kTileKeys + 1) + sizeof(int) * kTileKeys;
+      LS_CUDA_RETURN_IF_ERROR(cudaFuncSetAttribute(MlaSplitHeadKernel<kSparse>,
+                                                   cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem)));
+      const dim3 grid(static_cast<unsigned>(splits), static_cast<unsigned>(p.heads), static_cast<unsigned>(p.batch));
+      LS_CUDA_RETURN_IF_ERROR(LaunchKernel(MlaSplitHeadKernel<kSparse>, grid, kThreads, smem, stream, p,
+                                           LatentBytesPerToken(p.format, p.kv_lora, p.rope_dim), ws));
+      LS_CUDA_LAUNCH_CHECK();
+    } else {
+      LS_RETURN_IF_ERROR(hpc == 8 ? launch(MlaSplitKernel<kSparse, 8>, 8) : launch(MlaSplitKernel<kSparse, 16>, 16));
+    }
   }
   LS_CUDA_RETURN_IF_ERROR(LaunchKernel(MlaCombineKernel<kSparse>, static_cast<unsigned>(p.batch * p.heads),
                                        kCombineThreads, 0, stream, p, ws));

@@ -226,6 +226,9 @@ struct MlaDecodeParams {
   void* workspace = nullptr;  // MlaDecodeWorkspaceBytes(*this) bytes, 256-byte aligned
   size_t workspace_bytes = 0;
   int32_t* error_flag = nullptr;  // optional; kErrSeqLen | kErrPageId | kErrSlot
+  // Heads a split CTA takes: 0 picks by the grid's size (1 when 16 a CTA would leave SMs idle:
+  // batch-1 decode); 1, 8 or 16 force it (tests, benchmarks). Speed only: the same bits.
+  int32_t heads_per_cta = 0;
 };
 // Keys per split for a request with n keys: 32 (one tile) up to 2048 keys, then the smallest
 // multiple of 32 that keeps the request at ≤ 64 splits. A function of n alone.
