@@ -596,11 +596,14 @@ struct FwSmem {
   static constexpr size_t kBytes = kWBytes + kXBytes;
 };
 
-template <int kWarps, int kChunk, int kStages, int kTileIn, bool kBySlot>
+// kFp8: FP8 weights — a stage's 256 values are 256 bytes a row (16 chunks, lanes 0–15 copy
+// them; the same swizzle), lane half h reads its 8 bytes of chunk b, and each weight is value ×
+// its row's scale for those 128 columns, one rounding, then the same FMAs.
+template <int kWarps, int kChunk, int kStages, int kTileIn, bool kBySlot, bool kFp8 = false>
 __global__ void __launch_bounds__(kWarps * 32) ExpertGemmFastKernel(ExpertGemmParams p, int groups) {
   dev::GridDependencySync();
   constexpr int kThreads = kWarps * 32, kRows = kWarps * 16;
-  constexpr int kChunks16 = kFwBlk / 8;  // 16-byte chunks per row per stage (32)
+  constexpr int kChunks16 = kFwBlk / 8;  // 16-byte chunk slots per row per stage (32; FP8 uses 16)
   static_assert(kTileIn % kFwBlk == 0 && (!kBySlot || kChunk == 1));
   using Smem = FwSmem<kWarps, kChunk, kStages, kTileIn>;
   extern __shared__ __align__(16) unsigned char smem[];
@@ -637,18 +640,36 @@ __global__ void __launch_bounds__(kWarps * 32) ExpertGemmFastKernel(ExpertGemmPa
   // This warp's 16 rows (rows past `out` are not copied; their results are never stored).
   const int64_t warp_row0 = o0 + warp * 16;
   const uint16_t* w_e = w + static_cast<int64_t>(e) * p.w_expert_stride;
+  const uint8_t* w8_e = static_cast<const uint8_t*>(p.w) + static_cast<int64_t>(e) * p.w_expert_stride;
   auto issue = [&](int64_t blk) {
     uint4* dst = wbuf + ((blk % kStages) * kWarps + warp) * 16 * kChunks16;
-    const int64_t col = blk * kFwBlk + 8 * lane;
-    if (col < p.in) {
+    if constexpr (kFp8) {
+      const int64_t col = blk * kFwBlk + 16 * lane;  // lane's 16 bytes
+      if (lane < 16 && col < p.in) {
 #pragma unroll
-      for (int j = 0; j < 16; ++j) {
-        if (warp_row0 + j < p.out) {
-          CpAsync16(dst + j * kChunks16 + (lane ^ ((j & 3) << 1)), w_e + (warp_row0 + j) * p.w_row_stride + col);
+        for (int j = 0; j < 16; ++j) {
+          if (warp_row0 + j < p.out) {
+            CpAsync16(dst + j * kChunks16 + (lane ^ ((j & 3) << 1)), w8_e + (warp_row0 + j) * p.w_row_stride + col);
+          }
+        }
+      }
+    } else {
+      const int64_t col = blk * kFwBlk + 8 * lane;
+      if (col < p.in) {
+#pragma unroll
+        for (int j = 0; j < 16; ++j) {
+          if (warp_row0 + j < p.out) {
+            CpAsync16(dst + j * kChunks16 + (lane ^ ((j & 3) << 1)), w_e + (warp_row0 + j) * p.w_row_stride + col);
+          }
         }
       }
     }
   };
+  // FP8: this lane's row's scales (a row past `out` reads row 0's: computed, never stored).
+  const float* const srow = kFp8 ? p.w_scale + static_cast<int64_t>(e) * p.w_scale_expert_stride +
+                                       (row_ok ? o : 0) * p.w_scale_row_stride
+                                 : nullptr;
+  const int64_t nscales = (p.in + 127) / 128;
 
   int64_t chunk_index = 0;
   for (;;) {
@@ -723,15 +744,32 @@ __global__ void __launch_bounds__(kWarps * 32) ExpertGemmFastKernel(ExpertGemmPa
         const uint4* wb = wbuf + ((blk % kStages) * kWarps + warp) * 16 * kChunks16 + r * kChunks16;
         const int sw = (r & 3) << 1;
         const int nb = static_cast<int>((p.in - col0 < kFwBlk ? p.in - col0 : kFwBlk) / 16);
+        float sc[2] = {0.0f, 0.0f};  // FP8: the scales of this stage's two 128-column chunks
+        if constexpr (kFp8) {
+          const int64_t c = col0 / 128;
+          sc[0] = __ldg(srow + c);
+          sc[1] = c + 1 < nscales ? __ldg(srow + c + 1) : 0.0f;
+        }
 #pragma unroll 4
         for (int b = 0; b < nb; ++b) {
-          const uint4 q4 = wb[(2 * b + h) ^ sw];
-          const uint32_t u[4] = {q4.x, q4.y, q4.z, q4.w};
           float wv[8];
+          if constexpr (kFp8) {
+            const uint2 q2 = reinterpret_cast<const uint2*>(wb)[((b ^ sw) << 1) + h];
+            const float scale = sc[b >= 8 ? 1 : 0];
 #pragma unroll
-          for (int j = 0; j < 4; ++j) {
-            wv[2 * j] = __uint_as_float(u[j] << 16);
-            wv[2 * j + 1] = __uint_as_float(u[j] & 0xffff0000u);
+            for (int j = 0; j < 4; ++j) {
+              const float2 f = dev::Fp8x2ToF32(static_cast<uint16_t>((j < 2 ? q2.x : q2.y) >> (16 * (j & 1))));
+              wv[2 * j] = __fmul_rn(f.x, scale);
+              wv[2 * j + 1] = __fmul_rn(f.y, scale);
+            }
+          } else {
+            const uint4 q4 = wb[(2 * b + h) ^ sw];
+            const uint32_t u[4] = {q4.x, q4.y, q4.z, q4.w};
+#pragma unroll
+            for (int j = 0; j < 4; ++j) {
+              wv[2 * j] = __uint_as_float(u[j] << 16);
+              wv[2 * j + 1] = __uint_as_float(u[j] & 0xffff0000u);
+            }
           }
           const int c = xc + 16 * b + 8 * h;
 #pragma unroll
@@ -782,11 +820,14 @@ __global__ void __launch_bounds__(kWarps * 32) ExpertGemmFastKernel(ExpertGemmPa
   }
 }
 
-template <int kWarps, int kChunk, int kStages, int kTileIn, bool kBySlot>
+template <int kWarps, int kChunk, int kStages, int kTileIn, bool kBySlot, bool kFp8 = false>
 Status LaunchExpertGemmFast(const ExpertGemmParams& p, Stream stream) {
+  if constexpr (!kFp8) {
+    if (p.w_fp8) return LaunchExpertGemmFast<kWarps, kChunk, kStages, kTileIn, kBySlot, true>(p, stream);
+  }
   constexpr int64_t kRows = kWarps * 16;
   constexpr size_t smem = FwSmem<kWarps, kChunk, kStages, kTileIn>::kBytes;
-  auto* kernel = ExpertGemmFastKernel<kWarps, kChunk, kStages, kTileIn, kBySlot>;
+  auto* kernel = ExpertGemmFastKernel<kWarps, kChunk, kStages, kTileIn, kBySlot, kFp8>;
   static const cudaError_t attr =
       cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem));
   LS_CUDA_RETURN_IF_ERROR(attr);
@@ -1441,16 +1482,20 @@ Status ExpertGemm(const ExpertGemmParams& p, Stream stream) {
   // gpu_model_ops_test runs every shape and compares bits.
   using L = ExpertGemmParams::Launch;
   const int64_t slots = p.rows * p.k;
-  const bool fast_ok = p.w_bf16 && vec && p.in % 16 == 0;
+  // cp.async (kFast*) and bulk shapes: bf16 or FP8 rows, 16-byte aligned, in % 16 = 0; the
+  // streaming cp.async shape: bf16 only.
   const bool bulk_ok = (p.w_bf16 || p.w_fp8) && vec && p.in % 16 == 0;
+  const bool fast_ok = bulk_ok;
+  const bool stream_ok = p.w_bf16 && bulk_ok;
   L launch = p.launch;
   if (launch == L::kAuto && p.w_fp8) {
     // FP8 weights: bulk copies per slot (any number of waves) for the few-row products, the
-    // register path otherwise (no cp.async or tensor-core shape reads FP8 yet).
+    // cp.async chunked shape for crowded ones (prefill, batches), the register path otherwise.
     const bool dense = p.experts == 1;
     const bool by_slot = slots <= (dense ? kEgDenseSlotMax : kEgSlotModeMax);
     const bool crowded = dense || slots >= kEgFastChunk * p.experts;
     launch = bulk_ok && by_slot                                     ? L::kBulkBySlot
+             : fast_ok && crowded                                   ? L::kFastChunk4
              : by_slot || (!crowded && slots <= kEgRegSlotMax) ? L::kRegBySlot
                                                                : L::kRegChunk;
   } else if (launch == L::kAuto) {
@@ -1499,7 +1544,9 @@ Status ExpertGemm(const ExpertGemmParams& p, Stream stream) {
                  static_cast<int>(launch));
     return LaunchExpertGemmBulk(p, stream);
   }
-  LS_CHECK_ARG(fast_ok, op, "launch (cp.async shapes need bf16 weights, 16-byte rows, in % 16 = 0)",
+  LS_CHECK_ARG(launch == L::kStreamBySlot ? stream_ok : fast_ok, op,
+               launch == L::kStreamBySlot ? "launch (the streaming shape needs bf16 weights, 16-byte rows, in % 16 = 0)"
+                                          : "launch (cp.async shapes need bf16 or FP8 weights, 16-byte rows, in % 16 = 0)",
                static_cast<int>(launch));
   switch (launch) {
     case L::kFastBySlot4:

@@ -500,8 +500,8 @@ struct ExpertGemmParams {
   // The launch shape: kAuto picks by shape and device (ExpertGemm's comment in model_ops.cu);
   // the others force one, for tests (every shape gives the same bits) and benchmarks. The
   // kFast* and kStream* shapes need bf16 weights, 16-byte aligned rows and in % 16 = 0 (else
-  // an error); kBulkBySlot takes bf16 or FP8 weights so aligned; FP8 weights take kReg* and
-  // kBulkBySlot only.
+  // an error); the kFast* and kBulkBySlot shapes take FP8 weights so aligned too (kStreamBySlot
+  // does not).
   enum class Launch : int32_t {
     kAuto = 0,
     kRegBySlot,    // register path, a CTA per (64 outputs, slot)
