@@ -389,8 +389,9 @@ Status Model::Forward(std::span<Segment> segs, PagedKvCache& cache, const kernel
   // in the cache), scored page by page up to each request's last page.
   const bool indexer_fp8 = kernel("indexer") == "fp8_paged";
   const bool indexer_hadamard = kernel("indexer") == "hadamard" || indexer_fp8;
-  // *_dot name the GPU's CPU-order GEMMs; the CPU's GEMM is in that order already.
-  const Gemm gemm{kernel("gemm") == "bf16" || kernel("gemm") == "bf16_dot"};
+  // *_dot and *_heuristic name GPU GEMMs; on the CPU they are its GEMM of that precision (the
+  // CPU's is in cpu::Dot's order already), so a GPU trace replays here at its own precision.
+  const Gemm gemm{kernel("gemm").rfind("bf16", 0) == 0};
   const ModelWeights& W = gemm.bf16 ? Bf16Weights() : kernel("gemm") == "fp8_dot" ? Fp8Weights() : weights_;
   // Fault zoo (docs/fault-zoo.md); all false unless --fault chose one.
   const bool fault_skip_partial = kernel("indexer") == "fault_skip_partial_page";

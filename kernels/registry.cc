@@ -34,6 +34,10 @@ Registry::Registry() {
        "= fp32 (the CPU's GEMM is always in cpu::Dot's order); named for replays of GPU traces", true, true, false},
       {"gemm", "bf16_dot", "cpu",
        "= bf16 (the CPU's GEMM is always in cpu::Dot's order); named for replays of GPU traces", true, true, false},
+      {"gemm", "fp32_heuristic", "cpu",
+       "= fp32 (the CPU's GEMM has no heuristic); named for replays of GPU traces", true, true, false},
+      {"gemm", "bf16_heuristic", "cpu",
+       "= bf16 (the CPU's GEMM has no heuristic); named for replays of GPU traces", true, true, false},
       {"gemm", "fp8_dot", "cpu",
        "FP8 e4m3 weights with 128x128 block scales (an FP8 checkpoint's own, else amax/448 at load), "
        "dequantised exactly; fp32 activations, cpu::Dot's order",

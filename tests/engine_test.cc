@@ -106,9 +106,9 @@ TEST_P(BatchInvariance, ChunkedPrefillChangesNoBits) {
 
 INSTANTIATE_TEST_SUITE_P(Fixtures, BatchInvariance, ::testing::Values("v3_basic", "v32_sparse", "v2_lite_like"));
 
-// gemm=fp32_dot / bf16_dot name the GPU's CPU-order GEMMs; on the CPU they are its own GEMMs
-// (a GPU trace recorded with them replays on the CPU under the same name): same bits as
-// fp32 / bf16, and bf16 is not fp32.
+// gemm=fp32_dot / bf16_dot name the GPU's CPU-order GEMMs, *_heuristic its unpinned cuBLAS
+// ones; on the CPU they are its own GEMMs (a GPU trace recorded with them replays on the CPU
+// under the same name, at its precision): same bits as fp32 / bf16, and bf16 is not fp32.
 TEST(Engine, DotGemmNamesAreTheCpuGemms) {
   auto m = Model::Load(testing::FixtureDir() / "models" / "v3_basic");
   ASSERT_TRUE(m.ok());
@@ -125,10 +125,15 @@ TEST(Engine, DotGemmNamesAreTheCpuGemms) {
     return (*e)->request(0).last_logits;
   };
   const auto f32 = run("fp32"), f32_dot = run("fp32_dot"), b16 = run("bf16"), b16_dot = run("bf16_dot");
+  const auto f32_h = run("fp32_heuristic"), b16_h = run("bf16_heuristic");
   ASSERT_EQ(f32.size(), f32_dot.size());
   EXPECT_EQ(0, std::memcmp(f32.data(), f32_dot.data(), f32.size() * 4));
+  ASSERT_EQ(f32.size(), f32_h.size());
+  EXPECT_EQ(0, std::memcmp(f32.data(), f32_h.data(), f32.size() * 4));
   ASSERT_EQ(b16.size(), b16_dot.size());
   EXPECT_EQ(0, std::memcmp(b16.data(), b16_dot.data(), b16.size() * 4));
+  ASSERT_EQ(b16.size(), b16_h.size());
+  EXPECT_EQ(0, std::memcmp(b16.data(), b16_h.data(), b16.size() * 4));
   EXPECT_NE(0, std::memcmp(f32.data(), b16.data(), f32.size() * 4));
 }
 
