@@ -507,7 +507,7 @@ Status Model::Forward(std::span<Segment> segs, PagedKvCache& cache, const kernel
       const int64_t nhi = c.index_n_heads, di = c.index_head_dim;
       std::vector<float> iq(R * nhi * di), ik(R * di), ikn(R * di), iw(R * nhi);
       const int64_t row8 = Fp8RowBytes(di);
-      std::vector<uint8_t> iq8(indexer_fp8 ? R * nhi * row8 : 0);  // fp8_paged: each head's query as an FP8 row
+      std::vector<uint8_t> iq8(indexer_fp8 ? R * nhi * row8 : 0);  // fp8_paged: each head's query, an FP8 row
       gemm(q_resid.data(), R, L.indexer.wq_b.ptr(), nhi * di, c.q_lora_rank, iq.data());
       gemm(h.data(), R, L.indexer.wk.ptr(), di, H, ik.data());
       cpu::LayerNorm(ik.data(), L.indexer.k_norm_w.ptr(), L.indexer.k_norm_b.ptr(), R, di, 1e-6, ikn.data());

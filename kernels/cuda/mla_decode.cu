@@ -571,8 +571,8 @@ Status Launch(const MlaDecodeParams& p, Stream stream) {
     };
     if (hpc == 1) {
       const size_t smem = sizeof(float) * (D + kTileKeys * (D + 1) + 2 * kTileKeys + 1) + sizeof(int) * kTileKeys;
-      LS_CUDA_RETURN_IF_ERROR(cudaFuncSetAttribute(MlaSplitHeadKernel<kSparse>,
-                                                   cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem)));
+      LS_CUDA_RETURN_IF_ERROR(cudaFuncSetAttribute(
+          MlaSplitHeadKernel<kSparse>, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem)));
       const dim3 grid(static_cast<unsigned>(splits), static_cast<unsigned>(p.heads), static_cast<unsigned>(p.batch));
       LS_CUDA_RETURN_IF_ERROR(LaunchKernel(MlaSplitHeadKernel<kSparse>, grid, kThreads, smem, stream, p,
                                            LatentBytesPerToken(p.format, p.kv_lora, p.rope_dim), ws));

@@ -1544,10 +1544,10 @@ Status ExpertGemm(const ExpertGemmParams& p, Stream stream) {
                  static_cast<int>(launch));
     return LaunchExpertGemmBulk(p, stream);
   }
-  LS_CHECK_ARG(launch == L::kStreamBySlot ? stream_ok : fast_ok, op,
-               launch == L::kStreamBySlot ? "launch (the streaming shape needs bf16 weights, 16-byte rows, in % 16 = 0)"
-                                          : "launch (cp.async shapes need bf16 or FP8 weights, 16-byte rows, in % 16 = 0)",
-               static_cast<int>(launch));
+  const char* need = launch == L::kStreamBySlot
+                         ? "launch (the streaming shape needs bf16 weights, 16-byte rows, in % 16 = 0)"
+                         : "launch (cp.async shapes need bf16 or FP8 weights, 16-byte rows, in % 16 = 0)";
+  LS_CHECK_ARG(launch == L::kStreamBySlot ? stream_ok : fast_ok, op, need, static_cast<int>(launch));
   switch (launch) {
     case L::kFastBySlot4:
       return LaunchExpertGemmFast<4, 1, 3, 2048, true>(p, stream);
