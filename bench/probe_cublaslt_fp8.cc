@@ -10,7 +10,9 @@
 #include <cublasLt.h>
 #include <cuda_runtime.h>
 
+#include <algorithm>
 #include <cmath>
+#include <cstdint>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -80,6 +82,11 @@ int main(int argc, char** argv) {
     if (a == "--m") M = std::atoi(argv[i + 1]);
     else if (a == "--n") N = std::atoi(argv[i + 1]);
     else if (a == "--k") K = std::atoi(argv[i + 1]);
+  }
+  if (M <= 0 || N <= 0 || K <= 0 || static_cast<int64_t>(M) * K > (int64_t{1} << 28) ||
+      static_cast<int64_t>(N) * K > (int64_t{1} << 28)) {
+    std::fprintf(stderr, "probe_cublaslt_fp8: --m, --n, --k must be positive (and M·K, N·K ≤ 2^28)\n");
+    return 2;
   }
   int devices = 0;
   if (cudaGetDeviceCount(&devices) != cudaSuccess || devices == 0) {
