@@ -16,6 +16,7 @@
 #include <vector>
 
 #include "bench/cuda_bench.h"
+#include "bench/cuda_fill.cuh"
 #include "kernels/cuda/ops.h"
 #include "kernels/cuda/runtime.h"
 
@@ -24,28 +25,6 @@ namespace cu = lockstep::kernels::cuda;
 namespace {
 
 constexpr int64_t kHeads = 64, kDim = 128, kTopK = 2048, kPage = 64;
-
-__global__ void FillKernel(float* x, int64_t n, uint32_t seed) {
-  const int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
-  if (i >= n) return;
-  uint32_t h = static_cast<uint32_t>(i) * 0x9E3779B1u ^ seed;
-  h ^= h >> 16;
-  h *= 0x85EBCA6Bu;
-  h ^= h >> 13;
-  h *= 0xC2B2AE35u;
-  h ^= h >> 16;
-  x[i] = (static_cast<float>(h & 0xffffff) / 16777216.0f - 0.5f) * 3.4f;
-}
-
-__global__ void IotaKernel(int32_t* x, int64_t n) {
-  const int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
-  if (i < n) x[i] = static_cast<int32_t>(i);
-}
-
-void Fill(float* x, int64_t n, uint32_t seed) {
-  FillKernel<<<static_cast<unsigned>((n + 255) / 256), 256>>>(x, n, seed);
-  CHECK_CUDA(cudaGetLastError());
-}
 
 std::vector<int64_t> ParseList(const char* flag, const char* s) {
   std::vector<int64_t> out;
@@ -113,8 +92,7 @@ Times Bench(bool fp8, int64_t batch, int64_t ctx, int reps) {
   }
   Fill(w->as<float>(), batch * kHeads, 7);
   auto table = cu::DeviceBuffer::Allocate(pages * 4), lens = cu::DeviceBuffer::Allocate(batch * 4);
-  IotaKernel<<<static_cast<unsigned>((pages + 255) / 256), 256>>>(table->as<int32_t>(), pages);
-  CHECK_CUDA(cudaGetLastError());
+  Iota(table->as<int32_t>(), pages);
   std::vector<int32_t> hl(batch, static_cast<int32_t>(ctx));
   CHECK_OK(lens->CopyFromHost(hl.data(), hl.size() * 4));
   auto scores = cu::DeviceBuffer::Allocate(batch * ctx * 4), pos = cu::DeviceBuffer::Allocate(batch * kTopK * 4);
@@ -152,24 +130,12 @@ Times Bench(bool fp8, int64_t batch, int64_t ctx, int reps) {
   t.max_seq_len = ctx;
   t.positions = pos->as<int32_t>();
   auto time = [&](bool topk) {
-    auto run = [&] {
-      CHECK_OK(cu::IndexerScores(s));
-      if (topk) CHECK_OK(cu::TopK(t));
-    };
-    run();
-    CHECK_OK(cu::Synchronize());
-    cudaEvent_t e0, e1;
-    CHECK_CUDA(cudaEventCreate(&e0));
-    CHECK_CUDA(cudaEventCreate(&e1));
-    CHECK_CUDA(cudaEventRecord(e0));
-    for (int i = 0; i < reps; ++i) run();
-    CHECK_CUDA(cudaEventRecord(e1));
-    CHECK_CUDA(cudaEventSynchronize(e1));
-    float ms = 0;
-    CHECK_CUDA(cudaEventElapsedTime(&ms, e0, e1));
-    CHECK_CUDA(cudaEventDestroy(e0));
-    CHECK_CUDA(cudaEventDestroy(e1));
-    return static_cast<double>(ms) / reps;
+    return MsPerCall(
+        [&] {
+          CHECK_OK(cu::IndexerScores(s));
+          if (topk) CHECK_OK(cu::TopK(t));
+        },
+        reps);
   };
   return {time(true), time(false)};
 }

@@ -16,36 +16,13 @@
 #include <vector>
 
 #include "bench/cuda_bench.h"
+#include "bench/cuda_fill.cuh"
 #include "kernels/cuda/ops.h"
 #include "kernels/cuda/runtime.h"
 
 namespace cu = lockstep::kernels::cuda;
 
-
 namespace {
-
-// N(0,1)-ish values from a counter hash (Box–Muller would be overkill for timing inputs).
-__global__ void FillKernel(float* x, int64_t n, uint32_t seed) {
-  const int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
-  if (i >= n) return;
-  uint32_t h = static_cast<uint32_t>(i) * 0x9E3779B1u ^ seed;
-  h ^= h >> 16;
-  h *= 0x85EBCA6Bu;
-  h ^= h >> 13;
-  h *= 0xC2B2AE35u;
-  h ^= h >> 16;
-  x[i] = (static_cast<float>(h & 0xffffff) / 16777216.0f - 0.5f) * 3.4f;
-}
-
-__global__ void IotaKernel(int32_t* x, int64_t n, int32_t base) {
-  const int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
-  if (i < n) x[i] = base + static_cast<int32_t>(i);
-}
-
-void Fill(float* x, int64_t n, uint32_t seed) {
-  FillKernel<<<static_cast<unsigned>((n + 255) / 256), 256>>>(x, n, seed);
-  CHECK_CUDA(cudaGetLastError());
-}
 
 double CopyBandwidth(int reps) {
   auto bw = cu::MeasureCopyBandwidth(reps);
@@ -74,7 +51,7 @@ Result Bench(cu::LatentFormat fmt, int64_t batch, int64_t ctx, int64_t heads, in
       const int64_t n = std::min(chunk, tokens - t0);
       Fill(lat->as<float>(), n * C, static_cast<uint32_t>(t0 + 1));
       Fill(rope->as<float>(), n * R, static_cast<uint32_t>(t0 + 7));
-      IotaKernel<<<static_cast<unsigned>((n + 255) / 256), 256>>>(slots->as<int32_t>(), n, static_cast<int32_t>(t0));
+      Iota(slots->as<int32_t>(), n, static_cast<int32_t>(t0));
       cu::LatentWriteParams w;
       w.latent = lat->as<float>();
       w.latent_stride = C;
@@ -95,7 +72,7 @@ Result Bench(cu::LatentFormat fmt, int64_t batch, int64_t ctx, int64_t heads, in
   Fill(q->as<float>(), batch * heads * (C + R), 99);
   const int64_t max_pages = ctx / page_size;
   auto table = cu::DeviceBuffer::Allocate(pages * 4), lens = cu::DeviceBuffer::Allocate(batch * 4);
-  IotaKernel<<<static_cast<unsigned>((pages + 255) / 256), 256>>>(table->as<int32_t>(), pages, 0);
+  Iota(table->as<int32_t>(), pages);
   std::vector<int32_t> hl(batch, static_cast<int32_t>(ctx));
   CHECK_OK(lens->CopyFromHost(hl.data(), hl.size() * 4));
   // Sparse: topk evenly spaced slots of each request.
@@ -143,23 +120,12 @@ Result Bench(cu::LatentFormat fmt, int64_t batch, int64_t ctx, int64_t heads, in
   p.workspace = ws->data();
   p.workspace_bytes = ws->size();
   auto run = [&] { CHECK_OK(topk > 0 ? cu::MlaSparseDecode(p) : cu::MlaDecode(p)); };
-  run();
-  run();
-  CHECK_OK(cu::Synchronize());
-  cudaEvent_t e0, e1;
-  CHECK_CUDA(cudaEventCreate(&e0));
-  CHECK_CUDA(cudaEventCreate(&e1));
-  CHECK_CUDA(cudaEventRecord(e0));
-  for (int i = 0; i < reps; ++i) run();
-  CHECK_CUDA(cudaEventRecord(e1));
-  CHECK_CUDA(cudaEventSynchronize(e1));
-  float ms = 0;
-  CHECK_CUDA(cudaEventElapsedTime(&ms, e0, e1));
-  const double t = ms / reps * 1e-3;
+  const double ms = MsPerCall(run, reps, /*warmups=*/2);
+  const double t = ms * 1e-3;
   const int64_t keys = topk > 0 ? topk : ctx;
   const double bytes = static_cast<double>(batch) * keys * bpt;
   const double flops = static_cast<double>(batch) * keys * heads * (2.0 * (C + R) + 2.0 * C);
-  return {ms / reps, bytes / t / 1e9, flops / t / 1e12};
+  return {ms, bytes / t / 1e9, flops / t / 1e12};
 }
 
 }  // namespace

@@ -1,6 +1,8 @@
 // bench/cuda_bench.h — what the CUDA benchmarks share: exit-on-error checks for CUDA calls and
-// lockstep Status values (a benchmark has nothing to recover to).
+// lockstep Status values (a benchmark has nothing to recover to), and event timing.
 #pragma once
+
+#include <cuda_runtime.h>
 
 #include <cstdio>
 #include <cstdlib>
@@ -23,3 +25,23 @@
       std::exit(1);                                                                           \
     }                                                                                         \
   } while (0)
+
+// Milliseconds per call of run() (its launches on the default stream): `warmups` untimed calls,
+// then `reps` calls between two events.
+template <typename F>
+double MsPerCall(F&& run, int reps, int warmups = 1) {
+  for (int i = 0; i < warmups; ++i) run();
+  CHECK_CUDA(cudaDeviceSynchronize());
+  cudaEvent_t e0, e1;
+  CHECK_CUDA(cudaEventCreate(&e0));
+  CHECK_CUDA(cudaEventCreate(&e1));
+  CHECK_CUDA(cudaEventRecord(e0));
+  for (int i = 0; i < reps; ++i) run();
+  CHECK_CUDA(cudaEventRecord(e1));
+  CHECK_CUDA(cudaEventSynchronize(e1));
+  float ms = 0;
+  CHECK_CUDA(cudaEventElapsedTime(&ms, e0, e1));
+  CHECK_CUDA(cudaEventDestroy(e0));
+  CHECK_CUDA(cudaEventDestroy(e1));
+  return static_cast<double>(ms) / reps;
+}

@@ -20,18 +20,10 @@
 #include <string>
 #include <vector>
 
+#include "bench/cuda_bench.h"
 #include "kernels/cpu/numerics.h"
 
 namespace {
-
-#define CK(x)                                                                                 \
-  do {                                                                                        \
-    cudaError_t e_ = (x);                                                                     \
-    if (e_ != cudaSuccess) {                                                                  \
-      std::fprintf(stderr, "%s:%d: %s: %s\n", __FILE__, __LINE__, #x, cudaGetErrorString(e_)); \
-      std::exit(1);                                                                           \
-    }                                                                                         \
-  } while (0)
 
 // Row-major [rows, cols] quantised per (rb × cb) block: scale = amax / 448 (DeepSeek's rule).
 void Quantize(const std::vector<float>& x, int rows, int cols, int rb, int cb, std::vector<uint8_t>* q,
@@ -59,8 +51,8 @@ void Quantize(const std::vector<float>& x, int rows, int cols, int rb, int cb, s
 template <typename T>
 T* ToDevice(const std::vector<T>& v) {
   T* d = nullptr;
-  CK(cudaMalloc(&d, std::max<size_t>(v.size(), 1) * sizeof(T)));
-  CK(cudaMemcpy(d, v.data(), v.size() * sizeof(T), cudaMemcpyHostToDevice));
+  CHECK_CUDA(cudaMalloc(&d, std::max<size_t>(v.size(), 1) * sizeof(T)));
+  CHECK_CUDA(cudaMemcpy(d, v.data(), v.size() * sizeof(T), cudaMemcpyHostToDevice));
   return d;
 }
 
@@ -120,10 +112,10 @@ int main(int argc, char** argv) {
   if (cublasLtCreate(&lt) != CUBLAS_STATUS_SUCCESS) return 1;
   uint8_t *dw = ToDevice(w8), *dx = ToDevice(x8);
   float* dy = nullptr;
-  CK(cudaMalloc(&dy, static_cast<size_t>(N) * M * 4));
+  CHECK_CUDA(cudaMalloc(&dy, static_cast<size_t>(N) * M * 4));
   void* workspace = nullptr;
   const size_t ws_bytes = 64 << 20;
-  CK(cudaMalloc(&workspace, ws_bytes));
+  CHECK_CUDA(cudaMalloc(&workspace, ws_bytes));
 
   struct Candidate {
     const char* name;
@@ -170,16 +162,16 @@ int main(int argc, char** argv) {
       cublasStatus_t ms = CUBLAS_STATUS_NOT_SUPPORTED;
       if (hs == CUBLAS_STATUS_SUCCESS && found > 0) {
         const float alpha = 1.0f, beta = 0.0f;
-        CK(cudaMemset(dy, 0, static_cast<size_t>(N) * M * 4));
+        CHECK_CUDA(cudaMemset(dy, 0, static_cast<size_t>(N) * M * 4));
         ms = cublasLtMatmul(lt, op, &alpha, dw, la, dx, lb, &beta, dy, lc, dy, lc, &h.algo, workspace, ws_bytes, 0);
-        CK(cudaDeviceSynchronize());
+        CHECK_CUDA(cudaDeviceSynchronize());
         if (ms == CUBLAS_STATUS_SUCCESS) {
           std::vector<float> y(static_cast<size_t>(N) * M);
           if (dtype == CUDA_R_32F) {
-            CK(cudaMemcpy(y.data(), dy, y.size() * 4, cudaMemcpyDeviceToHost));
+            CHECK_CUDA(cudaMemcpy(y.data(), dy, y.size() * 4, cudaMemcpyDeviceToHost));
           } else {
             std::vector<uint16_t> yb(y.size());
-            CK(cudaMemcpy(yb.data(), dy, yb.size() * 2, cudaMemcpyDeviceToHost));
+            CHECK_CUDA(cudaMemcpy(yb.data(), dy, yb.size() * 2, cudaMemcpyDeviceToHost));
             for (size_t i = 0; i < y.size(); ++i) y[i] = lockstep::kernels::Bf16ToF32(yb[i]);
           }
           double num = 0, den = 0;
@@ -198,8 +190,8 @@ int main(int argc, char** argv) {
       cublasLtMatrixLayoutDestroy(lb);
       cublasLtMatrixLayoutDestroy(lc);
       cublasLtMatmulDescDestroy(op);
-      CK(cudaFree(dsa));
-      CK(cudaFree(dsb));
+      CHECK_CUDA(cudaFree(dsa));
+      CHECK_CUDA(cudaFree(dsb));
     }
   }
   cublasLtDestroy(lt);

@@ -97,9 +97,7 @@ std::shared_ptr<const Fp8Blocks> Fp8Of(const Matrix& m, bool quantize) {
 std::vector<float> Fp8Values(const Matrix& m, const Fp8Blocks* f) {
   if (f == nullptr) return m.data;
   std::vector<float> v(static_cast<size_t>(m.rows * m.cols));
-  for (int64_t r = 0; r < m.rows; ++r) {
-    for (int64_t c = 0; c < m.cols; ++c) v[r * m.cols + c] = f->value(r, c);
-  }
+  f->Dequantize(v.data());
   return v;
 }
 

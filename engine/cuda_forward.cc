@@ -392,9 +392,8 @@ LS_RETURN_IF_ERROR(Mark("start"));
           LS_RETURN_IF_ERROR(cu::Hadamard(iq, di, R * nhi, di, s));
           LS_RETURN_IF_ERROR(cu::Hadamard(ikn, di, R, di, s));
         }
-        const int64_t row8 = 4 * ((di + cu::kFp8TileValues - 1) / cu::kFp8TileValues) + di;
         if (indexer_fp8) {  // each head's query as an FP8 row (the cache's key layout), row r·nhi + h
-          LS_RETURN_IF_ERROR(iq8_.Ensure(static_cast<size_t>(R * nhi * row8)));
+          LS_RETURN_IF_ERROR(iq8_.Ensure(static_cast<size_t>(R * nhi * Fp8RowBytes(di))));
           cu::LatentWriteParams qw;
           qw.latent = iq;
           qw.latent_stride = di;

@@ -136,30 +136,40 @@ Model::Model(ModelConfig c, ModelWeights w) : config_(std::move(c)), weights_(st
   }
 }
 
+namespace {
+
+// f(m) for every matrix of a product (GEMM) — the ones a lower-precision GEMM variant stores in
+// its precision: embeddings, norms and the router stay fp32, as inference stacks keep them.
+template <typename F>
+void ForEachProductMatrix(ModelWeights& w, F f) {
+  f(w.lm_head);
+  for (auto& L : w.layers) {
+    for (Matrix* m : {&L.q_proj, &L.q_a_proj, &L.q_b_proj, &L.kv_a_proj, &L.kv_b_proj, &L.o_proj, &L.indexer.wq_b,
+                      &L.indexer.wk, &L.indexer.weights_proj}) {
+      f(*m);
+    }
+    for (MlpWeights* m : {&L.mlp, &L.shared}) {
+      f(m->gate);
+      f(m->up);
+      f(m->down);
+    }
+    for (auto& e : L.experts) {
+      f(e.gate);
+      f(e.up);
+      f(e.down);
+    }
+  }
+}
+
+}  // namespace
+
 const ModelWeights& Model::Bf16Weights() {
   std::lock_guard<std::mutex> lock(lazy_mu_);
   if (!bf16_weights_) {
     auto w = std::make_unique<ModelWeights>(weights_);
-    auto round = [](Matrix& m) {
+    ForEachProductMatrix(*w, [](Matrix& m) {
       for (float& v : m.data) v = kernels::Bf16ToF32(kernels::F32ToBf16(v));
-    };
-    auto mlp = [&](MlpWeights& m) {
-      round(m.gate);
-      round(m.up);
-      round(m.down);
-    };
-    // Only the matrices of products (GEMMs): embeddings, norms and the router stay fp32, as
-    // inference stacks keep them.
-    round(w->lm_head);
-    for (auto& L : w->layers) {
-      for (Matrix* m : {&L.q_proj, &L.q_a_proj, &L.q_b_proj, &L.kv_a_proj, &L.kv_b_proj, &L.o_proj, &L.indexer.wq_b,
-                        &L.indexer.wk, &L.indexer.weights_proj}) {
-        round(*m);
-      }
-      mlp(L.mlp);
-      mlp(L.shared);
-      for (auto& e : L.experts) mlp(e);
-    }
+    });
     bf16_weights_ = std::move(w);
   }
   return *bf16_weights_;
@@ -170,32 +180,12 @@ const ModelWeights& Model::Fp8Weights() {
   std::lock_guard<std::mutex> lock(lazy_mu_);
   if (!fp8_weights_) {
     auto w = std::make_unique<ModelWeights>(weights_);
-    auto quantize = [](Matrix& m) {
+    ForEachProductMatrix(*w, [](Matrix& m) {
       if (m.empty()) return;
       auto f = std::make_shared<Fp8Blocks>(Fp8Blocks::Quantize(m.ptr(), m.rows, m.cols));
-      for (int64_t r = 0; r < m.rows; ++r) {
-        for (int64_t c = 0; c < m.cols; ++c) m.data[r * m.cols + c] = f->value(r, c);
-      }
+      f->Dequantize(m.data.data());
       m.fp8 = std::move(f);
-    };
-    // The matrices Bf16Weights rounds.
-    quantize(w->lm_head);
-    for (auto& L : w->layers) {
-      for (Matrix* m : {&L.q_proj, &L.q_a_proj, &L.q_b_proj, &L.kv_a_proj, &L.kv_b_proj, &L.o_proj, &L.indexer.wq_b,
-                        &L.indexer.wk, &L.indexer.weights_proj}) {
-        quantize(*m);
-      }
-      for (MlpWeights* m : {&L.mlp, &L.shared}) {
-        quantize(m->gate);
-        quantize(m->up);
-        quantize(m->down);
-      }
-      for (auto& e : L.experts) {
-        quantize(e.gate);
-        quantize(e.up);
-        quantize(e.down);
-      }
-    }
+    });
     fp8_weights_ = std::move(w);
   }
   return *fp8_weights_;

@@ -108,9 +108,7 @@ class Loader {
     f->values.assign(t.data, t.data + rows * cols);
     f->scales.resize(want[0] * want[1]);
     std::memcpy(f->scales.data(), s->data, f->scales.size() * 4);
-    for (int64_t r = 0; r < rows; ++r) {
-      for (int64_t c = 0; c < cols; ++c) dst[r * cols + c] = f->value(r, c);
-    }
+    f->Dequantize(dst);
     *fp8 = std::move(f);
     return Status::Ok();
   }
@@ -124,6 +122,12 @@ class Loader {
 }  // namespace
 
 float Fp8Blocks::value(int64_t r, int64_t c) const { return kernels::Fp8E4m3ToF32(values[r * cols + c]) * scale(r, c); }
+
+void Fp8Blocks::Dequantize(float* dst) const {
+  for (int64_t r = 0; r < rows; ++r) {
+    for (int64_t c = 0; c < cols; ++c) dst[r * cols + c] = value(r, c);
+  }
+}
 
 Fp8Blocks Fp8Blocks::Quantize(const float* m, int64_t rows, int64_t cols, int64_t block_rows, int64_t block_cols) {
   Fp8Blocks f;

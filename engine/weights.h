@@ -31,6 +31,7 @@ struct Fp8Blocks {
   int64_t scale_cols() const { return (cols + block_cols - 1) / block_cols; }
   float scale(int64_t r, int64_t c) const { return scales[(r / block_rows) * scale_cols() + c / block_cols]; }
   float value(int64_t r, int64_t c) const;  // the dequantised element
+  void Dequantize(float* dst) const;         // every element, dst [rows, cols]
   // Block-quantised `m` [rows, cols]: per block, scale = amax / 448 (1 for an all-zero block)
   // and value = e4m3(x / scale), rounded to nearest even, saturating (DeepSeek's quantiser).
   static Fp8Blocks Quantize(const float* m, int64_t rows, int64_t cols, int64_t block_rows = 128,

@@ -21,6 +21,18 @@ constexpr size_t kMaxScoreSmem = 220 * 1024;
 constexpr int kTopKThreads = 512;
 constexpr int kTopKPer = 8;  // positions a thread takes per chunk of the final pass
 
+// Global slot (page · page_size + offset) of key t of request b through the page table, or −1 on
+// a page id outside the pool (flagged kErrPageId). P: IndexerScoreParams or TopKParams.
+template <typename P>
+__device__ __forceinline__ int64_t PagedSlot(const P& p, int b, int64_t t) {
+  const int32_t page = p.page_table[b * p.page_table_stride + t / p.page_size];
+  if (page < 0 || page >= p.num_pages) {
+    if (p.error_flag != nullptr) atomicOr(p.error_flag, kErrPageId);
+    return -1;
+  }
+  return static_cast<int64_t>(page) * p.page_size + t % p.page_size;
+}
+
 size_t ScoreSmem(int64_t heads, int64_t head_dim) {
   return sizeof(int64_t) * kScoreThreads + sizeof(float) * (heads * head_dim + heads + kScoreThreads * (head_dim + 1));
 }
@@ -51,18 +63,7 @@ __global__ void __launch_bounds__(kScoreThreads) IndexerScoreKernel(IndexerScore
     q_s[i] = p.q[b * p.q_batch_stride + h * p.q_head_stride + j];
   }
   for (int h = tid; h < H; h += kScoreThreads) w_s[h] = p.weights[b * p.weights_stride + h];
-  {
-    int64_t slot = -1;
-    if (t < n) {
-      const int32_t page = p.page_table[b * p.page_table_stride + t / p.page_size];
-      if (page < 0 || page >= p.num_pages) {
-        if (p.error_flag != nullptr) atomicOr(p.error_flag, kErrPageId);
-      } else {
-        slot = static_cast<int64_t>(page) * p.page_size + t % p.page_size;
-      }
-    }
-    slot_s[tid] = slot;
-  }
+  slot_s[tid] = t < n ? PagedSlot(p, b, t) : -1;
   __syncthreads();
   for (int i = tid; i < kScoreThreads * hd; i += kScoreThreads) {
     const int row = i / hd, j = i - row * hd;
@@ -193,15 +194,7 @@ __global__ void __launch_bounds__(kTopKThreads) TopKKernel(TopKParams p) {
         if (keys[j] == tau) sel = eq_seen++ < eq_want;
         if (!sel) continue;
         pos_out[at] = static_cast<int32_t>(t);
-        if (slot_out != nullptr) {
-          const int32_t page = p.page_table[b * p.page_table_stride + t / p.page_size];
-          if (page < 0 || page >= p.num_pages) {
-            if (p.error_flag != nullptr) atomicOr(p.error_flag, kErrPageId);
-            slot_out[at] = -1;
-          } else {
-            slot_out[at] = static_cast<int32_t>(static_cast<int64_t>(page) * p.page_size + t % p.page_size);
-          }
-        }
+        if (slot_out != nullptr) slot_out[at] = static_cast<int32_t>(PagedSlot(p, b, t));
         ++at;
       }
       eq_taken += eq_total;
@@ -325,19 +318,7 @@ __global__ void __launch_bounds__(kF8Threads) IndexerFp8ScoreKernel(IndexerScore
       for (int64_t t = t0 + tid; t < end; t += kF8Threads) out[t] = -INFINITY;
       return;
     }
-    if (tid < kF8Keys) {
-      const int64_t t = t0 + tid;
-      int64_t slot = -1;
-      if (t < n) {
-        const int32_t page = p.page_table[b * p.page_table_stride + t / p.page_size];
-        if (page < 0 || page >= p.num_pages) {
-          if (p.error_flag != nullptr) atomicOr(p.error_flag, kErrPageId);
-        } else {
-          slot = static_cast<int64_t>(page) * p.page_size + t % p.page_size;
-        }
-      }
-      slot_s[tid] = slot;
-    }
+    if (tid < kF8Keys) slot_s[tid] = t0 + tid < n ? PagedSlot(p, b, t0 + tid) : -1;
     __syncthreads();  // slot_s (and, on the first tile, q and w)
     stage([&](int r) { return slot_s[r] >= 0 ? p.keys_fp8 + slot_s[r] * rb : static_cast<const uint8_t*>(nullptr); },
           kF8Keys, kd, ks);

@@ -5,7 +5,9 @@
 //   splits   n keys cut into ceil(n / MlaSplitKeys(n)) splits (≤ 64), ascending;
 //   split CTA  (split, 16-head group, request): q for its 16 heads in shared memory, keys in
 //            tiles of 32 dequantised into shared memory, online softmax per head over the
-//            tiles in ascending order; writes its unnormalised o, running max m, and sum l;
+//            tiles in ascending order; writes its unnormalised o, running max m, and sum l
+//            (8-head groups, or one head a CTA — MlaSplitHeadKernel — when the grid would
+//            leave SMs idle; the same arithmetic, the same bits);
 //   combine  one CTA per (request, head) merges the splits in ascending order:
 //            M = max m_s, f_s = exp(m_s − M), L = Σ l_s f_s, o = (Σ o_s f_s) / L,
 //            lse = M + log L.
@@ -146,6 +148,27 @@ __device__ __forceinline__ void DequantRow(LatentFormat format, const uint8_t* s
   }
 }
 
+// Keys t0 … t0 + 31 of request b (those before key_end) dequantised into k_s rows (stride
+// k_stride), warp w taking rows w, w + 8, …; a masked or invalid key is a row of zeros (p = 0
+// must meet finite values) and valid_s[row] = 0.
+template <bool kSparse>
+__device__ __forceinline__ void StageKeyTile(const MlaDecodeParams& p, int b, int64_t t0, int64_t key_end,
+                                             int64_t bytes_per_token, float* k_s, int k_stride, int* valid_s,
+                                             int warp, int lane) {
+  const int C = static_cast<int>(p.kv_lora), R = static_cast<int>(p.rope_dim);
+  for (int row = warp; row < kTileKeys; row += kWarps) {
+    const int64_t key = t0 + row;
+    const int64_t slot = key < key_end ? KeySlot<kSparse>(p, b, key) : -1;
+    float* krow = k_s + row * k_stride;
+    if (slot < 0) {
+      for (int j = lane; j < C + R; j += 32) krow[j] = 0.0f;
+    } else {
+      DequantRow(p.format, p.cache + slot * bytes_per_token, C, R, krow, lane);
+    }
+    if (lane == 0) valid_s[row] = slot >= 0;
+  }
+}
+
 // kHpc heads per CTA: 16 (two per warp) normally; 8 (one per warp: half the per-warp work, twice
 // the CTAs reading each key) when the grid would be too small to fill the GPU (batch-1 decode).
 template <bool kSparse, int kHpc>
@@ -217,17 +240,7 @@ __global__ void __launch_bounds__(kThreads) MlaSplitKernel(MlaDecodeParams p, in
 
   for (int64_t t0 = key_begin; t0 < key_end; t0 += kTileKeys) {
     __syncthreads();  // q_s written (first tile) / the last tile's P·V done with k_s, p_s
-    for (int row = warp; row < kTileKeys; row += kWarps) {
-      const int64_t key = t0 + row;
-      const int64_t slot = key < key_end ? KeySlot<kSparse>(p, b, key) : -1;
-      float* krow = k_s + row * k_stride;
-      if (slot < 0) {
-        for (int j = lane; j < D; j += 32) krow[j] = 0.0f;  // p = 0 must meet finite values
-      } else {
-        DequantRow(p.format, p.cache + slot * bytes_per_token, C, R, krow, lane);
-      }
-      if (lane == 0) valid_s[row] = slot >= 0;
-    }
+    StageKeyTile<kSparse>(p, b, t0, key_end, bytes_per_token, k_s, k_stride, valid_s, warp, lane);
     __syncthreads();
 
     // Scores and the online softmax update, per head of this warp.
@@ -364,17 +377,7 @@ __global__ void __launch_bounds__(kThreads) MlaSplitHeadKernel(MlaDecodeParams p
 
   for (int64_t t0 = key_begin; t0 < key_end; t0 += kTileKeys) {
     __syncthreads();  // q_s written (first tile) / the last tile's P·V done with k_s, p_s
-    for (int row = warp; row < kTileKeys; row += kWarps) {
-      const int64_t key = t0 + row;
-      const int64_t slot = key < key_end ? KeySlot<kSparse>(p, b, key) : -1;
-      float* krow = k_s + row * k_stride;
-      if (slot < 0) {
-        for (int j = lane; j < D; j += 32) krow[j] = 0.0f;
-      } else {
-        DequantRow(p.format, p.cache + slot * bytes_per_token, C, R, krow, lane);
-      }
-      if (lane == 0) valid_s[row] = slot >= 0;
-    }
+    StageKeyTile<kSparse>(p, b, t0, key_end, bytes_per_token, k_s, k_stride, valid_s, warp, lane);
     __syncthreads();
     {
       const float* krow = k_s + t_key * k_stride;

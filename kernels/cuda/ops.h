@@ -226,8 +226,9 @@ struct MlaDecodeParams {
   void* workspace = nullptr;  // MlaDecodeWorkspaceBytes(*this) bytes, 256-byte aligned
   size_t workspace_bytes = 0;
   int32_t* error_flag = nullptr;  // optional; kErrSeqLen | kErrPageId | kErrSlot
-  // Heads a split CTA takes: 0 picks by the grid's size (1 when 16 a CTA would leave SMs idle:
-  // batch-1 decode); 1, 8 or 16 force it (tests, benchmarks). Speed only: the same bits.
+  // Heads a split CTA takes: 0 picks by the grid's size (16; 8 when 16 would leave SMs idle; 1
+  // when 8 still would at one or two requests: batch-1 decode); 1, 8 or 16 force it (tests,
+  // benchmarks). Speed only: the same bits.
   int32_t heads_per_cta = 0;
 };
 // Keys per split for a request with n keys: 32 (one tile) up to 2048 keys, then the smallest
