@@ -5,6 +5,7 @@
 //
 //   bench_mla_decode [--heads 128] [--reps 10] [--context 4096,16384,65536] [--overlapped-launch 1]
 //                    [--heads-per-cta 0|1|8|16]   (the split CTA's shape; 0: the kernel's choice)
+//                    [--key-staging 0|1|2]        (MlaDecodeParams::key_staging; 0: the kernel's choice)
 // (--heads 16 --context 256: a V2-Lite decode step's attention at a short prompt)
 #include <cuda_runtime.h>
 
@@ -31,6 +32,7 @@ double CopyBandwidth(int reps) {
 }
 
 int g_heads_per_cta = 0;  // --heads-per-cta
+int g_key_staging = 0;  // --key-staging
 
 struct Result {
   double ms, gbps, tflops;
@@ -92,6 +94,7 @@ Result Bench(cu::LatentFormat fmt, int64_t batch, int64_t ctx, int64_t heads, in
   p.format = fmt;
   p.softmax_scale = 0.0722f;
   p.heads_per_cta = g_heads_per_cta;
+  p.key_staging = g_key_staging;
   p.q_latent = q->as<float>();
   p.q_latent_batch_stride = heads * (C + R);
   p.q_latent_head_stride = C + R;
@@ -139,6 +142,7 @@ int main(int argc, char** argv) {
     if (!std::strcmp(argv[i], "--reps")) reps = std::atoi(argv[i + 1]);
     if (!std::strcmp(argv[i], "--overlapped-launch")) cu::SetOverlappedLaunch(std::atoi(argv[i + 1]) != 0);
     if (!std::strcmp(argv[i], "--heads-per-cta")) g_heads_per_cta = std::atoi(argv[i + 1]);
+    if (!std::strcmp(argv[i], "--key-staging")) g_key_staging = std::atoi(argv[i + 1]);
     if (!std::strcmp(argv[i], "--context")) {
       contexts.clear();
       for (const char* c = argv[i + 1]; *c != '\0';) {

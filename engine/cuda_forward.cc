@@ -606,6 +606,7 @@ LS_RETURN_IF_ERROR(Mark("start"));
         rg.rows = R;
         rg.outs = E;
         rg.n = H;
+        rg.w_fixed = true;
         LS_RETURN_IF_ERROR(cu::RowDots(rg, s));
         LS_RETURN_IF_ERROR(Mark("router_logits"));
         cu::RouteParams rp;

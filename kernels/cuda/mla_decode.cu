@@ -21,6 +21,7 @@
 
 #include <cmath>
 
+#include "kernels/cuda/async_copy.cuh"
 #include "kernels/cuda/check.cuh"
 #include "kernels/cuda/device_math.cuh"
 #include "kernels/cuda/launch.cuh"
@@ -150,7 +151,9 @@ __device__ __forceinline__ void DequantRow(LatentFormat format, const uint8_t* s
 
 // Keys t0 … t0 + 31 of request b (those before key_end) dequantised into k_s rows (stride
 // k_stride), warp w taking rows w, w + 8, …; a masked or invalid key is a row of zeros (p = 0
-// must meet finite values) and valid_s[row] = 0.
+// must meet finite values) and valid_s[row] = 0. Each row read straight from global memory:
+// the path for tokens whose bytes are not whole 16-byte chunks (the test models' odd sizes)
+// and for fp32 caches (KeyTiles below).
 template <bool kSparse>
 __device__ __forceinline__ void StageKeyTile(const MlaDecodeParams& p, int b, int64_t t0, int64_t key_end,
                                              int64_t bytes_per_token, float* k_s, int k_stride, int* valid_s,
@@ -169,10 +172,97 @@ __device__ __forceinline__ void StageKeyTile(const MlaDecodeParams& p, int b, in
   }
 }
 
+// Whether a split CTA of `hpc` heads stages its key tiles' bytes (KeyTiles). It can for tokens
+// of whole 16-byte chunks (fp8 656 and bf16 1152 bytes at DeepSeek's 512 + 64) in a bf16 or fp8
+// cache; by default it does with one head a CTA only. With 8 or 16 heads the tile's bytes cost
+// the CTA its second slot on an SM, and row-by-row reads of one CTA overlap the other's
+// arithmetic: staged was slower there (H200, 2026-11-30, 128 heads: bf16 1 × 4k 0.105 → 0.137
+// ms, fp8 8 × 4k 1.11 → 1.34 ms), while one head a CTA gained (16 heads × 256 keys: fp8 28 → 17
+// µs, bf16 14 → 13 µs). An fp32 tile (72 KB) is always read row by row.
+inline bool StagesKeys(const MlaDecodeParams& p, int64_t bytes_per_token, int hpc) {
+  const bool can = bytes_per_token % 16 == 0 && p.format != LatentFormat::kFp32;
+  return can && (p.key_staging == 2 || (p.key_staging == 0 && hpc == 1));
+}
+// Shared memory KeyTiles takes (at the start of a split CTA's, 16-byte aligned): two tiles'
+// slots and one tile's bytes.
+__host__ __device__ inline size_t KeyTilesSmem(bool staged, int64_t bytes_per_token) {
+  return staged ? 2 * kTileKeys * sizeof(int64_t) + kTileKeys * static_cast<size_t>(bytes_per_token) : 0;
+}
+
+// How a split CTA brings in its key tiles. Staged (StagesKeys): tile i + 1's slot lookups and
+// then its bytes (16-byte cp.async into `raw`, every chunk of the tile in flight at once) are
+// requested as soon as tile i is dequantised into k_s, so they land while tile i's scores and
+// P·V run; at batch 1 (one tile a split) the CTA makes two round trips to memory, slots then
+// bytes, where reading each row's values one 32-lane load at a time made ~75 (H200, 2026-11-30:
+// V2-Lite's 16 heads × 256 keys, bf16, 14.6 µs a layer). The dequantisation is DequantRow's,
+// from shared memory instead of global: the same values. Otherwise StageKeyTile, per tile.
+//   Begin(key_begin)            before the loop (after q's loads are issued)
+//   Next(t0) … Dequant(t0) … Prefetch(t0)   at the top of each tile, around its barriers
+template <bool kSparse>
+struct KeyTiles {
+  const MlaDecodeParams& p;
+  int b;
+  int64_t key_end, bpt;
+  bool staged;
+  int64_t* slots;      // [2][32] (staged)
+  unsigned char* raw;  // [32][bpt] (staged)
+  int tid;
+
+  __device__ int64_t SlotOf(int64_t key) const { return key < key_end ? KeySlot<kSparse>(p, b, key) : -1; }
+  // Tile `t0`'s byte requests (the tile's slots must be visible to every thread).
+  __device__ void Request(const int64_t* s) const {
+    const int n16 = static_cast<int>(bpt / 16);
+    for (int c = tid; c < kTileKeys * n16; c += kThreads) {
+      const int r = c / n16, q = c - r * n16;
+      const int64_t slot = s[r];
+      if (slot >= 0) dev::CpAsync16(raw + r * bpt + 16 * q, p.cache + slot * bpt + 16 * q);
+    }
+    dev::CpAsyncCommit();
+  }
+  __device__ const int64_t* Tile(int it) const { return slots + kTileKeys * (it & 1); }
+  // Before the loop: the first tile's slots, a barrier, its bytes requested.
+  __device__ void Begin(int64_t t0) const {
+    if (!staged) return;
+    if (tid < kTileKeys) slots[tid] = SlotOf(t0 + tid);
+    __syncthreads();
+    Request(slots);
+  }
+  // Top of tile `it` (keys t0…), before the loop's first barrier: the next tile's slots; this
+  // tile's bytes are this thread's only outstanding copies.
+  __device__ void Next(int it, int64_t t0) const {
+    if (!staged) return;
+    if (tid < kTileKeys && t0 + kTileKeys < key_end) slots[kTileKeys * ((it + 1) & 1) + tid] = SlotOf(t0 + kTileKeys + tid);
+    dev::CpAsyncWait<0>();
+  }
+  // After that barrier: tile `it` into k_s (valid_s per row), as StageKeyTile would.
+  __device__ void Dequant(int it, int64_t t0, float* k_s, int k_stride, int* valid_s, int warp, int lane) const {
+    if (!staged) {
+      StageKeyTile<kSparse>(p, b, t0, key_end, bpt, k_s, k_stride, valid_s, warp, lane);
+      return;
+    }
+    const int C = static_cast<int>(p.kv_lora), R = static_cast<int>(p.rope_dim);
+    const int64_t* s = Tile(it);
+    for (int row = warp; row < kTileKeys; row += kWarps) {
+      float* krow = k_s + row * k_stride;
+      if (s[row] < 0) {
+        for (int j = lane; j < C + R; j += 32) krow[j] = 0.0f;
+      } else {
+        DequantRow(p.format, raw + row * bpt, C, R, krow, lane);
+      }
+      if (lane == 0) valid_s[row] = s[row] >= 0;
+    }
+  }
+  // After the barrier that follows Dequant (raw is free): the next tile's bytes.
+  __device__ void Prefetch(int it, int64_t t0) const {
+    if (staged && t0 + kTileKeys < key_end) Request(Tile(it + 1));
+  }
+};
+
 // kHpc heads per CTA: 16 (two per warp) normally; 8 (one per warp: half the per-warp work, twice
 // the CTAs reading each key) when the grid would be too small to fill the GPU (batch-1 decode).
 template <bool kSparse, int kHpc>
-__global__ void __launch_bounds__(kThreads) MlaSplitKernel(MlaDecodeParams p, int64_t bytes_per_token, Workspace ws) {
+__global__ void __launch_bounds__(kThreads) MlaSplitKernel(MlaDecodeParams p, int64_t bytes_per_token, bool staged,
+                                                           Workspace ws) {
   dev::GridDependencySync();
   constexpr int kHeadsPerCta = kHpc;
   constexpr int kHeadsPerWarp = kHpc / kWarps;
@@ -191,7 +281,10 @@ __global__ void __launch_bounds__(kThreads) MlaSplitKernel(MlaDecodeParams p, in
   if (key_begin >= n_keys) return;
   const int64_t key_end = min(n_keys, key_begin + split_keys);
 
-  float* q_s = smem;                                   // [16][D]
+  unsigned char* const tiles_smem = reinterpret_cast<unsigned char*>(smem);
+  const KeyTiles<kSparse> tiles{p,      b,  key_end, bytes_per_token, staged, reinterpret_cast<int64_t*>(tiles_smem),
+                                tiles_smem + 2 * kTileKeys * sizeof(int64_t), tid};
+  float* q_s = reinterpret_cast<float*>(tiles_smem + KeyTilesSmem(staged, bytes_per_token));  // [16][D]
   float* k_s = q_s + kHeadsPerCta * D;                 // [32][D + 1] (+1: lane ↔ key reads hit 32 banks)
   float* p_s = k_s + kTileKeys * (D + 1);              // [16][32]
   float* alpha_s = p_s + kHeadsPerCta * kTileKeys;     // [16]
@@ -238,10 +331,14 @@ __global__ void __launch_bounds__(kThreads) MlaSplitKernel(MlaDecodeParams p, in
     for (int m = 0; m < kColsPerThread; ++m) o[hh][m] = 0.0f;
   }
 
-  for (int64_t t0 = key_begin; t0 < key_end; t0 += kTileKeys) {
+  tiles.Begin(key_begin);
+  int it = 0;
+  for (int64_t t0 = key_begin; t0 < key_end; t0 += kTileKeys, ++it) {
+    tiles.Next(it, t0);
     __syncthreads();  // q_s written (first tile) / the last tile's P·V done with k_s, p_s
-    StageKeyTile<kSparse>(p, b, t0, key_end, bytes_per_token, k_s, k_stride, valid_s, warp, lane);
+    tiles.Dequant(it, t0, k_s, k_stride, valid_s, warp, lane);
     __syncthreads();
+    tiles.Prefetch(it, t0);
 
     // Scores and the online softmax update, per head of this warp.
     const float* krow = k_s + lane * k_stride;
@@ -330,7 +427,7 @@ __global__ void __launch_bounds__(kThreads) MlaSplitKernel(MlaDecodeParams p, in
 // as there (WarpMax, WarpSum); P·V per column in ascending key order.
 template <bool kSparse>
 __global__ void __launch_bounds__(kThreads) MlaSplitHeadKernel(MlaDecodeParams p, int64_t bytes_per_token,
-                                                               Workspace ws) {
+                                                               bool staged, Workspace ws) {
   dev::GridDependencySync();
   extern __shared__ __align__(16) float smem[];
   const int b = blockIdx.z, head = blockIdx.y, split = blockIdx.x;
@@ -343,7 +440,10 @@ __global__ void __launch_bounds__(kThreads) MlaSplitHeadKernel(MlaDecodeParams p
   if (key_begin >= n_keys) return;
   const int64_t key_end = min(n_keys, key_begin + split_keys);
 
-  float* q_s = smem;                        // [D]
+  unsigned char* const tiles_smem = reinterpret_cast<unsigned char*>(smem);
+  const KeyTiles<kSparse> tiles{p,      b,  key_end, bytes_per_token, staged, reinterpret_cast<int64_t*>(tiles_smem),
+                                tiles_smem + 2 * kTileKeys * sizeof(int64_t), tid};
+  float* q_s = reinterpret_cast<float*>(tiles_smem + KeyTilesSmem(staged, bytes_per_token));  // [D]
   float* k_s = q_s + D;                     // [32][D + 1]
   float* s_s = k_s + kTileKeys * (D + 1);   // [32] scores
   float* p_s = s_s + kTileKeys;             // [32]
@@ -375,10 +475,14 @@ __global__ void __launch_bounds__(kThreads) MlaSplitHeadKernel(MlaDecodeParams p
     return __fadd_rn(v, __shfl_xor_sync(0xffffffffu, v, 1));  // 0 + 1
   };
 
-  for (int64_t t0 = key_begin; t0 < key_end; t0 += kTileKeys) {
+  tiles.Begin(key_begin);
+  int it = 0;
+  for (int64_t t0 = key_begin; t0 < key_end; t0 += kTileKeys, ++it) {
+    tiles.Next(it, t0);
     __syncthreads();  // q_s written (first tile) / the last tile's P·V done with k_s, p_s
-    StageKeyTile<kSparse>(p, b, t0, key_end, bytes_per_token, k_s, k_stride, valid_s, warp, lane);
+    tiles.Dequant(it, t0, k_s, k_stride, valid_s, warp, lane);
     __syncthreads();
+    tiles.Prefetch(it, t0);
     {
       const float* krow = k_s + t_key * k_stride;
       // Fold16's lanes l and l + 8 are chains g and g + 8 (l = g); a chain past n is 0.
@@ -529,6 +633,7 @@ Status Validate(const MlaDecodeParams& p, bool sparse, const char* op) {
                p.o_batch_stride);
   LS_CHECK_ARG(p.heads_per_cta == 0 || p.heads_per_cta == 1 || p.heads_per_cta == 8 || p.heads_per_cta == 16, op,
                "heads_per_cta (0, 1, 8 or 16)", p.heads_per_cta);
+  LS_CHECK_ARG(p.key_staging >= 0 && p.key_staging <= 2, op, "key_staging (0, 1 or 2)", p.key_staging);
   LS_CHECK_ARG(p.heads <= 65535, op, "heads", p.heads);
   const size_t need = MlaDecodeWorkspaceBytes(p);
   LS_CHECK_ARG(p.workspace_bytes >= need, op, "workspace_bytes (need MlaDecodeWorkspaceBytes)", p.workspace_bytes);
@@ -549,6 +654,7 @@ Status Launch(const MlaDecodeParams& p, Stream stream) {
   Workspace ws{reinterpret_cast<float*>(w), reinterpret_cast<float*>(w + layout.o_bytes),
                reinterpret_cast<float*>(w + layout.o_bytes + layout.ml_bytes), splits};
   const int64_t D = p.kv_lora + p.rope_dim;
+  const int64_t bpt = LatentBytesPerToken(p.format, p.kv_lora, p.rope_dim);
   if (splits > 0) {
     // 8 heads a CTA when 16 would leave SMs idle; one when 8 still would at one or two requests
     // (batch-1 decode at short context: H200, 16 heads, bf16 cache, 1 × 256 keys 20 → 13 µs; at
@@ -560,25 +666,26 @@ Status Launch(const MlaDecodeParams& p, Stream stream) {
                     : ctas16 >= SmCount()                      ? 16
                     : ctas8 >= SmCount() || p.batch > 2        ? 8
                                                                : 1;
+    const bool staged = StagesKeys(p, bpt, hpc);
     auto launch = [&](auto kernel, int hpc) -> Status {
       const size_t smem = sizeof(float) * (hpc * D + kTileKeys * (D + 1) + hpc * kTileKeys + hpc) +
-                          sizeof(int) * kTileKeys;
+                          sizeof(int) * kTileKeys + KeyTilesSmem(staged, bpt);
       LS_CUDA_RETURN_IF_ERROR(
           cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem)));
       const dim3 grid(static_cast<unsigned>(splits), static_cast<unsigned>((p.heads + hpc - 1) / hpc),
                       static_cast<unsigned>(p.batch));
-      LS_CUDA_RETURN_IF_ERROR(LaunchKernel(kernel, grid, kThreads, smem, stream, p,
-                                           LatentBytesPerToken(p.format, p.kv_lora, p.rope_dim), ws));
+      LS_CUDA_RETURN_IF_ERROR(LaunchKernel(kernel, grid, kThreads, smem, stream, p, bpt, staged, ws));
       LS_CUDA_LAUNCH_CHECK();
       return Status::Ok();
     };
     if (hpc == 1) {
-      const size_t smem = sizeof(float) * (D + kTileKeys * (D + 1) + 2 * kTileKeys + 1) + sizeof(int) * kTileKeys;
+      const size_t smem = sizeof(float) * (D + kTileKeys * (D + 1) + 2 * kTileKeys + 1) + sizeof(int) * kTileKeys +
+                          KeyTilesSmem(staged, bpt);
       LS_CUDA_RETURN_IF_ERROR(cudaFuncSetAttribute(
           MlaSplitHeadKernel<kSparse>, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem)));
       const dim3 grid(static_cast<unsigned>(splits), static_cast<unsigned>(p.heads), static_cast<unsigned>(p.batch));
-      LS_CUDA_RETURN_IF_ERROR(LaunchKernel(MlaSplitHeadKernel<kSparse>, grid, kThreads, smem, stream, p,
-                                           LatentBytesPerToken(p.format, p.kv_lora, p.rope_dim), ws));
+      LS_CUDA_RETURN_IF_ERROR(LaunchKernel(MlaSplitHeadKernel<kSparse>, grid, kThreads, smem, stream, p, bpt, staged,
+                                           ws));
       LS_CUDA_LAUNCH_CHECK();
     } else {
       LS_RETURN_IF_ERROR(hpc == 8 ? launch(MlaSplitKernel<kSparse, 8>, 8) : launch(MlaSplitKernel<kSparse, 16>, 16));

@@ -175,8 +175,19 @@ __global__ void __launch_bounds__(kRouteWarps * 32) RouteKernel(RouteParams p, i
       __syncwarp();
       float inv = 0.0f;
       if (lane == 0) {
-        double s = 0.0;  // left to right, as the CPU
-        for (int e = 0; e < E; ++e) s = __dadd_rn(s, static_cast<double>(sc[e]));
+        double s = 0.0;  // left to right, as the CPU (four values a load: the loads go out ahead)
+        int e = 0;
+        if (E % 4 == 0) {
+          const float4* sc4 = reinterpret_cast<const float4*>(sc);  // warp_bytes keeps 16-byte alignment
+#pragma unroll 4
+          for (; e < E; e += 4) {
+            const float4 v = sc4[e / 4];
+            s = __dadd_rn(__dadd_rn(__dadd_rn(__dadd_rn(s, static_cast<double>(v.x)), static_cast<double>(v.y)),
+                                    static_cast<double>(v.z)),
+                          static_cast<double>(v.w));
+          }
+        }
+        for (; e < E; ++e) s = __dadd_rn(s, static_cast<double>(sc[e]));
         inv = __double2float_rn(__ddiv_rn(1.0, s));
       }
       inv = __shfl_sync(0xffffffffu, inv, 0);
@@ -247,24 +258,34 @@ __global__ void __launch_bounds__(kRouteWarps * 32) RouteKernel(RouteParams p, i
     __syncwarp();
   }
 
-  // ids ascending; weights = scores, fp64 sum in id order, normalise, scale.
-  if (lane == 0) {
-    int32_t* ids = p.ids + r * p.k;
-    float* w = p.weights + r * p.k;
+  // ids ascending (each chosen expert's place from a ballot of the chosen); weights = scores,
+  // fp64 sum in id order, normalise, scale. The chosen scores go to ch[0, n) in id order (ch
+  // is not read after the rounds).
+  int32_t* ids = p.ids + r * p.k;
+  int n = 0;
+  for (int e0 = 0; e0 < E; e0 += 32) {
+    const int e = e0 + lane;
+    const bool chosen = e < E && state[e] == 2;
+    const unsigned mask = __ballot_sync(0xffffffffu, chosen);
+    if (chosen) {
+      const int at = n + __popc(mask & ((1u << lane) - 1u));
+      ids[at] = e;
+      ch[at] = sc[e];
+    }
+    n += __popc(mask);
+  }
+  __syncwarp();
+  float denom = 0.0f;
+  if (lane == 0 && p.norm_topk_prob) {
     double sum = 0.0;
-    int64_t n = 0;
-    for (int e = 0; e < E; ++e) {
-      if (state[e] != 2) continue;
-      ids[n] = e;
-      w[n] = sc[e];
-      sum = __dadd_rn(sum, static_cast<double>(sc[e]));
-      ++n;
-    }
-    if (p.norm_topk_prob) {
-      const float denom = __fadd_rn(__double2float_rn(sum), 1e-20f);
-      for (int64_t i = 0; i < p.k; ++i) w[i] = __fdiv_rn(w[i], denom);
-    }
-    for (int64_t i = 0; i < p.k; ++i) w[i] = __fmul_rn(w[i], p.routed_scaling_factor);
+    for (int i = 0; i < n; ++i) sum = __dadd_rn(sum, static_cast<double>(ch[i]));
+    denom = __fadd_rn(__double2float_rn(sum), 1e-20f);
+  }
+  denom = __shfl_sync(0xffffffffu, denom, 0);
+  float* w = p.weights + r * p.k;
+  for (int i = lane; i < n; i += 32) {
+    const float v = p.norm_topk_prob ? __fdiv_rn(ch[i], denom) : ch[i];
+    w[i] = __fmul_rn(v, p.routed_scaling_factor);
   }
 }
 

@@ -230,6 +230,11 @@ struct MlaDecodeParams {
   // when 8 still would at one or two requests: batch-1 decode); 1, 8 or 16 force it (tests,
   // benchmarks). Speed only: the same bits.
   int32_t heads_per_cta = 0;
+  // How a split CTA reads its keys: 0 picks (tiles staged in shared memory by 16-byte copies,
+  // the next tile's in flight during this one's arithmetic, with one head a CTA when a token's
+  // bytes are whole 16-byte chunks of a bf16 or fp8 cache; else row by row); 1 row by row; 2
+  // staged wherever the format allows. Speed only: the same bits.
+  int32_t key_staging = 0;
 };
 // Keys per split for a request with n keys: 32 (one tile) up to 2048 keys, then the smallest
 // multiple of 32 that keeps the request at ≤ 64 splits. A function of n alone.

@@ -171,6 +171,9 @@ struct RowDotsParams {
   float* y = nullptr;        // [rows, outs], row stride y_stride
   int64_t y_stride = 0;
   int64_t rows = 0, outs = 0, n = 0;
+  // w is no kernel's output (a weight): the staged kernel requests its first tile before it
+  // waits for the previous kernel on the stream (launch.cuh). Speed only.
+  bool w_fixed = false;
 };
 Status RowDots(const RowDotsParams& p, Stream stream = nullptr);
 

@@ -299,18 +299,25 @@ __global__ void RowDotsKernel(RowDotsParams p) {
 constexpr int kRdTile = 2048, kRdRows = 4, kRdThreads = 128, kRdPad = 16;
 
 __global__ void __launch_bounds__(kRdThreads) RowDotsStagedKernel(RowDotsParams p) {
-  dev::GridDependencySync();
   __shared__ __align__(16) float ws[kRdTile];
   __shared__ __align__(16) float xs[kRdRows][kRdTile + kRdPad];  // pad: two half-warps, two bank halves
   const int64_t o = blockIdx.x, r0 = static_cast<int64_t>(blockIdx.y) * kRdRows;
   const int nr = static_cast<int>(p.rows - r0 < kRdRows ? p.rows - r0 : kRdRows);
   const int tid = threadIdx.x, half = tid / 16, l = tid % 16;
+  auto request_w = [&](int64_t t0) {
+    const int tn = static_cast<int>(p.n - t0 < kRdTile ? p.n - t0 : kRdTile);
+    const float* wrow = p.w + o * p.w_stride + t0;
+    for (int i = tid; i < tn / 4; i += kRdThreads) dev::CpAsync16(ws + 4 * i, wrow + 4 * i);
+  };
+  // Fixed weights (the router's): the first tile is requested while the previous kernel
+  // finishes (launch.cuh); its group is committed with x's below.
+  if (p.w_fixed) request_w(0);
+  dev::GridDependencySync();
   float acc = 0.0f;
   for (int64_t t0 = 0; t0 < p.n; t0 += kRdTile) {
     const int tn = static_cast<int>(p.n - t0 < kRdTile ? p.n - t0 : kRdTile);
     if (t0 > 0) __syncthreads();  // every chain is done with the last tile
-    const float* wrow = p.w + o * p.w_stride + t0;
-    for (int i = tid; i < tn / 4; i += kRdThreads) dev::CpAsync16(ws + 4 * i, wrow + 4 * i);
+    if (t0 > 0 || !p.w_fixed) request_w(t0);
     for (int rr = 0; rr < nr; ++rr) {
       const float* xr = p.x + (r0 + rr) * p.x_stride + t0;
       for (int i = tid; i < tn / 4; i += kRdThreads) dev::CpAsync16(&xs[rr][4 * i], xr + 4 * i);

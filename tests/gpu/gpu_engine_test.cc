@@ -786,7 +786,8 @@ TEST(GpuEngine, HadamardAndFp8IndexersSelectTheCpusKeys) {
 }
 
 // The router's logits (RowDots) are cpu::Dot's bits, for any row count and odd lengths: the
-// staged kernel (n % 4 = 0: tiles of 2048, rows in fours, a 4-value last tile) and the other.
+// staged kernel (n % 4 = 0: tiles of 2048, rows in fours, a 4-value last tile; weights
+// requested before the wait or after) and the other.
 TEST(GpuEngine, RowDotsIsCpuDotBitwise) {
   LS_REQUIRE_GPU();
   namespace cu = kernels::cuda;
@@ -813,12 +814,17 @@ TEST(GpuEngine, RowDotsIsCpuDotBitwise) {
     p.rows = rows;
     p.outs = outs;
     p.n = n;
-    ASSERT_TRUE(cu::RowDots(p).ok());
-    ASSERT_TRUE(dy->CopyToHost(y.data(), y.size() * 4).ok());
-    for (int64_t r = 0; r < rows; ++r) {
-      for (int64_t o = 0; o < outs; ++o) {
-        const float want = kernels::cpu::Dot(&x[r * n], &w[o * n], n);
-        ASSERT_EQ(std::memcmp(&want, &y[r * outs + o], 4), 0) << "row " << r << " out " << o << " n " << n;
+    for (bool fixed : {false, true}) {  // the first weight tile requested before the wait, or after
+      p.w_fixed = fixed;
+      ASSERT_TRUE(dy->CopyFromHost(std::vector<float>(y.size(), NAN).data(), y.size() * 4).ok());
+      ASSERT_TRUE(cu::RowDots(p).ok());
+      ASSERT_TRUE(dy->CopyToHost(y.data(), y.size() * 4).ok());
+      for (int64_t r = 0; r < rows; ++r) {
+        for (int64_t o = 0; o < outs; ++o) {
+          const float want = kernels::cpu::Dot(&x[r * n], &w[o * n], n);
+          ASSERT_EQ(std::memcmp(&want, &y[r * outs + o], 4), 0)
+              << "row " << r << " out " << o << " n " << n << " w_fixed " << fixed;
+        }
       }
     }
   }

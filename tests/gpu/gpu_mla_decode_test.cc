@@ -207,7 +207,8 @@ struct GpuResult {
 // Runs dense (indices empty) or sparse decode of all requests of `w`.
 GpuResult RunGpu(const World& w, const Queries& q, const std::vector<int64_t>& seq_lens, int64_t max_seq_len,
                  const std::vector<std::vector<int32_t>>* sparse_slots, float scale,
-                 const std::vector<int32_t>* page_table_override = nullptr, int32_t heads_per_cta = 0) {
+                 const std::vector<int32_t>* page_table_override = nullptr, int32_t heads_per_cta = 0,
+                 int32_t key_staging = 0) {
   const int64_t B = static_cast<int64_t>(seq_lens.size()), H = q.heads, C = w.C, R = w.R;
   const int64_t max_pages = std::max<int64_t>(1, (max_seq_len + w.page_size - 1) / w.page_size);
   std::vector<int32_t> table(B * max_pages, 0x7fffffff);  // unused entries: out of range if ever read
@@ -261,6 +262,7 @@ GpuResult RunGpu(const World& w, const Queries& q, const std::vector<int64_t>& s
   p.lse = dlse.as<float>();
   p.error_flag = flag.as<int32_t>();
   p.heads_per_cta = heads_per_cta;
+  p.key_staging = key_staging;
   GpuResult r;
   auto ws = cu::DeviceBuffer::Allocate(cu::MlaDecodeWorkspaceBytes(p));
   if (!ws.ok()) {
@@ -456,9 +458,10 @@ TEST(CudaMlaDecode, BitwiseDeterministicAndBatchInvariant) {
   }
 }
 
-// The split CTA's shape is speed only: one head a CTA (batch-1 decode), 8 or 16 give the same
-// bits, dense and sparse, in every cache format, at V2-Lite's 16 heads and V3's 128, with
-// partial tiles, masked keys and one-key requests.
+// The split CTA's shape is speed only: one head a CTA (batch-1 decode), 8 or 16, keys staged in
+// shared memory or read row by row, give the same bits, dense and sparse, in every cache
+// format, at V2-Lite's 16 heads and V3's 128, with partial tiles, masked keys and one-key
+// requests.
 TEST(CudaMlaDecode, EveryHeadsPerCtaGivesTheSameBits) {
   LS_REQUIRE_GPU();
   for (int64_t H : {16, 128}) {
@@ -472,16 +475,21 @@ TEST(CudaMlaDecode, EveryHeadsPerCtaGivesTheSameBits) {
         slots[b].resize(100, -1);  // masked tail
       }
       const std::string what = "H " + std::to_string(H) + " " + std::string(engine::KvFormatName(f));
-      GpuResult dense[3], sparse[3];
-      const int32_t shapes[3] = {1, 8, 16};
-      for (int i = 0; i < 3; ++i) {
-        dense[i] = RunGpu(w, q, lens, 3001, nullptr, kV3Scale, nullptr, shapes[i]);
-        sparse[i] = RunGpu(w, q, {100, 100, 100, 100}, 0, &slots, kV3Scale, nullptr, shapes[i]);
+      // Shapes 1, 8, 16 with keys staged where the format allows (bf16, fp8), then 1 and 16 read
+      // row by row, then 8 as the default reads them (row by row: only one head a CTA stages).
+      constexpr int kShapes = 6;
+      GpuResult dense[kShapes], sparse[kShapes];
+      const int32_t shapes[kShapes] = {1, 8, 16, 1, 16, 8};
+      const int32_t staging[kShapes] = {2, 2, 2, 1, 1, 0};
+      for (int i = 0; i < kShapes; ++i) {
+        dense[i] = RunGpu(w, q, lens, 3001, nullptr, kV3Scale, nullptr, shapes[i], staging[i]);
+        sparse[i] = RunGpu(w, q, {100, 100, 100, 100}, 0, &slots, kV3Scale, nullptr, shapes[i], staging[i]);
         ASSERT_TRUE(dense[i].status.ok()) << dense[i].status.message();
         ASSERT_TRUE(sparse[i].status.ok()) << sparse[i].status.message();
       }
-      for (int i = 1; i < 3; ++i) {
-        const std::string s = what + ", " + std::to_string(shapes[i]) + " heads a CTA vs 1";
+      for (int i = 1; i < kShapes; ++i) {
+        const std::string s = what + ", " + std::to_string(shapes[i]) + " heads a CTA" +
+                              " (key_staging " + std::to_string(staging[i]) + ") vs 1 (staged)";
         EXPECT_TRUE(BitwiseEqual(dense[i].o, dense[0].o, s + " (dense o_latent)"));
         EXPECT_TRUE(BitwiseEqual(dense[i].lse, dense[0].lse, s + " (dense lse)"));
         EXPECT_TRUE(BitwiseEqual(sparse[i].o, sparse[0].o, s + " (sparse o_latent)"));
