@@ -498,7 +498,7 @@ void Server::Routes() {
       res.set_header("Cache-Control", "no-cache");
       res.set_chunked_content_provider(
           "text/event-stream",
-          [=](size_t, httplib::DataSink& sink) {
+          [=, this](size_t, httplib::DataSink& sink) {
             auto send = [&](const json& j) {
               const std::string line = "data: " + j.dump() + "\n\n";
               return sink.write(line.data(), line.size());
