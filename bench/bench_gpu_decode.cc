@@ -100,7 +100,7 @@ int main(int argc, char** argv) {
           "  --prompt-len N         prompt tokens per request (default 512)\n"
           "  --tokens N             decode steps timed (default 64)\n"
           "  --kv-cache F           fp32 | bf16 | fp8_e4m3 (default bf16)\n"
-          "  --gemm V               fp32 | bf16 | bf16_dot | fp8_dot (default bf16: cuBLAS; fp8_dot: FP8\n"
+          "  --gemm V               fp32 | bf16 | bf16_dot | fp8_dot | w8a8_dot (default bf16: cuBLAS; fp8_dot: FP8\n"
           "                         weights with 128x128 block scales, random e4m3 bytes)\n"
           "  --profile              GPU time per phase of a step, on stderr\n"
           "  --no-cuda-graphs       launch kernel by kernel\n"
@@ -251,7 +251,8 @@ int main(int argc, char** argv) {
     const double step_s = std::chrono::duration<double>(t3 - t2).count() / std::max<int64_t>(steps, 1);
     const double bpt = static_cast<double>(eng->cache().latent_bytes_per_token());
     // FP8 weights: a byte each plus a row's fp32 scale per 128 of them.
-    const double wbytes = gemm == "fp8_dot" ? 1.0 + 4.0 / 128 : gemm.rfind("bf16", 0) == 0 ? 2 : 4;
+    const bool fp8_weights = gemm == "fp8_dot" || gemm == "w8a8_dot";
+    const double wbytes = fp8_weights ? 1.0 + 4.0 / 128 : gemm.rfind("bf16", 0) == 0 ? 2 : 4;
     const StepBytes need = MinimumBytes(c, batch, prompt_len + tokens / 2, bpt, wbytes);
     const double gbps = (need.weights + need.cache) / step_s / 1e9;
     std::printf(

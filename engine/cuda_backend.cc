@@ -241,7 +241,8 @@ Result<std::unique_ptr<Backend>> CudaBackend::Create(std::shared_ptr<Model> mode
   auto it = kernels.find("gemm");
   b->gemm_variant_ = it == kernels.end() ? "fp32" : it->second;
   b->bf16_ = b->gemm_variant_.rfind("bf16", 0) == 0;
-  b->fp8_ = b->gemm_variant_ == "fp8_dot";
+  b->w8a8_ = b->gemm_variant_ == "w8a8_dot";
+  b->fp8_ = b->gemm_variant_ == "fp8_dot" || b->w8a8_;
   const bool pinned = b->gemm_variant_.find("heuristic") == std::string::npos;
   b->dot_ = b->gemm_variant_.size() > 4 && b->gemm_variant_.ends_with("_dot");
   LS_ASSIGN_OR_RETURN(b->stream_, cu::CudaStream::Create());
@@ -795,7 +796,8 @@ Status CudaBackend::CollectSamples(std::span<const Segment> segs, ForwardOutput*
 
 Status CudaBackend::SwiGluMlp(const DevTensor& gate_up, const DevTensor& down, int64_t inter, const float* x,
                               int64_t rows, float* y) {
-  // gate_up: [R, 2I] (gate then up), act: [R, I]; both in the `gather_` scratch.
+  // gate_up: [R, 2I] (gate then up), act: [R, I]; both in the `gather_` scratch. x is the
+  // caller's (already through FP8 under gemm=w8a8_dot).
   const ModelConfig& c = model_->config();
   const int64_t H = c.hidden_size;
   LS_RETURN_IF_ERROR(gather_.Ensure(static_cast<size_t>(rows * 3 * inter) * 4));
@@ -812,6 +814,8 @@ Status CudaBackend::SwiGluMlp(const DevTensor& gate_up, const DevTensor& down, i
   sp.rows = rows;
   sp.n = inter;
   LS_RETURN_IF_ERROR(cu::SwiGlu(sp, launch_));
+  // gemm=w8a8_dot: the down projection's input through FP8 too (in place: only it reads act).
+  if (w8a8_) LS_RETURN_IF_ERROR(cu::Fp8RoundTrip(act, inter, act, inter, rows, inter, launch_));
   return Linear(act, inter, rows, down, y, H);
 }
 

@@ -196,7 +196,8 @@ class CudaBackend final : public Backend {
   std::string device_;
   std::string gemm_variant_;
   bool bf16_ = false;
-  bool fp8_ = false;  // gemm=fp8_dot: product weights in FP8 where the model has them (Model::Fp8Weights)
+  bool fp8_ = false;  // gemm=fp8_dot / w8a8_dot: product weights in FP8 where the model has them (Model::Fp8Weights)
+  bool w8a8_ = false;  // gemm=w8a8_dot: the linear layers' inputs through FP8 first (cu::Fp8RoundTrip)
   bool mirror_ = false;
   // gemm=*_dot: dense products through ExpertGemm (one "expert", ids all zero: zero_ids_), in
   // cpu::Dot's order — bitwise the CPU engine's GEMM of the same precision.

@@ -134,7 +134,7 @@ Status CudaBackend::Forward(std::span<Segment> segs, PagedKvCache& cache, const 
     int64_t n;
   };
   float *x, *h, *o, *qa, *qr, *q, *kv, *latent, *qlat, *olat, *heads, *iq, *ik, *ikn, *iw, *rlog, *wts, *gu, *act,
-      *ey, *sh;
+      *ey, *sh, *hq, *qrq, *headsq;
   float *topk_pos_f, *topk_slot_f, *ids_f;
   std::vector<Part> parts = {{&x, R * H},          {&h, R * H},
                              {&o, R * H},          {&qa, R * qlora},
@@ -147,7 +147,10 @@ Status CudaBackend::Forward(std::span<Segment> segs, PagedKvCache& cache, const 
                              {&topk_slot_f, R * std::max<int64_t>(topk, 1)}, {&rlog, R * E_},
                              {&ids_f, R * k_},     {&wts, R * k_},
                              {&gu, R * k_ * 2 * moe_inter}, {&act, R * k_ * moe_inter},
-                             {&ey, R * k_ * H},    {&sh, R * H}};
+                             {&ey, R * k_ * H},    {&sh, R * H},
+                             // gemm=w8a8_dot: the linear layers' inputs through FP8 (Fp8RoundTrip)
+                             {&hq, w8a8_ ? R * H : 0}, {&qrq, w8a8_ ? R * qlora : 0},
+                             {&headsq, w8a8_ ? R * nh * dv : 0}};
   size_t total = 0;
   for (const Part& p : parts) total += static_cast<size_t>((p.n + 63) / 64 * 64);
   LS_RETURN_IF_ERROR(act_.Ensure(total * 4));
@@ -307,6 +310,14 @@ LS_RETURN_IF_ERROR(Mark("start"));
       return cu::RmsNorm(p, s);
     };
   
+    // What gemm=w8a8_dot's linear layers read of x [R, n]: x through FP8 per 128 values, in
+    // `buf` (the tapped tensor stays as it is); x itself under every other variant.
+    auto linear_in = [&](const float* x_in, int64_t n, float* buf) -> Result<const float*> {
+      if (!w8a8_) return x_in;
+      LS_RETURN_IF_ERROR(cu::Fp8RoundTrip(x_in, n, buf, n, R, n, s));
+      return static_cast<const float*>(buf);
+    };
+
     for (int64_t l = 0; l < c.num_hidden_layers; ++l) {
       const DevLayer& D = weights_->layers[l];
       auto tn = [&](TapId t) -> const std::string& { return model_->tap_name(l, t); };
@@ -323,6 +334,7 @@ LS_RETURN_IF_ERROR(Mark("start"));
       if (!h_ready) LS_RETURN_IF_ERROR(rmsnorm(x, H, D.input_norm, H, rms_eps, h, H));
       h_ready = false;
       LS_RETURN_IF_ERROR(Tap(tn(kTapAttnNorm), h, H, H, TapDType::kF32));
+      LS_ASSIGN_OR_RETURN(const float* hl, linear_in(h, H, hq));  // q's, kv_a's and the indexer's wk input
       LS_RETURN_IF_ERROR(Mark("rmsnorm"));
   
       const cu::RopeStyle style = ToRopeStyle(c.rope_style);
@@ -331,7 +343,7 @@ LS_RETURN_IF_ERROR(Mark("start"));
       // was stored). Independent of q's path until attention: with `overlap` it runs on the
       // side stream while q's runs here.
       auto kv_path = [&]() -> Status {
-        LS_RETURN_IF_ERROR(Linear(h, H, R, D.kv_a_proj, kv, C + dr));
+        LS_RETURN_IF_ERROR(Linear(hl, H, R, D.kv_a_proj, kv, C + dr));
         if (!overlap) LS_RETURN_IF_ERROR(Mark("kv_a_proj"));
         LS_RETURN_IF_ERROR(rmsnorm(kv, C + dr, D.kv_a_norm, C, 1e-6f, latent, C));
         LS_RETURN_IF_ERROR(rope(kv + C, C + dr, 1, dr, style));
@@ -355,12 +367,14 @@ LS_RETURN_IF_ERROR(Mark("start"));
       };
       if (overlap) LS_RETURN_IF_ERROR(on_side(kv_path));
       // q = q_b(RMSNorm(q_a(h))) or q_proj(h); RoPE on its rope part.
+      const float* qrl = qr;  // what q_b and the indexer's wq_b read of qr
       if (c.q_lora_rank > 0) {
-        LS_RETURN_IF_ERROR(Linear(h, H, R, D.q_a_proj, qa, c.q_lora_rank));
+        LS_RETURN_IF_ERROR(Linear(hl, H, R, D.q_a_proj, qa, c.q_lora_rank));
         LS_RETURN_IF_ERROR(rmsnorm(qa, c.q_lora_rank, D.q_a_norm, c.q_lora_rank, 1e-6f, qr, c.q_lora_rank));
-        LS_RETURN_IF_ERROR(Linear(qr, c.q_lora_rank, R, D.q_b_proj, q, nh * dqk));
+        LS_ASSIGN_OR_RETURN(qrl, linear_in(qr, c.q_lora_rank, qrq));
+        LS_RETURN_IF_ERROR(Linear(qrl, c.q_lora_rank, R, D.q_b_proj, q, nh * dqk));
       } else {
-        LS_RETURN_IF_ERROR(Linear(h, H, R, D.q_proj, q, nh * dqk));
+        LS_RETURN_IF_ERROR(Linear(hl, H, R, D.q_proj, q, nh * dqk));
       }
       LS_RETURN_IF_ERROR(rope(q + dn, nh * dqk, nh, dqk, style));
       LS_RETURN_IF_ERROR(Mark("q_proj"));
@@ -372,8 +386,8 @@ LS_RETURN_IF_ERROR(Mark("start"));
       // V3.2 indexer: scores over every causal key, exact top-k → the keys sparse attention reads.
       const bool sparse = c.layers[l].attention == AttentionKind::kMlaSparse;
       if (sparse) {
-        LS_RETURN_IF_ERROR(Linear(qr, c.q_lora_rank, R, D.iq_b, iq, nhi * di));
-        LS_RETURN_IF_ERROR(Linear(h, H, R, D.ik, ik, di));
+        LS_RETURN_IF_ERROR(Linear(qrl, c.q_lora_rank, R, D.iq_b, iq, nhi * di));
+        LS_RETURN_IF_ERROR(Linear(hl, H, R, D.ik, ik, di));
         cu::LayerNormParams lp;
         lp.x = ik;
         lp.x_stride = di;
@@ -558,7 +572,10 @@ LS_RETURN_IF_ERROR(Mark("start"));
       LS_RETURN_IF_ERROR(Tap(tn(kTapHeads), heads, nh * dv, nh * dv, TapDType::kF32));
   
       // x = x + o_proj(heads)
-      LS_RETURN_IF_ERROR(Linear(heads, nh * dv, R, D.o_proj, o, H));
+      {
+        LS_ASSIGN_OR_RETURN(const float* headsl, linear_in(heads, nh * dv, headsq));
+        LS_RETURN_IF_ERROR(Linear(headsl, nh * dv, R, D.o_proj, o, H));
+      }
       LS_RETURN_IF_ERROR(Mark("o_proj"));
       LS_RETURN_IF_ERROR(Tap(tn(kTapAttnOut), o, H, H, TapDType::kF32));
       {
@@ -582,8 +599,10 @@ LS_RETURN_IF_ERROR(Mark("start"));
       }
       if (!fuse_norms) LS_RETURN_IF_ERROR(rmsnorm(x, H, D.post_attn_norm, H, rms_eps, h, H));
       LS_RETURN_IF_ERROR(Tap(tn(kTapFfnNorm), h, H, H, TapDType::kF32));
+      // The experts' and MLP's input (hq is free again: the attention's products are done).
+      LS_ASSIGN_OR_RETURN(const float* hfl, linear_in(h, H, hq));
       if (c.layers[l].ffn == FfnKind::kDense) {
-        LS_RETURN_IF_ERROR(SwiGluMlp(D.mlp_gate_up, D.mlp_down, D.mlp_inter, h, R, o));
+        LS_RETURN_IF_ERROR(SwiGluMlp(D.mlp_gate_up, D.mlp_down, D.mlp_inter, hfl, R, o));
         LS_RETURN_IF_ERROR(Mark("dense_mlp"));
       } else {
         // The shared experts read only h: with `overlap` they run on the side stream beside
@@ -591,7 +610,7 @@ LS_RETURN_IF_ERROR(Mark("start"));
         const bool shared_side = overlap && c.n_shared_experts > 0;
         if (shared_side) {
           LS_RETURN_IF_ERROR(
-              on_side([&] { return SwiGluMlp(D.shared_gate_up, D.shared_down, D.shared_inter, h, R, sh); }));
+              on_side([&] { return SwiGluMlp(D.shared_gate_up, D.shared_down, D.shared_inter, hfl, R, sh); }));
         }
         // Router logits in fp32 (the router is never rounded), routing on the device.
         // Router logits: fp32 weights, cpu::Dot's order (RowDots) — the CPU's exact bits,
@@ -638,7 +657,7 @@ LS_RETURN_IF_ERROR(Mark("start"));
         ge.out = 2 * I;
         ge.in = H;
         D.experts_gate_up.Bind(&ge, 0, 2 * I);
-        ge.x = h;
+        ge.x = hfl;
         ge.x_stride = H;
         ge.x_per_slot = false;
         ge.round_x_bf16 = bf16_;
@@ -658,6 +677,7 @@ LS_RETURN_IF_ERROR(Mark("start"));
         sp.rows = R * k;
         sp.n = I;
         LS_RETURN_IF_ERROR(cu::SwiGlu(sp, s));
+        if (w8a8_) LS_RETURN_IF_ERROR(cu::Fp8RoundTrip(act, I, act, I, R * k, I, s));  // the down's input
         ge.out = H;
         ge.in = I;
         D.experts_down.Bind(&ge, 0, H);
@@ -672,7 +692,7 @@ LS_RETURN_IF_ERROR(Mark("start"));
           LS_RETURN_IF_ERROR(join_->WaitOn(s));
           LS_RETURN_IF_ERROR(Mark("shared_experts_wait"));
         } else if (c.n_shared_experts > 0) {
-          LS_RETURN_IF_ERROR(SwiGluMlp(D.shared_gate_up, D.shared_down, D.shared_inter, h, R, sh));
+          LS_RETURN_IF_ERROR(SwiGluMlp(D.shared_gate_up, D.shared_down, D.shared_inter, hfl, R, sh));
           LS_RETURN_IF_ERROR(Mark("shared_experts"));
         }
         cu::MoeCombineParams mc;

@@ -240,6 +240,14 @@ void QuantizeFp8Row(const float* x, int64_t n, uint8_t* row) {
   }
 }
 
+void Fp8RoundTrip(const float* x, int64_t n, float* y) {
+  for (int64_t t = 0; t * kFp8Tile < n; ++t) {
+    const int64_t lo = t * kFp8Tile, m = std::min(kFp8Tile, n - lo);
+    const float s = Fp8TileScale(x + lo, m);
+    for (int64_t i = lo; i < lo + m; ++i) y[i] = kernels::Fp8E4m3ToF32(kernels::F32ToFp8E4m3(x[i] / s)) * s;
+  }
+}
+
 double Fp8RowDot(const uint8_t* a, const uint8_t* b, int64_t n) {
   double total = 0;
   for (int64_t t = 0; t * kFp8Tile < n; ++t) {

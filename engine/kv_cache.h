@@ -109,6 +109,11 @@ float Fp8TileScale(const float* x, int64_t n);
 // Fp8TileScale's power-of-two scale s as fp32 (value = e4m3(x / s)). Fp8RowBytes(128) = 132.
 int64_t Fp8RowBytes(int64_t n);
 void QuantizeFp8Row(const float* x, int64_t n, uint8_t* row);
+// x's FP8 row as fp32 values: per tile of 128, e4m3(x / s)·s with Fp8TileScale's s (a power of
+// two, so both steps are exact but for e4m3's rounding). gemm=w8a8_dot's activations: DeepSeek
+// V3.1/V3.2's act_quant with scale_fmt "ue8m0" (whose amax is floored at 1e-4 first; here a tile
+// of amax 0 keeps its zeros).
+void Fp8RoundTrip(const float* x, int64_t n, float* y);
 // The dot product of two FP8 rows of n values: per tile, Σ e4m3(a_i)·e4m3(b_i) in fp64 — exact
 // in any order (every e4m3 value is N·2^E with N ≤ 15 and −9 ≤ E ≤ 5, so 128 products are
 // integers in units of 2^-18 below 2^43, inside fp64's 53 bits) — times s_a·s_b, and the tiles'

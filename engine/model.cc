@@ -75,15 +75,22 @@ void SoftmaxNoMaxFp16Sum(float* x, int64_t n) {
 // Products with a weight matrix. gemm=fp32: as is. gemm=bf16: the activations are rounded to
 // bf16 here and the weights were rounded at load (Model::Bf16Weights), accumulation stays fp32
 // — the precision of a bf16 GPU GEMM, on the reference's fixed summation order.
+// y = x·wᵀ at the variant's precision: x rounded to bf16 (bf16), or each row of x through FP8
+// per 128 values (act_fp8: gemm=w8a8_dot's linear layers, Fp8RoundTrip), then cpu::MatMulNT.
 struct Gemm {
   bool bf16 = false;
+  bool act_fp8 = false;
   void operator()(const float* x, int64_t rows, const float* w, int64_t out, int64_t in, float* y) const {
-    if (!bf16) {
+    if (!bf16 && !act_fp8) {
       cpu::MatMulNT(x, rows, w, out, in, y);
       return;
     }
     std::vector<float> xr(rows * in);
-    for (int64_t i = 0; i < rows * in; ++i) xr[i] = kernels::Bf16ToF32(kernels::F32ToBf16(x[i]));
+    if (act_fp8) {
+      for (int64_t r = 0; r < rows; ++r) Fp8RoundTrip(x + r * in, in, &xr[r * in]);
+    } else {
+      for (int64_t i = 0; i < rows * in; ++i) xr[i] = kernels::Bf16ToF32(kernels::F32ToBf16(x[i]));
+    }
     cpu::MatMulNT(xr.data(), rows, w, out, in, y);
   }
 };
@@ -382,7 +389,15 @@ Status Model::Forward(std::span<Segment> segs, PagedKvCache& cache, const kernel
   // *_dot and *_heuristic name GPU GEMMs; on the CPU they are its GEMM of that precision (the
   // CPU's is in cpu::Dot's order already), so a GPU trace replays here at its own precision.
   const Gemm gemm{kernel("gemm").rfind("bf16", 0) == 0};
-  const ModelWeights& W = gemm.bf16 ? Bf16Weights() : kernel("gemm") == "fp8_dot" ? Fp8Weights() : weights_;
+  // gemm=w8a8_dot: fp8_dot's weights, and the linear layers' inputs through FP8 as DeepSeek's
+  // inference quantises them (act_quant before fp8_gemm): q, kv_a, o_proj, the MLPs and experts,
+  // the indexer's wq_b and wk. Not kv_b (the absorbed path dequantises it and multiplies in
+  // bf16), the indexer's weights_proj, the router or lm_head (bf16 layers there).
+  const bool w8a8 = kernel("gemm") == "w8a8_dot";
+  const Gemm linear{gemm.bf16, w8a8};
+  const ModelWeights& W = gemm.bf16                                       ? Bf16Weights()
+                          : kernel("gemm") == "fp8_dot" || w8a8 ? Fp8Weights()
+                                                                          : weights_;
   // Fault zoo (docs/fault-zoo.md); all false unless --fault chose one.
   const bool fault_skip_partial = kernel("indexer") == "fault_skip_partial_page";
   const bool fault_neg1 = kernel("attn_sparse") == "fault_neg1_as_token0";
@@ -448,15 +463,15 @@ Status Model::Forward(std::span<Segment> segs, PagedKvCache& cache, const kernel
     if (c.q_lora_rank > 0) {
       q_resid.resize(R * c.q_lora_rank);
       std::vector<float> qa(R * c.q_lora_rank);
-      gemm(h.data(), R, L.q_a_proj.ptr(), c.q_lora_rank, H, qa.data());
+      linear(h.data(), R, L.q_a_proj.ptr(), c.q_lora_rank, H, qa.data());
       cpu::RmsNorm(qa.data(), L.q_a_norm.ptr(), R, c.q_lora_rank, 1e-6, q_resid.data());  // default eps, as HF
-      gemm(q_resid.data(), R, L.q_b_proj.ptr(), nh * dqk, c.q_lora_rank, q.data());
+      linear(q_resid.data(), R, L.q_b_proj.ptr(), nh * dqk, c.q_lora_rank, q.data());
     } else {
-      gemm(h.data(), R, L.q_proj.ptr(), nh * dqk, H, q.data());
+      linear(h.data(), R, L.q_proj.ptr(), nh * dqk, H, q.data());
     }
 
     // [c_kv | k_rope] = kv_a(h); latent = RMSNorm(c_kv)      [R, C], [R, dr]
-    gemm(h.data(), R, L.kv_a_proj.ptr(), C + dr, H, kv.data());
+    linear(h.data(), R, L.kv_a_proj.ptr(), C + dr, H, kv.data());
     for (int64_t r = 0; r < R; ++r) {
       cpu::RmsNorm(&kv[r * (C + dr)], L.kv_a_norm.ptr(), 1, C, 1e-6, &latent[r * C]);
       std::memcpy(&krope[r * dr], &kv[r * (C + dr) + C], dr * sizeof(float));
@@ -498,8 +513,8 @@ Status Model::Forward(std::span<Segment> segs, PagedKvCache& cache, const kernel
       std::vector<float> iq(R * nhi * di), ik(R * di), ikn(R * di), iw(R * nhi);
       const int64_t row8 = Fp8RowBytes(di);
       std::vector<uint8_t> iq8(indexer_fp8 ? R * nhi * row8 : 0);  // fp8_paged: each head's query, an FP8 row
-      gemm(q_resid.data(), R, L.indexer.wq_b.ptr(), nhi * di, c.q_lora_rank, iq.data());
-      gemm(h.data(), R, L.indexer.wk.ptr(), di, H, ik.data());
+      linear(q_resid.data(), R, L.indexer.wq_b.ptr(), nhi * di, c.q_lora_rank, iq.data());
+      linear(h.data(), R, L.indexer.wk.ptr(), di, H, ik.data());
       cpu::LayerNorm(ik.data(), L.indexer.k_norm_w.ptr(), L.indexer.k_norm_b.ptr(), R, di, 1e-6, ikn.data());
       gemm(h.data(), R, L.indexer.weights_proj.ptr(), nhi, H, iw.data());
       const float wscale = 1.0f / std::sqrt(static_cast<float>(nhi));
@@ -667,7 +682,7 @@ Status Model::Forward(std::span<Segment> segs, PagedKvCache& cache, const kernel
     if (tapping) tap.Emit(names[kTapHeads], heads.data(), nh * dv);
 
     // x = x + o_proj(heads)
-    gemm(heads.data(), R, L.o_proj.ptr(), H, nh * dv, o.data());
+    linear(heads.data(), R, L.o_proj.ptr(), H, nh * dv, o.data());
     if (tapping) tap.Emit(names[kTapAttnOut], o.data(), H);
     for (int64_t i = 0; i < R * H; ++i) x[i] += o[i];
     if (tapping) tap.Emit(names[kTapResidMid], x.data(), H);
@@ -676,7 +691,7 @@ Status Model::Forward(std::span<Segment> segs, PagedKvCache& cache, const kernel
     cpu::RmsNorm(x.data(), L.post_attn_norm.ptr(), R, H, c.rms_norm_eps, h.data());
     if (tapping) tap.Emit(names[kTapFfnNorm], h.data(), H);
     if (c.layers[l].ffn == FfnKind::kDense) {
-      Impl::Mlp(gemm, L.mlp, h.data(), R, H, o.data());
+      Impl::Mlp(linear, L.mlp, h.data(), R, H, o.data());
     } else {
       const int64_t k = c.num_experts_per_tok, E = c.n_routed_experts;
       std::vector<int32_t> ids(R * k);
@@ -699,11 +714,11 @@ Status Model::Forward(std::span<Segment> segs, PagedKvCache& cache, const kernel
         if (rows.empty()) continue;
         std::vector<float> xin(rows.size() * H), yout(rows.size() * H);
         for (size_t i = 0; i < rows.size(); ++i) std::memcpy(&xin[i * H], &h[(rows[i] / k) * H], H * sizeof(float));
-        Impl::Mlp(gemm, L.experts[e], xin.data(), static_cast<int64_t>(rows.size()), H, yout.data());
+        Impl::Mlp(linear, L.experts[e], xin.data(), static_cast<int64_t>(rows.size()), H, yout.data());
         for (size_t i = 0; i < rows.size(); ++i) std::memcpy(&slot[rows[i] * H], &yout[i * H], H * sizeof(float));
       }
       std::vector<float> shared(R * H, 0.0f);
-      if (c.n_shared_experts > 0) Impl::Mlp(gemm, L.shared, h.data(), R, H, shared.data());
+      if (c.n_shared_experts > 0) Impl::Mlp(linear, L.shared, h.data(), R, H, shared.data());
       for (int64_t r = 0; r < R; ++r) {
         float* orow = &o[r * H];
         std::fill(orow, orow + H, 0.0f);

@@ -42,6 +42,10 @@ Registry::Registry() {
        "FP8 e4m3 weights with 128x128 block scales (an FP8 checkpoint's own, else amax/448 at load), "
        "dequantised exactly; fp32 activations, cpu::Dot's order",
        true, true, false},
+      {"gemm", "w8a8_dot", "cpu",
+       "fp8_dot's weights, and each linear layer's input through FP8 e4m3 per 128 values (power-of-two scale >= "
+       "amax/448: DeepSeek V3.1/V3.2's act_quant, scale_fmt ue8m0); kv_b, the router and lm_head keep fp32 inputs",
+       true, true, false},
       {"attn_sparse", "reference", "cpu", "sparse attention reads exactly the indexer's selected keys", true, true,
        true},
       {"softmax", "reference", "cpu", "attention softmax: max-subtracted, fp32 exp, fp64 sum", true, true, true},
@@ -84,6 +88,10 @@ Registry::Registry() {
       {"gemm", "fp8_dot", "cuda",
        "FP8 e4m3 weights with 128x128 block scales, dequantised in the kernel (one fp32 rounding), fp32 "
        "activations, cpu::Dot's order: bitwise the CPU's gemm=fp8_dot; half of bf16's weight bytes",
+       true, true, false},
+      {"gemm", "w8a8_dot", "cuda",
+       "fp8_dot with each linear layer's input through FP8 per 128 values first (Fp8RoundTrip kernel): bitwise "
+       "the CPU's gemm=w8a8_dot",
        true, true, false},
       {"gemm", "fp32_heuristic", "cuda",
        "cuBLASLt fp32 with its per-shape heuristic: deterministic, NOT batch-invariant (split-K varies with rows)",

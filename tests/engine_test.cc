@@ -167,6 +167,61 @@ TEST(Fp8Weights, BlockQuantisationByHand) {
   EXPECT_EQ(f.value(0, 128), -448.0f * (3.0f / 448.0f));
 }
 
+// gemm=w8a8_dot's activation quantiser by hand: per tile of 128 values the scale is the power
+// of two ≥ amax/448, values rounded to the nearest e4m3 (even on ties) and scaled back.
+TEST(Fp8Activations, RoundTripByHand) {
+  std::vector<float> x(130, 0.0f), y(130, -1.0f);
+  x[0] = 0.1f;     // tile 0: amax 3 → scale 2^ceil(log2(3/448)) = 2^-7; 12.8 → 13 (step 1 in [8, 16))
+  x[1] = 3.0f;     // 384, on the grid (step 32 in [256, 448])
+  x[2] = -1.3f;    // −166.4 → −160 (step 16 in [128, 256): 160 is 6.4 away, 176 is 9.6)
+  x[3] = 5e-4f;    // 0.064 → 0.0625 (step 2^-7 in [2^-4, 2^-3))
+  x[4] = NAN;      // ignored by the amax, NaN out
+  x[129] = 0.75f;  // tile 1 (two values): amax 0.75 → scale 2^-9; 384 exactly
+  Fp8RoundTrip(x.data(), 130, y.data());
+  EXPECT_EQ(y[0], 13.0f / 128.0f);
+  EXPECT_EQ(y[1], 3.0f);
+  EXPECT_EQ(y[2], -160.0f / 128.0f);
+  EXPECT_EQ(y[3], 0.0625f / 128.0f);
+  EXPECT_TRUE(std::isnan(y[4]));
+  EXPECT_EQ(y[5], 0.0f);
+  EXPECT_EQ(y[128], 0.0f);
+  EXPECT_EQ(y[129], 0.75f);
+  std::vector<float> zeros(128, 0.0f), out(128, 1.0f);
+  Fp8RoundTrip(zeros.data(), 128, out.data());  // an all-zero tile keeps its zeros (scale 1)
+  EXPECT_EQ(out, zeros);
+}
+
+// gemm=w8a8_dot runs fp8_dot's weights with the linear layers' inputs through FP8: its logits
+// are not fp8_dot's (the activations moved them) and stay finite. (This random fixture is
+// sensitive: FP8 weights alone move its logits by ~0.7 of their range, so no closeness to fp32
+// is asserted; the GPU test compares the CPU's w8a8_dot with the GPU's.)
+TEST(Fp8Activations, W8a8MovesTheLogitsBeyondFp8Weights) {
+  auto basic = Model::Load(testing::FixtureDir() / "models" / "v3_basic");
+  ASSERT_TRUE(basic.ok()) << basic.status().message();
+  auto run = [&](const std::string& gemm) {
+    EngineOptions o;
+    o.kernels = {{"gemm", gemm}};
+    auto e = Engine::Create(*basic, o);
+    EXPECT_TRUE(e.ok()) << gemm << ": " << e.status().message();
+    Request r;
+    r.prompt = {5, 9, 13, 2, 7, 11, 3};
+    r.max_new_tokens = 1;
+    r.all_prompt_logits = true;
+    EXPECT_TRUE((*e)->AddRequest(r).ok());
+    EXPECT_TRUE((*e)->RunToCompletion().ok());
+    return (*e)->request(0).prompt_logits;
+  };
+  const auto f32 = run("fp32"), w8 = run("fp8_dot"), a8 = run("w8a8_dot");
+  ASSERT_EQ(a8.size(), w8.size());
+  for (float v : a8) ASSERT_TRUE(std::isfinite(v));
+  const int64_t n = static_cast<int64_t>(a8.size());
+  const double from_w8 = testing::RelMaxErr(a8.data(), w8.data(), n);
+  const double from_f32 = testing::RelMaxErr(a8.data(), f32.data(), n);
+  std::printf("  v3_basic prompt logits: w8a8_dot vs fp8_dot %.3g, vs fp32 %.3g (max|Δ|/max|ref|)\n", from_w8,
+              from_f32);
+  EXPECT_GT(from_w8, 1e-3);
+}
+
 // gemm=fp8_dot: an FP8 checkpoint runs on its own bytes and scales — its loaded fp32 weights are
 // their exact dequantisation, so its logits are gemm=fp32's bit for bit — while any other
 // checkpoint is quantised at load (its logits move by the quantisation, not more).

@@ -231,7 +231,9 @@ struct KeyTiles {
   // tile's bytes are this thread's only outstanding copies.
   __device__ void Next(int it, int64_t t0) const {
     if (!staged) return;
-    if (tid < kTileKeys && t0 + kTileKeys < key_end) slots[kTileKeys * ((it + 1) & 1) + tid] = SlotOf(t0 + kTileKeys + tid);
+    if (tid < kTileKeys && t0 + kTileKeys < key_end) {
+      slots[kTileKeys * ((it + 1) & 1) + tid] = SlotOf(t0 + kTileKeys + tid);
+    }
     dev::CpAsyncWait<0>();
   }
   // After that barrier: tile `it` into k_s (valid_s per row), as StageKeyTile would.

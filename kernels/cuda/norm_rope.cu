@@ -224,6 +224,24 @@ __global__ void __launch_bounds__(kHadamardThreads) HadamardKernel(float* x, int
   }
 }
 
+// One CTA of 128 threads a (row, tile): a thread a value; the tile's amax as WriteLatent's fp8
+// path takes it (max is exact: any order), then the scale, the e4m3 rounding and back.
+constexpr int kRtThreads = static_cast<int>(kFp8TileValues);
+__global__ void __launch_bounds__(kRtThreads) Fp8RoundTripKernel(const float* x, int64_t xs, float* y, int64_t ys,
+                                                                int64_t n) {
+  dev::GridDependencySync();
+  const int64_t r = blockIdx.x, i = static_cast<int64_t>(blockIdx.y) * kRtThreads + threadIdx.x;
+  const float v = i < n ? x[r * xs + i] : 0.0f;
+  __shared__ float warp_max[kRtThreads / 32];
+  const float m = dev::WarpMax(fabsf(v));
+  if ((threadIdx.x & 31) == 0) warp_max[threadIdx.x / 32] = m;
+  __syncthreads();
+  const float amax = fmaxf(fmaxf(warp_max[0], warp_max[1]), fmaxf(warp_max[2], warp_max[3]));
+  const float s = dev::Fp8ScaleFromAmax(amax);
+  if (i < n) y[r * ys + i] = __fmul_rn(dev::Fp8E4m3ToF32(dev::F32ToFp8E4m3(__fdiv_rn(v, s))), s);
+}
+static_assert(kRtThreads == 128, "Fp8RoundTripKernel: four warps a tile");
+
 }  // namespace
 
 Status RmsNorm(const RmsNormParams& p, Stream stream) {
@@ -291,6 +309,23 @@ Status WriteLatent(const LatentWriteParams& p, Stream stream) {
                "copy (needs 4-byte rows and alignment)", bpt);
   LS_CUDA_RETURN_IF_ERROR(
       LaunchKernel(LatentWriteKernel, static_cast<unsigned>(p.rows), kWriteThreads, 0, stream, p, bpt));
+  LS_CUDA_LAUNCH_CHECK();
+  return Status::Ok();
+}
+
+Status Fp8RoundTrip(const float* x, int64_t x_stride, float* y, int64_t y_stride, int64_t rows, int64_t n,
+                    Stream stream) {
+  constexpr const char* op = "Fp8RoundTrip";
+  LS_CHECK_ARG(x != nullptr, op, "x", x);
+  LS_CHECK_ARG(y != nullptr, op, "y", y);
+  LS_CHECK_ARG(rows >= 0 && rows < (int64_t{1} << 31), op, "rows", rows);
+  LS_CHECK_ARG(n >= 0 && n <= 65535 * int64_t{kRtThreads}, op, "n", n);
+  LS_CHECK_ARG(x_stride >= n, op, "x_stride", x_stride);
+  LS_CHECK_ARG(y_stride >= n, op, "y_stride", y_stride);
+  LS_CHECK_ARG(x != y || x_stride == y_stride, op, "y_stride (in place needs x_stride)", y_stride);
+  if (rows == 0 || n == 0) return Status::Ok();
+  const dim3 grid(static_cast<unsigned>(rows), static_cast<unsigned>((n + kRtThreads - 1) / kRtThreads));
+  LS_CUDA_RETURN_IF_ERROR(LaunchKernel(Fp8RoundTripKernel, grid, kRtThreads, 0, stream, x, x_stride, y, y_stride, n));
   LS_CUDA_LAUNCH_CHECK();
   return Status::Ok();
 }

@@ -161,6 +161,13 @@ Status Rope(const RopeParams& p, Stream stream = nullptr);
 // V3.2 indexer's rotation of q and k (--kernel indexer=hadamard).
 Status Hadamard(float* x, int64_t stride, int64_t rows, int64_t n, Stream stream = nullptr);
 
+// engine::Fp8RoundTrip row by row (gemm=w8a8_dot's activations): per tile of 128 values from
+// each row's start, y = e4m3(x / s)·s with the tile's power-of-two scale s (engine/kv_cache.cc
+// Fp8TileScale: 2^ceil(log2(amax / 448)), 1 when amax is 0 or not finite; NaN is ignored by the
+// amax and stays NaN) — bitwise the CPU's. y may be x when the strides are equal.
+Status Fp8RoundTrip(const float* x, int64_t x_stride, float* y, int64_t y_stride, int64_t rows, int64_t n,
+                    Stream stream = nullptr);
+
 
 // ---------------------------------------------------------------------------------------
 // Latent-cache write (quantise on write). Row r goes to global slot slots[r]

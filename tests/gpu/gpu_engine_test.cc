@@ -388,6 +388,46 @@ TEST(GpuEngine, Fp8WeightsAreTheCpusFp8Weights) {
   }
 }
 
+// gemm=w8a8_dot on the GPU is the CPU's: fp8_dot's weights with the linear layers' inputs
+// through FP8 (the Fp8RoundTrip kernel, bitwise the CPU's quantiser) — within the engine's
+// tolerance of the CPU engine's w8a8_dot, while the activations' quantisation moved the logits
+// away from fp8_dot's far more.
+TEST(GpuEngine, Fp8ActivationsAreTheCpusFp8Activations) {
+  LS_REQUIRE_GPU();
+  auto prompt_logits = [](const std::shared_ptr<Model>& m, EngineOptions o, const std::vector<int32_t>& prompt) {
+    auto e = Engine::Create(m, o);
+    EXPECT_TRUE(e.ok()) << e.status().message();
+    engine::Request r;
+    r.prompt = prompt;
+    r.max_new_tokens = 2;
+    r.all_prompt_logits = true;
+    EXPECT_TRUE((*e)->AddRequest(r).ok());
+    const Status st = (*e)->RunToCompletion();
+    EXPECT_TRUE(st.ok()) << st.message();
+    return (*e)->request(0).prompt_logits;
+  };
+  for (const char* name : {"v3_basic", "v2_lite_like", "v32_sparse", "v3_fp8"}) {
+    auto model = Model::Load(testing::FixtureDir() / "models" / name);
+    ASSERT_TRUE(model.ok()) << model.status().message();
+    std::vector<int32_t> prompt;
+    for (int j = 0; j < 24; ++j) prompt.push_back(static_cast<int32_t>((37 * j + 11) % (*model)->config().vocab_size));
+    EngineOptions cpu;
+    cpu.page_size = 16;
+    cpu.kernels = {{"gemm", "w8a8_dot"}};
+    const auto ca8 = prompt_logits(*model, cpu, prompt);
+    cpu.kernels = {{"gemm", "fp8_dot"}};
+    const auto c8 = prompt_logits(*model, cpu, prompt);
+    const auto ga8 = prompt_logits(*model, Cuda(engine::KvFormat::kFp32, "w8a8_dot"), prompt);
+    ASSERT_EQ(ga8.size(), ca8.size());
+    const int64_t total = static_cast<int64_t>(ca8.size());
+    const double err = testing::RelMaxErr(ga8.data(), ca8.data(), total);
+    const double moved = testing::RelMaxErr(ca8.data(), c8.data(), total);
+    EXPECT_LE(err, 1e-4) << name;
+    EXPECT_GT(moved, 100 * err) << name << ": the GPU's activations are not the CPU's quantisation";
+    std::printf("  [%s] cuda w8a8_dot vs cpu w8a8_dot %.3g; cpu w8a8_dot vs fp8_dot %.3g\n", name, err, moved);
+  }
+}
+
 // Sampling on the GPU (the default) picks the host sampler's tokens with the same draws and
 // candidate counts, for greedy, temperature, top-k, top-p and min-p rows in one batch, with
 // chunked prefills (only a prompt's last chunk samples) and a request keeping every prompt

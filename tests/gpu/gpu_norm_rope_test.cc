@@ -6,8 +6,10 @@
 #include <cmath>
 #include <cstring>
 #include <random>
+#include <string>
 #include <vector>
 
+#include "engine/kv_cache.h"
 #include "kernels/cpu/ops.h"
 #include "kernels/cuda/ops.h"
 #include "tests/gpu/gpu_test_util.h"
@@ -304,6 +306,46 @@ TEST(CudaHadamard, ValidationNamesTheField) {  // nothing is launched
   EXPECT_NE(s.message().find("power of two"), std::string::npos) << s.message();
   s = cu::Hadamard(&f, 32, 1, 64);
   EXPECT_NE(s.message().find("stride"), std::string::npos) << s.message();
+}
+
+// gemm=w8a8_dot's activations: engine::Fp8RoundTrip's bits, row by row, for lengths around the
+// 128-value tile (1, 100, 128, 129, 2048, 7168), values over many binades (subnormal e4m3 results
+// and saturation-free rounding), an all-zero tile, a tile holding NaN (ignored by its amax, NaN
+// out) and one holding +Inf (scale 1: saturates to 448); out of place at a stride and in place.
+TEST(CudaFp8RoundTrip, BitwiseEqualToCpu) {
+  LS_REQUIRE_GPU();
+  std::mt19937_64 rng(91);
+  std::normal_distribution<float> g(0.0f, 1.0f);
+  for (int64_t n : {1, 100, 128, 129, 2048, 7168}) {
+    const int64_t rows = 4, xs = n + 5, ys = n + 1;
+    std::vector<float> x(rows * xs);
+    for (float& v : x) v = g(rng) * std::ldexp(1.0f, static_cast<int>(rng() % 40) - 20);
+    for (int64_t i = 0; i < std::min<int64_t>(n, 128); ++i) x[1 * xs + i] = 0.0f;  // row 1's first tile: zeros
+    x[2 * xs + n / 2] = NAN;
+    x[3 * xs + n - 1] = INFINITY;
+    std::vector<float> want(rows * ys, 0.0f);
+    for (int64_t r = 0; r < rows; ++r) engine::Fp8RoundTrip(&x[r * xs], n, &want[r * ys]);
+    cu::DeviceBuffer dx = Upload(x), dy = Upload(std::vector<float>(rows * ys, 0.0f));
+    LS_ASSERT_OK(cu::Fp8RoundTrip(dx.as<float>(), xs, dy.as<float>(), ys, rows, n));
+    LS_ASSERT_OK(cu::Synchronize());
+    const auto got = Download<float>(dy, rows * ys);
+    // Bit for bit, NaN for NaN (the GPU's NaN is the canonical one, the CPU's keeps a payload).
+    EXPECT_TRUE(SameBitsOrBothNan(got, want, "n=" + std::to_string(n)));
+    EXPECT_TRUE(std::isnan(got[2 * ys + n / 2])) << "n=" << n;
+    EXPECT_EQ(got[3 * ys + n - 1], 448.0f) << "n=" << n;
+    // In place (x's stride for both).
+    LS_ASSERT_OK(cu::Fp8RoundTrip(dx.as<float>(), xs, dx.as<float>(), xs, rows, n));
+    LS_ASSERT_OK(cu::Synchronize());
+    const auto inplace = Download<float>(dx, rows * xs);
+    for (int64_t r = 0; r < rows; ++r) {
+      EXPECT_TRUE(SameBitsOrBothNan(std::vector<float>(&inplace[r * xs], &inplace[r * xs] + n),
+                                    std::vector<float>(&want[r * ys], &want[r * ys] + n),
+                                    "in place, n=" + std::to_string(n) + " row " + std::to_string(r)));
+    }
+  }
+  float f = 0;
+  const Status st = cu::Fp8RoundTrip(&f, 8, &f, 16, 1, 8);
+  EXPECT_NE(st.message().find("y_stride"), std::string::npos) << st.message();
 }
 
 }  // namespace
