@@ -274,8 +274,12 @@ TEST_P(FaultZooDiff, DiffFindsWhereTheFaultStrikes) {
   auto b = Record(c.fixture, "faulty.h5", prompts, faulty, 0.0, 6);
   diff::TraceDiffReport r = Diff(a, b);
   ASSERT_TRUE(r.has_divergence) << c.fault;
-  if (c.position >= 0) EXPECT_EQ(r.first.position, c.position) << c.fault << ": " << r.first.tensor << " " << r.first.how;
-  if (c.layer >= 0) EXPECT_EQ(r.first.layer, c.layer) << c.fault << ": " << r.first.tensor;
+  if (c.position >= 0) {
+    EXPECT_EQ(r.first.position, c.position) << c.fault << ": " << r.first.tensor << " " << r.first.how;
+  }
+  if (c.layer >= 0) {
+    EXPECT_EQ(r.first.layer, c.layer) << c.fault << ": " << r.first.tensor;
+  }
   EXPECT_EQ(r.first.tensor.rfind(c.tensor, 0), 0u) << c.fault << ": first divergence in " << r.first.tensor << " ("
                                                      << r.first.how << ")";
 }
@@ -378,7 +382,9 @@ TEST_P(FaultZooBisect, BisectNamesTheFaultyComponent) {
   ASSERT_FALSE(r->components.empty()) << r->verdict;
   EXPECT_EQ(r->components[0].component, c.op) << r->verdict;
   EXPECT_GT(r->components[0].explained, 0.5) << r->verdict;
-  if (c.position >= 0) EXPECT_EQ(r->components[0].first.position, c.position) << r->verdict;
+  if (c.position >= 0) {
+    EXPECT_EQ(r->components[0].first.position, c.position) << r->verdict;
+  }
 }
 
 INSTANTIATE_TEST_SUITE_P(

@@ -358,7 +358,9 @@ TEST_F(ServerTest, MetricsExposition) {
   // reserved for recording rules; every other finding (a format error included) fails.
   std::istringstream lines(out);
   for (std::string line; std::getline(lines, line);) {
-    if (!line.empty()) EXPECT_NE(line.find("metric names should not contain ':'"), std::string::npos) << line;
+    if (!line.empty()) {
+      EXPECT_NE(line.find("metric names should not contain ':'"), std::string::npos) << line;
+    }
   }
   EXPECT_TRUE(rc == 0 || WEXITSTATUS(rc) == 3) << "promtool exit " << rc << "\n" << out;
 #else
@@ -386,7 +388,9 @@ TEST_F(ServerTest, LiveRecordHoldsTapSummariesThatTheCaptureVerifies) {
   ASSERT_TRUE(reader.ok());
   const int64_t prompt = static_cast<int64_t>((*reader)->requests()[0].prompt.size());
   for (const auto& t : live["taps"]) {
-    if (t["name"] == "layers.0.attn.out") EXPECT_EQ(static_cast<int64_t>(t["positions"].size()), prompt + 6 - 1);
+    if (t["name"] == "layers.0.attn.out") {
+      EXPECT_EQ(static_cast<int64_t>(t["positions"].size()), prompt + 6 - 1);
+    }
   }
 }
 
