@@ -252,7 +252,7 @@ void ExpectSameRuns(const EngineOptions& x, const EngineOptions& y) {
 
 TEST(GpuEngine, DeterministicAndBatchInvariant) {
   LS_REQUIRE_GPU();
-  for (const char* gemm : {"fp32", "bf16", "fp32_dot", "bf16_dot", "fp8_dot"}) {
+  for (const char* gemm : {"fp32", "bf16", "fp32_dot", "bf16_dot", "fp8_dot", "w8a8_dot"}) {
     for (auto fmt : {engine::KvFormat::kFp32, engine::KvFormat::kFp8E4m3}) {
       SCOPED_TRACE(std::string("gemm=") + gemm + " cache=" + std::string(engine::KvFormatName(fmt)));
       std::vector<std::vector<int32_t>> t_alone, t_again, t_batch, t_stagger;
@@ -280,7 +280,7 @@ TEST(GpuEngine, GraphsChangeNoBits) {
   LS_REQUIRE_GPU();
   // bf16_dot: the step's independent branches (latent-cache path, shared experts) run on a
   // second stream, forked and joined inside the graph.
-  for (const char* gemm : {"bf16", "bf16_dot", "fp8_dot"}) {
+  for (const char* gemm : {"bf16", "bf16_dot", "fp8_dot", "w8a8_dot"}) {
     SCOPED_TRACE(std::string("gemm=") + gemm);
     std::vector<std::vector<int32_t>> a, b;
     std::vector<std::vector<uint8_t>> rows_a, rows_b;
@@ -298,10 +298,11 @@ TEST(GpuEngine, GraphsChangeNoBits) {
 }
 
 // The step's independent branches on a second stream (the default) give the bits of one stream,
-// with the CPU-order GEMMs and with cuBLAS (the side stream has its own workspace).
+// with the CPU-order GEMMs and with cuBLAS (the side stream has its own workspace); under
+// w8a8_dot both streams read the FP8-rounded inputs and round the shared experts' own.
 TEST(GpuEngine, SideStreamChangesNoBits) {
   LS_REQUIRE_GPU();
-  for (const char* gemm : {"bf16", "bf16_dot"}) {
+  for (const char* gemm : {"bf16", "bf16_dot", "w8a8_dot"}) {
     SCOPED_TRACE(std::string("gemm=") + gemm);
     EngineOptions one = Cuda(engine::KvFormat::kFp8E4m3, gemm);
     one.device.side_stream = false;
@@ -315,7 +316,7 @@ TEST(GpuEngine, SideStreamChangesNoBits) {
 // would see the previous step's or layer's values here.
 TEST(GpuEngine, OverlappedLaunchChangesNoBits) {
   LS_REQUIRE_GPU();
-  for (const char* gemm : {"bf16", "bf16_dot", "fp8_dot"}) {
+  for (const char* gemm : {"bf16", "bf16_dot", "fp8_dot", "w8a8_dot"}) {
     for (const bool graphs : {true, false}) {
       SCOPED_TRACE(std::string("gemm=") + gemm + (graphs ? " graphs" : " no graphs"));
       EngineOptions serial = Cuda(engine::KvFormat::kFp8E4m3, gemm);
