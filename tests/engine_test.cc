@@ -167,6 +167,23 @@ TEST(Fp8Weights, BlockQuantisationByHand) {
   EXPECT_EQ(f.value(0, 128), -448.0f * (3.0f / 448.0f));
 }
 
+// Every prompt position's logits of `prompt` on `m` with gemm=`gemm` (one token decoded after).
+std::vector<float> PromptLogitsWithGemm(const std::shared_ptr<Model>& m, const std::string& gemm,
+                                        const std::vector<int32_t>& prompt) {
+  EngineOptions o;
+  o.kernels = {{"gemm", gemm}};
+  auto e = Engine::Create(m, o);
+  EXPECT_TRUE(e.ok()) << gemm << ": " << e.status().message();
+  if (!e.ok()) return {};
+  Request r;
+  r.prompt = prompt;
+  r.max_new_tokens = 1;
+  r.all_prompt_logits = true;  // the same inputs for every precision (no sampled token in between)
+  EXPECT_TRUE((*e)->AddRequest(r).ok());
+  EXPECT_TRUE((*e)->RunToCompletion().ok());
+  return (*e)->request(0).prompt_logits;
+}
+
 // gemm=w8a8_dot's activation quantiser by hand: per tile of 128 values the scale is the power
 // of two ≥ amax/448, values rounded to the nearest e4m3 (even on ties) and scaled back.
 TEST(Fp8Activations, RoundTripByHand) {
@@ -198,19 +215,7 @@ TEST(Fp8Activations, RoundTripByHand) {
 TEST(Fp8Activations, W8a8MovesTheLogitsBeyondFp8Weights) {
   auto basic = Model::Load(testing::FixtureDir() / "models" / "v3_basic");
   ASSERT_TRUE(basic.ok()) << basic.status().message();
-  auto run = [&](const std::string& gemm) {
-    EngineOptions o;
-    o.kernels = {{"gemm", gemm}};
-    auto e = Engine::Create(*basic, o);
-    EXPECT_TRUE(e.ok()) << gemm << ": " << e.status().message();
-    Request r;
-    r.prompt = {5, 9, 13, 2, 7, 11, 3};
-    r.max_new_tokens = 1;
-    r.all_prompt_logits = true;
-    EXPECT_TRUE((*e)->AddRequest(r).ok());
-    EXPECT_TRUE((*e)->RunToCompletion().ok());
-    return (*e)->request(0).prompt_logits;
-  };
+  auto run = [&](const std::string& gemm) { return PromptLogitsWithGemm(*basic, gemm, {5, 9, 13, 2, 7, 11, 3}); };
   const auto f32 = run("fp32"), w8 = run("fp8_dot"), a8 = run("w8a8_dot");
   ASSERT_EQ(a8.size(), w8.size());
   for (float v : a8) ASSERT_TRUE(std::isfinite(v));
@@ -227,17 +232,7 @@ TEST(Fp8Activations, W8a8MovesTheLogitsBeyondFp8Weights) {
 // checkpoint is quantised at load (its logits move by the quantisation, not more).
 TEST(Fp8Weights, Fp8CheckpointKeepsItsBytesOthersAreQuantised) {
   auto run = [&](const std::shared_ptr<Model>& m, const std::string& gemm) {
-    EngineOptions o;
-    o.kernels = {{"gemm", gemm}};
-    auto e = Engine::Create(m, o);
-    EXPECT_TRUE(e.ok()) << gemm << ": " << e.status().message();
-    Request r;
-    r.prompt = {5, 9, 13, 2, 7};
-    r.max_new_tokens = 1;
-    r.all_prompt_logits = true;  // the same inputs for both precisions (no sampled token in between)
-    EXPECT_TRUE((*e)->AddRequest(r).ok());
-    EXPECT_TRUE((*e)->RunToCompletion().ok());
-    return (*e)->request(0).prompt_logits;
+    return PromptLogitsWithGemm(m, gemm, {5, 9, 13, 2, 7});
   };
   auto fp8 = Model::Load(testing::FixtureDir() / "models" / "v3_fp8");
   ASSERT_TRUE(fp8.ok()) << fp8.status().message();

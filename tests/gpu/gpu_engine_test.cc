@@ -329,6 +329,47 @@ TEST(GpuEngine, OverlappedLaunchChangesNoBits) {
   }
 }
 
+// A request's prompt logits (every position) under `o`, decoding `decode` tokens after it.
+std::vector<float> PromptLogits(const std::shared_ptr<Model>& m, const EngineOptions& o,
+                                const std::vector<int32_t>& prompt, int64_t decode,
+                                std::vector<int32_t>* tokens = nullptr) {
+  auto e = Engine::Create(m, o);
+  EXPECT_TRUE(e.ok()) << e.status().message();
+  engine::Request r;
+  r.prompt = prompt;
+  r.max_new_tokens = decode;
+  r.all_prompt_logits = true;
+  EXPECT_TRUE((*e)->AddRequest(r).ok());
+  const Status st = (*e)->RunToCompletion();
+  EXPECT_TRUE(st.ok()) << st.message();
+  if (tokens != nullptr) *tokens = (*e)->request(0).generated;
+  return (*e)->request(0).prompt_logits;
+}
+
+// The fixture `name` under gemm=`gemm` on the GPU is the CPU engine's gemm=`gemm` within the
+// engine's tolerance, while the CPU's `gemm` moved the logits from its `baseline` far more (so
+// the comparison can tell the variant from the baseline).
+void ExpectGpuGemmIsTheCpus(const char* name, const char* gemm, const char* baseline) {
+  auto model = Model::Load(testing::FixtureDir() / "models" / name);
+  ASSERT_TRUE(model.ok()) << model.status().message();
+  std::vector<int32_t> prompt;
+  for (int j = 0; j < 24; ++j) prompt.push_back(static_cast<int32_t>((37 * j + 11) % (*model)->config().vocab_size));
+  EngineOptions cpu;
+  cpu.page_size = 16;
+  cpu.kernels = {{"gemm", gemm}};
+  const auto want = PromptLogits(*model, cpu, prompt, 2);
+  cpu.kernels = {{"gemm", baseline}};
+  const auto base = PromptLogits(*model, cpu, prompt, 2);
+  const auto got = PromptLogits(*model, Cuda(engine::KvFormat::kFp32, gemm), prompt, 2);
+  ASSERT_EQ(got.size(), want.size());
+  const int64_t total = static_cast<int64_t>(want.size());
+  const double err = testing::RelMaxErr(got.data(), want.data(), total);
+  const double moved = testing::RelMaxErr(want.data(), base.data(), total);
+  EXPECT_LE(err, 1e-4) << name << " gemm=" << gemm;
+  EXPECT_GT(moved, 100 * err) << name << ": the GPU's gemm=" << gemm << " is not the CPU's";
+  std::printf("  [%s] cuda %s vs cpu %s %.3g; cpu %s vs %s %.3g\n", name, gemm, gemm, err, gemm, baseline, moved);
+}
+
 // gemm=fp8_dot on the GPU is the CPU's gemm=fp8_dot: FP8 bytes and block scales (the
 // checkpoint's, or the host's quantisation) dequantised in the kernels. The FP8 checkpoint
 // fixture against transformers (its reference ran on the dequantised weights) within the
@@ -336,20 +377,6 @@ TEST(GpuEngine, OverlappedLaunchChangesNoBits) {
 // engine's fp8_dot within that tolerance, while quantising moved the logits far more.
 TEST(GpuEngine, Fp8WeightsAreTheCpusFp8Weights) {
   LS_REQUIRE_GPU();
-  auto prompt_logits = [](const std::shared_ptr<Model>& m, EngineOptions o, const std::vector<int32_t>& prompt,
-                          int64_t decode, std::vector<int32_t>* tokens = nullptr) {
-    auto e = Engine::Create(m, o);
-    EXPECT_TRUE(e.ok()) << e.status().message();
-    engine::Request r;
-    r.prompt = prompt;
-    r.max_new_tokens = decode;
-    r.all_prompt_logits = true;
-    EXPECT_TRUE((*e)->AddRequest(r).ok());
-    const Status st = (*e)->RunToCompletion();
-    EXPECT_TRUE(st.ok()) << st.message();
-    if (tokens != nullptr) *tokens = (*e)->request(0).generated;
-    return (*e)->request(0).prompt_logits;
-  };
   {
     const auto dir = testing::FixtureDir() / "models" / "v3_fp8";
     auto model = Model::Load(dir);
@@ -357,8 +384,8 @@ TEST(GpuEngine, Fp8WeightsAreTheCpusFp8Weights) {
     const Reference ref = LoadReference(dir);
     const int64_t V = (*model)->config().vocab_size;
     std::vector<int32_t> tokens;
-    const auto got = prompt_logits(*model, Cuda(engine::KvFormat::kFp32, "fp8_dot"), ref.prompt,
-                                   static_cast<int64_t>(ref.decode_ids.size()), &tokens);
+    const auto got = PromptLogits(*model, Cuda(engine::KvFormat::kFp32, "fp8_dot"), ref.prompt,
+                                  static_cast<int64_t>(ref.decode_ids.size()), &tokens);
     double worst = 0;
     for (size_t p = 0; p < ref.prompt.size(); ++p) {
       worst = std::max(worst, testing::RelMaxErr(&got[p * V], &ref.prefill[p * V], V));
@@ -367,26 +394,7 @@ TEST(GpuEngine, Fp8WeightsAreTheCpusFp8Weights) {
     EXPECT_EQ(tokens, ref.decode_ids);
     std::printf("  [v3_fp8 / cuda fp8_dot] worst prefill max|Δ|/max|ref| vs transformers = %.3g\n", worst);
   }
-  for (const char* name : {"v3_basic", "v2_lite_like", "v32_sparse"}) {
-    auto model = Model::Load(testing::FixtureDir() / "models" / name);
-    ASSERT_TRUE(model.ok()) << model.status().message();
-    std::vector<int32_t> prompt;
-    for (int j = 0; j < 24; ++j) prompt.push_back(static_cast<int32_t>((37 * j + 11) % (*model)->config().vocab_size));
-    EngineOptions cpu;
-    cpu.page_size = 16;
-    cpu.kernels = {{"gemm", "fp8_dot"}};
-    const auto c8 = prompt_logits(*model, cpu, prompt, 1);
-    cpu.kernels = {{"gemm", "fp32"}};
-    const auto c32 = prompt_logits(*model, cpu, prompt, 1);
-    const auto g8 = prompt_logits(*model, Cuda(engine::KvFormat::kFp32, "fp8_dot"), prompt, 1);
-    ASSERT_EQ(g8.size(), c8.size());
-    const int64_t total = static_cast<int64_t>(c8.size());
-    const double err = testing::RelMaxErr(g8.data(), c8.data(), total);
-    const double moved = testing::RelMaxErr(c8.data(), c32.data(), total);
-    EXPECT_LE(err, 1e-4) << name;
-    EXPECT_GT(moved, 100 * err) << name << ": the GPU's weights are not the CPU's quantisation";
-    std::printf("  [%s] cuda fp8_dot vs cpu fp8_dot %.3g; cpu fp8_dot vs fp32 %.3g\n", name, err, moved);
-  }
+  for (const char* name : {"v3_basic", "v2_lite_like", "v32_sparse"}) ExpectGpuGemmIsTheCpus(name, "fp8_dot", "fp32");
 }
 
 // gemm=w8a8_dot on the GPU is the CPU's: fp8_dot's weights with the linear layers' inputs
@@ -395,37 +403,8 @@ TEST(GpuEngine, Fp8WeightsAreTheCpusFp8Weights) {
 // away from fp8_dot's far more.
 TEST(GpuEngine, Fp8ActivationsAreTheCpusFp8Activations) {
   LS_REQUIRE_GPU();
-  auto prompt_logits = [](const std::shared_ptr<Model>& m, EngineOptions o, const std::vector<int32_t>& prompt) {
-    auto e = Engine::Create(m, o);
-    EXPECT_TRUE(e.ok()) << e.status().message();
-    engine::Request r;
-    r.prompt = prompt;
-    r.max_new_tokens = 2;
-    r.all_prompt_logits = true;
-    EXPECT_TRUE((*e)->AddRequest(r).ok());
-    const Status st = (*e)->RunToCompletion();
-    EXPECT_TRUE(st.ok()) << st.message();
-    return (*e)->request(0).prompt_logits;
-  };
   for (const char* name : {"v3_basic", "v2_lite_like", "v32_sparse", "v3_fp8"}) {
-    auto model = Model::Load(testing::FixtureDir() / "models" / name);
-    ASSERT_TRUE(model.ok()) << model.status().message();
-    std::vector<int32_t> prompt;
-    for (int j = 0; j < 24; ++j) prompt.push_back(static_cast<int32_t>((37 * j + 11) % (*model)->config().vocab_size));
-    EngineOptions cpu;
-    cpu.page_size = 16;
-    cpu.kernels = {{"gemm", "w8a8_dot"}};
-    const auto ca8 = prompt_logits(*model, cpu, prompt);
-    cpu.kernels = {{"gemm", "fp8_dot"}};
-    const auto c8 = prompt_logits(*model, cpu, prompt);
-    const auto ga8 = prompt_logits(*model, Cuda(engine::KvFormat::kFp32, "w8a8_dot"), prompt);
-    ASSERT_EQ(ga8.size(), ca8.size());
-    const int64_t total = static_cast<int64_t>(ca8.size());
-    const double err = testing::RelMaxErr(ga8.data(), ca8.data(), total);
-    const double moved = testing::RelMaxErr(ca8.data(), c8.data(), total);
-    EXPECT_LE(err, 1e-4) << name;
-    EXPECT_GT(moved, 100 * err) << name << ": the GPU's activations are not the CPU's quantisation";
-    std::printf("  [%s] cuda w8a8_dot vs cpu w8a8_dot %.3g; cpu w8a8_dot vs fp8_dot %.3g\n", name, err, moved);
+    ExpectGpuGemmIsTheCpus(name, "w8a8_dot", "fp8_dot");
   }
 }
 
