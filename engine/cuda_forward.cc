@@ -263,7 +263,7 @@ LS_RETURN_IF_ERROR(Mark("start"));
     };
     auto rmsnorm = [&](const float* in, int64_t in_stride, const DevTensor& w, int64_t n, float eps, float* y,
                        int64_t y_stride) { return cu::RmsNorm(norm_params(in, in_stride, w, n, eps, y, y_stride), s); };
-    auto rope = [&](float* v, int64_t row_stride, int64_t heads_n, int64_t head_stride, cu::RopeStyle style) {
+    auto rope_params = [&](float* v, int64_t row_stride, int64_t heads_n, int64_t head_stride, cu::RopeStyle style) {
       cu::RopeParams p;
       p.x = v;
       p.row_stride = row_stride;
@@ -277,7 +277,10 @@ LS_RETURN_IF_ERROR(Mark("start"));
       p.max_position = rope_positions_;
       p.style = style;
       p.error_flag = err;
-      return cu::Rope(p, s);
+      return p;
+    };
+    auto rope = [&](float* v, int64_t row_stride, int64_t heads_n, int64_t head_stride, cu::RopeStyle style) {
+      return cu::Rope(rope_params(v, row_stride, heads_n, head_stride, style), s);
     };
     const float rms_eps = static_cast<float>(c.rms_norm_eps);
     LS_RETURN_IF_ERROR(mla_ws_.Ensure(256));
@@ -345,8 +348,8 @@ LS_RETURN_IF_ERROR(Mark("start"));
       auto kv_path = [&]() -> Status {
         LS_RETURN_IF_ERROR(Linear(hl, H, R, D.kv_a_proj, kv, C + dr));
         if (!overlap) LS_RETURN_IF_ERROR(Mark("kv_a_proj"));
-        LS_RETURN_IF_ERROR(rmsnorm(kv, C + dr, D.kv_a_norm, C, 1e-6f, latent, C));
-        LS_RETURN_IF_ERROR(rope(kv + C, C + dr, 1, dr, style));
+        // latent = RMSNorm(c_kv), RoPE on k_rope, both into the cache: one kernel
+        // (WriteLatentPath: the three ops' bits, a CTA a row).
         cu::LatentWriteParams wp;
         wp.latent = latent;
         wp.latent_stride = C;
@@ -361,7 +364,8 @@ LS_RETURN_IF_ERROR(Mark("start"));
         wp.format = format_;
         wp.error_flag = err;
         wp.copy = mirror_at[l][0];
-        LS_RETURN_IF_ERROR(cu::WriteLatent(wp, s));
+        LS_RETURN_IF_ERROR(cu::WriteLatentPath(norm_params(kv, C + dr, D.kv_a_norm, C, 1e-6f, latent, C),
+                                               rope_params(kv + C, C + dr, 1, dr, style), wp, s));
         if (!overlap) LS_RETURN_IF_ERROR(Mark("norm_rope_write"));
         return Status::Ok();
       };

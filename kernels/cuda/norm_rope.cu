@@ -23,9 +23,8 @@ constexpr int kNormThreads = 256;  // part of RMSNorm's reduction order: do not 
 constexpr int kNormCached = 16;
 // With p.add, x below is the sum row: each thread adds and stores its own elements before it
 // reads them back, so sum may alias x.
-__global__ void __launch_bounds__(kNormThreads) RmsNormKernel(RmsNormParams p) {
-  dev::GridDependencySync();
-  const int64_t r = blockIdx.x;
+// Row r by the CTA's kNormThreads threads (the kernels that call it run exactly that many).
+__device__ __forceinline__ void RmsNormRow(const RmsNormParams& p, int64_t r) {
   const float* x = p.add != nullptr ? p.sum + r * p.sum_stride : p.x + r * p.x_stride;
   float* y = p.y + r * p.y_stride;
   float acc = 0.0f;
@@ -84,10 +83,14 @@ __global__ void __launch_bounds__(kNormThreads) RmsNormKernel(RmsNormParams p) {
   }
 }
 
-// One CTA per (row, head); thread i owns frequency i.
-__global__ void RopeKernel(RopeParams p) {
+__global__ void __launch_bounds__(kNormThreads) RmsNormKernel(RmsNormParams p) {
   dev::GridDependencySync();
-  const int64_t r = blockIdx.x / p.heads, h = blockIdx.x % p.heads;
+  RmsNormRow(p, blockIdx.x);
+}
+
+// Head h of row r by one CTA, thread i owning frequency i (threads past dim/2 only take part in
+// the barrier). A position out of range flags kErrPosition and leaves the head as it is.
+__device__ __forceinline__ void RopeHead(const RopeParams& p, int64_t r, int64_t h) {
   const int32_t pos = p.positions[r];
   if (pos < 0 || pos >= p.max_position) {  // uniform over the CTA
     if (threadIdx.x == 0 && p.error_flag != nullptr) atomicOr(p.error_flag, kErrPosition);
@@ -126,18 +129,25 @@ __global__ void RopeKernel(RopeParams p) {
   }
 }
 
+// One CTA per (row, head).
+__global__ void RopeKernel(RopeParams p) {
+  dev::GridDependencySync();
+  RopeHead(p, blockIdx.x / p.heads, blockIdx.x % p.heads);
+}
+
 constexpr int kWriteThreads = 128;  // = kFp8TileValues: one value of a tile per thread
-static_assert(kWriteThreads == kFp8TileValues);
+constexpr int kMaxWriteThreads = 256;  // LatentPathKernel runs WriteLatentRow with kNormThreads
+static_assert(kWriteThreads == kFp8TileValues && kNormThreads <= kMaxWriteThreads);
 
 __device__ __forceinline__ void StoreBytes(uint8_t* dst, const void* src, int n) {
   const uint8_t* s = static_cast<const uint8_t*>(src);
   for (int i = 0; i < n; ++i) dst[i] = s[i];
 }
 
-// One CTA per row: engine::PagedKvCache::WriteLatent.
-__global__ void __launch_bounds__(kWriteThreads) LatentWriteKernel(LatentWriteParams p, int64_t bytes_per_token) {
-  dev::GridDependencySync();
-  const int64_t r = blockIdx.x;
+// Row r by one CTA of kWriteThreads or more threads (a multiple of 32, at most 256; a tile's
+// value per thread below 128): engine::PagedKvCache::WriteLatent.
+__device__ __forceinline__ void WriteLatentRow(const LatentWriteParams& p, int64_t bytes_per_token, int64_t r) {
+  const int threads = static_cast<int>(blockDim.x);
   const int64_t slot = p.slots != nullptr ? p.slots[r] : r;
   if (slot == -1) return;
   if (slot < -1 || slot >= p.num_slots) {
@@ -151,20 +161,20 @@ __global__ void __launch_bounds__(kWriteThreads) LatentWriteKernel(LatentWritePa
   switch (p.format) {
     case LatentFormat::kFp32: {
       float* f = reinterpret_cast<float*>(b);  // 4-byte aligned: bytes_per_token is a multiple of 4
-      for (int64_t i = t; i < p.kv_lora; i += kWriteThreads) f[i] = latent[i];
-      for (int64_t i = t; i < p.rope_dim; i += kWriteThreads) f[p.kv_lora + i] = rope[i];
+      for (int64_t i = t; i < p.kv_lora; i += threads) f[i] = latent[i];
+      for (int64_t i = t; i < p.rope_dim; i += threads) f[p.kv_lora + i] = rope[i];
       break;
     }
     case LatentFormat::kBf16: {
       uint16_t* h = reinterpret_cast<uint16_t*>(b);
-      for (int64_t i = t; i < p.kv_lora; i += kWriteThreads) h[i] = dev::F32ToBf16(latent[i]);
-      for (int64_t i = t; i < p.rope_dim; i += kWriteThreads) h[p.kv_lora + i] = dev::F32ToBf16(rope[i]);
+      for (int64_t i = t; i < p.kv_lora; i += threads) h[i] = dev::F32ToBf16(latent[i]);
+      for (int64_t i = t; i < p.rope_dim; i += threads) h[p.kv_lora + i] = dev::F32ToBf16(rope[i]);
       break;
     }
     case LatentFormat::kFp8E4m3: {
       const int64_t tiles = (p.kv_lora + kFp8TileValues - 1) / kFp8TileValues;
       uint8_t* scales = b + p.kv_lora;
-      __shared__ float warp_max[kWriteThreads / 32];
+      __shared__ float warp_max[kMaxWriteThreads / 32];
       for (int64_t tile = 0; tile < tiles; ++tile) {
         const int64_t lo = tile * kFp8TileValues;
         const int64_t n = min(static_cast<int64_t>(kFp8TileValues), p.kv_lora - lo);
@@ -174,14 +184,15 @@ __global__ void __launch_bounds__(kWriteThreads) LatentWriteKernel(LatentWritePa
         float m = dev::WarpMax(fabsf(v));
         if ((t & 31) == 0) warp_max[t / 32] = m;
         __syncthreads();
-        const float amax = fmaxf(fmaxf(warp_max[0], warp_max[1]), fmaxf(warp_max[2], warp_max[3]));
+        float amax = warp_max[0];  // warps past the tile's 128 values hold 0, which changes no max
+        for (int w = 1; w < threads / 32; ++w) amax = fmaxf(amax, warp_max[w]);
         __syncthreads();  // warp_max is reused by the next tile
         const float s = dev::Fp8ScaleFromAmax(amax);
         if (t == 0) StoreBytes(scales + 4 * tile, &s, 4);
         if (t < n) b[lo + t] = dev::F32ToFp8E4m3(__fdiv_rn(v, s));
       }
       uint8_t* rb = scales + 4 * tiles;  // may be odd-aligned for odd kv_lora: byte stores
-      for (int64_t i = t; i < p.rope_dim; i += kWriteThreads) {
+      for (int64_t i = t; i < p.rope_dim; i += threads) {
         const uint16_t h = dev::F32ToBf16(rope[i]);
         StoreBytes(rb + 2 * i, &h, 2);
       }
@@ -191,10 +202,28 @@ __global__ void __launch_bounds__(kWriteThreads) LatentWriteKernel(LatentWritePa
   if (p.copy != nullptr) {  // the row as stored, read back by the block that wrote it
     __syncthreads();
     uint8_t* c = p.copy + r * bytes_per_token;
-    for (int64_t i = t; i < bytes_per_token / 4; i += kWriteThreads) {
+    for (int64_t i = t; i < bytes_per_token / 4; i += threads) {
       reinterpret_cast<uint32_t*>(c)[i] = reinterpret_cast<const uint32_t*>(b)[i];
     }
   }
+}
+
+__global__ void __launch_bounds__(kWriteThreads) LatentWriteKernel(LatentWriteParams p, int64_t bytes_per_token) {
+  dev::GridDependencySync();
+  WriteLatentRow(p, bytes_per_token, blockIdx.x);
+}
+
+// The latent-cache path of a decode step in one CTA a row (WriteLatentPath): RmsNormRow of the
+// latent, RopeHead of the rope key, then WriteLatentRow of both — the three kernels' bits,
+// without the two launches and round trips between them.
+__global__ void __launch_bounds__(kNormThreads) LatentPathKernel(RmsNormParams n, RopeParams rp, LatentWriteParams w,
+                                                                  int64_t bytes_per_token) {
+  dev::GridDependencySync();
+  const int64_t r = blockIdx.x;
+  RmsNormRow(n, r);
+  RopeHead(rp, r, 0);
+  __syncthreads();  // the row's latent and rope key, written by other threads, are read below
+  WriteLatentRow(w, bytes_per_token, r);
 }
 
 // One CTA per vector, staged in shared memory: stage h pairs element j with j + h for every j
@@ -242,10 +271,8 @@ __global__ void __launch_bounds__(kRtThreads) Fp8RoundTripKernel(const float* x,
 }
 static_assert(kRtThreads == 128, "Fp8RoundTripKernel: four warps a tile");
 
-}  // namespace
-
-Status RmsNorm(const RmsNormParams& p, Stream stream) {
-  constexpr const char* op = "RmsNorm";
+// Argument checks, shared by each op's launcher and WriteLatentPath.
+Status CheckRmsNorm(const RmsNormParams& p, const char* op) {
   LS_CHECK_ARG(p.x != nullptr, op, "x", p.x);
   LS_CHECK_ARG(p.weight != nullptr, op, "weight", p.weight);
   LS_CHECK_ARG(p.y != nullptr, op, "y", p.y);
@@ -259,14 +286,10 @@ Status RmsNorm(const RmsNormParams& p, Stream stream) {
   LS_CHECK_ARG(p.add == nullptr || p.add_stride >= p.n, op, "add_stride", p.add_stride);
   LS_CHECK_ARG(p.add == nullptr || p.sum_stride >= p.n, op, "sum_stride", p.sum_stride);
   LS_CHECK_ARG(p.add == nullptr || p.sum == p.x || p.sum != p.y, op, "sum (must not be y)", p.sum);
-  if (p.rows == 0) return Status::Ok();
-  LS_CUDA_RETURN_IF_ERROR(LaunchKernel(RmsNormKernel, static_cast<unsigned>(p.rows), kNormThreads, 0, stream, p));
-  LS_CUDA_LAUNCH_CHECK();
   return Status::Ok();
 }
 
-Status Rope(const RopeParams& p, Stream stream) {
-  constexpr const char* op = "Rope";
+Status CheckRope(const RopeParams& p, const char* op) {
   LS_CHECK_ARG(p.x != nullptr, op, "x", p.x);
   LS_CHECK_ARG(p.positions != nullptr, op, "positions", p.positions);
   LS_CHECK_ARG(p.cos != nullptr, op, "cos", p.cos);
@@ -281,15 +304,10 @@ Status Rope(const RopeParams& p, Stream stream) {
   LS_CHECK_ARG(p.style == RopeStyle::kPairsAdjacent || p.style == RopeStyle::kPairsToHalves ||
                    p.style == RopeStyle::kHalves,
                op, "style", static_cast<int>(p.style));
-  if (p.rows == 0) return Status::Ok();
-  const int threads = static_cast<int>((p.dim / 2 + 31) / 32 * 32);
-  LS_CUDA_RETURN_IF_ERROR(LaunchKernel(RopeKernel, static_cast<unsigned>(p.rows * p.heads), threads, 0, stream, p));
-  LS_CUDA_LAUNCH_CHECK();
   return Status::Ok();
 }
 
-Status WriteLatent(const LatentWriteParams& p, Stream stream) {
-  constexpr const char* op = "WriteLatent";
+Status CheckWriteLatent(const LatentWriteParams& p, const char* op) {
   LS_CHECK_ARG(p.latent != nullptr, op, "latent", p.latent);
   LS_CHECK_ARG(p.rope != nullptr || p.rope_dim == 0, op, "rope", p.rope);
   LS_CHECK_ARG(p.cache != nullptr, op, "cache", p.cache);
@@ -303,12 +321,58 @@ Status WriteLatent(const LatentWriteParams& p, Stream stream) {
   LS_CHECK_ARG(p.format == LatentFormat::kFp32 || p.format == LatentFormat::kBf16 ||
                    p.format == LatentFormat::kFp8E4m3,
                op, "format", static_cast<int>(p.format));
-  if (p.rows == 0) return Status::Ok();
   const int64_t bpt = LatentBytesPerToken(p.format, p.kv_lora, p.rope_dim);
   LS_CHECK_ARG(p.copy == nullptr || (bpt % 4 == 0 && reinterpret_cast<uintptr_t>(p.copy) % 4 == 0), op,
                "copy (needs 4-byte rows and alignment)", bpt);
+  return Status::Ok();
+}
+
+}  // namespace
+
+Status RmsNorm(const RmsNormParams& p, Stream stream) {
+  LS_RETURN_IF_ERROR(CheckRmsNorm(p, "RmsNorm"));
+  if (p.rows == 0) return Status::Ok();
+  LS_CUDA_RETURN_IF_ERROR(LaunchKernel(RmsNormKernel, static_cast<unsigned>(p.rows), kNormThreads, 0, stream, p));
+  LS_CUDA_LAUNCH_CHECK();
+  return Status::Ok();
+}
+
+Status Rope(const RopeParams& p, Stream stream) {
+  LS_RETURN_IF_ERROR(CheckRope(p, "Rope"));
+  if (p.rows == 0) return Status::Ok();
+  const int threads = static_cast<int>((p.dim / 2 + 31) / 32 * 32);
+  LS_CUDA_RETURN_IF_ERROR(LaunchKernel(RopeKernel, static_cast<unsigned>(p.rows * p.heads), threads, 0, stream, p));
+  LS_CUDA_LAUNCH_CHECK();
+  return Status::Ok();
+}
+
+Status WriteLatent(const LatentWriteParams& p, Stream stream) {
+  LS_RETURN_IF_ERROR(CheckWriteLatent(p, "WriteLatent"));
+  if (p.rows == 0) return Status::Ok();
+  const int64_t bpt = LatentBytesPerToken(p.format, p.kv_lora, p.rope_dim);
   LS_CUDA_RETURN_IF_ERROR(
       LaunchKernel(LatentWriteKernel, static_cast<unsigned>(p.rows), kWriteThreads, 0, stream, p, bpt));
+  LS_CUDA_LAUNCH_CHECK();
+  return Status::Ok();
+}
+
+Status WriteLatentPath(const RmsNormParams& n, const RopeParams& r, const LatentWriteParams& w, Stream stream) {
+  constexpr const char* op = "WriteLatentPath";
+  LS_RETURN_IF_ERROR(CheckRmsNorm(n, op));
+  LS_RETURN_IF_ERROR(CheckRope(r, op));
+  LS_RETURN_IF_ERROR(CheckWriteLatent(w, op));
+  LS_CHECK_ARG(n.add == nullptr, op, "norm.add (no residual add here)", n.add);
+  LS_CHECK_ARG(r.heads == 1, op, "rope.heads (one rope key a row)", r.heads);
+  LS_CHECK_ARG(r.dim <= 2 * kNormThreads, op, "rope.dim (a frequency a thread: at most 512)", r.dim);
+  LS_CHECK_ARG(n.rows == w.rows && r.rows == w.rows, op, "rows (norm, rope and write differ)", w.rows);
+  LS_CHECK_ARG(n.n == w.kv_lora, op, "norm.n (must be write.kv_lora)", n.n);
+  LS_CHECK_ARG(w.latent == n.y && w.latent_stride == n.y_stride, op, "write.latent (must be norm.y)", w.latent);
+  LS_CHECK_ARG(w.rope == r.x && w.rope_stride == r.row_stride && w.rope_dim == r.dim, op,
+               "write.rope (must be rope.x)", w.rope);
+  if (w.rows == 0) return Status::Ok();
+  const int64_t bpt = LatentBytesPerToken(w.format, w.kv_lora, w.rope_dim);
+  LS_CUDA_RETURN_IF_ERROR(
+      LaunchKernel(LatentPathKernel, static_cast<unsigned>(w.rows), kNormThreads, 0, stream, n, r, w, bpt));
   LS_CUDA_LAUNCH_CHECK();
   return Status::Ok();
 }

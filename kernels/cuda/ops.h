@@ -189,6 +189,12 @@ struct LatentWriteParams {
   uint8_t* copy = nullptr;
 };
 Status WriteLatent(const LatentWriteParams& p, Stream stream = nullptr);
+// A decode step's latent-cache path in one kernel, one CTA a row: RmsNorm(norm) of the latent,
+// Rope(rope) of the rope key (one head, in place), then WriteLatent(write) of both — the three
+// ops' bits in their order. write.latent must be norm.y and write.rope rope.x (same strides); no
+// residual add; the rows agree.
+Status WriteLatentPath(const RmsNormParams& norm, const RopeParams& rope, const LatentWriteParams& write,
+                       Stream stream = nullptr);
 
 // ---------------------------------------------------------------------------------------
 // MLA absorbed decode over the paged latent cache (one query token per request).

@@ -9,6 +9,8 @@
 #include <cmath>
 #include <cstring>
 #include <random>
+#include <string>
+#include <utility>
 #include <vector>
 
 #include "engine/config.h"
@@ -185,6 +187,103 @@ TEST(CudaLatentWrite, BytesEqualPagedKvCacheWriteLatent) {
     RunCase(512, 64, f, seed++);  // DeepSeek V3: 656 bytes per token in fp8
     RunCase(32, 8, f, seed++);    // the tiny test models
     RunCase(197, 6, f, seed++);   // a partial tile; scales and rope at odd offsets (rope must be even)
+  }
+}
+
+// The decode step's latent-cache path in one kernel (WriteLatentPath) is RmsNorm, then Rope of
+// the rope key, then WriteLatent, bit for bit: the normed latent, the rope key (in place), the
+// cache bytes, the host mirror's copy and the error flag — in every format, at DeepSeek's
+// 512 + 64 and the tiny models' 32 + 8, with a skipped row (slot −1) and a row whose position is
+// out of range (RoPE skipped and flagged), each rope style.
+TEST(CudaLatentWrite, FusedPathIsNormRopeThenWrite) {
+  LS_REQUIRE_GPU();
+  for (auto [C, R] : {std::pair<int64_t, int64_t>{512, 64}, {32, 8}}) {
+    for (int f = 0; f < 3; ++f) {
+      for (int st = 0; st < 3; ++st) {
+        const auto format = static_cast<cu::LatentFormat>(f);
+        const int64_t rows = 7, kvs = C + R + 3, max_pos = 40, num_slots = 16;
+        const int64_t bpt = cu::LatentBytesPerToken(format, C, R);
+        if (bpt % 4 != 0) continue;  // the mirror copy needs 4-byte rows (fp8 at 32 + 8: 52 bytes is fine)
+        std::mt19937_64 rng(900 + 10 * C + f + 3 * st);
+        std::normal_distribution<float> g(0.0f, 2.0f);
+        std::vector<float> kv(rows * kvs), w(C), cs(max_pos * R / 2), sn(max_pos * R / 2);
+        for (float& v : kv) v = g(rng);
+        for (float& v : w) v = g(rng);
+        for (float& v : cs) v = g(rng);
+        for (float& v : sn) v = g(rng);
+        kv[2 * kvs + 5] = NAN;
+        const std::vector<int32_t> positions = {3, 0, 39, 40, 17, 8, 1};  // row 3: out of range
+        const std::vector<int32_t> slots = {5, 0, 15, 7, -1, 2, 9};       // row 4: skipped
+        auto dw = Upload(w), dcs = Upload(cs), dsn = Upload(sn), dpos = Upload(positions), dslots = Upload(slots);
+        struct Out {
+          std::vector<float> kv, latent;
+          std::vector<uint8_t> pool, copy;
+          int32_t flag;
+        };
+        auto run = [&](bool fused) {
+          auto dkv = Upload(kv), dlat = Zeros<float>(rows * C), flag = Zeros<int32_t>(1);
+          auto dpool = Upload(std::vector<uint8_t>(num_slots * bpt, 0xA5));
+          auto dcopy = Upload(std::vector<uint8_t>(rows * bpt, 0x5A));
+          cu::RmsNormParams n;
+          n.x = dkv.as<float>();
+          n.x_stride = kvs;
+          n.weight = dw.as<float>();
+          n.y = dlat.as<float>();
+          n.y_stride = C;
+          n.rows = rows;
+          n.n = C;
+          n.eps = 1e-6f;
+          cu::RopeParams r;
+          r.x = dkv.as<float>() + C;
+          r.row_stride = kvs;
+          r.head_stride = R;
+          r.rows = rows;
+          r.heads = 1;
+          r.dim = R;
+          r.positions = dpos.as<int32_t>();
+          r.cos = dcs.as<float>();
+          r.sin = dsn.as<float>();
+          r.max_position = max_pos;
+          r.style = static_cast<cu::RopeStyle>(st);
+          r.error_flag = flag.as<int32_t>();
+          cu::LatentWriteParams wp;
+          wp.latent = dlat.as<float>();
+          wp.latent_stride = C;
+          wp.rope = dkv.as<float>() + C;
+          wp.rope_stride = kvs;
+          wp.slots = dslots.as<int32_t>();
+          wp.cache = dpool.as<uint8_t>();
+          wp.num_slots = num_slots;
+          wp.rows = rows;
+          wp.kv_lora = C;
+          wp.rope_dim = R;
+          wp.format = format;
+          wp.error_flag = flag.as<int32_t>();
+          wp.copy = dcopy.as<uint8_t>();
+          if (fused) {
+            EXPECT_TRUE(cu::WriteLatentPath(n, r, wp).ok());
+          } else {
+            EXPECT_TRUE(cu::RmsNorm(n).ok());
+            EXPECT_TRUE(cu::Rope(r).ok());
+            EXPECT_TRUE(cu::WriteLatent(wp).ok());
+          }
+          EXPECT_TRUE(cu::Synchronize().ok());
+          return Out{Download<float>(dkv, kv.size()), Download<float>(dlat, rows * C),
+                     Download<uint8_t>(dpool, num_slots * bpt), Download<uint8_t>(dcopy, rows * bpt),
+                     Download<int32_t>(flag, 1)[0]};
+        };
+        const Out want = run(false), got = run(true);
+        const std::string what = std::to_string(C) + "+" + std::to_string(R) + " format " + std::to_string(f) +
+                                 " rope style " + std::to_string(st);
+        EXPECT_EQ(0, std::memcmp(got.kv.data(), want.kv.data(), kv.size() * 4)) << what << ": rope key";
+        EXPECT_EQ(0, std::memcmp(got.latent.data(), want.latent.data(), rows * C * 4)) << what << ": latent";
+        EXPECT_TRUE(got.pool == want.pool) << what << ": cache bytes";
+        EXPECT_TRUE(got.copy == want.copy) << what << ": mirror copy";
+        EXPECT_EQ(got.flag, want.flag) << what;
+        EXPECT_EQ(got.flag, cu::kErrPosition) << what << ": row 3's position must be flagged";
+        EXPECT_TRUE(std::isnan(got.latent[2 * C])) << what << ": the NaN must reach the latent to be a test";
+      }
+    }
   }
 }
 
