@@ -83,6 +83,26 @@ void FillRow(int kind, std::mt19937_64& rng, std::vector<float>& lat, std::vecto
   }
 }
 
+// WriteLatent's arguments for `rows` rows of C latent and R rope values (no copy).
+cu::LatentWriteParams WriteParams(const float* latent, int64_t latent_stride, const float* rope, int64_t rope_stride,
+                                  const int32_t* slots, uint8_t* cache, int64_t num_slots, int64_t rows, int64_t C,
+                                  int64_t R, cu::LatentFormat format, int32_t* flag) {
+  cu::LatentWriteParams p;
+  p.latent = latent;
+  p.latent_stride = latent_stride;
+  p.rope = rope;
+  p.rope_stride = rope_stride;
+  p.slots = slots;
+  p.cache = cache;
+  p.num_slots = num_slots;
+  p.rows = rows;
+  p.kv_lora = C;
+  p.rope_dim = R;
+  p.format = format;
+  p.error_flag = flag;
+  return p;
+}
+
 void RunCase(int64_t C, int64_t R, engine::KvFormat format, uint64_t seed) {
   SCOPED_TRACE("kv_lora " + std::to_string(C) + " rope " + std::to_string(R) + " " +
                std::string(engine::KvFormatName(format)));
@@ -113,19 +133,9 @@ void RunCase(int64_t C, int64_t R, engine::KvFormat format, uint64_t seed) {
   std::vector<uint8_t> pool(num_slots * bpt, 0xA5);
   auto dpool = Upload(pool), dlat = Upload(lat), drope = Upload(rope), dslots = Upload(slots);
   auto flag = Zeros<int32_t>(1);
-  cu::LatentWriteParams p;
-  p.latent = dlat.as<float>();
-  p.latent_stride = C;
-  p.rope = drope.as<float>();
-  p.rope_stride = R;
-  p.slots = dslots.as<int32_t>();
-  p.cache = dpool.as<uint8_t>();
-  p.num_slots = num_slots;
-  p.rows = tokens;
-  p.kv_lora = C;
-  p.rope_dim = R;
-  p.format = static_cast<cu::LatentFormat>(format);
-  p.error_flag = flag.as<int32_t>();
+  cu::LatentWriteParams p =
+      WriteParams(dlat.as<float>(), C, drope.as<float>(), R, dslots.as<int32_t>(), dpool.as<uint8_t>(), num_slots,
+                  tokens, C, R, static_cast<cu::LatentFormat>(format), flag.as<int32_t>());
   // The contiguous copy of the stored rows (the host mirror's): 4-byte rows only.
   const std::vector<uint8_t> copy_poison(tokens * bpt, 0x5A);
   auto dcopy = Upload(copy_poison);
@@ -246,19 +256,8 @@ TEST(CudaLatentWrite, FusedPathIsNormRopeThenWrite) {
           r.max_position = max_pos;
           r.style = static_cast<cu::RopeStyle>(st);
           r.error_flag = flag.as<int32_t>();
-          cu::LatentWriteParams wp;
-          wp.latent = dlat.as<float>();
-          wp.latent_stride = C;
-          wp.rope = dkv.as<float>() + C;
-          wp.rope_stride = kvs;
-          wp.slots = dslots.as<int32_t>();
-          wp.cache = dpool.as<uint8_t>();
-          wp.num_slots = num_slots;
-          wp.rows = rows;
-          wp.kv_lora = C;
-          wp.rope_dim = R;
-          wp.format = format;
-          wp.error_flag = flag.as<int32_t>();
+          cu::LatentWriteParams wp = WriteParams(dlat.as<float>(), C, dkv.as<float>() + C, kvs, dslots.as<int32_t>(),
+                                                 dpool.as<uint8_t>(), num_slots, rows, C, R, format, flag.as<int32_t>());
           wp.copy = dcopy.as<uint8_t>();
           if (fused) {
             EXPECT_TRUE(cu::WriteLatentPath(n, r, wp).ok());
@@ -308,18 +307,9 @@ TEST(CudaLatentWrite, BadSlotIsFlaggedAndSkipped) {
   std::vector<uint8_t> pool(4 * bpt, 0x11);
   auto dpool = Upload(pool), dlat = Upload(lat), drope = Upload(rope), dslots = Upload(slots);
   auto flag = Zeros<int32_t>(1);
-  cu::LatentWriteParams p;
-  p.latent = dlat.as<float>();
-  p.latent_stride = C;
-  p.rope = drope.as<float>();
-  p.rope_stride = R;
-  p.slots = dslots.as<int32_t>();
-  p.cache = dpool.as<uint8_t>();
-  p.num_slots = 4;
-  p.rows = 2;
-  p.kv_lora = C;
-  p.rope_dim = R;
-  p.error_flag = flag.as<int32_t>();
+  const cu::LatentWriteParams p = WriteParams(dlat.as<float>(), C, drope.as<float>(), R, dslots.as<int32_t>(),
+                                              dpool.as<uint8_t>(), 4, 2, C, R, cu::LatentFormat::kFp8E4m3,
+                                              flag.as<int32_t>());
   LS_ASSERT_OK(cu::WriteLatent(p));
   LS_ASSERT_OK(cu::Synchronize());
   EXPECT_EQ(Download<int32_t>(flag, 1)[0], cu::kErrSlot);
@@ -328,19 +318,10 @@ TEST(CudaLatentWrite, BadSlotIsFlaggedAndSkipped) {
 }
 
 TEST(CudaLatentWrite, ValidationNamesTheField) {
-  cu::LatentWriteParams p;
   float f = 0;
   int32_t s = 0;
   uint8_t b = 0;
-  p.latent = p.rope = &f;
-  p.slots = &s;
-  p.cache = &b;
-  p.rows = 1;
-  p.kv_lora = 4;
-  p.rope_dim = 2;
-  p.latent_stride = 4;
-  p.rope_stride = 1;
-  p.num_slots = 1;
+  const cu::LatentWriteParams p = WriteParams(&f, 4, &f, 1, &s, &b, 1, 1, 4, 2, cu::LatentFormat::kFp8E4m3, nullptr);
   Status st = cu::WriteLatent(p);
   EXPECT_EQ(st.code(), Status::Code::kInvalidArgument);
   EXPECT_NE(st.message().find("rope_stride"), std::string::npos) << st.message();
