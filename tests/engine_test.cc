@@ -193,6 +193,7 @@ TEST(Fp8Activations, RoundTripByHand) {
   x[2] = -1.3f;    // −166.4 → −160 (step 16 in [128, 256): 160 is 6.4 away, 176 is 9.6)
   x[3] = 5e-4f;    // 0.064 → 0.0625 (step 2^-7 in [2^-4, 2^-3))
   x[4] = NAN;      // ignored by the amax, NaN out
+  x[6] = 0.09765625f;  // 12.5: a tie between 12 and 13 → 12 (even mantissa)
   x[129] = 0.75f;  // tile 1 (two values): amax 0.75 → scale 2^-9; 384 exactly
   Fp8RoundTrip(x.data(), 130, y.data());
   EXPECT_EQ(y[0], 13.0f / 128.0f);
@@ -201,6 +202,7 @@ TEST(Fp8Activations, RoundTripByHand) {
   EXPECT_EQ(y[3], 0.0625f / 128.0f);
   EXPECT_TRUE(std::isnan(y[4]));
   EXPECT_EQ(y[5], 0.0f);
+  EXPECT_EQ(y[6], 12.0f / 128.0f);
   EXPECT_EQ(y[128], 0.0f);
   EXPECT_EQ(y[129], 0.75f);
   std::vector<float> zeros(128, 0.0f), out(128, 1.0f);
