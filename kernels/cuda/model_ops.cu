@@ -300,7 +300,12 @@ __global__ void __launch_bounds__(kRouteWarps * 32) RouteKernel(RouteParams p, i
 constexpr int kEgTileIn = 1024;  // x elements per slot staged at a time (a multiple of 16)
 constexpr int64_t kEgSlotModeMax = 16;  // slots up to which the grid runs over slots, not experts
 constexpr int64_t kEgRegSlotMax = 96;   // … on the register path, for MoE (measured: README)
-constexpr int64_t kEgStreamBelowCtas = 256;  // by-slot grids of fewer 4-warp CTAs stream instead
+// By-slot grids of fewer 4-warp CTAs than this stream instead. 320 (was 256) puts a token's
+// routed gate_up (6 slots × 44 CTAs = 264) on a streaming shape: alone it is 2 µs slower than
+// the 4-warp shape (bench_expert_gemm --sweep), but in the decode step, beside the shared experts
+// on the side stream, the step is 2 % faster (H200, 2026-11-30: V2-Lite bf16_dot batch 1,
+// 343.8 / 344.0 / 343.6 → 351.6 / 351.1 / 351.0 tok/s, alternating runs in one session).
+constexpr int64_t kEgStreamBelowCtas = 320;
 constexpr int64_t kEgDenseSlotMax = 8;       // dense products per slot up to this many rows
 
 // Weight element types of ExpertGemmParams: fp32, bf16, FP8 e4m3 with per-row 128-column scales.
