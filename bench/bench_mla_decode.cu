@@ -137,6 +137,21 @@ int main(int argc, char** argv) {
   int64_t heads = 128;
   int reps = 10;
   std::vector<int64_t> contexts = {4096, 16384, 65536};
+  for (int i = 1; i < argc; ++i) {
+    if (!std::strcmp(argv[i], "--help") || !std::strcmp(argv[i], "-h")) {
+      std::printf(
+          "bench_mla_decode: CUDA MLA decode (fp8, bf16 caches; dense and sparse top-2048) per call, its cache\n"
+          "bandwidth against a device copy measured in the same process, and its fp32 FMA rate.\n\n"
+          "  --heads N              query heads (default 128; 16: V2-Lite)\n"
+          "  --reps N               calls timed per figure (default 10)\n"
+          "  --context N[,N...]     keys per request (default 4096,16384,65536)\n"
+          "  --overlapped-launch 0|1  programmatic dependent launch (default: the device's support)\n"
+          "  --heads-per-cta 0|1|8|16 the split CTA's shape (0: the kernel's choice)\n"
+          "  --key-staging 0|1|2    MlaDecodeParams::key_staging (0: the kernel's choice; 1 row by row;\n"
+          "                         2 staged wherever the format allows)\n");
+      return 0;
+    }
+  }
   for (int i = 1; i + 1 < argc; i += 2) {
     if (!std::strcmp(argv[i], "--heads")) heads = std::atoll(argv[i + 1]);
     if (!std::strcmp(argv[i], "--reps")) reps = std::atoi(argv[i + 1]);

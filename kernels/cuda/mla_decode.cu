@@ -196,8 +196,9 @@ __host__ __device__ inline size_t KeyTilesSmem(bool staged, int64_t bytes_per_to
 // bytes, where reading each row's values one 32-lane load at a time made ~75 (H200, 2026-11-30:
 // V2-Lite's 16 heads × 256 keys, bf16, 14.6 µs a layer). The dequantisation is DequantRow's,
 // from shared memory instead of global: the same values. Otherwise StageKeyTile, per tile.
-//   Begin(key_begin)            before the loop (after q's loads are issued)
-//   Next(t0) … Dequant(t0) … Prefetch(t0)   at the top of each tile, around its barriers
+//   KeyTiles::At(...)    the loader at the start of the CTA's shared memory; Floats() after it
+//   Begin(key_begin)     before the loop (after q's loads are issued)
+//   Load(it, t0, …)      at the top of tile `it`: its keys in k_s, the next tile's requested
 template <bool kSparse>
 struct KeyTiles {
   const MlaDecodeParams& p;
@@ -208,6 +209,17 @@ struct KeyTiles {
   unsigned char* raw;  // [32][bpt] (staged)
   int tid;
 
+  // The loader over the first KeyTilesSmem(staged, bpt) bytes of `smem` (16-byte aligned).
+  __device__ static KeyTiles At(const MlaDecodeParams& p, int b, int64_t key_end, int64_t bpt, bool staged,
+                                void* smem, int tid) {
+    unsigned char* base = static_cast<unsigned char*>(smem);
+    return KeyTiles{p, b, key_end, bpt, staged, reinterpret_cast<int64_t*>(base),
+                    base + 2 * kTileKeys * sizeof(int64_t), tid};
+  }
+  // The CTA's shared memory after the loader's.
+  __device__ float* Floats() const {
+    return reinterpret_cast<float*>(reinterpret_cast<unsigned char*>(slots) + KeyTilesSmem(staged, bpt));
+  }
   __device__ int64_t SlotOf(int64_t key) const { return key < key_end ? KeySlot<kSparse>(p, b, key) : -1; }
   // Tile `t0`'s byte requests (the tile's slots must be visible to every thread).
   __device__ void Request(const int64_t* s) const {
@@ -258,6 +270,15 @@ struct KeyTiles {
   __device__ void Prefetch(int it, int64_t t0) const {
     if (staged && t0 + kTileKeys < key_end) Request(Tile(it + 1));
   }
+  // Tile `it` (keys t0…) into k_s and valid_s, between two CTA barriers (the first also orders
+  // the last tile's readers of k_s before this write), and the next tile requested.
+  __device__ void Load(int it, int64_t t0, float* k_s, int k_stride, int* valid_s, int warp, int lane) const {
+    Next(it, t0);
+    __syncthreads();
+    Dequant(it, t0, k_s, k_stride, valid_s, warp, lane);
+    __syncthreads();
+    Prefetch(it, t0);
+  }
 };
 
 // kHpc heads per CTA: 16 (two per warp) normally; 8 (one per warp: half the per-warp work, twice
@@ -283,10 +304,8 @@ __global__ void __launch_bounds__(kThreads) MlaSplitKernel(MlaDecodeParams p, in
   if (key_begin >= n_keys) return;
   const int64_t key_end = min(n_keys, key_begin + split_keys);
 
-  unsigned char* const tiles_smem = reinterpret_cast<unsigned char*>(smem);
-  const KeyTiles<kSparse> tiles{p,      b,  key_end, bytes_per_token, staged, reinterpret_cast<int64_t*>(tiles_smem),
-                                tiles_smem + 2 * kTileKeys * sizeof(int64_t), tid};
-  float* q_s = reinterpret_cast<float*>(tiles_smem + KeyTilesSmem(staged, bytes_per_token));  // [16][D]
+  const auto tiles = KeyTiles<kSparse>::At(p, b, key_end, bytes_per_token, staged, smem, tid);
+  float* q_s = tiles.Floats();                         // [16][D]
   float* k_s = q_s + kHeadsPerCta * D;                 // [32][D + 1] (+1: lane ↔ key reads hit 32 banks)
   float* p_s = k_s + kTileKeys * (D + 1);              // [16][32]
   float* alpha_s = p_s + kHeadsPerCta * kTileKeys;     // [16]
@@ -336,11 +355,8 @@ __global__ void __launch_bounds__(kThreads) MlaSplitKernel(MlaDecodeParams p, in
   tiles.Begin(key_begin);
   int it = 0;
   for (int64_t t0 = key_begin; t0 < key_end; t0 += kTileKeys, ++it) {
-    tiles.Next(it, t0);
-    __syncthreads();  // q_s written (first tile) / the last tile's P·V done with k_s, p_s
-    tiles.Dequant(it, t0, k_s, k_stride, valid_s, warp, lane);
-    __syncthreads();
-    tiles.Prefetch(it, t0);
+    // (Its first barrier: q_s written, first tile / the last tile's P·V done with k_s, p_s.)
+    tiles.Load(it, t0, k_s, k_stride, valid_s, warp, lane);
 
     // Scores and the online softmax update, per head of this warp.
     const float* krow = k_s + lane * k_stride;
@@ -442,10 +458,8 @@ __global__ void __launch_bounds__(kThreads) MlaSplitHeadKernel(MlaDecodeParams p
   if (key_begin >= n_keys) return;
   const int64_t key_end = min(n_keys, key_begin + split_keys);
 
-  unsigned char* const tiles_smem = reinterpret_cast<unsigned char*>(smem);
-  const KeyTiles<kSparse> tiles{p,      b,  key_end, bytes_per_token, staged, reinterpret_cast<int64_t*>(tiles_smem),
-                                tiles_smem + 2 * kTileKeys * sizeof(int64_t), tid};
-  float* q_s = reinterpret_cast<float*>(tiles_smem + KeyTilesSmem(staged, bytes_per_token));  // [D]
+  const auto tiles = KeyTiles<kSparse>::At(p, b, key_end, bytes_per_token, staged, smem, tid);
+  float* q_s = tiles.Floats();              // [D]
   float* k_s = q_s + D;                     // [32][D + 1]
   float* s_s = k_s + kTileKeys * (D + 1);   // [32] scores
   float* p_s = s_s + kTileKeys;             // [32]
@@ -480,11 +494,8 @@ __global__ void __launch_bounds__(kThreads) MlaSplitHeadKernel(MlaDecodeParams p
   tiles.Begin(key_begin);
   int it = 0;
   for (int64_t t0 = key_begin; t0 < key_end; t0 += kTileKeys, ++it) {
-    tiles.Next(it, t0);
-    __syncthreads();  // q_s written (first tile) / the last tile's P·V done with k_s, p_s
-    tiles.Dequant(it, t0, k_s, k_stride, valid_s, warp, lane);
-    __syncthreads();
-    tiles.Prefetch(it, t0);
+    // (Its first barrier: q_s written, first tile / the last tile's P·V done with k_s, p_s.)
+    tiles.Load(it, t0, k_s, k_stride, valid_s, warp, lane);
     {
       const float* krow = k_s + t_key * k_stride;
       // Fold16's lanes l and l + 8 are chains g and g + 8 (l = g); a chain past n is 0.
