@@ -94,6 +94,20 @@ __device__ __forceinline__ float Fold16(float (&acc)[16]) {
   return __fadd_rn(acc[0], acc[1]);
 }
 
+// Fold16 over 8 consecutive lanes of a warp, lane g holding chains 2g and 2g + 1 (element i
+// feeds chain i mod 16): chain l + chain l + 8 (lanes g, g + 4), then 8 → 4 (g, g + 2), 4 → 2
+// (g, g + 1), 2 → 1. Lane g = 0 of each 8 holds the sum — Fold16's bits (each add pairs the
+// same two partial sums).
+__device__ __forceinline__ float FoldPairs8(float acc0, float acc1) {
+  acc0 = __fadd_rn(acc0, __shfl_xor_sync(0xffffffffu, acc0, 4));
+  acc1 = __fadd_rn(acc1, __shfl_xor_sync(0xffffffffu, acc1, 4));
+  acc0 = __fadd_rn(acc0, __shfl_xor_sync(0xffffffffu, acc0, 2));
+  acc1 = __fadd_rn(acc1, __shfl_xor_sync(0xffffffffu, acc1, 2));
+  acc0 = __fadd_rn(acc0, __shfl_xor_sync(0xffffffffu, acc0, 1));
+  acc1 = __fadd_rn(acc1, __shfl_xor_sync(0xffffffffu, acc1, 1));
+  return __fadd_rn(acc0, acc1);
+}
+
 // --- cpu::Dot: 16 interleaved FMA lanes (lane = i mod 16), pairwise fold 16→8→4→2→1 ------
 // NH dot products sharing `b` (one key against NH query heads). a[h] and b may live in any
 // memory space. Register arrays are indexed by compile-time constants only.

@@ -41,6 +41,18 @@ constexpr int kColsPerThread = kMaxLora / kColGroups;                // 8
 constexpr int kMaxSplits = 64;
 constexpr int kBaseSplitKeys = 32;  // one tile per split up to 2048 keys: a batch-1 decode still spreads
 constexpr int kCombineThreads = 128;
+constexpr int kQPerThread = (kMaxLora + kMaxRope + kThreads - 1) / kThreads;  // q values a thread loads
+// The one-head kernel's key rows: 16-byte aligned (float4 dequantisation) and 8 floats past a
+// multiple of 32, so the float2 score reads of a half-warp's two keys (tile keys j and j + 2:
+// HeadScoreKey) hit 32 banks. (16 past would do it for keys j, j + 1, but its 2 KB more cost
+// the bf16 CTA its second slot on an SM.)
+__host__ __device__ inline int HeadKeyStride(int64_t d) { return static_cast<int>((d + 31) / 32 * 32 + 8); }
+// The tile key whose score thread `tid` helps with (8 threads a key): warp w takes keys 4w … 4w + 3,
+// its lanes 0–7, 8–15, 16–23, 24–31 keys 4w, 4w + 2, 4w + 1, 4w + 3.
+__device__ __forceinline__ int HeadScoreKey(int tid) {
+  const int q = (tid >> 3) & 3;
+  return (tid >> 5) * 4 + (((q & 1) << 1) | (q >> 1));
+}
 static_assert(kBaseSplitKeys % kTileKeys == 0);
 
 __host__ __device__ inline int64_t SplitKeys(int64_t n) {
@@ -89,25 +101,40 @@ __device__ __forceinline__ int64_t KeyCount(const MlaDecodeParams& p, int b, boo
   }
 }
 
-// Global slot of key `key` of request b, or −1 when masked or invalid (invalid is flagged).
+// What locates key `key` of request b: its page-table entry (dense) or its top-k index
+// (sparse), read raw — −1 past the table's row (max_seq_len) or the top-k — so a CTA can read
+// it before it knows its key count.
 template <bool kSparse>
-__device__ __forceinline__ int64_t KeySlot(const MlaDecodeParams& p, int b, int64_t key) {
+__device__ __forceinline__ int32_t KeyEntry(const MlaDecodeParams& p, int b, int64_t key) {
   if constexpr (kSparse) {
-    const int32_t idx = p.indices[b * p.indices_stride + key];
-    if (idx == -1) return -1;
-    if (idx < -1 || idx >= p.num_pages * p.page_size) {
+    return key < p.topk ? p.indices[b * p.indices_stride + key] : -1;
+  } else {
+    return key < p.max_seq_len ? p.page_table[b * p.page_table_stride + key / p.page_size] : -1;
+  }
+}
+// Global slot of key `key` from its entry, or −1 when masked or invalid (invalid is flagged).
+template <bool kSparse>
+__device__ __forceinline__ int64_t SlotFromEntry(const MlaDecodeParams& p, int64_t key, int32_t entry) {
+  if constexpr (kSparse) {
+    if (entry == -1) return -1;
+    if (entry < -1 || entry >= p.num_pages * p.page_size) {
       if (p.error_flag != nullptr) atomicOr(p.error_flag, kErrSlot);
       return -1;
     }
-    return idx;
+    return entry;
   } else {
-    const int32_t page = p.page_table[b * p.page_table_stride + key / p.page_size];
-    if (page < 0 || page >= p.num_pages) {
+    if (entry < 0 || entry >= p.num_pages) {
       if (p.error_flag != nullptr) atomicOr(p.error_flag, kErrPageId);
       return -1;
     }
-    return static_cast<int64_t>(page) * p.page_size + key % p.page_size;
+    return static_cast<int64_t>(entry) * p.page_size + key % p.page_size;
   }
+}
+// Global slot of key `key` (< the request's key count) of request b, or −1 when masked or
+// invalid (invalid is flagged).
+template <bool kSparse>
+__device__ __forceinline__ int64_t KeySlot(const MlaDecodeParams& p, int b, int64_t key) {
+  return SlotFromEntry<kSparse>(p, key, KeyEntry<kSparse>(p, b, key));
 }
 
 // One token's bytes → fp32 [kv_lora + rope_dim] in shared memory, by the 32 lanes of a warp.
@@ -147,6 +174,45 @@ __device__ __forceinline__ void DequantRow(LatentFormat format, const uint8_t* s
       break;
     }
   }
+}
+
+// Whether DequantRow16 can take a token's bytes: every piece (bf16 row; fp8 values, scales and
+// the bf16 rope part) in whole 16- or 8-byte chunks at 16-byte offsets. DeepSeek's 512 + 64
+// (bf16 1152 and fp8 656 bytes) qualify.
+__device__ __forceinline__ bool Dequant16Ok(LatentFormat format, int C, int R) {
+  if (C % 16 != 0 || R % 8 != 0) return false;
+  if (format == LatentFormat::kBf16) return true;
+  const int rope_at = C + 4 * ((C + static_cast<int>(kFp8TileValues) - 1) / static_cast<int>(kFp8TileValues));
+  return format == LatentFormat::kFp8E4m3 && rope_at % 16 == 0;
+}
+// DequantRow from a 16-byte aligned `src` into a 16-byte aligned `dst`, 8 values a lane at a
+// time (16- or 8-byte loads, two float4 stores); the same values (Dequant16Ok must hold).
+__device__ __forceinline__ void DequantRow16(LatentFormat format, const uint8_t* src, int C, int R, float* dst,
+                                             int lane) {
+  float4* d4 = reinterpret_cast<float4*>(dst);
+  auto bf16x8 = [&](const uint4 v, int at) {  // 8 bf16 (low half first) → dst[at … at + 7]
+    d4[at / 4] = make_float4(dev::Bf16ToF32(v.x & 0xffffu), dev::Bf16ToF32(v.x >> 16), dev::Bf16ToF32(v.y & 0xffffu),
+                             dev::Bf16ToF32(v.y >> 16));
+    d4[at / 4 + 1] = make_float4(dev::Bf16ToF32(v.z & 0xffffu), dev::Bf16ToF32(v.z >> 16),
+                                 dev::Bf16ToF32(v.w & 0xffffu), dev::Bf16ToF32(v.w >> 16));
+  };
+  if (format == LatentFormat::kBf16) {
+    const uint4* s16 = reinterpret_cast<const uint4*>(src);
+    for (int c = lane; c < (C + R) / 8; c += 32) bf16x8(s16[c], 8 * c);
+    return;
+  }
+  const uint2* v8 = reinterpret_cast<const uint2*>(src);
+  const float* scales = reinterpret_cast<const float*>(src + C);
+  for (int c = lane; c < C / 8; c += 32) {
+    const uint2 v = v8[c];
+    const float sc = scales[8 * c / static_cast<int>(kFp8TileValues)];
+    auto f = [&](uint32_t word, int byte) { return __fmul_rn(dev::Fp8E4m3ToF32((word >> (8 * byte)) & 0xffu), sc); };
+    d4[2 * c] = make_float4(f(v.x, 0), f(v.x, 1), f(v.x, 2), f(v.x, 3));
+    d4[2 * c + 1] = make_float4(f(v.y, 0), f(v.y, 1), f(v.y, 2), f(v.y, 3));
+  }
+  const uint4* rope = reinterpret_cast<const uint4*>(
+      src + C + 4 * ((C + static_cast<int>(kFp8TileValues) - 1) / static_cast<int>(kFp8TileValues)));
+  for (int c = lane; c < R / 8; c += 32) bf16x8(rope[c], C + 8 * c);
 }
 
 // Keys t0 … t0 + 31 of request b (those before key_end) dequantised into k_s rows (stride
@@ -239,6 +305,12 @@ struct KeyTiles {
     __syncthreads();
     Request(slots);
   }
+  // Begin with the first tile's entries already read (KeyEntry of key t0 + tid, tid < 32).
+  __device__ void BeginFrom(int64_t t0, int32_t entry) const {
+    if (tid < kTileKeys) slots[tid] = t0 + tid < key_end ? SlotFromEntry<kSparse>(p, t0 + tid, entry) : -1;
+    __syncthreads();
+    Request(slots);
+  }
   // Top of tile `it` (keys t0…), before the loop's first barrier: the next tile's slots; this
   // tile's bytes are this thread's only outstanding copies.
   __device__ void Next(int it, int64_t t0) const {
@@ -256,10 +328,14 @@ struct KeyTiles {
     }
     const int C = static_cast<int>(p.kv_lora), R = static_cast<int>(p.rope_dim);
     const int64_t* s = Tile(it);
+    // 16-byte rows (the one-head kernel's stride) take the vector loop.
+    const bool vec = k_stride % 4 == 0 && Dequant16Ok(p.format, C, R);
     for (int row = warp; row < kTileKeys; row += kWarps) {
       float* krow = k_s + row * k_stride;
       if (s[row] < 0) {
         for (int j = lane; j < C + R; j += 32) krow[j] = 0.0f;
+      } else if (vec) {
+        DequantRow16(p.format, raw + row * bpt, C, R, krow, lane);
       } else {
         DequantRow(p.format, raw + row * bpt, C, R, krow, lane);
       }
@@ -452,6 +528,21 @@ __global__ void __launch_bounds__(kThreads) MlaSplitHeadKernel(MlaDecodeParams p
   const int C = static_cast<int>(p.kv_lora), R = static_cast<int>(p.rope_dim), D = C + R;
   const int H = static_cast<int>(p.heads);
   const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
+  // The CTA's first reads go out together, one round trip instead of three in series: q's row
+  // (into registers), the key count and — when a split's keys do not depend on that count (up
+  // to 2048 keys, 32 a split; sparse: the top-k) — the page-table entries or indices of the
+  // split's keys.
+  const bool ahead = staged && (kSparse ? p.topk : p.max_seq_len) <= int64_t{kBaseSplitKeys} * kMaxSplits;
+  int32_t entry = -1;
+  if (ahead && tid < kTileKeys) entry = KeyEntry<kSparse>(p, b, int64_t{split} * kBaseSplitKeys + tid);
+  float qv[kQPerThread];
+#pragma unroll
+  for (int u = 0; u < kQPerThread; ++u) {
+    const int j = tid + u * kThreads;
+    qv[u] = j >= D   ? 0.0f
+            : j < C ? p.q_latent[b * p.q_latent_batch_stride + head * p.q_latent_head_stride + j]
+                    : p.q_rope[b * p.q_rope_batch_stride + head * p.q_rope_head_stride + (j - C)];
+  }
   const int64_t n_keys = KeyCount<kSparse>(p, b, head == 0 && split == 0 && tid == 0);
   const int64_t split_keys = SplitKeys(n_keys);
   const int64_t key_begin = split * split_keys;
@@ -459,19 +550,19 @@ __global__ void __launch_bounds__(kThreads) MlaSplitHeadKernel(MlaDecodeParams p
   const int64_t key_end = min(n_keys, key_begin + split_keys);
 
   const auto tiles = KeyTiles<kSparse>::At(p, b, key_end, bytes_per_token, staged, smem, tid);
-  float* q_s = tiles.Floats();              // [D]
-  float* k_s = q_s + D;                     // [32][D + 1]
-  float* s_s = k_s + kTileKeys * (D + 1);   // [32] scores
-  float* p_s = s_s + kTileKeys;             // [32]
-  float* alpha_s = p_s + kTileKeys;         // [1]
+  const int k_stride = HeadKeyStride(D);
+  float* q_s = tiles.Floats();                         // [D]
+  float* k_s = q_s + D;                                // [32][k_stride]
+  float* s_s = k_s + kTileKeys * k_stride;             // [32] scores
+  float* p_s = s_s + kTileKeys;                        // [32]
+  float* alpha_s = p_s + kTileKeys;                    // [1]
   int* valid_s = reinterpret_cast<int*>(alpha_s + 1);  // [32]
-  const int k_stride = D + 1;
-  for (int j = tid; j < D; j += kThreads) {
-    q_s[j] = j < C ? p.q_latent[b * p.q_latent_batch_stride + head * p.q_latent_head_stride + j]
-                   : p.q_rope[b * p.q_rope_batch_stride + head * p.q_rope_head_stride + (j - C)];
+#pragma unroll
+  for (int u = 0; u < kQPerThread; ++u) {
+    if (tid + u * kThreads < D) q_s[tid + u * kThreads] = qv[u];
   }
-  // Score role: key t = tid / 8 of the tile, chains g and g + 8 (g = tid % 8).
-  const int t_key = tid / 8, g = tid % 8;
+  // Score role: key t_key of the tile, chains g and g + 8 (g = tid % 8), or 2g and 2g + 1 (pairs).
+  const int t_key = HeadScoreKey(tid), g = tid % 8;
   // Softmax role (warp 0, lane = key): the running max and sum, replicated across its lanes.
   float m_run = -INFINITY, l_run = 0.0f;
   // P·V role: columns tid, tid + 256 (kv_lora ≤ 512).
@@ -491,16 +582,42 @@ __global__ void __launch_bounds__(kThreads) MlaSplitHeadKernel(MlaDecodeParams p
     return __fadd_rn(v, __shfl_xor_sync(0xffffffffu, v, 1));  // 0 + 1
   };
 
-  tiles.Begin(key_begin);
+  // Part lengths in whole 16-value rounds: thread g holds chains 2g and 2g + 1 instead, read as
+  // float2 (FoldPairs8 — the same sums in the same order).
+  const bool pairs = C % 16 == 0 && R % 16 == 0;
+  auto pair_chains = [](const float* a, const float* bb, int n, int g8) {
+    const float2* a2 = reinterpret_cast<const float2*>(a) + g8;
+    const float2* b2 = reinterpret_cast<const float2*>(bb) + g8;
+    float acc0 = 0.0f, acc1 = 0.0f;
+#pragma unroll 8
+    for (int m = 0; m < n / 16; ++m) {
+      const float2 x = a2[8 * m], y = b2[8 * m];
+      acc0 = __fmaf_rn(x.x, y.x, acc0);
+      acc1 = __fmaf_rn(x.y, y.y, acc1);
+    }
+    return dev::FoldPairs8(acc0, acc1);
+  };
+
+  if (ahead) {
+    tiles.BeginFrom(key_begin, entry);
+  } else {
+    tiles.Begin(key_begin);
+  }
   int it = 0;
   for (int64_t t0 = key_begin; t0 < key_end; t0 += kTileKeys, ++it) {
     // (Its first barrier: q_s written, first tile / the last tile's P·V done with k_s, p_s.)
     tiles.Load(it, t0, k_s, k_stride, valid_s, warp, lane);
     {
       const float* krow = k_s + t_key * k_stride;
-      // Fold16's lanes l and l + 8 are chains g and g + 8 (l = g); a chain past n is 0.
-      const float dl = fold(chain(q_s, krow, C, g), chain(q_s, krow, C, g + 8));
-      const float dr = fold(chain(q_s + C, krow + C, R, g), chain(q_s + C, krow + C, R, g + 8));
+      float dl, dr;
+      if (pairs) {
+        dl = pair_chains(q_s, krow, C, g);
+        dr = pair_chains(q_s + C, krow + C, R, g);
+      } else {
+        // Fold16's lanes l and l + 8 are chains g and g + 8 (l = g); a chain past n is 0.
+        dl = fold(chain(q_s, krow, C, g), chain(q_s, krow, C, g + 8));
+        dr = fold(chain(q_s + C, krow + C, R, g), chain(q_s + C, krow + C, R, g + 8));
+      }
       if (g == 0) {
         s_s[t_key] = valid_s[t_key] != 0 ? __fmul_rn(__fadd_rn(dl, dr), p.softmax_scale) : -INFINITY;
       }
@@ -692,8 +809,8 @@ Status Launch(const MlaDecodeParams& p, Stream stream) {
       return Status::Ok();
     };
     if (hpc == 1) {
-      const size_t smem = sizeof(float) * (D + kTileKeys * (D + 1) + 2 * kTileKeys + 1) + sizeof(int) * kTileKeys +
-                          KeyTilesSmem(staged, bpt);
+      const size_t smem = sizeof(float) * (D + kTileKeys * HeadKeyStride(D) + 2 * kTileKeys + 1) +
+                          sizeof(int) * kTileKeys + KeyTilesSmem(staged, bpt);
       LS_CUDA_RETURN_IF_ERROR(cudaFuncSetAttribute(
           MlaSplitHeadKernel<kSparse>, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem)));
       const dim3 grid(static_cast<unsigned>(splits), static_cast<unsigned>(p.heads), static_cast<unsigned>(p.batch));

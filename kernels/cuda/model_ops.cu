@@ -951,18 +951,6 @@ __device__ __forceinline__ bool BadExpert(const ExpertGemmParams& p, int e, int6
   if (tid < rows && row0 + tid < p.out) p.y[slot * p.y_stride + row0 + tid] = QuietNan();
   return true;
 }
-// Dot's fold over a row's 8 lanes (lane g holding chains 2g and 2g + 1): chain l + chain l+8
-// (lanes g, g+4), then 8 → 4 (g, g+2), 4 → 2 (g, g+1), 2 → 1. Lane g = 0 holds the sum.
-__device__ __forceinline__ float RowFold(float acc0, float acc1) {
-  acc0 = __fadd_rn(acc0, __shfl_xor_sync(0xffffffffu, acc0, 4));
-  acc1 = __fadd_rn(acc1, __shfl_xor_sync(0xffffffffu, acc1, 4));
-  acc0 = __fadd_rn(acc0, __shfl_xor_sync(0xffffffffu, acc0, 2));
-  acc1 = __fadd_rn(acc1, __shfl_xor_sync(0xffffffffu, acc1, 2));
-  acc0 = __fadd_rn(acc0, __shfl_xor_sync(0xffffffffu, acc0, 1));
-  acc1 = __fadd_rn(acc1, __shfl_xor_sync(0xffffffffu, acc1, 1));
-  return __fadd_rn(acc0, acc1);
-}
-
 __global__ void __launch_bounds__(kSwThreads) ExpertGemmStreamKernel(ExpertGemmParams p, int stages) {
   constexpr int kRows = kSwRows;
   constexpr int kChunks16 = kFwBlk / 8;  // 16-byte chunks per row per block (32)
@@ -1066,7 +1054,7 @@ __global__ void __launch_bounds__(kSwThreads) ExpertGemmStreamKernel(ExpertGemmP
     ring_slot = ring_slot + 1 == ring ? 0 : ring_slot + 1;
   }
   CpAsyncWait<0>();
-  const float sum = RowFold(acc0, acc1);
+  const float sum = dev::FoldPairs8(acc0, acc1);
   if (g == 0 && o < p.out) p.y[slot * p.y_stride + o] = sum;
 }
 
@@ -1284,7 +1272,7 @@ __global__ void __launch_bounds__(kBkThreads) ExpertGemmBulkKernel(ExpertGemmPar
       parity ^= 1u;
     }
   }
-  const float sum = RowFold(acc0, acc1);
+  const float sum = dev::FoldPairs8(acc0, acc1);
   if (g == 0 && o < p.out) p.y[slot * p.y_stride + o] = sum;
 }
 
