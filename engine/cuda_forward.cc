@@ -321,6 +321,27 @@ LS_RETURN_IF_ERROR(Mark("start"));
       return static_cast<const float*>(buf);
     };
 
+    // Route's parameters for layer D's routing of the R rows' logits (rlog) into ids / weights.
+    auto route_params = [&](const DevLayer& D, int32_t* ids_out, float* wts_out) {
+      cu::RouteParams rp;
+      rp.logits = rlog;
+      rp.logits_stride = E;
+      rp.bias = D.router_bias.empty() ? nullptr : D.router_bias.f32();
+      rp.rows = R;
+      rp.experts = E;
+      rp.k = k;
+      // Groups matter only with more than one (the CPU ignores n_group ≤ 1, e.g. V2's null).
+      const bool grouped = c.gate != GateKind::kSoftmaxGreedy && c.n_group > 1;
+      rp.n_group = grouped ? c.n_group : 1;
+      rp.topk_group = grouped ? c.topk_group : 1;
+      rp.gate = ToGateKind(c.gate);
+      rp.norm_topk_prob = c.norm_topk_prob;
+      rp.routed_scaling_factor = static_cast<float>(c.routed_scaling_factor);
+      rp.ids = ids_out;
+      rp.weights = wts_out;
+      return rp;
+    };
+
     for (int64_t l = 0; l < c.num_hidden_layers; ++l) {
       const DevLayer& D = weights_->layers[l];
       auto tn = [&](TapId t) -> const std::string& { return model_->tap_name(l, t); };
@@ -582,10 +603,31 @@ LS_RETURN_IF_ERROR(Mark("start"));
       }
       LS_RETURN_IF_ERROR(Mark("o_proj"));
       LS_RETURN_IF_ERROR(Tap(tn(kTapAttnOut), o, H, H, TapDType::kF32));
+      // An MoE layer whose router fits NormRoute takes the residual add, the FFN's norm, the
+      // router logits and the routing in that one launch (the same bits as add_norm, RowDots
+      // and Route).
+      const bool routed = fuse_norms && c.layers[l].ffn != FfnKind::kDense && cu::NormRouteFits(E, H) &&
+                          reinterpret_cast<uintptr_t>(D.router.f32()) % 16 == 0;
       {
         float* x_mid = slab_ ? slab_at(l, kSResidMid) : x;
-        if (fuse_norms) {  // x + o and the FFN's norm of it (h: the attention's inputs are done)
-          LS_RETURN_IF_ERROR(add_norm(x_mid, x, o, D.post_attn_norm, slab_ ? slab_at(l, kSFfnNorm) : h));
+        float* h_ffn = slab_ ? slab_at(l, kSFfnNorm) : h;
+        if (routed) {
+          cu::NormRouteParams nr;
+          nr.norm = norm_params(x, H, D.post_attn_norm, H, rms_eps, h_ffn, H);
+          nr.norm.add = o;
+          nr.norm.add_stride = H;
+          nr.norm.sum = x_mid;
+          nr.norm.sum_stride = H;
+          nr.router = D.router.f32();
+          nr.router_stride = H;
+          nr.logits = rlog;
+          nr.logits_stride = E;
+          nr.route = route_params(D, slab_ ? reinterpret_cast<int32_t*>(slab_at(l, kSIds)) : ids,
+                                  slab_ ? slab_at(l, kSWts) : wts);
+          LS_RETURN_IF_ERROR(cu::NormRoute(nr, s));
+          LS_RETURN_IF_ERROR(Mark("norm_route"));
+        } else if (fuse_norms) {  // x + o and the FFN's norm of it (h: the attention's inputs are done)
+          LS_RETURN_IF_ERROR(add_norm(x_mid, x, o, D.post_attn_norm, h_ffn));
         } else {
           LS_RETURN_IF_ERROR(cu::Add(x_mid, H, x, H, o, H, R, H, s));
         }
@@ -619,37 +661,23 @@ LS_RETURN_IF_ERROR(Mark("start"));
         // Router logits in fp32 (the router is never rounded), routing on the device.
         // Router logits: fp32 weights, cpu::Dot's order (RowDots) — the CPU's exact bits,
         // so the experts chosen are the CPU's whenever the inputs are.
-        cu::RowDotsParams rg;
-        rg.x = h;
-        rg.x_stride = H;
-        rg.w = D.router.f32();
-        rg.w_stride = H;
-        rg.y = rlog;
-        rg.y_stride = E;
-        rg.rows = R;
-        rg.outs = E;
-        rg.n = H;
-        rg.w_fixed = true;
-        LS_RETURN_IF_ERROR(cu::RowDots(rg, s));
-        LS_RETURN_IF_ERROR(Mark("router_logits"));
-        cu::RouteParams rp;
-        rp.logits = rlog;
-        rp.logits_stride = E;
-        rp.bias = D.router_bias.empty() ? nullptr : D.router_bias.f32();
-        rp.rows = R;
-        rp.experts = E;
-        rp.k = k;
-        // Groups matter only with more than one (the CPU ignores n_group ≤ 1, e.g. V2's null).
-        const bool grouped = c.gate != GateKind::kSoftmaxGreedy && c.n_group > 1;
-        rp.n_group = grouped ? c.n_group : 1;
-        rp.topk_group = grouped ? c.topk_group : 1;
-        rp.gate = ToGateKind(c.gate);
-        rp.norm_topk_prob = c.norm_topk_prob;
-        rp.routed_scaling_factor = static_cast<float>(c.routed_scaling_factor);
-        rp.ids = ids;
-        rp.weights = wts;
-        LS_RETURN_IF_ERROR(cu::Route(rp, s));
-        LS_RETURN_IF_ERROR(Mark("router"));
+        if (!routed) {  // (NormRoute did both above otherwise)
+          cu::RowDotsParams rg;
+          rg.x = h;
+          rg.x_stride = H;
+          rg.w = D.router.f32();
+          rg.w_stride = H;
+          rg.y = rlog;
+          rg.y_stride = E;
+          rg.rows = R;
+          rg.outs = E;
+          rg.n = H;
+          rg.w_fixed = true;
+          LS_RETURN_IF_ERROR(cu::RowDots(rg, s));
+          LS_RETURN_IF_ERROR(Mark("router_logits"));
+          LS_RETURN_IF_ERROR(cu::Route(route_params(D, ids, wts), s));
+          LS_RETURN_IF_ERROR(Mark("router"));
+        }
         LS_RETURN_IF_ERROR(Tap(tn(kTapTopkIds), ids, k, k, TapDType::kI32));
         LS_RETURN_IF_ERROR(Tap(tn(kTapTopkWeights), wts, k, k, TapDType::kF32));
         // Each (row, slot) through its expert: gate_up, SwiGLU, down; combined in slot order.

@@ -2,6 +2,7 @@
 // residual add, scale, bf16 conversion, SwiGLU, LayerNorm, MoE routing, the grouped expert
 // GEMM and the MoE combine. Contracts in ops.h; each mirrors engine/model.cc or
 // kernels/cpu/ops.cc operation by operation (__f*_rn / __d*_rn spell every rounding).
+#include <cooperative_groups.h>
 #include <cuda_runtime.h>
 
 #include <cstdint>
@@ -10,6 +11,7 @@
 #include "kernels/cuda/check.cuh"
 #include "kernels/cuda/device_math.cuh"
 #include "kernels/cuda/launch.cuh"
+#include "kernels/cuda/norm_row.cuh"
 #include "kernels/cuda/ops.h"
 
 namespace lockstep::kernels::cuda {
@@ -135,7 +137,7 @@ constexpr int kRouteWarps = 4;
 constexpr int kRouteMaxGroups = 64;
 
 // Per-warp scratch: scores[E], choice[E] (fp32), state[E] (0 excluded, 1 allowed, 2 chosen).
-int64_t RouteWarpBytes(int64_t experts) { return (9 * experts + 15) / 16 * 16; }
+__host__ __device__ constexpr int64_t RouteWarpBytes(int64_t experts) { return (9 * experts + 15) / 16 * 16; }
 
 // (value descending, id ascending) as one unsigned key; NaN ranks below −∞; every
 // candidate's key is > 0.
@@ -143,19 +145,16 @@ __device__ __forceinline__ uint64_t RankKey(float v, int e) {
   return (static_cast<uint64_t>(dev::OrderedKey(v)) << 32) | (0xffffffffu - static_cast<uint32_t>(e));
 }
 
-__global__ void __launch_bounds__(kRouteWarps * 32) RouteKernel(RouteParams p, int64_t warp_bytes) {
-  dev::GridDependencySync();
-  extern __shared__ __align__(16) unsigned char route_smem[];
-  __shared__ float group_score[kRouteWarps][kRouteMaxGroups];
-  __shared__ uint8_t group_keep[kRouteWarps][kRouteMaxGroups];
-  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-  const int64_t r = static_cast<int64_t>(blockIdx.x) * kRouteWarps + warp;
-  if (r >= p.rows) return;  // only __syncwarp below
+// One row's routing by one warp (every lane calls it; only __syncwarp inside): lg is the row's
+// logits (global or shared memory), `scratch` RouteWarpBytes(experts) bytes of shared memory
+// (16-byte aligned), group_score / group_keep kRouteMaxGroups each; the row's k ids
+// (ascending) and weights go to ids / w.
+__device__ void RouteWarp(const RouteParams& p, const float* lg, unsigned char* scratch, float* group_score,
+                          uint8_t* group_keep, int32_t* ids, float* w, int lane) {
   const int E = static_cast<int>(p.experts);
-  float* sc = reinterpret_cast<float*>(route_smem + warp * warp_bytes);
+  float* sc = reinterpret_cast<float*>(scratch);
   float* ch = sc + E;
   uint8_t* state = reinterpret_cast<uint8_t*>(ch + E);
-  const float* lg = p.logits + r * p.logits_stride;
 
   if (p.gate == GateKind::kSigmoidNoauxTc) {
     for (int e = lane; e < E; e += 32) {
@@ -215,8 +214,8 @@ __global__ void __launch_bounds__(kRouteWarps * 32) RouteKernel(RouteParams p, i
           b = v;
         }
       }
-      group_score[warp][g] = p.gate == GateKind::kSigmoidNoauxTc ? __fadd_rn(a, b) : a;
-      group_keep[warp][g] = 0;
+      group_score[g] = p.gate == GateKind::kSigmoidNoauxTc ? __fadd_rn(a, b) : a;
+      group_keep[g] = 0;
     }
     __syncwarp();
     if (lane == 0) {
@@ -224,17 +223,17 @@ __global__ void __launch_bounds__(kRouteWarps * 32) RouteKernel(RouteParams p, i
         int best = -1;
         uint64_t best_key = 0;
         for (int g = 0; g < G; ++g) {
-          const uint64_t key = RankKey(group_score[warp][g], g);
-          if (!group_keep[warp][g] && key > best_key) {
+          const uint64_t key = RankKey(group_score[g], g);
+          if (!group_keep[g] && key > best_key) {
             best_key = key;
             best = g;
           }
         }
-        group_keep[warp][best] = 1;
+        group_keep[best] = 1;
       }
     }
     __syncwarp();
-    for (int e = lane; e < E; e += 32) state[e] = group_keep[warp][e / per];
+    for (int e = lane; e < E; e += 32) state[e] = group_keep[e / per];
   } else {
     for (int e = lane; e < E; e += 32) state[e] = 1;
   }
@@ -261,7 +260,6 @@ __global__ void __launch_bounds__(kRouteWarps * 32) RouteKernel(RouteParams p, i
   // ids ascending (each chosen expert's place from a ballot of the chosen); weights = scores,
   // fp64 sum in id order, normalise, scale. The chosen scores go to ch[0, n) in id order (ch
   // is not read after the rounds).
-  int32_t* ids = p.ids + r * p.k;
   int n = 0;
   for (int e0 = 0; e0 < E; e0 += 32) {
     const int e = e0 + lane;
@@ -282,10 +280,103 @@ __global__ void __launch_bounds__(kRouteWarps * 32) RouteKernel(RouteParams p, i
     denom = __fadd_rn(__double2float_rn(sum), 1e-20f);
   }
   denom = __shfl_sync(0xffffffffu, denom, 0);
-  float* w = p.weights + r * p.k;
   for (int i = lane; i < n; i += 32) {
     const float v = p.norm_topk_prob ? __fdiv_rn(ch[i], denom) : ch[i];
     w[i] = __fmul_rn(v, p.routed_scaling_factor);
+  }
+}
+
+__global__ void __launch_bounds__(kRouteWarps * 32) RouteKernel(RouteParams p, int64_t warp_bytes) {
+  dev::GridDependencySync();
+  extern __shared__ __align__(16) unsigned char route_smem[];
+  __shared__ float group_score[kRouteWarps][kRouteMaxGroups];
+  __shared__ uint8_t group_keep[kRouteWarps][kRouteMaxGroups];
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  const int64_t r = static_cast<int64_t>(blockIdx.x) * kRouteWarps + warp;
+  if (r >= p.rows) return;
+  RouteWarp(p, p.logits + r * p.logits_stride, route_smem + warp * warp_bytes, group_score[warp], group_keep[warp],
+            p.ids + r * p.k, p.weights + r * p.k, lane);
+}
+
+// --- NormRoute ------------------------------------------------------------------------------
+//
+// A cluster of kNormRouteCluster CTAs a row (RmsNormRowTo's kNormThreads threads each), CTA c
+// owning experts [c·per, c·per + per). Shared memory: its router rows [per][n], the row's h [n],
+// the row's logits [E] (filled in the first CTA by all of them), Route's scratch.
+struct NormRouteLayout {
+  size_t h, lg, scratch, total;
+};
+__host__ __device__ inline NormRouteLayout NormRouteSmem(int64_t experts, int64_t n) {
+  const int64_t per = (experts + kNormRouteCluster - 1) / kNormRouteCluster;
+  NormRouteLayout L;
+  L.h = static_cast<size_t>(per * n) * 4;
+  L.lg = L.h + static_cast<size_t>(n) * 4;
+  L.scratch = L.lg + static_cast<size_t>((experts + 3) / 4 * 4) * 4;
+  L.total = L.scratch + static_cast<size_t>(RouteWarpBytes(experts)) + kRouteMaxGroups * (sizeof(float) + 1);
+  return L;
+}
+constexpr size_t kNormRouteMaxSmem = 200 * 1024;
+
+__global__ void __cluster_dims__(kNormRouteCluster, 1, 1) __launch_bounds__(kNormThreads)
+    NormRouteKernel(NormRouteParams p) {
+  namespace cg = cooperative_groups;
+  extern __shared__ __align__(16) unsigned char smem[];
+  const int n = static_cast<int>(p.norm.n), E = static_cast<int>(p.route.experts);
+  const NormRouteLayout L = NormRouteSmem(E, n);
+  const int per = (E + kNormRouteCluster - 1) / kNormRouteCluster;
+  float* w_s = reinterpret_cast<float*>(smem);
+  float* h_s = reinterpret_cast<float*>(smem + L.h);
+  float* lg_s = reinterpret_cast<float*>(smem + L.lg);
+  unsigned char* scratch = smem + L.scratch;
+  float* group_score = reinterpret_cast<float*>(scratch + RouteWarpBytes(E));
+  uint8_t* group_keep = reinterpret_cast<uint8_t*>(group_score + kRouteMaxGroups);
+  cg::cluster_group cluster = cg::this_cluster();
+  const int rank = static_cast<int>(cluster.block_rank());
+  const int64_t r = blockIdx.y;
+  const int tid = threadIdx.x;
+  const int e0 = rank * per, ne = E - e0 < per ? (E - e0 > 0 ? E - e0 : 0) : per;
+  // This CTA's router rows: fixed weights, requested before the wait (launch.cuh).
+  const int c4 = n / 4;
+  for (int i = tid; i < ne * c4; i += kNormThreads) {
+    const int e = i / c4, c = i - e * c4;
+    dev::CpAsync16(w_s + static_cast<size_t>(e) * n + 4 * c, p.router + (e0 + e) * p.router_stride + 4 * c);
+  }
+  dev::CpAsyncCommit();
+  dev::GridDependencySync();
+  // Every CTA normalises the row itself (RmsNorm's bits, into shared memory; the sum is
+  // stored by the first CTA below, once no CTA of the cluster reads x any more).
+  RmsNormRowTo(p.norm, r, h_s, nullptr);
+  dev::CpAsyncWait<0>();
+  __syncthreads();
+  // RowDots' products: half-warp j takes expert e0 + j, lane l cpu::Dot's chain l (elements
+  // ≡ l mod 16, ascending), then the fold l + 8, 4, 2, 1.
+  const int half = tid / 16, l = tid % 16;
+  float acc = 0.0f;
+  if (half < ne) {
+    const float* wr = w_s + static_cast<size_t>(half) * n;
+    for (int i = l; i < n; i += 16) acc = __fmaf_rn(h_s[i], wr[i], acc);
+  }
+  acc = __fadd_rn(acc, __shfl_down_sync(0xffffffffu, acc, 8, 16));
+  acc = __fadd_rn(acc, __shfl_down_sync(0xffffffffu, acc, 4, 16));
+  acc = __fadd_rn(acc, __shfl_down_sync(0xffffffffu, acc, 2, 16));
+  acc = __fadd_rn(acc, __shfl_down_sync(0xffffffffu, acc, 1, 16));
+  if (half < ne && l == 0) {
+    p.logits[r * p.logits_stride + e0 + half] = acc;
+    *cluster.map_shared_rank(lg_s + e0 + half, 0) = acc;
+  }
+  cluster.sync();  // the row's logits in the first CTA's lg_s; every CTA done with x
+  if (rank != 0) return;
+  const RouteParams& rp = p.route;
+  if (tid < 32) {
+    RouteWarp(rp, lg_s, scratch, group_score, group_keep, rp.ids + r * rp.k, rp.weights + r * rp.k, tid);
+  }
+  const float* a = p.norm.x + r * p.norm.x_stride;
+  const float* b = p.norm.add + r * p.norm.add_stride;
+  float* y = p.norm.y + r * p.norm.y_stride;
+  float* sum = p.norm.sum + r * p.norm.sum_stride;
+  for (int i = tid; i < n; i += kNormThreads) {
+    y[i] = h_s[i];
+    sum[i] = __fadd_rn(a[i], b[i]);  // Add's a + b, as RmsNormRowTo formed it (sum may alias a)
   }
 }
 
@@ -1433,7 +1524,7 @@ Status LayerNorm(const LayerNormParams& p, Stream stream) {
   return Status::Ok();
 }
 
-Status Route(const RouteParams& p, Stream stream) {
+static Status CheckRoute(const RouteParams& p) {
   constexpr const char* op = "Route";
   LS_CHECK_ARG(p.logits != nullptr, op, "logits", p.logits);
   LS_CHECK_ARG(p.ids != nullptr, op, "ids", static_cast<const void*>(p.ids));
@@ -1453,11 +1544,55 @@ Status Route(const RouteParams& p, Stream stream) {
   } else {
     LS_CHECK_ARG(p.n_group >= 1, op, "n_group", p.n_group);
   }
+  return Status::Ok();
+}
+
+Status Route(const RouteParams& p, Stream stream) {
+  LS_RETURN_IF_ERROR(CheckRoute(p));
   if (p.rows == 0) return Status::Ok();
   const int64_t warp_bytes = RouteWarpBytes(p.experts);
   const size_t smem = static_cast<size_t>(warp_bytes * kRouteWarps);  // ≤ 36 KiB at 1024 experts
   LS_CUDA_RETURN_IF_ERROR(LaunchKernel(RouteKernel, static_cast<unsigned>((p.rows + kRouteWarps - 1) / kRouteWarps),
                                        kRouteWarps * 32, smem, stream, p, warp_bytes));
+  LS_CUDA_LAUNCH_CHECK();
+  return Status::Ok();
+}
+
+bool NormRouteFits(int64_t experts, int64_t n) {
+  return experts > 0 && experts <= int64_t{kNormRouteCluster} * (kNormThreads / 16) && n > 0 &&
+         n <= int64_t{kNormCached} * kNormThreads && n % 4 == 0 && NormRouteSmem(experts, n).total <= kNormRouteMaxSmem;
+}
+
+Status NormRoute(const NormRouteParams& p, Stream stream) {
+  constexpr const char* op = "NormRoute";
+  const RmsNormParams& nm = p.norm;
+  LS_CHECK_ARG(nm.x != nullptr, op, "norm.x", nm.x);
+  LS_CHECK_ARG(nm.add != nullptr, op, "norm.add", nm.add);
+  LS_CHECK_ARG(nm.sum != nullptr, op, "norm.sum", static_cast<const void*>(nm.sum));
+  LS_CHECK_ARG(nm.y != nullptr, op, "norm.y", static_cast<const void*>(nm.y));
+  LS_CHECK_ARG(nm.weight != nullptr, op, "norm.weight", nm.weight);
+  LS_CHECK_ARG(nm.rows >= 0 && nm.rows <= kMaxGrid, op, "norm.rows", nm.rows);
+  LS_CHECK_ARG(nm.x_stride >= nm.n && nm.add_stride >= nm.n && nm.sum_stride >= nm.n && nm.y_stride >= nm.n, op,
+               "norm strides (< n)", nm.n);
+  LS_CHECK_ARG(p.route.rows == nm.rows, op, "route.rows (≠ norm.rows)", p.route.rows);
+  LS_CHECK_ARG(NormRouteFits(p.route.experts, nm.n), op, "route.experts and norm.n (NormRouteFits)",
+               p.route.experts);
+  LS_CHECK_ARG(p.router != nullptr && reinterpret_cast<uintptr_t>(p.router) % 16 == 0, op,
+               "router (16-byte aligned)", p.router);
+  LS_CHECK_ARG(p.router_stride >= nm.n && p.router_stride % 4 == 0, op, "router_stride", p.router_stride);
+  LS_CHECK_ARG(p.logits != nullptr, op, "logits", static_cast<const void*>(p.logits));
+  LS_CHECK_ARG(p.logits_stride >= p.route.experts, op, "logits_stride", p.logits_stride);
+  RouteParams rp = p.route;
+  rp.logits = p.logits;
+  rp.logits_stride = p.logits_stride;
+  LS_RETURN_IF_ERROR(CheckRoute(rp));
+  if (nm.rows == 0) return Status::Ok();
+  static const cudaError_t attr = cudaFuncSetAttribute(NormRouteKernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                                       static_cast<int>(kNormRouteMaxSmem));
+  LS_CUDA_RETURN_IF_ERROR(attr);
+  const dim3 grid(kNormRouteCluster, static_cast<unsigned>(nm.rows));
+  LS_CUDA_RETURN_IF_ERROR(LaunchKernel(NormRouteKernel, grid, kNormThreads,
+                                       NormRouteSmem(p.route.experts, nm.n).total, stream, p));
   LS_CUDA_LAUNCH_CHECK();
   return Status::Ok();
 }

@@ -482,6 +482,27 @@ struct RouteParams {
 };
 Status Route(const RouteParams& p, Stream stream = nullptr);
 
+// The MoE layer's entry at decode in one launch: the residual add and the FFN's RMSNorm
+// (`norm`, with add and sum: RmsNorm's bits), the router logits h · routerᵀ (RowDots' bits:
+// cpu::Dot of fp32 rows) and Route (`route`; its logits are `logits`) — three kernels and the
+// two waits between them on the decode step's critical path. A cluster of kNormRouteCluster
+// CTAs a row: each requests its share of the router's rows into shared memory before the wait
+// for the previous kernel (the router is fixed), normalises the row itself, takes its
+// experts' dots, and hands them to the cluster's first CTA through distributed shared memory,
+// which routes and stores sum, y and the ids and weights. For routers whose fp32 rows fit the
+// cluster's shared memory and rows of ≤ 4096 values (NormRouteFits; V2-Lite's 64 × 2048).
+inline constexpr int kNormRouteCluster = 8;
+struct NormRouteParams {
+  RmsNormParams norm;             // add and sum required (sum may alias x)
+  const float* router = nullptr;  // [experts, norm.n] fp32, row stride router_stride (16-byte rows)
+  int64_t router_stride = 0;
+  float* logits = nullptr;        // [rows, experts] (stored as RowDots would), row stride logits_stride
+  int64_t logits_stride = 0;
+  RouteParams route;              // rows, experts, k, gate…, ids, weights (route.logits unused)
+};
+bool NormRouteFits(int64_t experts, int64_t n);
+Status NormRoute(const NormRouteParams& p, Stream stream = nullptr);
+
 // Grouped expert GEMM for MoE. For every row r and slot j < k with e = ids[r·k + j]:
 //   y[r·k + j, o] = Σ_i W[e][o, i] · x[xrow, i],   xrow = r (x_per_slot false) or r·k + j (true)
 // W: [experts, out, in] fp32, bf16 (raw uint16) or FP8 e4m3 (raw bytes), element (e, o, i) at

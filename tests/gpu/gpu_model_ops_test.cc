@@ -285,6 +285,97 @@ TEST(CudaRoute, SameExpertsAsCpuAllGateKinds) {
   }
 }
 
+// NormRoute is RmsNorm (with the residual add), RowDots and Route in one launch: each of its
+// outputs — the sum, h, the router logits, the ids and weights — bit for bit the three
+// kernels', for every gate kind, one and several rows, ties, and the sum written over x (the
+// engine's buffers alias when there is no tap slab). The outputs start as garbage.
+TEST(CudaNormRoute, IsRmsNormRowDotsThenRoute) {
+  LS_REQUIRE_GPU();
+  struct Case {
+    RouteConfig c;
+    int64_t n;
+  };
+  const Case cases[] = {
+      {{"v2-lite softmax greedy", 64, 6, 1, 1, cu::GateKind::kSoftmaxGreedy, false, 1.0f}, 2048},
+      {{"group-limited, 128 experts", 128, 6, 8, 3, cu::GateKind::kSoftmaxGroupLimited, false, 16.0f}, 1024},
+      {{"sigmoid noaux_tc, groups, norm", 48, 8, 4, 2, cu::GateKind::kSigmoidNoauxTc, true, 2.5f}, 512},
+      {{"7 experts, k 2", 7, 2, 1, 1, cu::GateKind::kSoftmaxGreedy, true, 1.0f}, 4096},
+  };
+  uint64_t seed = 8800;
+  for (const Case& tc : cases) {
+    const RouteConfig& c = tc.c;
+    const int64_t n = tc.n, E = c.experts;
+    ASSERT_TRUE(cu::NormRouteFits(E, n)) << c.name;
+    for (const int64_t rows : {1, 5}) {
+      for (const bool alias : {false, true}) {
+        for (int ties = 0; ties < 2; ++ties) {
+          seed += 10;
+          std::vector<float> x = Randn(rows * n, seed, 1.0f), b = Randn(rows * n, seed + 1, 1.0f);
+          std::vector<float> w = Randn(n, seed + 2, 0.3f), router = Randn(E * n, seed + 3, 0.05f);
+          std::vector<float> bias = Randn(E, seed + 4, 0.05f);
+          if (ties) {  // coarse inputs and router: exact ties among the logits
+            for (float& v : x) v = std::round(v * 2.0f) / 2.0f;
+            for (float& v : b) v = std::round(v * 2.0f) / 2.0f;
+            for (float& v : router) v = std::round(v * 8.0f) / 64.0f;
+          }
+          const std::string what = std::string(c.name) + " rows " + std::to_string(rows) +
+                                   (alias ? " sum over x" : "") + (ties ? " ties" : "");
+          auto route = [&](float* logits, int32_t* ids, float* wts) {
+            cu::RouteParams rp;
+            rp.logits = logits, rp.logits_stride = E;
+            rp.rows = rows, rp.experts = E, rp.k = c.k, rp.n_group = c.n_group, rp.topk_group = c.topk_group;
+            rp.gate = c.gate, rp.norm_topk_prob = c.norm, rp.routed_scaling_factor = c.scale;
+            rp.ids = ids, rp.weights = wts;
+            return rp;
+          };
+          cu::DeviceBuffer dbias = Upload(bias), dw = Upload(w), drouter = Upload(router), db = Upload(b);
+          // The three kernels.
+          cu::DeviceBuffer x1 = Upload(x), sum1 = Zeros<float>(rows * n), h1 = Zeros<float>(rows * n);
+          cu::DeviceBuffer lg1 = Zeros<float>(rows * E), ids1 = Zeros<int32_t>(rows * c.k), w1 = Zeros<float>(rows * c.k);
+          cu::RmsNormParams nm;
+          nm.x = x1.as<float>(), nm.x_stride = n, nm.weight = dw.as<float>(), nm.y = h1.as<float>(), nm.y_stride = n;
+          nm.rows = rows, nm.n = n, nm.eps = 1e-6f;
+          nm.add = db.as<float>(), nm.add_stride = n, nm.sum = sum1.as<float>(), nm.sum_stride = n;
+          ASSERT_TRUE(cu::RmsNorm(nm).ok());
+          cu::RowDotsParams rd;
+          rd.x = h1.as<float>(), rd.x_stride = n, rd.w = drouter.as<float>(), rd.w_stride = n;
+          rd.y = lg1.as<float>(), rd.y_stride = E, rd.rows = rows, rd.outs = E, rd.n = n;
+          ASSERT_TRUE(cu::RowDots(rd).ok());
+          cu::RouteParams rp1 = route(lg1.as<float>(), ids1.as<int32_t>(), w1.as<float>());
+          if (c.gate == cu::GateKind::kSigmoidNoauxTc) rp1.bias = dbias.as<float>();
+          ASSERT_TRUE(cu::Route(rp1).ok());
+          // NormRoute, into garbage.
+          cu::DeviceBuffer x2 = Upload(x);
+          cu::DeviceBuffer sum2 = Upload(std::vector<float>(rows * n, std::nanf("")));
+          cu::DeviceBuffer h2 = Upload(std::vector<float>(rows * n, std::nanf("")));
+          cu::DeviceBuffer lg2 = Upload(std::vector<float>(rows * E, std::nanf("")));
+          cu::DeviceBuffer ids2 = Upload(std::vector<int32_t>(rows * c.k, -5));
+          cu::DeviceBuffer w2 = Upload(std::vector<float>(rows * c.k, std::nanf("")));
+          cu::NormRouteParams nr;
+          nr.norm = nm;
+          nr.norm.x = x2.as<float>();
+          nr.norm.y = h2.as<float>();
+          nr.norm.sum = alias ? x2.as<float>() : sum2.as<float>();
+          nr.router = drouter.as<float>(), nr.router_stride = n;
+          nr.logits = lg2.as<float>(), nr.logits_stride = E;
+          nr.route = route(nullptr, ids2.as<int32_t>(), w2.as<float>());
+          if (c.gate == cu::GateKind::kSigmoidNoauxTc) nr.route.bias = dbias.as<float>();
+          const Status st = cu::NormRoute(nr);
+          ASSERT_TRUE(st.ok()) << what << ": " << st.message();
+          ASSERT_TRUE(cu::Synchronize().ok());
+          EXPECT_TRUE(BitwiseEqual(Download<float>(alias ? x2 : sum2, rows * n), Download<float>(sum1, rows * n),
+                                   what + " sum"));
+          EXPECT_TRUE(BitwiseEqual(Download<float>(h2, rows * n), Download<float>(h1, rows * n), what + " h"));
+          EXPECT_TRUE(BitwiseEqual(Download<float>(lg2, rows * E), Download<float>(lg1, rows * E), what + " logits"));
+          EXPECT_TRUE(BitwiseEqual(Download<int32_t>(ids2, rows * c.k), Download<int32_t>(ids1, rows * c.k),
+                                   what + " ids"));
+          EXPECT_TRUE(BitwiseEqual(Download<float>(w2, rows * c.k), Download<float>(w1, rows * c.k), what + " weights"));
+        }
+      }
+    }
+  }
+}
+
 // --- ExpertGemm -------------------------------------------------------------------------------
 
 struct GemmCase {
@@ -718,6 +809,18 @@ TEST(CudaModelOps, ValidationNamesTheField) {
   s = cu::Route(r);
   EXPECT_FALSE(s.ok());
   EXPECT_NE(s.message().find("topk_group"), std::string::npos) << s.message();
+  // NormRoute takes only routers that fit its cluster's shared memory, and names what does not.
+  EXPECT_TRUE(cu::NormRouteFits(64, 2048));
+  EXPECT_FALSE(cu::NormRouteFits(256, 7168));  // V3's router: RowDots and Route instead
+  EXPECT_FALSE(cu::NormRouteFits(64, 2050));   // rows of whole 16-byte chunks only
+  cu::NormRouteParams nr;
+  nr.norm.x = &f, nr.norm.add = &f, nr.norm.sum = &f, nr.norm.y = &f, nr.norm.weight = &f;
+  nr.norm.rows = 1, nr.norm.n = 7168, nr.norm.x_stride = nr.norm.add_stride = nr.norm.sum_stride = nr.norm.y_stride = 7168;
+  nr.route = r;
+  nr.route.experts = 256;
+  s = cu::NormRoute(nr);
+  EXPECT_FALSE(s.ok());
+  EXPECT_NE(s.message().find("NormRouteFits"), std::string::npos) << s.message();
 
   cu::LayerNormParams l;
   l.x = &f;
