@@ -261,9 +261,12 @@ __host__ __device__ inline size_t KeyTilesSmem(bool staged, int64_t bytes_per_to
 // P·V run; at batch 1 (one tile a split) the CTA makes two round trips to memory, slots then
 // bytes, where reading each row's values one 32-lane load at a time made ~75 (H200, 2026-11-30:
 // V2-Lite's 16 heads × 256 keys, bf16, 14.6 µs a layer). The dequantisation is DequantRow's,
-// from shared memory instead of global: the same values. Otherwise StageKeyTile, per tile.
+// from shared memory instead of global: the same values (DequantRow16 into 16-byte rows, 8
+// values a lane). Otherwise StageKeyTile, per tile.
 //   KeyTiles::At(...)    the loader at the start of the CTA's shared memory; Floats() after it
 //   Begin(key_begin)     before the loop (after q's loads are issued)
+//   BeginFrom(t0, e)     the same with the first tile's KeyEntry already read (the one-head
+//                        kernel reads it with q and the key count: one round trip, not two)
 //   Load(it, t0, …)      at the top of tile `it`: its keys in k_s, the next tile's requested
 template <bool kSparse>
 struct KeyTiles {
