@@ -647,6 +647,12 @@ LS_RETURN_IF_ERROR(Mark("start"));
       LS_RETURN_IF_ERROR(Tap(tn(kTapFfnNorm), h, H, H, TapDType::kF32));
       // The experts' and MLP's input (hq is free again: the attention's products are done).
       LS_ASSIGN_OR_RETURN(const float* hfl, linear_in(h, H, hq));
+      // Where the layer's residual sum and the next norm go (the last layer's: the final norm).
+      float* x_out = slab_ ? slab_at(l, kSResidOut) : x;
+      const bool last = l + 1 == c.num_hidden_layers;
+      float* h_next = !slab_ ? h : last ? slab_at(c.num_hidden_layers, 0) : slab_at(l + 1, kSAttnNorm);
+      const DevTensor& next_norm = last ? weights_->final_norm : weights_->layers[l + 1].input_norm;
+      bool combined_norm = false;  // the MoE combine did the residual add and the next norm
       if (c.layers[l].ffn == FfnKind::kDense) {
         LS_RETURN_IF_ERROR(SwiGluMlp(D.mlp_gate_up, D.mlp_down, D.mlp_inter, hfl, R, o));
         LS_RETURN_IF_ERROR(Mark("dense_mlp"));
@@ -738,17 +744,31 @@ LS_RETURN_IF_ERROR(Mark("start"));
         mc.rows = R;
         mc.k = k;
         mc.n = H;
-        LS_RETURN_IF_ERROR(cu::MoeCombine(mc, s));
+        if (fuse_norms && cu::MoeCombineNormFits(H)) {
+          // The combine, x + o and the next layer's input norm (or the final norm) in one launch.
+          cu::MoeCombineNormParams cn;
+          cn.combine = mc;
+          cn.x = x;
+          cn.x_stride = H;
+          cn.sum = x_out;
+          cn.sum_stride = H;
+          cn.weight = next_norm.f32();
+          cn.eps = rms_eps;
+          cn.y = h_next;
+          cn.y_stride = H;
+          LS_RETURN_IF_ERROR(cu::MoeCombineNorm(cn, s));
+          combined_norm = true;
+        } else {
+          LS_RETURN_IF_ERROR(cu::MoeCombine(mc, s));
+        }
         LS_RETURN_IF_ERROR(Mark("combine"));
       }
       LS_RETURN_IF_ERROR(Tap(tn(kTapFfnOut), o, H, H, TapDType::kF32));
       {
-        float* x_out = slab_ ? slab_at(l, kSResidOut) : x;
-        if (fuse_norms) {  // x + o and the next layer's input norm (or the final norm)
-          const bool last = l + 1 == c.num_hidden_layers;
-          float* h_next = !slab_ ? h : last ? slab_at(c.num_hidden_layers, 0) : slab_at(l + 1, kSAttnNorm);
-          LS_RETURN_IF_ERROR(add_norm(x_out, x, o, last ? weights_->final_norm : weights_->layers[l + 1].input_norm,
-                                      h_next));
+        if (combined_norm) {
+          h_ready = true;
+        } else if (fuse_norms) {  // x + o and the next layer's input norm (or the final norm)
+          LS_RETURN_IF_ERROR(add_norm(x_out, x, o, next_norm, h_next));
           h_ready = true;
         } else {
           LS_RETURN_IF_ERROR(cu::Add(x_out, H, x, H, o, H, R, H, s));

@@ -39,6 +39,21 @@ dim3 ElementGrid(int64_t rows, int64_t n) {
     for (int64_t i = static_cast<int64_t>(blockIdx.x) * kElemThreads + threadIdx.x; i < (n); \
          i += static_cast<int64_t>(gridDim.x) * kElemThreads)
 
+// Clusters (NormRoute, MoeCombineNorm): a CTA may touch another's shared memory only once
+// that CTA has started, so every CTA of the cluster arrives on the cluster barrier first thing
+// and waits on it just before its first remote access (the barrier's first phase; by then the
+// wait costs nothing).
+__device__ __forceinline__ void ClusterArrive() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("barrier.cluster.arrive.relaxed.aligned;\n" ::: "memory");
+#endif
+}
+__device__ __forceinline__ void ClusterWait() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("barrier.cluster.wait.aligned;\n" ::: "memory");
+#endif
+}
+
 // --- embedding, elementwise ----------------------------------------------------------------
 
 __global__ void EmbedKernel(EmbedParams p) {
@@ -97,6 +112,46 @@ __global__ void MoeCombineKernel(MoeCombineParams p) {
     if (p.shared != nullptr) acc = __fadd_rn(acc, p.shared[r * p.shared_stride + i]);
     p.out[r * p.out_stride + i] = acc;
   }
+}
+
+// MoeCombineNorm: CTA c of a row's cluster takes columns [c·per, c·per + per), MoeCombine's
+// loop then Add's x + out for each, and writes the sums into the first CTA's row buffer; that
+// CTA then runs RmsNormRowTo over the buffer.
+__global__ void __cluster_dims__(kNormRouteCluster, 1, 1) __launch_bounds__(kNormThreads)
+    MoeCombineNormKernel(MoeCombineNormParams p) {
+  namespace cg = cooperative_groups;
+  ClusterArrive();
+  dev::GridDependencySync();
+  extern __shared__ __align__(16) float row_s[];  // [n] (the first CTA's is used)
+  cg::cluster_group cluster = cg::this_cluster();
+  const int rank = static_cast<int>(cluster.block_rank());
+  const MoeCombineParams& c = p.combine;
+  const int64_t r = blockIdx.y, n = c.n;
+  const int64_t per = (n + kNormRouteCluster - 1) / kNormRouteCluster;
+  const int64_t i1 = (rank + 1) * per < n ? (rank + 1) * per : n;
+  float* row0 = cluster.map_shared_rank(row_s, 0);
+  ClusterWait();  // every CTA of the cluster has started
+  for (int64_t i = rank * per + threadIdx.x; i < i1; i += kNormThreads) {
+    float acc = 0.0f;
+    for (int64_t j = 0; j < c.k; ++j) {
+      const int64_t slot = r * c.k + j;
+      acc = __fadd_rn(acc, __fmul_rn(c.y[slot * c.y_stride + i], c.weights[slot]));
+    }
+    if (c.shared != nullptr) acc = __fadd_rn(acc, c.shared[r * c.shared_stride + i]);
+    c.out[r * c.out_stride + i] = acc;
+    const float s = __fadd_rn(p.x[r * p.x_stride + i], acc);  // Add's x + o
+    p.sum[r * p.sum_stride + i] = s;
+    row0[i] = s;
+  }
+  cluster.sync();  // the whole row of sums in the first CTA
+  if (rank != 0) return;
+  RmsNormParams np;
+  np.x = row_s;
+  np.weight = p.weight;
+  np.rows = 1;
+  np.n = n;
+  np.eps = p.eps;
+  RmsNormRowTo(np, 0, p.y + r * p.y_stride, nullptr);
 }
 
 // --- LayerNorm --------------------------------------------------------------------------------
@@ -335,6 +390,7 @@ __global__ void __cluster_dims__(kNormRouteCluster, 1, 1) __launch_bounds__(kNor
   const int64_t r = blockIdx.y;
   const int tid = threadIdx.x;
   const int e0 = rank * per, ne = E - e0 < per ? (E - e0 > 0 ? E - e0 : 0) : per;
+  ClusterArrive();
   // This CTA's router rows: fixed weights, requested before the wait (launch.cuh).
   const int c4 = n / 4;
   for (int i = tid; i < ne * c4; i += kNormThreads) {
@@ -360,6 +416,7 @@ __global__ void __cluster_dims__(kNormRouteCluster, 1, 1) __launch_bounds__(kNor
   acc = __fadd_rn(acc, __shfl_down_sync(0xffffffffu, acc, 4, 16));
   acc = __fadd_rn(acc, __shfl_down_sync(0xffffffffu, acc, 2, 16));
   acc = __fadd_rn(acc, __shfl_down_sync(0xffffffffu, acc, 1, 16));
+  ClusterWait();  // every CTA of the cluster has started
   if (half < ne && l == 0) {
     p.logits[r * p.logits_stride + e0 + half] = acc;
     *cluster.map_shared_rank(lg_s + e0 + half, 0) = acc;
@@ -1728,6 +1785,31 @@ Status MoeCombine(const MoeCombineParams& p, Stream stream) {
   LS_CHECK_ARG(p.out_stride >= p.n, op, "out_stride", p.out_stride);
   if (p.rows == 0 || p.n == 0) return Status::Ok();
   LS_CUDA_RETURN_IF_ERROR(LaunchKernel(MoeCombineKernel, ElementGrid(p.rows, p.n), kElemThreads, 0, stream, p));
+  LS_CUDA_LAUNCH_CHECK();
+  return Status::Ok();
+}
+
+bool MoeCombineNormFits(int64_t n) { return n > 0 && n <= int64_t{kNormCached} * kNormThreads; }
+
+Status MoeCombineNorm(const MoeCombineNormParams& p, Stream stream) {
+  constexpr const char* op = "MoeCombineNorm";
+  const MoeCombineParams& c = p.combine;
+  LS_CHECK_ARG(c.y != nullptr, op, "combine.y", c.y);
+  LS_CHECK_ARG(c.weights != nullptr, op, "combine.weights", c.weights);
+  LS_CHECK_ARG(c.out != nullptr, op, "combine.out", static_cast<const void*>(c.out));
+  LS_CHECK_ARG(c.rows >= 0 && c.rows <= kMaxGrid, op, "combine.rows", c.rows);
+  LS_CHECK_ARG(c.k > 0, op, "combine.k", c.k);
+  LS_CHECK_ARG(MoeCombineNormFits(c.n), op, "combine.n (MoeCombineNormFits: ≤ 4096)", c.n);
+  LS_CHECK_ARG(c.y_stride >= c.n && c.out_stride >= c.n && (c.shared == nullptr || c.shared_stride >= c.n), op,
+               "combine strides (< n)", c.n);
+  LS_CHECK_ARG(p.x != nullptr && p.x_stride >= c.n, op, "x / x_stride", p.x_stride);
+  LS_CHECK_ARG(p.sum != nullptr && p.sum_stride >= c.n, op, "sum / sum_stride", p.sum_stride);
+  LS_CHECK_ARG(p.y != nullptr && p.y_stride >= c.n, op, "y / y_stride", p.y_stride);
+  LS_CHECK_ARG(p.weight != nullptr, op, "weight", p.weight);
+  if (c.rows == 0) return Status::Ok();
+  const dim3 grid(kNormRouteCluster, static_cast<unsigned>(c.rows));
+  LS_CUDA_RETURN_IF_ERROR(LaunchKernel(MoeCombineNormKernel, grid, kNormThreads,
+                                       static_cast<size_t>(c.n) * sizeof(float), stream, p));
   LS_CUDA_LAUNCH_CHECK();
   return Status::Ok();
 }

@@ -572,4 +572,24 @@ struct MoeCombineParams {
 };
 Status MoeCombine(const MoeCombineParams& p, Stream stream = nullptr);
 
+// The MoE layer's exit at decode in one launch: MoeCombine (`combine`, its bits) into
+// combine.out, the residual add sum = x + out (Add's), and the next RMSNorm of sum into y
+// (RmsNorm's bits) — two kernels and the wait between them. A cluster of kNormRouteCluster CTAs
+// a row: each combines and adds a slice of the row and hands its sums to the first CTA through
+// distributed shared memory, which normalises the row after cluster.sync(). Rows of ≤ 4096
+// values (MoeCombineNormFits).
+struct MoeCombineNormParams {
+  MoeCombineParams combine;
+  const float* x = nullptr;  // [rows, n] the residual, row stride x_stride
+  int64_t x_stride = 0;
+  float* sum = nullptr;      // [rows, n] x + out, row stride sum_stride (may alias x)
+  int64_t sum_stride = 0;
+  const float* weight = nullptr;  // [n] the next RMSNorm's
+  float eps = 1e-6f;
+  float* y = nullptr;        // [rows, n] RmsNorm(sum), row stride y_stride
+  int64_t y_stride = 0;
+};
+bool MoeCombineNormFits(int64_t n);
+Status MoeCombineNorm(const MoeCombineNormParams& p, Stream stream = nullptr);
+
 }  // namespace lockstep::kernels::cuda

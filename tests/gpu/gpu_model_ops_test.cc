@@ -760,6 +760,71 @@ TEST(CudaMoeCombine, BitwiseCpuLoop) {
   }
 }
 
+// MoeCombineNorm is MoeCombine, the residual add and RmsNorm in one launch: its out, sum and y
+// bit for bit those kernels' (RmsNorm with add over x and out), with and without shared
+// experts, rows not a multiple of the cluster's slices, the sum written over x, and NaN in.
+TEST(CudaMoeCombineNorm, IsMoeCombineThenAddNorm) {
+  LS_REQUIRE_GPU();
+  uint64_t seed = 9300;
+  for (const int64_t n : {2048, 1000, 7, 4096}) {
+    ASSERT_TRUE(cu::MoeCombineNormFits(n));
+    for (const int64_t rows : {1, 3}) {
+      for (int with_shared = 0; with_shared < 2; ++with_shared) {
+        for (const bool alias : {false, true}) {
+          seed += 10;
+          const int64_t k = 6, ys = n + 4, ss = n + 2, os = n + 1;
+          std::vector<float> y = Randn(rows * k * ys, seed), w = Randn(rows * k, seed + 1);
+          std::vector<float> shared = Randn(rows * ss, seed + 2), x = Randn(rows * n, seed + 3, 4.0f);
+          std::vector<float> nw = Randn(n, seed + 4, 0.5f);
+          if (n == 1000 && rows == 3) y[ys + 17] = NAN;  // row 0 slot 1: NaN through all three outputs of row 0
+          const std::string what = "n " + std::to_string(n) + " rows " + std::to_string(rows) +
+                                   (with_shared ? " shared" : "") + (alias ? " sum over x" : "");
+          cu::DeviceBuffer dy = Upload(y), dw = Upload(w), dsh = Upload(shared), dnw = Upload(nw);
+          cu::MoeCombineParams mc;
+          mc.y = dy.as<float>(), mc.y_stride = ys, mc.weights = dw.as<float>();
+          mc.shared = with_shared ? dsh.as<float>() : nullptr, mc.shared_stride = ss;
+          mc.out_stride = os, mc.rows = rows, mc.k = k, mc.n = n;
+          // The two kernels.
+          cu::DeviceBuffer out1 = Zeros<float>(rows * os), x1 = Upload(x), sum1 = Zeros<float>(rows * n);
+          cu::DeviceBuffer y1 = Zeros<float>(rows * n);
+          mc.out = out1.as<float>();
+          LS_ASSERT_OK(cu::MoeCombine(mc));
+          cu::RmsNormParams nm;
+          nm.x = x1.as<float>(), nm.x_stride = n, nm.add = out1.as<float>(), nm.add_stride = os;
+          nm.sum = sum1.as<float>(), nm.sum_stride = n, nm.weight = dnw.as<float>();
+          nm.y = y1.as<float>(), nm.y_stride = n, nm.rows = rows, nm.n = n, nm.eps = 1e-6f;
+          LS_ASSERT_OK(cu::RmsNorm(nm));
+          // The one launch, into garbage.
+          cu::DeviceBuffer out2 = Upload(std::vector<float>(rows * os, 7.0f)), x2 = Upload(x);
+          cu::DeviceBuffer sum2 = Upload(std::vector<float>(rows * n, 7.0f));
+          cu::DeviceBuffer y2 = Upload(std::vector<float>(rows * n, 7.0f));
+          cu::MoeCombineNormParams cn;
+          cn.combine = mc;
+          cn.combine.out = out2.as<float>();
+          cn.x = x2.as<float>(), cn.x_stride = n;
+          cn.sum = alias ? x2.as<float>() : sum2.as<float>(), cn.sum_stride = n;
+          cn.weight = dnw.as<float>(), cn.eps = 1e-6f;
+          cn.y = y2.as<float>(), cn.y_stride = n;
+          const Status st = cu::MoeCombineNorm(cn);
+          ASSERT_TRUE(st.ok()) << what << ": " << st.message();
+          LS_ASSERT_OK(cu::Synchronize());
+          // out's rows: n values, then a stride's padding neither kernel writes.
+          auto rows_of = [&](const std::vector<float>& v) {
+            std::vector<float> o;
+            for (int64_t r = 0; r < rows; ++r) o.insert(o.end(), v.begin() + r * os, v.begin() + r * os + n);
+            return o;
+          };
+          EXPECT_TRUE(SameBitsOrBothNan(rows_of(Download<float>(out2, rows * os)), rows_of(Download<float>(out1, rows * os)),
+                                        what + " out"));
+          EXPECT_TRUE(SameBitsOrBothNan(Download<float>(alias ? x2 : sum2, rows * n), Download<float>(sum1, rows * n),
+                                        what + " sum"));
+          EXPECT_TRUE(SameBitsOrBothNan(Download<float>(y2, rows * n), Download<float>(y1, rows * n), what + " y"));
+        }
+      }
+    }
+  }
+}
+
 // --- validation ---------------------------------------------------------------------------------
 
 TEST(CudaModelOps, ValidationNamesTheField) {
@@ -821,6 +886,13 @@ TEST(CudaModelOps, ValidationNamesTheField) {
   s = cu::NormRoute(nr);
   EXPECT_FALSE(s.ok());
   EXPECT_NE(s.message().find("NormRouteFits"), std::string::npos) << s.message();
+  EXPECT_FALSE(cu::MoeCombineNormFits(7168));  // V3's rows: MoeCombine and RmsNorm instead
+  cu::MoeCombineNormParams cn;
+  cn.combine.y = &f, cn.combine.weights = &f, cn.combine.out = &f, cn.combine.rows = 1, cn.combine.k = 8;
+  cn.combine.n = 7168;
+  s = cu::MoeCombineNorm(cn);
+  EXPECT_FALSE(s.ok());
+  EXPECT_NE(s.message().find("combine.n"), std::string::npos) << s.message();
 
   cu::LayerNormParams l;
   l.x = &f;
