@@ -331,7 +331,8 @@ TEST(CudaNormRoute, IsRmsNormRowDotsThenRoute) {
           cu::DeviceBuffer dbias = Upload(bias), dw = Upload(w), drouter = Upload(router), db = Upload(b);
           // The three kernels.
           cu::DeviceBuffer x1 = Upload(x), sum1 = Zeros<float>(rows * n), h1 = Zeros<float>(rows * n);
-          cu::DeviceBuffer lg1 = Zeros<float>(rows * E), ids1 = Zeros<int32_t>(rows * c.k), w1 = Zeros<float>(rows * c.k);
+          cu::DeviceBuffer lg1 = Zeros<float>(rows * E), ids1 = Zeros<int32_t>(rows * c.k);
+          cu::DeviceBuffer w1 = Zeros<float>(rows * c.k);
           cu::RmsNormParams nm;
           nm.x = x1.as<float>(), nm.x_stride = n, nm.weight = dw.as<float>(), nm.y = h1.as<float>(), nm.y_stride = n;
           nm.rows = rows, nm.n = n, nm.eps = 1e-6f;
@@ -369,7 +370,8 @@ TEST(CudaNormRoute, IsRmsNormRowDotsThenRoute) {
           EXPECT_TRUE(BitwiseEqual(Download<float>(lg2, rows * E), Download<float>(lg1, rows * E), what + " logits"));
           EXPECT_TRUE(BitwiseEqual(Download<int32_t>(ids2, rows * c.k), Download<int32_t>(ids1, rows * c.k),
                                    what + " ids"));
-          EXPECT_TRUE(BitwiseEqual(Download<float>(w2, rows * c.k), Download<float>(w1, rows * c.k), what + " weights"));
+          EXPECT_TRUE(
+              BitwiseEqual(Download<float>(w2, rows * c.k), Download<float>(w1, rows * c.k), what + " weights"));
         }
       }
     }
@@ -814,8 +816,8 @@ TEST(CudaMoeCombineNorm, IsMoeCombineThenAddNorm) {
             for (int64_t r = 0; r < rows; ++r) o.insert(o.end(), v.begin() + r * os, v.begin() + r * os + n);
             return o;
           };
-          EXPECT_TRUE(SameBitsOrBothNan(rows_of(Download<float>(out2, rows * os)), rows_of(Download<float>(out1, rows * os)),
-                                        what + " out"));
+          EXPECT_TRUE(SameBitsOrBothNan(rows_of(Download<float>(out2, rows * os)),
+                                        rows_of(Download<float>(out1, rows * os)), what + " out"));
           EXPECT_TRUE(SameBitsOrBothNan(Download<float>(alias ? x2 : sum2, rows * n), Download<float>(sum1, rows * n),
                                         what + " sum"));
           EXPECT_TRUE(SameBitsOrBothNan(Download<float>(y2, rows * n), Download<float>(y1, rows * n), what + " y"));
@@ -880,7 +882,8 @@ TEST(CudaModelOps, ValidationNamesTheField) {
   EXPECT_FALSE(cu::NormRouteFits(64, 2050));   // rows of whole 16-byte chunks only
   cu::NormRouteParams nr;
   nr.norm.x = &f, nr.norm.add = &f, nr.norm.sum = &f, nr.norm.y = &f, nr.norm.weight = &f;
-  nr.norm.rows = 1, nr.norm.n = 7168, nr.norm.x_stride = nr.norm.add_stride = nr.norm.sum_stride = nr.norm.y_stride = 7168;
+  nr.norm.rows = 1, nr.norm.n = 7168;
+  nr.norm.x_stride = nr.norm.add_stride = nr.norm.sum_stride = nr.norm.y_stride = 7168;
   nr.route = r;
   nr.route.experts = 256;
   s = cu::NormRoute(nr);
