@@ -606,7 +606,7 @@ LS_RETURN_IF_ERROR(Mark("start"));
       // An MoE layer whose router fits NormRoute takes the residual add, the FFN's norm, the
       // router logits and the routing in that one launch (the same bits as add_norm, RowDots
       // and Route).
-      const bool routed = fuse_norms && c.layers[l].ffn != FfnKind::kDense && cu::NormRouteFits(E, H) &&
+      const bool routed = fuse_norms && c.layers[l].ffn != FfnKind::kDense && cu::NormRouteFits(E, H, R) &&
                           reinterpret_cast<uintptr_t>(D.router.f32()) % 16 == 0;
       {
         float* x_mid = slab_ ? slab_at(l, kSResidMid) : x;
@@ -744,7 +744,7 @@ LS_RETURN_IF_ERROR(Mark("start"));
         mc.rows = R;
         mc.k = k;
         mc.n = H;
-        if (fuse_norms && cu::MoeCombineNormFits(H)) {
+        if (fuse_norms && cu::MoeCombineNormFits(H, R)) {
           // The combine, x + o and the next layer's input norm (or the final norm) in one launch.
           cu::MoeCombineNormParams cn;
           cn.combine = mc;

@@ -1615,8 +1615,8 @@ Status Route(const RouteParams& p, Stream stream) {
   return Status::Ok();
 }
 
-bool NormRouteFits(int64_t experts, int64_t n) {
-  return experts > 0 && experts <= int64_t{kNormRouteCluster} * (kNormThreads / 16) && n > 0 &&
+bool NormRouteFits(int64_t experts, int64_t n, int64_t rows) {
+  return rows >= 0 && rows <= kMaxGrid && experts > 0 && experts <= int64_t{kNormRouteCluster} * (kNormThreads / 16) && n > 0 &&
          n <= int64_t{kNormCached} * kNormThreads && n % 4 == 0 && NormRouteSmem(experts, n).total <= kNormRouteMaxSmem;
 }
 
@@ -1632,7 +1632,7 @@ Status NormRoute(const NormRouteParams& p, Stream stream) {
   LS_CHECK_ARG(nm.x_stride >= nm.n && nm.add_stride >= nm.n && nm.sum_stride >= nm.n && nm.y_stride >= nm.n, op,
                "norm strides (< n)", nm.n);
   LS_CHECK_ARG(p.route.rows == nm.rows, op, "route.rows (≠ norm.rows)", p.route.rows);
-  LS_CHECK_ARG(NormRouteFits(p.route.experts, nm.n), op, "route.experts and norm.n (NormRouteFits)",
+  LS_CHECK_ARG(NormRouteFits(p.route.experts, nm.n, nm.rows), op, "route.experts and norm.n (NormRouteFits)",
                p.route.experts);
   LS_CHECK_ARG(p.router != nullptr && reinterpret_cast<uintptr_t>(p.router) % 16 == 0, op,
                "router (16-byte aligned)", p.router);
@@ -1789,7 +1789,9 @@ Status MoeCombine(const MoeCombineParams& p, Stream stream) {
   return Status::Ok();
 }
 
-bool MoeCombineNormFits(int64_t n) { return n > 0 && n <= int64_t{kNormCached} * kNormThreads; }
+bool MoeCombineNormFits(int64_t n, int64_t rows) {
+  return rows >= 0 && rows <= kMaxGrid && n > 0 && n <= int64_t{kNormCached} * kNormThreads;
+}
 
 Status MoeCombineNorm(const MoeCombineNormParams& p, Stream stream) {
   constexpr const char* op = "MoeCombineNorm";
@@ -1799,7 +1801,7 @@ Status MoeCombineNorm(const MoeCombineNormParams& p, Stream stream) {
   LS_CHECK_ARG(c.out != nullptr, op, "combine.out", static_cast<const void*>(c.out));
   LS_CHECK_ARG(c.rows >= 0 && c.rows <= kMaxGrid, op, "combine.rows", c.rows);
   LS_CHECK_ARG(c.k > 0, op, "combine.k", c.k);
-  LS_CHECK_ARG(MoeCombineNormFits(c.n), op, "combine.n (MoeCombineNormFits: ≤ 4096)", c.n);
+  LS_CHECK_ARG(MoeCombineNormFits(c.n, c.rows), op, "combine.n (MoeCombineNormFits: ≤ 4096)", c.n);
   LS_CHECK_ARG(c.y_stride >= c.n && c.out_stride >= c.n && (c.shared == nullptr || c.shared_stride >= c.n), op,
                "combine strides (< n)", c.n);
   LS_CHECK_ARG(p.x != nullptr && p.x_stride >= c.n, op, "x / x_stride", p.x_stride);

@@ -490,7 +490,8 @@ Status Route(const RouteParams& p, Stream stream = nullptr);
 // for the previous kernel (the router is fixed), normalises the row itself, takes its
 // experts' dots, and hands them to the cluster's first CTA through distributed shared memory,
 // which routes and stores sum, y and the ids and weights. For routers whose fp32 rows fit the
-// cluster's shared memory and rows of ≤ 4096 values (NormRouteFits; V2-Lite's 64 × 2048).
+// cluster's shared memory, rows of ≤ 4096 values and ≤ 65535 rows (NormRouteFits; V2-Lite's
+// 64 × 2048 at decode and in prefill chunks of up to 65535 tokens).
 inline constexpr int kNormRouteCluster = 8;
 struct NormRouteParams {
   RmsNormParams norm;             // add and sum required (sum may alias x)
@@ -500,7 +501,7 @@ struct NormRouteParams {
   int64_t logits_stride = 0;
   RouteParams route;              // rows, experts, k, gate…, ids, weights (route.logits unused)
 };
-bool NormRouteFits(int64_t experts, int64_t n);
+bool NormRouteFits(int64_t experts, int64_t n, int64_t rows);
 Status NormRoute(const NormRouteParams& p, Stream stream = nullptr);
 
 // Grouped expert GEMM for MoE. For every row r and slot j < k with e = ids[r·k + j]:
@@ -577,7 +578,7 @@ Status MoeCombine(const MoeCombineParams& p, Stream stream = nullptr);
 // (RmsNorm's bits) — two kernels and the wait between them. A cluster of kNormRouteCluster CTAs
 // a row: each combines and adds a slice of the row and hands its sums to the first CTA through
 // distributed shared memory, which normalises the row after cluster.sync(). Rows of ≤ 4096
-// values (MoeCombineNormFits).
+// values, ≤ 65535 rows (MoeCombineNormFits).
 struct MoeCombineNormParams {
   MoeCombineParams combine;
   const float* x = nullptr;  // [rows, n] the residual, row stride x_stride
@@ -589,7 +590,7 @@ struct MoeCombineNormParams {
   float* y = nullptr;        // [rows, n] RmsNorm(sum), row stride y_stride
   int64_t y_stride = 0;
 };
-bool MoeCombineNormFits(int64_t n);
+bool MoeCombineNormFits(int64_t n, int64_t rows);
 Status MoeCombineNorm(const MoeCombineNormParams& p, Stream stream = nullptr);
 
 }  // namespace lockstep::kernels::cuda

@@ -305,7 +305,7 @@ TEST(CudaNormRoute, IsRmsNormRowDotsThenRoute) {
   for (const Case& tc : cases) {
     const RouteConfig& c = tc.c;
     const int64_t n = tc.n, E = c.experts;
-    ASSERT_TRUE(cu::NormRouteFits(E, n)) << c.name;
+    ASSERT_TRUE(cu::NormRouteFits(E, n, 5)) << c.name;
     for (const int64_t rows : {1, 5}) {
       for (const bool alias : {false, true}) {
         for (int ties = 0; ties < 2; ++ties) {
@@ -769,7 +769,7 @@ TEST(CudaMoeCombineNorm, IsMoeCombineThenAddNorm) {
   LS_REQUIRE_GPU();
   uint64_t seed = 9300;
   for (const int64_t n : {2048, 1000, 7, 4096}) {
-    ASSERT_TRUE(cu::MoeCombineNormFits(n));
+    ASSERT_TRUE(cu::MoeCombineNormFits(n, 3));
     for (const int64_t rows : {1, 3}) {
       for (int with_shared = 0; with_shared < 2; ++with_shared) {
         for (const bool alias : {false, true}) {
@@ -877,9 +877,10 @@ TEST(CudaModelOps, ValidationNamesTheField) {
   EXPECT_FALSE(s.ok());
   EXPECT_NE(s.message().find("topk_group"), std::string::npos) << s.message();
   // NormRoute takes only routers that fit its cluster's shared memory, and names what does not.
-  EXPECT_TRUE(cu::NormRouteFits(64, 2048));
-  EXPECT_FALSE(cu::NormRouteFits(256, 7168));  // V3's router: RowDots and Route instead
-  EXPECT_FALSE(cu::NormRouteFits(64, 2050));   // rows of whole 16-byte chunks only
+  EXPECT_TRUE(cu::NormRouteFits(64, 2048, 1));
+  EXPECT_FALSE(cu::NormRouteFits(256, 7168, 1));    // V3's router: RowDots and Route instead
+  EXPECT_FALSE(cu::NormRouteFits(64, 2050, 1));     // rows of whole 16-byte chunks only
+  EXPECT_FALSE(cu::NormRouteFits(64, 2048, 70000));  // a prefill chunk past the grid's 65535 rows
   cu::NormRouteParams nr;
   nr.norm.x = &f, nr.norm.add = &f, nr.norm.sum = &f, nr.norm.y = &f, nr.norm.weight = &f;
   nr.norm.rows = 1, nr.norm.n = 7168;
@@ -889,7 +890,8 @@ TEST(CudaModelOps, ValidationNamesTheField) {
   s = cu::NormRoute(nr);
   EXPECT_FALSE(s.ok());
   EXPECT_NE(s.message().find("NormRouteFits"), std::string::npos) << s.message();
-  EXPECT_FALSE(cu::MoeCombineNormFits(7168));  // V3's rows: MoeCombine and RmsNorm instead
+  EXPECT_FALSE(cu::MoeCombineNormFits(7168, 1));  // V3's rows: MoeCombine and RmsNorm instead
+  EXPECT_FALSE(cu::MoeCombineNormFits(2048, 70000));
   cu::MoeCombineNormParams cn;
   cn.combine.y = &f, cn.combine.weights = &f, cn.combine.out = &f, cn.combine.rows = 1, cn.combine.k = 8;
   cn.combine.n = 7168;
