@@ -12,9 +12,9 @@
 #   tools/stage-gpu-bin.sh [BUILD_DIR (build-gpu)] [OUT_DIR (.gpu-bin)] [TARGET ...]
 #
 # With no TARGETs it stages every GPU test, bench_gpu_decode, bench_record, bench_mla_decode,
-# bench_expert_gemm, bench_recorder_host and lockstep (about 40 MB; the device tool carries at
-# most 64 MiB with the tree, so name fewer when the tree is large). Builds for sm_90 (the H200)
-# when BUILD_DIR is new.
+# bench_expert_gemm, bench_recorder_host and lockstep (about 63 MB; the device tool carries at
+# most 64 MiB with the tree: tools/gpu-pack.sh packs them into ~24 MB instead). Builds for
+# sm_90 (the H200) when BUILD_DIR is new.
 set -euo pipefail
 build=${1:-build-gpu}
 out=${2:-.gpu-bin}
