@@ -39,21 +39,6 @@ dim3 ElementGrid(int64_t rows, int64_t n) {
     for (int64_t i = static_cast<int64_t>(blockIdx.x) * kElemThreads + threadIdx.x; i < (n); \
          i += static_cast<int64_t>(gridDim.x) * kElemThreads)
 
-// Clusters (NormRoute, MoeCombineNorm): a CTA may touch another's shared memory only once
-// that CTA has started, so every CTA of the cluster arrives on the cluster barrier first thing
-// and waits on it just before its first remote access (the barrier's first phase; by then the
-// wait costs nothing).
-__device__ __forceinline__ void ClusterArrive() {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  asm volatile("barrier.cluster.arrive.relaxed.aligned;\n" ::: "memory");
-#endif
-}
-__device__ __forceinline__ void ClusterWait() {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  asm volatile("barrier.cluster.wait.aligned;\n" ::: "memory");
-#endif
-}
-
 // --- embedding, elementwise ----------------------------------------------------------------
 
 __global__ void EmbedKernel(EmbedParams p) {
@@ -100,18 +85,20 @@ __global__ void SwiGluKernel(SwiGluParams p) {
   }
 }
 
-// engine/model.cc's combine loop.
+// engine/model.cc's combine loop for element (r, i): stored, and returned.
+__device__ __forceinline__ float MoeCombineAt(const MoeCombineParams& p, int64_t r, int64_t i) {
+  float acc = 0.0f;
+  for (int64_t j = 0; j < p.k; ++j) {
+    const int64_t slot = r * p.k + j;
+    acc = __fadd_rn(acc, __fmul_rn(p.y[slot * p.y_stride + i], p.weights[slot]));
+  }
+  if (p.shared != nullptr) acc = __fadd_rn(acc, p.shared[r * p.shared_stride + i]);
+  p.out[r * p.out_stride + i] = acc;
+  return acc;
+}
 __global__ void MoeCombineKernel(MoeCombineParams p) {
   dev::GridDependencySync();
-  LS_FOR_EACH_ELEMENT(p.rows, p.n) {
-    float acc = 0.0f;
-    for (int64_t j = 0; j < p.k; ++j) {
-      const int64_t slot = r * p.k + j;
-      acc = __fadd_rn(acc, __fmul_rn(p.y[slot * p.y_stride + i], p.weights[slot]));
-    }
-    if (p.shared != nullptr) acc = __fadd_rn(acc, p.shared[r * p.shared_stride + i]);
-    p.out[r * p.out_stride + i] = acc;
-  }
+  LS_FOR_EACH_ELEMENT(p.rows, p.n) MoeCombineAt(p, r, i);
 }
 
 // MoeCombineNorm: CTA c of a row's cluster takes columns [c·per, c·per + per), MoeCombine's
@@ -120,7 +107,10 @@ __global__ void MoeCombineKernel(MoeCombineParams p) {
 __global__ void __cluster_dims__(kNormRouteCluster, 1, 1) __launch_bounds__(kNormThreads)
     MoeCombineNormKernel(MoeCombineNormParams p) {
   namespace cg = cooperative_groups;
-  ClusterArrive();
+  // A CTA may write another's shared memory only once that CTA has started: every CTA arrives
+  // on the cluster barrier first thing and waits on it just before its first remote store (by
+  // then the wait costs nothing).
+  __cluster_barrier_arrive_relaxed();
   dev::GridDependencySync();
   extern __shared__ __align__(16) float row_s[];  // [n] (the first CTA's is used)
   cg::cluster_group cluster = cg::this_cluster();
@@ -130,16 +120,9 @@ __global__ void __cluster_dims__(kNormRouteCluster, 1, 1) __launch_bounds__(kNor
   const int64_t per = (n + kNormRouteCluster - 1) / kNormRouteCluster;
   const int64_t i1 = (rank + 1) * per < n ? (rank + 1) * per : n;
   float* row0 = cluster.map_shared_rank(row_s, 0);
-  ClusterWait();  // every CTA of the cluster has started
+  __cluster_barrier_wait();  // every CTA of the cluster has started
   for (int64_t i = rank * per + threadIdx.x; i < i1; i += kNormThreads) {
-    float acc = 0.0f;
-    for (int64_t j = 0; j < c.k; ++j) {
-      const int64_t slot = r * c.k + j;
-      acc = __fadd_rn(acc, __fmul_rn(c.y[slot * c.y_stride + i], c.weights[slot]));
-    }
-    if (c.shared != nullptr) acc = __fadd_rn(acc, c.shared[r * c.shared_stride + i]);
-    c.out[r * c.out_stride + i] = acc;
-    const float s = __fadd_rn(p.x[r * p.x_stride + i], acc);  // Add's x + o
+    const float s = __fadd_rn(p.x[r * p.x_stride + i], MoeCombineAt(c, r, i));  // Add's x + o
     p.sum[r * p.sum_stride + i] = s;
     row0[i] = s;
   }
@@ -232,7 +215,7 @@ __device__ void RouteWarp(const RouteParams& p, const float* lg, unsigned char* 
         double s = 0.0;  // left to right, as the CPU (four values a load: the loads go out ahead)
         int e = 0;
         if (E % 4 == 0) {
-          const float4* sc4 = reinterpret_cast<const float4*>(sc);  // warp_bytes keeps 16-byte alignment
+          const float4* sc4 = reinterpret_cast<const float4*>(sc);  // scratch is 16-byte aligned
 #pragma unroll 4
           for (; e < E; e += 4) {
             const float4 v = sc4[e / 4];
@@ -390,7 +373,7 @@ __global__ void __cluster_dims__(kNormRouteCluster, 1, 1) __launch_bounds__(kNor
   const int64_t r = blockIdx.y;
   const int tid = threadIdx.x;
   const int e0 = rank * per, ne = E - e0 < per ? (E - e0 > 0 ? E - e0 : 0) : per;
-  ClusterArrive();
+  __cluster_barrier_arrive_relaxed();  // (the remote store below: see MoeCombineNormKernel)
   // This CTA's router rows: fixed weights, requested before the wait (launch.cuh).
   const int c4 = n / 4;
   for (int i = tid; i < ne * c4; i += kNormThreads) {
@@ -416,7 +399,7 @@ __global__ void __cluster_dims__(kNormRouteCluster, 1, 1) __launch_bounds__(kNor
   acc = __fadd_rn(acc, __shfl_down_sync(0xffffffffu, acc, 4, 16));
   acc = __fadd_rn(acc, __shfl_down_sync(0xffffffffu, acc, 2, 16));
   acc = __fadd_rn(acc, __shfl_down_sync(0xffffffffu, acc, 1, 16));
-  ClusterWait();  // every CTA of the cluster has started
+  __cluster_barrier_wait();  // every CTA of the cluster has started
   if (half < ne && l == 0) {
     p.logits[r * p.logits_stride + e0 + half] = acc;
     *cluster.map_shared_rank(lg_s + e0 + half, 0) = acc;
@@ -1623,17 +1606,11 @@ bool NormRouteFits(int64_t experts, int64_t n, int64_t rows) {
 Status NormRoute(const NormRouteParams& p, Stream stream) {
   constexpr const char* op = "NormRoute";
   const RmsNormParams& nm = p.norm;
-  LS_CHECK_ARG(nm.x != nullptr, op, "norm.x", nm.x);
-  LS_CHECK_ARG(nm.add != nullptr, op, "norm.add", nm.add);
-  LS_CHECK_ARG(nm.sum != nullptr, op, "norm.sum", static_cast<const void*>(nm.sum));
-  LS_CHECK_ARG(nm.y != nullptr, op, "norm.y", static_cast<const void*>(nm.y));
-  LS_CHECK_ARG(nm.weight != nullptr, op, "norm.weight", nm.weight);
-  LS_CHECK_ARG(nm.rows >= 0 && nm.rows <= kMaxGrid, op, "norm.rows", nm.rows);
-  LS_CHECK_ARG(nm.x_stride >= nm.n && nm.add_stride >= nm.n && nm.sum_stride >= nm.n && nm.y_stride >= nm.n, op,
-               "norm strides (< n)", nm.n);
-  LS_CHECK_ARG(p.route.rows == nm.rows, op, "route.rows (≠ norm.rows)", p.route.rows);
   LS_CHECK_ARG(NormRouteFits(p.route.experts, nm.n, nm.rows), op, "route.experts and norm.n (NormRouteFits)",
                p.route.experts);
+  LS_RETURN_IF_ERROR(CheckRmsNorm(nm, op));
+  LS_CHECK_ARG(nm.add != nullptr, op, "norm.add (the residual add is part of it)", nm.add);
+  LS_CHECK_ARG(p.route.rows == nm.rows, op, "route.rows (≠ norm.rows)", p.route.rows);
   LS_CHECK_ARG(p.router != nullptr && reinterpret_cast<uintptr_t>(p.router) % 16 == 0, op,
                "router (16-byte aligned)", p.router);
   LS_CHECK_ARG(p.router_stride >= nm.n && p.router_stride % 4 == 0, op, "router_stride", p.router_stride);
@@ -1773,8 +1750,7 @@ Status ExpertGemm(const ExpertGemmParams& p, Stream stream) {
   }
 }
 
-Status MoeCombine(const MoeCombineParams& p, Stream stream) {
-  constexpr const char* op = "MoeCombine";
+static Status CheckMoeCombine(const MoeCombineParams& p, const char* op) {
   LS_CHECK_ARG(p.y != nullptr, op, "y", p.y);
   LS_CHECK_ARG(p.weights != nullptr, op, "weights", p.weights);
   LS_CHECK_ARG(p.out != nullptr, op, "out", p.out);
@@ -1783,6 +1759,11 @@ Status MoeCombine(const MoeCombineParams& p, Stream stream) {
   LS_CHECK_ARG(p.y_stride >= p.n, op, "y_stride", p.y_stride);
   LS_CHECK_ARG(p.shared == nullptr || p.shared_stride >= p.n, op, "shared_stride", p.shared_stride);
   LS_CHECK_ARG(p.out_stride >= p.n, op, "out_stride", p.out_stride);
+  return Status::Ok();
+}
+
+Status MoeCombine(const MoeCombineParams& p, Stream stream) {
+  LS_RETURN_IF_ERROR(CheckMoeCombine(p, "MoeCombine"));
   if (p.rows == 0 || p.n == 0) return Status::Ok();
   LS_CUDA_RETURN_IF_ERROR(LaunchKernel(MoeCombineKernel, ElementGrid(p.rows, p.n), kElemThreads, 0, stream, p));
   LS_CUDA_LAUNCH_CHECK();
@@ -1796,18 +1777,23 @@ bool MoeCombineNormFits(int64_t n, int64_t rows) {
 Status MoeCombineNorm(const MoeCombineNormParams& p, Stream stream) {
   constexpr const char* op = "MoeCombineNorm";
   const MoeCombineParams& c = p.combine;
-  LS_CHECK_ARG(c.y != nullptr, op, "combine.y", c.y);
-  LS_CHECK_ARG(c.weights != nullptr, op, "combine.weights", c.weights);
-  LS_CHECK_ARG(c.out != nullptr, op, "combine.out", static_cast<const void*>(c.out));
-  LS_CHECK_ARG(c.rows >= 0 && c.rows <= kMaxGrid, op, "combine.rows", c.rows);
-  LS_CHECK_ARG(c.k > 0, op, "combine.k", c.k);
   LS_CHECK_ARG(MoeCombineNormFits(c.n, c.rows), op, "combine.n (MoeCombineNormFits: ≤ 4096)", c.n);
-  LS_CHECK_ARG(c.y_stride >= c.n && c.out_stride >= c.n && (c.shared == nullptr || c.shared_stride >= c.n), op,
-               "combine strides (< n)", c.n);
-  LS_CHECK_ARG(p.x != nullptr && p.x_stride >= c.n, op, "x / x_stride", p.x_stride);
-  LS_CHECK_ARG(p.sum != nullptr && p.sum_stride >= c.n, op, "sum / sum_stride", p.sum_stride);
-  LS_CHECK_ARG(p.y != nullptr && p.y_stride >= c.n, op, "y / y_stride", p.y_stride);
-  LS_CHECK_ARG(p.weight != nullptr, op, "weight", p.weight);
+  LS_RETURN_IF_ERROR(CheckMoeCombine(c, op));
+  // The norm part is RmsNorm of x with out added.
+  RmsNormParams nm;
+  nm.x = p.x;
+  nm.x_stride = p.x_stride;
+  nm.add = c.out;
+  nm.add_stride = c.out_stride;
+  nm.sum = p.sum;
+  nm.sum_stride = p.sum_stride;
+  nm.weight = p.weight;
+  nm.eps = p.eps;
+  nm.y = p.y;
+  nm.y_stride = p.y_stride;
+  nm.rows = c.rows;
+  nm.n = c.n;
+  LS_RETURN_IF_ERROR(CheckRmsNorm(nm, op));
   if (c.rows == 0) return Status::Ok();
   const dim3 grid(kNormRouteCluster, static_cast<unsigned>(c.rows));
   LS_CUDA_RETURN_IF_ERROR(LaunchKernel(MoeCombineNormKernel, grid, kNormThreads,

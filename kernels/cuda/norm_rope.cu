@@ -202,24 +202,7 @@ __global__ void __launch_bounds__(kRtThreads) Fp8RoundTripKernel(const float* x,
 }
 static_assert(kRtThreads == 128, "Fp8RoundTripKernel: four warps a tile");
 
-// Argument checks, shared by each op's launcher and WriteLatentPath.
-Status CheckRmsNorm(const RmsNormParams& p, const char* op) {
-  LS_CHECK_ARG(p.x != nullptr, op, "x", p.x);
-  LS_CHECK_ARG(p.weight != nullptr, op, "weight", p.weight);
-  LS_CHECK_ARG(p.y != nullptr, op, "y", p.y);
-  LS_CHECK_ARG(p.rows >= 0 && p.rows < (int64_t{1} << 31), op, "rows", p.rows);
-  LS_CHECK_ARG(p.n > 0 && p.n < (int64_t{1} << 24), op, "n", p.n);  // n exact in fp32
-  LS_CHECK_ARG(p.x_stride >= p.n, op, "x_stride", p.x_stride);
-  LS_CHECK_ARG(p.y_stride >= p.n, op, "y_stride", p.y_stride);
-  LS_CHECK_ARG(p.x != p.y || p.x_stride == p.y_stride, op, "y_stride (in place needs x_stride)", p.y_stride);
-  LS_CHECK_ARG(p.eps >= 0.0f, op, "eps", p.eps);
-  LS_CHECK_ARG(p.add == nullptr || p.sum != nullptr, op, "sum (needed with add)", p.sum);
-  LS_CHECK_ARG(p.add == nullptr || p.add_stride >= p.n, op, "add_stride", p.add_stride);
-  LS_CHECK_ARG(p.add == nullptr || p.sum_stride >= p.n, op, "sum_stride", p.sum_stride);
-  LS_CHECK_ARG(p.add == nullptr || p.sum == p.x || p.sum != p.y, op, "sum (must not be y)", p.sum);
-  return Status::Ok();
-}
-
+// Argument checks, shared by each op's launcher and WriteLatentPath (CheckRmsNorm: norm_row.cuh).
 Status CheckRope(const RopeParams& p, const char* op) {
   LS_CHECK_ARG(p.x != nullptr, op, "x", p.x);
   LS_CHECK_ARG(p.positions != nullptr, op, "positions", p.positions);

@@ -1,12 +1,13 @@
-// kernels/cuda/norm_row.cuh — one RMSNorm row by one CTA (RmsNorm's arithmetic), shared by the
-// kernels that normalise a row on the way to something else (the latent-cache path, the MoE
-// router's entry).
+// kernels/cuda/norm_row.cuh — one RMSNorm row by one CTA (RmsNorm's arithmetic) and RmsNorm's
+// argument checks, shared by the kernels that normalise a row on the way to something else (the
+// latent-cache path, the MoE layer's entry and exit).
 #pragma once
 
 #include <cuda_runtime.h>
 
 #include <cstdint>
 
+#include "kernels/cuda/check.cuh"
 #include "kernels/cuda/device_math.cuh"
 #include "kernels/cuda/ops.h"
 
@@ -83,6 +84,25 @@ __device__ __forceinline__ void RmsNormRowTo(const RmsNormParams& p, int64_t r, 
 }
 __device__ __forceinline__ void RmsNormRow(const RmsNormParams& p, int64_t r) {
   RmsNormRowTo(p, r, p.y + r * p.y_stride, p.add != nullptr ? p.sum + r * p.sum_stride : nullptr);
+}
+
+// RmsNorm's argument checks, shared by every op that normalises rows (RmsNorm, WriteLatentPath,
+// NormRoute, MoeCombineNorm).
+Status CheckRmsNorm(const RmsNormParams& p, const char* op) {
+  LS_CHECK_ARG(p.x != nullptr, op, "x", p.x);
+  LS_CHECK_ARG(p.weight != nullptr, op, "weight", p.weight);
+  LS_CHECK_ARG(p.y != nullptr, op, "y", p.y);
+  LS_CHECK_ARG(p.rows >= 0 && p.rows < (int64_t{1} << 31), op, "rows", p.rows);
+  LS_CHECK_ARG(p.n > 0 && p.n < (int64_t{1} << 24), op, "n", p.n);  // n exact in fp32
+  LS_CHECK_ARG(p.x_stride >= p.n, op, "x_stride", p.x_stride);
+  LS_CHECK_ARG(p.y_stride >= p.n, op, "y_stride", p.y_stride);
+  LS_CHECK_ARG(p.x != p.y || p.x_stride == p.y_stride, op, "y_stride (in place needs x_stride)", p.y_stride);
+  LS_CHECK_ARG(p.eps >= 0.0f, op, "eps", p.eps);
+  LS_CHECK_ARG(p.add == nullptr || p.sum != nullptr, op, "sum (needed with add)", p.sum);
+  LS_CHECK_ARG(p.add == nullptr || p.add_stride >= p.n, op, "add_stride", p.add_stride);
+  LS_CHECK_ARG(p.add == nullptr || p.sum_stride >= p.n, op, "sum_stride", p.sum_stride);
+  LS_CHECK_ARG(p.add == nullptr || p.sum == p.x || p.sum != p.y, op, "sum (must not be y)", p.sum);
+  return Status::Ok();
 }
 
 }  // namespace

@@ -477,14 +477,21 @@ TEST(CudaMlaDecode, EveryHeadsPerCtaGivesTheSameBits) {
       const std::string what = "H " + std::to_string(H) + " " + std::string(engine::KvFormatName(f));
       // Shapes 1, 8, 16 with keys staged where the format allows (bf16, fp8), then 1 and 16 read
       // row by row, then 8 as the default reads them (row by row: only one head a CTA stages).
+      // Dense twice: a grid for 3001 keys, and one for 2048, where the one-head kernel reads a
+      // split's page-table entries before its key count (a split is then 32 keys whatever the
+      // count; the table's entries past max_seq_len are out of range, so a read of one flags).
       constexpr int kShapes = 6;
-      GpuResult dense[kShapes], sparse[kShapes];
+      const std::vector<int64_t> short_lens = {256, 1, 70, 2000};
+      GpuResult dense[kShapes], dense_short[kShapes], sparse[kShapes];
       const int32_t shapes[kShapes] = {1, 8, 16, 1, 16, 8};
       const int32_t staging[kShapes] = {2, 2, 2, 1, 1, 0};
       for (int i = 0; i < kShapes; ++i) {
         dense[i] = RunGpu(w, q, lens, 3001, nullptr, kV3Scale, nullptr, shapes[i], staging[i]);
+        dense_short[i] = RunGpu(w, q, short_lens, 2048, nullptr, kV3Scale, nullptr, shapes[i], staging[i]);
         sparse[i] = RunGpu(w, q, {100, 100, 100, 100}, 0, &slots, kV3Scale, nullptr, shapes[i], staging[i]);
         ASSERT_TRUE(dense[i].status.ok()) << dense[i].status.message();
+        ASSERT_TRUE(dense_short[i].status.ok()) << dense_short[i].status.message();
+        EXPECT_EQ(dense_short[i].flag, 0) << what << " shape " << i;
         ASSERT_TRUE(sparse[i].status.ok()) << sparse[i].status.message();
       }
       for (int i = 1; i < kShapes; ++i) {
@@ -492,6 +499,8 @@ TEST(CudaMlaDecode, EveryHeadsPerCtaGivesTheSameBits) {
                               " (key_staging " + std::to_string(staging[i]) + ") vs 1 (staged)";
         EXPECT_TRUE(BitwiseEqual(dense[i].o, dense[0].o, s + " (dense o_latent)"));
         EXPECT_TRUE(BitwiseEqual(dense[i].lse, dense[0].lse, s + " (dense lse)"));
+        EXPECT_TRUE(BitwiseEqual(dense_short[i].o, dense_short[0].o, s + " (dense ≤ 2048 keys o_latent)"));
+        EXPECT_TRUE(BitwiseEqual(dense_short[i].lse, dense_short[0].lse, s + " (dense ≤ 2048 keys lse)"));
         EXPECT_TRUE(BitwiseEqual(sparse[i].o, sparse[0].o, s + " (sparse o_latent)"));
         EXPECT_TRUE(BitwiseEqual(sparse[i].lse, sparse[0].lse, s + " (sparse lse)"));
       }
