@@ -1193,8 +1193,11 @@ __global__ void __launch_bounds__(kSwThreads) ExpertGemmStreamKernel(ExpertGemmP
 // the GPU at once; when it would take two waves but fits in one with a shallower ring, the
 // shallower ring (never below kSwMinStages). Routed down at one token: 768 CTAs, 6 stages →
 // 4 CTAs an SM and a second wave 45 % full; 3 stages → 7 an SM, one wave, and as many bytes in
-// flight per SM. Speed only: the depth changes no arithmetic.
-constexpr int kSwMinStages = 3;
+// flight per SM. Routed gate_up at one token: 1056 CTAs, 3 stages → 7 an SM and a second wave
+// of one CTA an SM, whose 64 KB then stream at one CTA's pace while the SM idles; 2 stages → 8 an
+// SM, one wave (decode 383 → 394 tok/s, H200, docs/performance.md, eighth session). Speed only:
+// the depth changes no arithmetic.
+constexpr int kSwMinStages = 2;
 constexpr int kSwMaxCtasPerSm = 8;  // 64 registers × 128 threads: 8 CTAs fill the register file
 
 // Shared memory an SM offers CTAs when it runs kSwMaxCtasPerSm of them (0: unknown).
