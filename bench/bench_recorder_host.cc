@@ -12,8 +12,8 @@
 //
 // Prints, per mode, the engine thread's wall µs per step and how it splits between the taps
 // of the layers and the logits row (the two are timed apart). summary-gpu is summary capture
-// as the CUDA backend feeds it: each tap event carries its rows' summaries, not the values,
-// and the logits come with an owner (engine/tap.h), from a pool of up to four buffers as the
+// as the CUDA backend feeds it: each tap event carries its rows' summaries, not the values, a
+// step's events come in one TapHook::OnTapSummaries call, and the logits come with an owner (engine/tap.h), from a pool of up to four buffers as the
 // backend's pinned ones, so the writer reads them in place.
 #include <chrono>
 #include <cstdio>
@@ -159,6 +159,7 @@ int main(int argc, char** argv) {
     }
     double taps_s = 0, logits_s = 0, total_s = 0;
     std::vector<engine::TapRowSummary> sums(static_cast<size_t>(batch));  // what a device summary would be
+    std::vector<engine::TapEvent> events;  // summary-gpu: the step's summarised taps
     // summary-gpu: the backend's logits buffers (CudaBackend::TakeLogitsBuffer's rule).
     std::vector<std::shared_ptr<std::vector<float>>> logits_pool;
     int64_t logits_copied = 0;  // steps whose logits had no free shared buffer
@@ -166,6 +167,7 @@ int main(int argc, char** argv) {
       recorder::Recorder rec(eng->get(), w->get(), ro);
       for (int64_t s = 0; s < steps; ++s) {
         const auto t0 = Clock::now();
+        events.clear();
         for (const TapSpec& t : taps) {
           for (int64_t b = 0; b < batch; ++b) {
             engine::TapEvent e;
@@ -175,15 +177,17 @@ int main(int argc, char** argv) {
             e.rows = 1;
             e.cols = t.cols;
             e.dtype = t.dtype;
-            if (gpu_summaries) {
+            if (gpu_summaries) {  // handed over at once, as the CUDA backend does (OnTapSummaries)
               sums[b].hash = static_cast<uint64_t>(s * 1000 + b);
               e.summaries = &sums[b];
+              events.push_back(e);
             } else {
               e.data = values.data() + (s * 7 + b) % 1024;
+              rec.OnTap(e);
             }
-            rec.OnTap(e);
           }
         }
+        if (gpu_summaries) rec.OnTapSummaries(events);
         const auto t1 = Clock::now();
         if (logits) {
           std::shared_ptr<std::vector<float>> buf;

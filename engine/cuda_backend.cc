@@ -619,6 +619,12 @@ Status CudaBackend::FlushTaps() {
   LS_RETURN_IF_ERROR(cu::CopyAsync(tap_host_.data(), from_slab ? slab_buf_.buf.data() : tap_arena_.buf.data(), bytes,
                                    stream_->get()));
   LS_RETURN_IF_ERROR(stream_->Synchronize());
+  // Summarised taps go to the hook in batches (TapHook::OnTapSummaries), in order with the rest.
+  summary_events_.clear();
+  auto flush_summaries = [&] {
+    if (!summary_events_.empty()) hook_->OnTapSummaries(summary_events_);
+    summary_events_.clear();
+  };
   for (const PendingTap& t : pending_) {
     const char* base = tap_host_.as<char>() + t.offset;
     for (size_t s = 0; s < segs_.size(); ++s) {
@@ -631,7 +637,11 @@ Status CudaBackend::FlushTaps() {
       e.dtype = t.dtype;
       if (t.summary) {
         e.summaries = reinterpret_cast<const TapRowSummary*>(base) + row0_[s];
-      } else if (t.stride == t.cols) {
+        summary_events_.push_back(e);
+        continue;
+      }
+      flush_summaries();
+      if (t.stride == t.cols) {
         e.data = base + row0_[s] * t.cols * 4;
       } else {  // a strided slab tensor (k_rope inside kv): its rows made contiguous here
         tap_rows_.resize(static_cast<size_t>(e.rows * t.cols));
@@ -643,6 +653,7 @@ Status CudaBackend::FlushTaps() {
       hook_->OnTap(e);
     }
   }
+  flush_summaries();
   pending_.clear();
   tap_used_ = 0;
   return Status::Ok();

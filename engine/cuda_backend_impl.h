@@ -257,6 +257,7 @@ class CudaBackend final : public Backend {
   std::map<int64_t, int64_t> warmed_;  // batch size → generation after its uncaptured run
   bool use_graphs_ = true;
   bool use_side_ = true;  // BackendOptions::side_stream
+  std::vector<TapEvent> summary_events_;  // FlushTaps' batch for TapHook::OnTapSummaries
   bool overlap_launch_ = true;  // BackendOptions::overlapped_launch
   bool device_sampler_ = true;  // BackendOptions::device_sampler
   // Device sampling (outside the graph: the requests change every step). sample_dev_:

@@ -9,6 +9,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <span>
 #include <string_view>
 
 namespace lockstep::engine {
@@ -54,6 +55,13 @@ class TapHook {
   virtual ~TapHook() = default;
   // Called on the engine thread, in causal order per request (layer by layer within a step).
   virtual void OnTap(const TapEvent& event) = 0;
+  // A step's backend-summarised taps at once (each event with `summaries` and no data), in
+  // the order OnTap would have seen them; the CUDA backend's summary capture hands a step's
+  // ~300 events over this way. The same as OnTap for each event — the default does exactly
+  // that — so a hook overrides it only to take them faster (the recorder: one append).
+  virtual void OnTapSummaries(std::span<const TapEvent> events) {
+    for (const TapEvent& e : events) OnTap(e);
+  }
 
   // Grafting (replay --graft): called right after OnTap at the points whose values feed the
   // next layer (`embed`, `layers.L.resid_out`). A hook that returns true has overwritten

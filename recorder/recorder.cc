@@ -150,26 +150,67 @@ void Recorder::CaptureSummaries(const Tensor& t, int64_t request, int64_t positi
   if (!s.ok()) Fail(s);
 }
 
-void Recorder::OnTap(const engine::TapEvent& e) {
-  if (!status_.ok() || opts_.policy.mode == CapturePolicy::Mode::kNone) return;
+const Recorder::TapEntry* Recorder::Resolve(const engine::TapEvent& e) {
   // The engine's tap names live as long as the model, so their address identifies them;
   // the name check guards against an engine that builds names on the fly.
-  TapEntry* entry = nullptr;
   auto hit = by_address_.find(e.name.data());
-  if (hit != by_address_.end() && hit->second.name == e.name) {
-    entry = &hit->second;
-  } else {
-    TapEntry fresh;
-    fresh.name = std::string(e.name);
-    fresh.wanted = opts_.policy.WantsTap(e.name);
-    if (fresh.wanted && e.name != "logits") {
-      const DType dtype = e.dtype == engine::TapDType::kI32 ? DType::kI32 : DType::kF32;
-      const bool full = opts_.policy.mode == CapturePolicy::Mode::kFull;
-      fresh.tensor = Define(std::string(traces::kTapsGroup) + "/" + fresh.name, dtype, e.cols, full);
-      if (!fresh.tensor) return;
-    }
-    entry = &(by_address_[e.name.data()] = std::move(fresh));
+  if (hit != by_address_.end() && hit->second.name == e.name) return &hit->second;
+  TapEntry fresh;
+  fresh.name = std::string(e.name);
+  fresh.wanted = opts_.policy.WantsTap(e.name);
+  if (fresh.wanted && e.name != "logits") {
+    const DType dtype = e.dtype == engine::TapDType::kI32 ? DType::kI32 : DType::kF32;
+    const bool full = opts_.policy.mode == CapturePolicy::Mode::kFull;
+    fresh.tensor = Define(std::string(traces::kTapsGroup) + "/" + fresh.name, dtype, e.cols, full);
+    if (!fresh.tensor) return nullptr;
   }
+  return &(by_address_[e.name.data()] = std::move(fresh));  // (map nodes never move)
+}
+
+void Recorder::OnTapSummaries(std::span<const engine::TapEvent> events) {
+  if (!status_.ok() || opts_.policy.mode == CapturePolicy::Mode::kNone) return;
+  // A backend hands over the same taps in the same order every step: event i's entry is
+  // looked up once and then recognised by its name.
+  if (batch_entries_.size() < events.size()) batch_entries_.resize(events.size(), nullptr);
+  batch_tensors_.clear();
+  batch_rows_.clear();
+  auto append = [&] {
+    const Status s = writer_->AppendSummaries(batch_tensors_, batch_rows_);
+    if (!s.ok()) Fail(s);
+    batch_tensors_.clear();
+    batch_rows_.clear();
+  };
+  for (size_t i = 0; i < events.size() && status_.ok(); ++i) {
+    const engine::TapEvent& e = events[i];
+    const TapEntry* entry = batch_entries_[i];
+    if (entry == nullptr || entry->name != e.name) {
+      entry = Resolve(e);
+      if (entry == nullptr) return;
+      batch_entries_[i] = entry;
+    }
+    if (!entry->wanted) continue;
+    if (entry->tensor == nullptr || entry->tensor->values || e.summaries == nullptr) {
+      append();  // what the batch holds goes first: the order is OnTap's
+      OnTap(e);  // (and its errors)
+      continue;
+    }
+    for (int64_t r = 0; r < e.rows; ++r) {
+      if (!opts_.policy.WantsPosition(e.position + r)) continue;
+      traces::SummaryRow row = ToSummaryRow(e.summaries[r]);
+      row.position = e.position + r;
+      row.request = static_cast<int32_t>(e.request_id);
+      row.step = static_cast<int32_t>(steps_);
+      batch_rows_.push_back(row);
+      batch_tensors_.push_back(entry->tensor->handle);
+    }
+  }
+  if (status_.ok()) append();
+}
+
+void Recorder::OnTap(const engine::TapEvent& e) {
+  if (!status_.ok() || opts_.policy.mode == CapturePolicy::Mode::kNone) return;
+  const TapEntry* entry = Resolve(e);
+  if (entry == nullptr) return;
   if (!entry->wanted) return;
   if (!entry->tensor) {
     CaptureLogits(e);

@@ -73,6 +73,8 @@ class Recorder : public engine::TapHook {
 
   // The engine callbacks Attach installs; public so that a caller can chain its own.
   void OnTap(const engine::TapEvent& event) override;
+  // The same as OnTap for each event, with the summary rows appended in one hand-over.
+  void OnTapSummaries(std::span<const engine::TapEvent> events) override;
   // Summary capture stores no tap values: a backend may summarise where the tensors live.
   bool WantsTapValues() const override;
   void OnForward(std::span<const engine::Segment> segments, const engine::PagedKvCache& cache);
@@ -121,6 +123,12 @@ class Recorder : public engine::TapHook {
     const Tensor* tensor = nullptr;  // null for logits (CaptureLogits defines its tensors)
   };
   std::unordered_map<const void*, TapEntry> by_address_;  // tap name's address → decision
+  // The entry of a tap event by its name; null when its tensor cannot be defined (status_ set).
+  const TapEntry* Resolve(const engine::TapEvent& e);
+  // OnTapSummaries: event i's entry at the last call; the rows and their tensors' handles.
+  std::vector<const TapEntry*> batch_entries_;
+  std::vector<int32_t> batch_tensors_;
+  std::vector<traces::SummaryRow> batch_rows_;
   Status status_;
   int64_t steps_ = 0, tokens_ = 0;
   int64_t step_tokens_ = 0;

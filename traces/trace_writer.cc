@@ -47,6 +47,9 @@ struct Command {
     const uint8_t* ext_values = nullptr;
     size_t ext_bytes = 0;
     std::shared_ptr<const void> ext_owner = nullptr;
+    // AppendSummaries' rows, each bound for its own table: `bytes` holds scatter_rows int32
+    // table indices, then as many SummaryRows (table is unused).
+    size_t scatter_rows = 0;
   };
   std::vector<Entry> entries;
   std::vector<uint8_t> bytes;
@@ -84,6 +87,9 @@ std::filesystem::path PartialPath(const std::filesystem::path& file) {
 namespace {
 
 using Clock = std::chrono::steady_clock;
+// Appended rows go to the writer at least every this many bytes (else at Submit), so that the
+// queue bound stays meaningful.
+constexpr int64_t kSubmitBytes = 4 << 20;
 
 // An append-only table: one chunked dataset plus the state of its unfinished chunk.
 struct Table {
@@ -467,6 +473,20 @@ Status TraceWriter::Impl::Process(Command& c) {
         const auto& e = c.entries[i];
         if (e.summarize) {
           LS_RETURN_IF_ERROR(DoSummarizeAppend(e, c.bytes.data() + at, pre.empty() ? nullptr : &pre[i]));
+        } else if (e.scatter_rows > 0) {
+          const uint8_t* p = c.bytes.data() + at;
+          const uint8_t* rows = p + 4 * e.scatter_rows;
+          for (size_t r = 0; r < e.scatter_rows;) {  // runs of rows bound for one table
+            int32_t t = 0, u = 0;
+            std::memcpy(&t, p + 4 * r, 4);
+            size_t q = r + 1;
+            for (; q < e.scatter_rows; ++q) {
+              std::memcpy(&u, p + 4 * q, 4);
+              if (u != t) break;
+            }
+            LS_RETURN_IF_ERROR(DoAppend(*tables_[t], rows + r * sizeof(SummaryRow), (q - r) * sizeof(SummaryRow)));
+            r = q;
+          }
         } else {
           LS_RETURN_IF_ERROR(DoAppend(*tables_[e.table], c.bytes.data() + at, e.bytes));
         }
@@ -961,8 +981,6 @@ Status TraceWriter::Enqueue(Command cmd) {
   const int64_t bytes = static_cast<int64_t>(cmd.bytes.size());
   impl_->pending.push_back(std::move(cmd));
   impl_->pending_bytes += bytes;
-  // Hand over at least every kSubmitBytes, so that the queue bound stays meaningful.
-  constexpr int64_t kSubmitBytes = 4 << 20;
   if (impl_->pending_bytes >= kSubmitBytes) Submit();
   return Status::Ok();
 }
@@ -1029,8 +1047,14 @@ Command& TraceWriter::AppendCommand(size_t bytes) {
     buf = impl_->TakeBuffer();
     buf.clear();
     buf.reserve(std::max<size_t>(static_cast<size_t>(append_reserve_), bytes));
+    pending.back().entries.reserve(entries_reserve_);
   }
   return pending.back();
+}
+
+void TraceWriter::NoteAppended(const Command& c) {
+  append_reserve_ = std::max<int64_t>(append_reserve_, static_cast<int64_t>(c.bytes.size()));
+  entries_reserve_ = std::max(entries_reserve_, c.entries.size());
 }
 
 Status TraceWriter::AppendRows(int32_t table, const void* data, size_t bytes) {
@@ -1040,10 +1064,9 @@ Status TraceWriter::AppendRows(int32_t table, const void* data, size_t bytes) {
   const auto* b = static_cast<const uint8_t*>(data);
   c.bytes.insert(c.bytes.end(), b, b + bytes);
   c.entries.push_back({table, bytes});
-  append_reserve_ = std::max<int64_t>(append_reserve_, static_cast<int64_t>(c.bytes.size()));
+  NoteAppended(c);
   impl_->pending_bytes += static_cast<int64_t>(bytes);
   bytes_in_ += static_cast<int64_t>(bytes);
-  constexpr int64_t kSubmitBytes = 4 << 20;  // hand over at least this often (the queue bound)
   if (impl_->pending_bytes >= kSubmitBytes) Submit();
   return Status::Ok();
 }
@@ -1110,10 +1133,9 @@ Status TraceWriter::AppendToSummarize(int32_t tensor, int32_t request, int32_t s
     bytes_in_ += rows * static_cast<int64_t>(3 * sizeof(SummaryRow) + (2 * topk->k + 1) * 4);
   }
   c.entries.push_back(std::move(e));
-  append_reserve_ = std::max<int64_t>(append_reserve_, static_cast<int64_t>(c.bytes.size()));
+  NoteAppended(c);
   impl_->pending_bytes += static_cast<int64_t>(n);
   bytes_in_ += static_cast<int64_t>(spec.values ? value_bytes + rows * sizeof(SummaryRow) : rows * sizeof(SummaryRow));
-  constexpr int64_t kSubmitBytes = 4 << 20;
   if (impl_->pending_bytes >= kSubmitBytes) Submit();
   return Status::Ok();
 }
@@ -1130,6 +1152,42 @@ Status TraceWriter::Append(int32_t tensor, std::span<const SummaryRow> summaries
     if (!values) return Status::InvalidArgument("tensor '" + spec.path + "': values missing");
     LS_RETURN_IF_ERROR(AppendRows(table + 1, values, summaries.size() * spec.cols * DTypeSize(spec.dtype)));
   }
+  return Status::Ok();
+}
+
+Status TraceWriter::AppendSummaries(std::span<const int32_t> tensors, std::span<const SummaryRow> summaries) {
+  if (tensors.size() != summaries.size()) {
+    return Status::InvalidArgument("AppendSummaries: " + std::to_string(tensors.size()) + " tensor handles for " +
+                                   std::to_string(summaries.size()) + " summary rows");
+  }
+  for (const int32_t t : tensors) {
+    if (t < 0 || t >= static_cast<int32_t>(tensors_.size())) {
+      return Status::InvalidArgument("unknown tensor handle " + std::to_string(t));
+    }
+    if (tensors_[t].values) {
+      return Status::InvalidArgument("tensor '" + tensors_[t].path + "' stores values: AppendSummaries takes summary-only tensors");
+    }
+  }
+  if (summaries.empty()) return Status::Ok();
+  if (closed_) return Status::Internal("trace writer already closed");
+  if (impl_->failed.load(std::memory_order_relaxed)) return impl_->error();
+  // One entry for all of them (Command::Entry::scatter_rows): their tables, then the rows.
+  const size_t n = summaries.size();
+  const size_t bytes = 4 * n + summaries.size_bytes();
+  Command& c = AppendCommand(bytes);
+  const size_t at = c.bytes.size();
+  c.bytes.resize(at + 4 * n);  // (the table indices: written just below)
+  uint8_t* tables = c.bytes.data() + at;
+  for (size_t i = 0; i < n; ++i) std::memcpy(tables + 4 * i, &summary_table_[tensors[i]], 4);
+  const auto* b = reinterpret_cast<const uint8_t*>(summaries.data());
+  c.bytes.insert(c.bytes.end(), b, b + summaries.size_bytes());
+  Command::Entry e{-1, bytes};
+  e.scatter_rows = n;
+  c.entries.push_back(std::move(e));
+  NoteAppended(c);
+  impl_->pending_bytes += static_cast<int64_t>(bytes);
+  bytes_in_ += static_cast<int64_t>(summaries.size_bytes());
+  if (impl_->pending_bytes >= kSubmitBytes) Submit();
   return Status::Ok();
 }
 

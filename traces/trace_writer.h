@@ -101,6 +101,10 @@ class TraceWriter {
   // Appends rows: `summaries` describes each row; `values` holds rows × cols elements of
   // the tensor's dtype, row-major (ignored, and may be null, when the tensor stores no values).
   Status Append(int32_t tensor, std::span<const SummaryRow> summaries, const void* values);
+  // Summary rows of many summary-only tensors at once: row i of `summaries` goes to
+  // tensors[i]'s table, in order — the same trace as Append(tensors[i], {summaries[i]}, nullptr)
+  // for each i, in one hand-over (a step's backend-computed tap summaries).
+  Status AppendSummaries(std::span<const int32_t> tensors, std::span<const SummaryRow> summaries);
   // Appends rows whose summaries the writer thread computes: row i is position positions[i]
   // of `request`, made in engine step `step`; `values` holds the rows (positions.size() ×
   // cols of the dtype). They are stored only when the tensor stores values. This keeps the
@@ -160,6 +164,9 @@ class TraceWriter {
   std::vector<int32_t> summary_table_;
   int32_t next_table_ = 3;
   int64_t append_reserve_ = 0;  // bytes of the largest step so far (to reserve the next)
+  size_t entries_reserve_ = 0;  // … and its entries (a step's ~300 taps: no regrowth per step)
+  // After rows went into `c` (AppendCommand's): the reserves grow to what it holds.
+  void NoteAppended(const Command& c);
   bool closed_ = false;
 };
 

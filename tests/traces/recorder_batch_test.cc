@@ -1,0 +1,208 @@
+// tests/traces/recorder_batch_test.cc — TapHook::OnTapSummaries, the hand-over the CUDA
+// backend's summary capture uses: a recorder fed a step's summarised taps in one call must
+// write the same trace as one fed them one OnTap at a time (the reference path), with the
+// position and tap filters, several requests and rows, and events the batch cannot take (a
+// logits row with values, a summary-only tap arriving with values) in the middle. Both traces
+// are read back with TraceReader and compared table by table, byte for byte.
+#include <gtest/gtest.h>
+
+#include <cstring>
+#include <filesystem>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "engine/engine.h"
+#include "engine/model.h"
+#include "recorder/recorder.h"
+#include "traces/trace_reader.h"
+#include "traces/trace_writer.h"
+
+namespace lockstep {
+namespace {
+
+std::filesystem::path TempTrace(const std::string& name) {
+  const auto dir = std::filesystem::temp_directory_path() / "lockstep_recorder_batch_test";
+  std::filesystem::create_directories(dir);
+  const auto p = dir / name;
+  std::filesystem::remove(p);
+  return p;
+}
+
+struct Step {
+  std::vector<engine::TapEvent> events;
+  std::vector<engine::TapRowSummary> summaries;
+  std::vector<float> values;
+};
+
+// Records `steps` with a fresh recorder into `path`, through OnTapSummaries (batch) or OnTap.
+void Record(const std::filesystem::path& path, engine::Engine* eng, const recorder::CapturePolicy& policy,
+            const std::vector<Step>& steps, bool batch) {
+  traces::TraceWriterOptions wo;
+  wo.batch_width = 2;
+  auto w = traces::TraceWriter::Create(path, wo);
+  ASSERT_TRUE(w.ok()) << w.status().message();
+  recorder::RecorderOptions ro;
+  ro.policy = policy;
+  {
+    recorder::Recorder rec(eng, w->get(), ro);
+    for (const Step& s : steps) {
+      if (batch) {
+        rec.OnTapSummaries(s.events);
+      } else {
+        for (const engine::TapEvent& e : s.events) rec.OnTap(e);
+      }
+      ASSERT_TRUE(rec.EndStep().ok()) << rec.status().message();
+    }
+    ASSERT_TRUE(rec.Finish().ok()) << rec.status().message();
+  }
+  ASSERT_TRUE((*w)->Close().ok());
+}
+
+TEST(RecorderBatch, SameTraceAsOneEventAtATime) {
+  auto model = engine::Model::Load(std::string(LOCKSTEP_SOURCE_DIR) + "/tests/fixtures/models/v32_sparse");
+  ASSERT_TRUE(model.ok()) << model.status().message();
+  auto eng = engine::Engine::Create(*model, engine::EngineOptions{});
+  ASSERT_TRUE(eng.ok()) << eng.status().message();
+
+  // Tap names live as long as the run (the engine's do): their addresses identify them.
+  const std::vector<std::string> names = {"embed", "layers.0.attn.q", "layers.0.ffn.router.topk_ids",
+                                          "layers.1.attn.out", "layers.1.resid_out", "final_norm"};
+  const std::string logits = "logits";
+  std::mt19937 rng(7);
+  std::uniform_real_distribution<float> u(-3.0f, 3.0f);
+  std::vector<Step> steps(5);
+  for (size_t si = 0; si < steps.size(); ++si) {
+    Step& s = steps[si];
+    // Request 0 decodes one row a step; request 1 starts with a 3-row prompt chunk.
+    const int64_t rows1 = si == 0 ? 3 : 1;
+    const int64_t pos0 = 10 + static_cast<int64_t>(si), pos1 = si == 0 ? 0 : 2 + static_cast<int64_t>(si);
+    s.summaries.resize(names.size() * 4);
+    s.values.resize(64 * 4 + 128);
+    for (auto& v : s.values) v = u(rng);
+    for (auto& r : s.summaries) {
+      r.hash = rng();
+      r.nan_count = rng() % 3;
+      r.rms = u(rng);
+      r.absmax = u(rng);
+      r.min = u(rng);
+      r.max = u(rng);
+    }
+    for (size_t t = 0; t < names.size(); ++t) {
+      for (int64_t req = 0; req < 2; ++req) {
+        engine::TapEvent e;
+        e.name = names[t];
+        e.request_id = req;
+        e.position = req == 0 ? pos0 : pos1;
+        e.rows = req == 0 ? 1 : rows1;
+        e.cols = t == 2 ? 6 : 64;
+        e.dtype = t == 2 ? engine::TapDType::kI32 : engine::TapDType::kF32;
+        if (si == 3 && t == 3 && req == 1) {
+          e.data = s.values.data();  // values where summaries usually come: the host summarises
+        } else {
+          e.summaries = &s.summaries[t * 4 + (req == 0 ? 0 : 1)];
+        }
+        s.events.push_back(e);
+      }
+      if (t == 3) {  // a logits row (values) among the summarised taps
+        engine::TapEvent e;
+        e.name = logits;
+        e.request_id = 0;
+        e.position = pos0;
+        e.rows = 1;
+        e.cols = 128;
+        e.data = s.values.data() + 64 * 4;
+        s.events.push_back(e);
+      }
+    }
+  }
+
+  recorder::CapturePolicy policy;
+  policy.mode = recorder::CapturePolicy::Mode::kSummary;
+  policy.taps = {"embed", "layers.*", "logits"};  // not final_norm
+  policy.pos_first = 1;
+  policy.pos_stride = 2;  // odd positions only
+  const auto a = TempTrace("one_at_a_time.h5"), b = TempTrace("batch.h5");
+  Record(a, eng->get(), policy, steps, false);
+  Record(b, eng->get(), policy, steps, true);
+
+  auto ra = traces::TraceReader::Open(a);
+  auto rb = traces::TraceReader::Open(b);
+  ASSERT_TRUE(ra.ok()) << ra.status().message();
+  ASSERT_TRUE(rb.ok()) << rb.status().message();
+  ASSERT_EQ((*ra)->tensors().size(), (*rb)->tensors().size());
+  int64_t rows = 0;
+  for (const traces::TensorInfo& ta : (*ra)->tensors()) {
+    const traces::TensorInfo* tb = (*rb)->FindTensor(ta.path);
+    ASSERT_NE(tb, nullptr) << ta.path;
+    EXPECT_NE(ta.name, "final_norm");  // the tap filter held
+    auto sa = (*ra)->ReadSummary(ta);
+    auto sb = (*rb)->ReadSummary(*tb);
+    ASSERT_TRUE(sa.ok() && sb.ok()) << ta.path;
+    ASSERT_EQ(sa->size(), sb->size()) << ta.path;
+    ASSERT_EQ(0, std::memcmp(sa->data(), sb->data(), sa->size() * sizeof(traces::SummaryRow))) << ta.path;
+    for (const traces::SummaryRow& r : *sa) EXPECT_EQ(r.position % 2, 1) << ta.path;  // the position filter held
+    rows += static_cast<int64_t>(sa->size());
+    ASSERT_EQ(ta.has_values, tb->has_values);
+    if (ta.has_values) {
+      auto va = (*ra)->ReadValues(ta, 0, ta.rows);
+      auto vb = (*rb)->ReadValues(*tb, 0, tb->rows);
+      ASSERT_TRUE(va.ok() && vb.ok()) << ta.path;
+      EXPECT_EQ(*va, *vb) << ta.path;
+    }
+  }
+  // 5 taps pass the filter; their odd-position rows: request 0 at 11, 13 (steps 1, 3); request 1
+  // at 1 (step 0's prompt rows 0–2), 3, 5 (steps 1, 3) — 5 a tap; logits: 2.
+  EXPECT_EQ(rows, 5 * 5 + 2);
+  // A summary the backend computed reaches the trace as it was (one row checked by hand).
+  const traces::TensorInfo* q = (*rb)->FindTensor("taps/layers.0.attn.q");
+  ASSERT_NE(q, nullptr);
+  auto sq = (*rb)->ReadSummary(*q);
+  ASSERT_TRUE(sq.ok());
+  ASSERT_FALSE(sq->empty());
+  const traces::SummaryRow& first = sq->front();  // step 0, request 1, position 1 (its prompt's second row)
+  EXPECT_EQ(first.step, 0);
+  EXPECT_EQ(first.request, 1);
+  EXPECT_EQ(first.position, 1);
+  EXPECT_EQ(first.hash, steps[0].summaries[1 * 4 + 1 + 1].hash);
+}
+
+TEST(TraceWriter, AppendSummariesRefusesWhatAppendWould) {
+  const auto p = TempTrace("append_summaries.h5");
+  auto w = traces::TraceWriter::Create(p, traces::TraceWriterOptions{});
+  ASSERT_TRUE(w.ok());
+  traces::TensorSpec s;
+  s.path = "taps/a";
+  s.cols = 4;
+  s.values = false;
+  auto ha = (*w)->DefineTensor(s);
+  s.path = "taps/b";
+  s.values = true;
+  auto hb = (*w)->DefineTensor(s);
+  ASSERT_TRUE(ha.ok() && hb.ok());
+  std::vector<traces::SummaryRow> rows(2);
+  const std::vector<int32_t> one = {*ha};
+  Status st = (*w)->AppendSummaries(one, rows);
+  EXPECT_FALSE(st.ok());
+  EXPECT_NE(st.message().find("1 tensor handles for 2 summary rows"), std::string::npos) << st.message();
+  const std::vector<int32_t> unknown = {*ha, 99};
+  st = (*w)->AppendSummaries(unknown, rows);
+  EXPECT_NE(st.message().find("unknown tensor handle 99"), std::string::npos) << st.message();
+  const std::vector<int32_t> valued = {*ha, *hb};
+  st = (*w)->AppendSummaries(valued, rows);
+  EXPECT_NE(st.message().find("'taps/b' stores values"), std::string::npos) << st.message();
+  const std::vector<int32_t> ok = {*ha, *ha};
+  EXPECT_TRUE((*w)->AppendSummaries(ok, rows).ok());
+  ASSERT_TRUE((*w)->Close().ok());
+  auto r = traces::TraceReader::Open(p);
+  ASSERT_TRUE(r.ok());
+  const traces::TensorInfo* a = (*r)->FindTensor("taps/a");
+  ASSERT_NE(a, nullptr);
+  EXPECT_EQ(a->rows, 2);
+  const traces::TensorInfo* b = (*r)->FindTensor("taps/b");
+  ASSERT_NE(b, nullptr);
+  EXPECT_EQ(b->rows, 0);
+}
+
+}  // namespace
+}  // namespace lockstep
