@@ -8,7 +8,7 @@
 //
 //   bench_record [--model DIR] [--prompt-len N] [--tokens N] [--batch B] [--kv-cache F]
 //                [--flush-interval S] [--out DIR] [--modes off,hook,none,summary,full] [--repeat N]
-//                [--backend cpu|cuda] [--random-weights 1] [--gpu-profile 1] [--compression-threads N]
+//                [--backend cpu|cuda] [--random-weights 1] [--gpu-profile 1] [--compression-threads N] [--zstd-level N]
 //
 // Each mode runs --repeat times, interleaved with the others (off, summary, full, off, …), so
 // that a slow stretch of a shared machine hits every mode alike. The table gives each mode's
@@ -80,6 +80,7 @@ int main(int argc, char** argv) {
   bool random_weights = false;   // --random-weights 1: config only, weights made on the GPU
   bool gpu_profile = false;      // --gpu-profile 1: GPU time per phase of each run, on stderr
   int compression_threads = 1;   // the trace writer's compression workers (record's default)
+  int zstd_level = traces::kDefaultZstdLevel;  // record's default
   std::string gemm = "bf16";     // the cuda backend's gemm variant
   for (int i = 1; i < argc; ++i) {
     if (std::string(argv[i]) == "--help" || std::string(argv[i]) == "-h") {
@@ -95,6 +96,7 @@ int main(int argc, char** argv) {
           "  --modes LIST             of off,hook,none,summary,full (default all)\n"
           "  --repeat N               interleaved repeats per mode; medians and ranges (default 3)\n"
           "  --compression-threads N  the trace writer's zstd workers (default 1)\n"
+          "  --zstd-level N           the trace writer's Zstandard level (default 3)\n"
           "  --flush-interval S       seconds between flushes (default 1)\n"
           "  --out DIR                where the traces go (created; default /tmp)\n"
           "  --gpu-profile 1          GPU time per phase of each run, on stderr\n"
@@ -121,6 +123,7 @@ int main(int argc, char** argv) {
     else if (k == "--random-weights") random_weights = v == "1";
     else if (k == "--gpu-profile") gpu_profile = v == "1";
     else if (k == "--compression-threads") compression_threads = std::stoi(v);
+    else if (k == "--zstd-level") zstd_level = std::stoi(v);
     else if (k == "--gemm") gemm = v;
     else {
       std::fprintf(stderr, "bench_record: unknown flag %s\n", k.c_str());
@@ -180,6 +183,7 @@ int main(int argc, char** argv) {
       traces::TraceWriterOptions wo;
       wo.batch_width = batch;
       wo.compression_threads = compression_threads;
+      wo.zstd_level = zstd_level;
       {
         recorder::CapturePolicy pol;
         pol.mode = *recorder::CapturePolicy::ParseMode(mode);
