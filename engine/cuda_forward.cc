@@ -12,6 +12,10 @@
 
 namespace lockstep::engine::cuda_impl {
 
+// Rows (requests) up to which W_UV's absorption merges MLA decode's splits itself (the
+// `combine_in_uv` of Forward; H200, V2-Lite batch 1: docs/performance.md, eighth session).
+constexpr int64_t kCombineInUvMaxRows = 2;
+
 Status CudaBackend::Forward(std::span<Segment> segs, PagedKvCache& cache, const kernels::KernelChoice& kernels,
                             TapHook* hook, ForwardOutput* out) {
   const ModelConfig& c = model_->config();
@@ -542,6 +546,11 @@ LS_RETURN_IF_ERROR(Mark("start"));
       ab.error_flag = err;
       LS_RETURN_IF_ERROR(cu::ExpertGemm(ab, s));
       LS_RETURN_IF_ERROR(Mark("absorb_q"));
+      // At a few rows the absorption of W_UV takes the attention's split results and merges
+      // them itself (ExpertGemmParams::x_partials: MlaDecode's combine, the same bits, one
+      // launch and one wait fewer on the chain). Its bulk-copy shape re-merges a head's splits
+      // in each of the head's 8 CTAs: cheap at one or two rows, not at a batch.
+      const bool combine_in_uv = dot_ && R <= kCombineInUvMaxRows && (D.kv_b.bf16 || D.kv_b.fp8);
       if (overlap) {
         LS_RETURN_IF_ERROR(join_->WaitOn(s));  // the cache holds this step's latents
         LS_RETURN_IF_ERROR(Mark("kv_path_wait"));
@@ -581,14 +590,19 @@ LS_RETURN_IF_ERROR(Mark("start"));
         LS_RETURN_IF_ERROR(mla_ws_.Ensure(std::max<size_t>(need, 256)));
         mp.workspace = mla_ws_.buf.data();
         mp.workspace_bytes = mla_ws_.buf.size();
-        LS_RETURN_IF_ERROR(sparse ? cu::MlaSparseDecode(mp, s) : cu::MlaDecode(mp, s));
+        if (combine_in_uv) {  // the splits only: W_UV's absorption below merges them
+          LS_RETURN_IF_ERROR(sparse ? cu::MlaSparseDecodeSplits(mp, &ab.x_partials, s)
+                                    : cu::MlaDecodeSplits(mp, &ab.x_partials, s));
+        } else {
+          LS_RETURN_IF_ERROR(sparse ? cu::MlaSparseDecode(mp, s) : cu::MlaDecode(mp, s));
+        }
         LS_RETURN_IF_ERROR(Mark("mla_decode"));
       }
       // heads_h = W_UV_h o_lat_h: W_UV_h is rows [h·(dn+dv) + dn, +dv) of kv_b_proj.
       ab.out = dv;
       ab.in = C;
       D.kv_b.Bind(&ab, dn, dn + dv);
-      ab.x = olat;
+      ab.x = combine_in_uv ? nullptr : olat;  // (x_partials set above when combine_in_uv)
       ab.x_stride = C;
       ab.y = heads;
       ab.y_stride = dv;

@@ -10,7 +10,8 @@
 //            leave SMs idle; the same arithmetic, the same bits);
 //   combine  one CTA per (request, head) merges the splits in ascending order:
 //            M = max m_s, f_s = exp(m_s − M), L = Σ l_s f_s, o = (Σ o_s f_s) / L,
-//            lse = M + log L.
+//            lse = M + log L (mla_combine.cuh; MlaDecodeSplits leaves the merge to the
+//            reader: the W_UV absorption, ExpertGemmParams::x_partials, the same code).
 // Thread roles inside a split CTA (256 threads = 8 warps):
 //   scores   warp w owns heads w and w + 8 of the group, lane = key of the tile; each score
 //            is cpu::Dot over the latent plus cpu::Dot over the rope part, then × scale —
@@ -25,6 +26,7 @@
 #include "kernels/cuda/check.cuh"
 #include "kernels/cuda/device_math.cuh"
 #include "kernels/cuda/launch.cuh"
+#include "kernels/cuda/mla_combine.cuh"
 #include "kernels/cuda/ops.h"
 
 namespace lockstep::kernels::cuda {
@@ -33,13 +35,13 @@ namespace {
 constexpr int kThreads = 256;
 constexpr int kWarps = kThreads / 32;
 constexpr int kMaxHeadsPerCta = 16;  // the score phase takes kHpc / 8 heads per warp (kHpc = 16 or 8)
-constexpr int kTileKeys = 32;  // = warp width: lane ↔ key in the score phase
+constexpr int kTileKeys = dev::kMlaTileKeys;  // = warp width: lane ↔ key in the score phase
 constexpr int kMaxLora = 512;
 constexpr int kMaxRope = 64;
 constexpr int kColGroups = 64;                                       // P·V column groups
 constexpr int kColsPerThread = kMaxLora / kColGroups;                // 8
-constexpr int kMaxSplits = 64;
-constexpr int kBaseSplitKeys = 32;  // one tile per split up to 2048 keys: a batch-1 decode still spreads
+constexpr int kMaxSplits = dev::kMlaMaxSplits;
+constexpr int kBaseSplitKeys = dev::kMlaBaseSplitKeys;
 constexpr int kCombineThreads = 128;
 constexpr int kQPerThread = (kMaxLora + kMaxRope + kThreads - 1) / kThreads;  // q values a thread loads
 // The one-head kernel's key rows: 16-byte aligned (float4 dequantisation) and 8 floats past a
@@ -55,12 +57,8 @@ __device__ __forceinline__ int HeadScoreKey(int tid) {
 }
 static_assert(kBaseSplitKeys % kTileKeys == 0);
 
-__host__ __device__ inline int64_t SplitKeys(int64_t n) {
-  if (n <= int64_t{kBaseSplitKeys} * kMaxSplits) return kBaseSplitKeys;
-  const int64_t per = (n + kMaxSplits - 1) / kMaxSplits;
-  return (per + kTileKeys - 1) / kTileKeys * kTileKeys;
-}
-__host__ __device__ inline int64_t NumSplits(int64_t n) { return n <= 0 ? 0 : (n + SplitKeys(n) - 1) / SplitKeys(n); }
+__host__ __device__ inline int64_t SplitKeys(int64_t n) { return dev::MlaSplitKeysOf(n); }
+__host__ __device__ inline int64_t NumSplits(int64_t n) { return dev::MlaNumSplits(n); }
 // Splits the grid must cover for any n ≤ max_keys (NumSplits is not monotone above 4096).
 inline int64_t SplitsToAllocate(int64_t max_keys) {
   return max_keys > int64_t{kBaseSplitKeys} * kMaxSplits ? kMaxSplits : NumSplits(max_keys);
@@ -664,65 +662,16 @@ __global__ void __launch_bounds__(kThreads) MlaSplitHeadKernel(MlaDecodeParams p
 static_assert(2 * kThreads >= kMaxLora, "MlaSplitHeadKernel: two columns a thread");
 static_assert(kThreads == 8 * kTileKeys, "MlaSplitHeadKernel: eight threads a key");
 
-template <bool kSparse>
-__global__ void __launch_bounds__(kCombineThreads) MlaCombineKernel(MlaDecodeParams p, Workspace ws) {
+// One CTA per (request, head): dev::MlaCombineSplits into o_latent, and lse = M + log L.
+__global__ void __launch_bounds__(kCombineThreads) MlaCombineKernel(MlaDecodeParams p, MlaPartials q) {
   dev::GridDependencySync();
-  __shared__ float f_s[kMaxSplits], m_s[kMaxSplits], l_s[kMaxSplits];
-  const int H = static_cast<int>(p.heads), C = static_cast<int>(p.kv_lora);
-  const int b = blockIdx.x / H, h = blockIdx.x % H;
-  const int64_t n_keys = KeyCount<kSparse>(p, b, false);
-  const int S = static_cast<int>(NumSplits(n_keys));
-  const int64_t base = (static_cast<int64_t>(b) * H + h) * ws.splits;
-  // The splits' m and l into shared memory in one round trip (S ≤ 64 < threads).
-  static_assert(kMaxSplits <= kCombineThreads);
-  if (threadIdx.x < S) {
-    m_s[threadIdx.x] = ws.m_part[base + threadIdx.x];
-    l_s[threadIdx.x] = ws.l_part[base + threadIdx.x];
-  }
-  __syncthreads();
-  // Every thread computes M and L itself, in the same order: identical bits, no broadcast.
-  float M = -INFINITY;
-  for (int s = 0; s < S; ++s) M = fmaxf(M, m_s[s]);
-  for (int s = threadIdx.x; s < S; s += kCombineThreads) {
-    const float m = m_s[s];
-    f_s[s] = m == -INFINITY ? 0.0f : expf(__fsub_rn(m, M));
-  }
-  __syncthreads();
-  float L = 0.0f;
-  for (int s = 0; s < S; ++s) L = __fadd_rn(L, __fmul_rn(l_s[s], f_s[s]));
+  const int64_t H = p.heads, b = blockIdx.x / H, h = blockIdx.x % H;
   float* out = p.o_latent + b * p.o_batch_stride + h * p.o_head_stride;
-  // A thread's kCombineCols columns (c, c + 128, …) at once: their partials' loads go out
-  // together, 16 splits at a time, ahead of the FMAs, which keep ascending s per column.
-  constexpr int kCombineCols = 4;
-  for (int c0 = threadIdx.x; c0 < C; c0 += kCombineThreads * kCombineCols) {
-    float acc[kCombineCols];
-#pragma unroll
-    for (int j = 0; j < kCombineCols; ++j) acc[j] = 0.0f;
-    for (int s0 = 0; s0 < S; s0 += 16) {
-      float o[kCombineCols][16];
-#pragma unroll
-      for (int j = 0; j < kCombineCols; ++j) {
-        const int c = c0 + j * kCombineThreads;
-#pragma unroll
-        for (int u = 0; u < 16; ++u) o[j][u] = s0 + u < S && c < C ? ws.o_part[(base + s0 + u) * C + c] : 0.0f;
-      }
-#pragma unroll
-      for (int u = 0; u < 16; ++u) {
-        if (s0 + u < S) {
-#pragma unroll
-          for (int j = 0; j < kCombineCols; ++j) acc[j] = __fmaf_rn(o[j][u], f_s[s0 + u], acc[j]);
-        }
-      }
-    }
-#pragma unroll
-    for (int j = 0; j < kCombineCols; ++j) {
-      const int c = c0 + j * kCombineThreads;
-      if (c < C) out[c] = L == 0.0f ? 0.0f : __fdiv_rn(acc[j], L);
-    }
-  }
-  if (threadIdx.x == 0 && p.lse != nullptr) {
-    p.lse[static_cast<int64_t>(b) * H + h] = L == 0.0f ? -INFINITY : __fadd_rn(M, logf(L));
-  }
+  __shared__ float scratch[dev::kMlaCombineScratch];
+  float M = 0.0f;
+  const float L =
+      dev::MlaCombineSplits(q, b, h, threadIdx.x, kCombineThreads, scratch, [&](int c, float v) { out[c] = v; }, &M);
+  if (threadIdx.x == 0 && p.lse != nullptr) p.lse[b * H + h] = L == 0.0f ? -INFINITY : __fadd_rn(M, logf(L));
 }
 
 Status Validate(const MlaDecodeParams& p, bool sparse, const char* op) {
@@ -776,16 +725,36 @@ Status Validate(const MlaDecodeParams& p, bool sparse, const char* op) {
   return Status::Ok();
 }
 
+// The split kernel's results in p's workspace, as the combine reads them.
 template <bool kSparse>
-Status Launch(const MlaDecodeParams& p, Stream stream) {
-  const char* op = kSparse ? "MlaSparseDecode" : "MlaDecode";
-  LS_RETURN_IF_ERROR(Validate(p, kSparse, op));
-  if (p.batch == 0) return Status::Ok();
+MlaPartials PartialsOf(const MlaDecodeParams& p, const Workspace& ws) {
+  MlaPartials q;
+  q.o = ws.o_part;
+  q.m = ws.m_part;
+  q.l = ws.l_part;
+  q.batch = p.batch;
+  q.heads = p.heads;
+  q.kv_lora = p.kv_lora;
+  q.splits = ws.splits;
+  if constexpr (kSparse) {
+    q.topk = p.topk;
+  } else {
+    q.seq_lens = p.seq_lens;
+    q.max_seq_len = p.max_seq_len;
+    q.key_capacity = p.page_table_stride * p.page_size;
+  }
+  return q;
+}
+
+// The split kernel; *partials (when not null) describes what it writes.
+template <bool kSparse>
+Status LaunchSplits(const MlaDecodeParams& p, Stream stream, MlaPartials* partials) {
   const int64_t splits = SplitsToAllocate(kSparse ? p.topk : p.max_seq_len);
   const WorkspaceLayout layout = Layout(p, splits);
   char* w = static_cast<char*>(p.workspace);
   Workspace ws{reinterpret_cast<float*>(w), reinterpret_cast<float*>(w + layout.o_bytes),
                reinterpret_cast<float*>(w + layout.o_bytes + layout.ml_bytes), splits};
+  if (partials != nullptr) *partials = PartialsOf<kSparse>(p, ws);
   const int64_t D = p.kv_lora + p.rope_dim;
   const int64_t bpt = LatentBytesPerToken(p.format, p.kv_lora, p.rope_dim);
   if (splits > 0) {
@@ -824,10 +793,29 @@ Status Launch(const MlaDecodeParams& p, Stream stream) {
       LS_RETURN_IF_ERROR(hpc == 8 ? launch(MlaSplitKernel<kSparse, 8>, 8) : launch(MlaSplitKernel<kSparse, 16>, 16));
     }
   }
-  LS_CUDA_RETURN_IF_ERROR(LaunchKernel(MlaCombineKernel<kSparse>, static_cast<unsigned>(p.batch * p.heads),
-                                       kCombineThreads, 0, stream, p, ws));
+  return Status::Ok();
+}
+
+template <bool kSparse>
+Status Launch(const MlaDecodeParams& p, Stream stream) {
+  LS_RETURN_IF_ERROR(Validate(p, kSparse, kSparse ? "MlaSparseDecode" : "MlaDecode"));
+  if (p.batch == 0) return Status::Ok();
+  MlaPartials q;
+  LS_RETURN_IF_ERROR(LaunchSplits<kSparse>(p, stream, &q));
+  LS_CUDA_RETURN_IF_ERROR(LaunchKernel(MlaCombineKernel, static_cast<unsigned>(p.batch * p.heads), kCombineThreads,
+                                       0, stream, p, q));
   LS_CUDA_LAUNCH_CHECK();
   return Status::Ok();
+}
+
+template <bool kSparse>
+Status LaunchSplitsOnly(const MlaDecodeParams& p, MlaPartials* partials, Stream stream) {
+  const char* op = kSparse ? "MlaSparseDecodeSplits" : "MlaDecodeSplits";
+  LS_CHECK_ARG(partials != nullptr, op, "partials", partials);
+  LS_RETURN_IF_ERROR(Validate(p, kSparse, op));
+  *partials = MlaPartials();
+  if (p.batch == 0) return Status::Ok();
+  return LaunchSplits<kSparse>(p, stream, partials);
 }
 
 }  // namespace
@@ -842,5 +830,11 @@ size_t MlaDecodeWorkspaceBytes(const MlaDecodeParams& p) {
 
 Status MlaDecode(const MlaDecodeParams& p, Stream stream) { return Launch<false>(p, stream); }
 Status MlaSparseDecode(const MlaDecodeParams& p, Stream stream) { return Launch<true>(p, stream); }
+Status MlaDecodeSplits(const MlaDecodeParams& p, MlaPartials* partials, Stream stream) {
+  return LaunchSplitsOnly<false>(p, partials, stream);
+}
+Status MlaSparseDecodeSplits(const MlaDecodeParams& p, MlaPartials* partials, Stream stream) {
+  return LaunchSplitsOnly<true>(p, partials, stream);
+}
 
 }  // namespace lockstep::kernels::cuda

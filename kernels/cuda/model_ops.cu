@@ -11,6 +11,7 @@
 #include "kernels/cuda/check.cuh"
 #include "kernels/cuda/device_math.cuh"
 #include "kernels/cuda/launch.cuh"
+#include "kernels/cuda/mla_combine.cuh"
 #include "kernels/cuda/norm_row.cuh"
 #include "kernels/cuda/ops.h"
 
@@ -1268,10 +1269,11 @@ template <int kBlk, bool kFp8>
 constexpr int kBkRowBytes = kBlk * (kFp8 ? 1 : 2) + 32;
 static_assert(kSwTileIn % 512 == 0 && kBkRows == 4 * (kBkThreads / 32));
 
+// (With x_partials, the MLA combine's scratch after x.)
 template <int kBlk, bool kFp8>
-size_t BulkSmemBytes(int stages, int64_t in) {
+size_t BulkSmemBytes(int stages, int64_t in, bool combine = false) {
   return static_cast<size_t>(stages) * (4 * sizeof(uint64_t) + kBkRows * kBkRowBytes<kBlk, kFp8>) +
-         static_cast<size_t>(in < kSwTileIn ? in : kSwTileIn) * 4;
+         static_cast<size_t>(in < kSwTileIn ? in : kSwTileIn) * 4 + (combine ? dev::kMlaCombineScratch * 4 : 0);
 }
 
 // FP8 weights (kFp8): the same split and chains; lane g reads the byte pair of elements
@@ -1289,14 +1291,15 @@ __global__ void __launch_bounds__(kBkThreads) ExpertGemmBulkKernel(ExpertGemmPar
   float* xs = reinterpret_cast<float*>(wbuf + static_cast<size_t>(stages) * kBkRows * kRowBytes);
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, g = lane & 7, row = tid >> 3;
   const int64_t slot = blockIdx.y, row0 = static_cast<int64_t>(blockIdx.x) * kBkRows, o = row0 + row;
-  const float* const xrow = p.x + (p.x_per_slot ? slot : slot / p.k) * p.x_stride;
+  const bool combine = p.x_partials.o != nullptr;  // x: an MLA decode's splits, merged here
+  const float* const xrow = combine ? nullptr : p.x + (p.x_per_slot ? slot : slot / p.k) * p.x_stride;
   const int tn0 = p.in < kSwTileIn ? static_cast<int>(p.in) : kSwTileIn;
   XTile xt;
   if (!p.ids_fixed) {
     // Ids a kernel of this step wrote (a routing): nothing can be requested before it is done,
     // so x's loads go out first, ahead of the weights they would otherwise queue behind.
     dev::WaitForPrior();
-    XTileLoad(xrow, tn0, tid, kBkThreads, xt);
+    if (!combine) XTileLoad(xrow, tn0, tid, kBkThreads, xt);
   }
   const int e = p.ids[slot];
   if (BadExpert(p, e, slot, row0, kBkRows, tid)) return;
@@ -1329,8 +1332,16 @@ __global__ void __launch_bounds__(kBkThreads) ExpertGemmBulkKernel(ExpertGemmPar
   // With fixed ids the requests go out before the previous kernel has finished (launch.cuh).
   for (int blk = 0; blk < ring; ++blk) issue(blk, blk);
   dev::GridDependencySync();  // (a no-op wait when it was waited for above)
-  if (p.ids_fixed) XTileLoad(xrow, tn0, tid, kBkThreads, xt);
-  XTileStore(xrow, tn0, p.round_x_bf16, xs, tid, kBkThreads, xt);
+  if (combine) {  // request slot / k, head e: MlaDecode's combine into xs (rounded as XTileStore rounds)
+    const bool round = p.round_x_bf16;
+    float m = 0.0f;
+    dev::MlaCombineSplits(
+        p.x_partials, slot / p.k, e, tid, kBkThreads, xs + tn0,  // (BulkSmemBytes' combine scratch)
+        [&](int c, float v) { xs[c] = round ? dev::Bf16ToF32(dev::F32ToBf16(v)) : v; }, &m);
+  } else {
+    if (p.ids_fixed) XTileLoad(xrow, tn0, tid, kBkThreads, xt);
+    XTileStore(xrow, tn0, p.round_x_bf16, xs, tid, kBkThreads, xt);
+  }
   __syncthreads();  // x visible to every warp
 
   // Lane g of a row reads word 8b + g of the row's block for elements 16b + 2g, 16b + 2g + 1
@@ -1414,11 +1425,12 @@ template <int kBlk, bool kFp8>
 Status LaunchBulk(const ExpertGemmParams& p, int stages, Stream stream) {
   static const cudaError_t attr =
       cudaFuncSetAttribute(ExpertGemmBulkKernel<kBlk, kFp8>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                           static_cast<int>(BulkSmemBytes<kBlk, kFp8>(kBkMaxValues / kBlk, kSwTileIn)));
+                           static_cast<int>(BulkSmemBytes<kBlk, kFp8>(kBkMaxValues / kBlk, kSwTileIn, true)));
   LS_CUDA_RETURN_IF_ERROR(attr);
   const dim3 grid(static_cast<unsigned>((p.out + kBkRows - 1) / kBkRows), static_cast<unsigned>(p.rows * p.k));
   LS_CUDA_RETURN_IF_ERROR(LaunchKernel(ExpertGemmBulkKernel<kBlk, kFp8>, grid, kBkThreads,
-                                       BulkSmemBytes<kBlk, kFp8>(stages, p.in), stream, p, stages));
+                                       BulkSmemBytes<kBlk, kFp8>(stages, p.in, p.x_partials.o != nullptr), stream,
+                                       p, stages));
   LS_CUDA_LAUNCH_CHECK();
   return Status::Ok();
 }
@@ -1637,7 +1649,19 @@ Status NormRoute(const NormRouteParams& p, Stream stream) {
 Status ExpertGemm(const ExpertGemmParams& p, Stream stream) {
   constexpr const char* op = "ExpertGemm";
   LS_CHECK_ARG(p.w != nullptr, op, "w", p.w);
-  LS_CHECK_ARG(p.x != nullptr, op, "x", p.x);
+  const MlaPartials& xp = p.x_partials;
+  const bool combine = xp.o != nullptr;
+  LS_CHECK_ARG(combine || p.x != nullptr, op, "x", p.x);
+  if (combine) {  // x from an MLA decode's splits (the bulk shape combines them)
+    LS_CHECK_ARG(xp.m != nullptr && xp.l != nullptr, op, "x_partials (m, l)", xp.m);
+    LS_CHECK_ARG(xp.kv_lora == p.in && p.in <= kSwTileIn, op, "x_partials.kv_lora (= in ≤ 4096)", xp.kv_lora);
+    LS_CHECK_ARG(p.rows <= xp.batch, op, "rows (≤ x_partials.batch)", p.rows);
+    LS_CHECK_ARG(p.experts <= xp.heads, op, "experts (≤ x_partials.heads)", p.experts);
+    LS_CHECK_ARG(xp.splits >= 0 && xp.splits <= dev::kMlaMaxSplits, op, "x_partials.splits", xp.splits);
+    LS_CHECK_ARG(xp.seq_lens != nullptr || xp.topk >= 0, op, "x_partials.topk", xp.topk);
+    LS_CHECK_ARG(p.launch == ExpertGemmParams::Launch::kAuto || p.launch == ExpertGemmParams::Launch::kBulkBySlot, op,
+                 "launch (x_partials: the bulk shape)", static_cast<int>(p.launch));
+  }
   LS_CHECK_ARG(p.ids != nullptr, op, "ids", p.ids);
   LS_CHECK_ARG(p.y != nullptr, op, "y", p.y);
   LS_CHECK_ARG(p.rows >= 0, op, "rows", p.rows);
@@ -1648,7 +1672,7 @@ Status ExpertGemm(const ExpertGemmParams& p, Stream stream) {
   LS_CHECK_ARG(p.in > 0 && p.in < (int64_t{1} << 31), op, "in", p.in);
   LS_CHECK_ARG(p.w_row_stride >= p.in, op, "w_row_stride", p.w_row_stride);
   LS_CHECK_ARG(p.w_expert_stride >= (p.out - 1) * p.w_row_stride + p.in, op, "w_expert_stride", p.w_expert_stride);
-  LS_CHECK_ARG(p.x_stride >= p.in, op, "x_stride", p.x_stride);
+  LS_CHECK_ARG(combine || p.x_stride >= p.in, op, "x_stride", p.x_stride);
   LS_CHECK_ARG(p.y_stride >= p.out, op, "y_stride", p.y_stride);
   LS_CHECK_ARG(!(p.w_bf16 && p.w_fp8), op, "w_fp8 (and w_bf16)", p.w_fp8);
   if (p.w_fp8) {
@@ -1674,7 +1698,10 @@ Status ExpertGemm(const ExpertGemmParams& p, Stream stream) {
   const bool fast_ok = bulk_ok;
   const bool stream_ok = p.w_bf16 && bulk_ok;
   L launch = p.launch;
-  if (launch == L::kAuto && p.w_fp8) {
+  if (combine) {
+    LS_CHECK_ARG(bulk_ok, op, "x_partials (needs bf16 or FP8 weights, 16-byte rows, in % 16 = 0)", p.in);
+    launch = L::kBulkBySlot;
+  } else if (launch == L::kAuto && p.w_fp8) {
     // FP8 weights: bulk copies per slot (any number of waves) for the few-row products, the
     // cp.async chunked shape for crowded ones (prefill, batches), the register path otherwise.
     const bool dense = p.experts == 1;

@@ -256,6 +256,26 @@ size_t MlaDecodeWorkspaceBytes(const MlaDecodeParams& p);  // dense or sparse, b
 Status MlaDecode(const MlaDecodeParams& p, Stream stream = nullptr);
 Status MlaSparseDecode(const MlaDecodeParams& p, Stream stream = nullptr);
 
+// An MLA decode's split results before their combine, in its workspace: what
+// ExpertGemmParams::x_partials merges where it reads them (kernels/cuda/mla_combine.cuh).
+struct MlaPartials {
+  const float* o = nullptr;  // [batch, heads, splits, kv_lora] unnormalised outputs
+  const float* m = nullptr;  // [batch, heads, splits] running maxima
+  const float* l = nullptr;  // [batch, heads, splits] sums of exp
+  int64_t batch = 0, heads = 0, kv_lora = 0, splits = 0;  // splits: allocated per (request, head)
+  // Request b's key count, as the decode reads it: seq_lens[b] (dense; 0 outside
+  // [0, min(max_seq_len, key_capacity)]), or topk where seq_lens is null (sparse).
+  const int32_t* seq_lens = nullptr;
+  int64_t max_seq_len = 0, key_capacity = 0, topk = 0;
+};
+// MlaDecode (MlaSparseDecode) without its combine: the split kernel alone, and `partials`
+// describes what it writes into p.workspace (valid until the workspace is written again). The
+// combine is then the reader's: ExpertGemm with x_partials (the W_UV absorption) forms
+// o_latent's rows as MlaDecode's combine kernel would, bit for bit, one launch fewer.
+// p.o_latent and p.lse are not written.
+Status MlaDecodeSplits(const MlaDecodeParams& p, MlaPartials* partials, Stream stream = nullptr);
+Status MlaSparseDecodeSplits(const MlaDecodeParams& p, MlaPartials* partials, Stream stream = nullptr);
+
 // ---------------------------------------------------------------------------------------
 // V3.2 lightning indexer, reference variant (engine/model.cc):
 //   score[b, t] = Σ_h w[b,h] · ReLU(Dot(q[b,h], k_t) · key_scale),  t < seq_lens[b]
@@ -538,6 +558,11 @@ struct ExpertGemmParams {
   float* y = nullptr;            // [rows·k, out], row stride y_stride
   int64_t y_stride = 0;
   int32_t* error_flag = nullptr; // optional; kErrExpert
+  // Instead of x (which is then unused): slot s = r·k + j reads the MLA decode output of request
+  // r, head ids[s] — its splits merged as MlaDecode's combine merges them, the same bits — when
+  // x_partials.o is set (MlaDecodeSplits). Needs in = kv_lora ≤ 4096, rows ≤ x_partials.batch,
+  // experts ≤ x_partials.heads, and bf16 or FP8 weights (the bulk-copy shape runs it).
+  MlaPartials x_partials;
   // The launch shape: kAuto picks by shape and device (ExpertGemm's comment in model_ops.cu);
   // the others force one, for tests (every shape gives the same bits) and benchmarks. The
   // kFast* and kStream* shapes need bf16 weights, 16-byte aligned rows and in % 16 = 0 (else

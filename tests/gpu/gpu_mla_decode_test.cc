@@ -200,15 +200,49 @@ MlaTolerance Tolerance(int64_t n_keys) {
 
 struct GpuResult {
   std::vector<float> o, lse;
+  std::vector<float> y_unfused, y_fused;  // with an Absorption: W_UV on o, and on the merged splits
   int32_t flag = 0;
   Status status;
 };
 
 // Runs dense (indices empty) or sparse decode of all requests of `w`.
+// W_UV for the absorption after the decode (ExpertGemmParams::x_partials' test): [H, dv, C]
+// bf16, or FP8 e4m3 with a scale per row and 128 columns.
+struct Absorption {
+  int64_t dv = 0;
+  bool fp8 = false, round_x_bf16 = false;
+  std::vector<uint16_t> w16;
+  std::vector<uint8_t> w8;
+  std::vector<float> scale;
+};
+Absorption MakeAbsorption(int64_t H, int64_t dv, int64_t C, bool fp8, bool round_x_bf16, uint64_t seed) {
+  Absorption a;
+  a.dv = dv;
+  a.fp8 = fp8;
+  a.round_x_bf16 = round_x_bf16;
+  std::mt19937_64 rng(seed);
+  std::normal_distribution<float> g(0.0f, 0.05f);
+  if (fp8) {
+    a.w8.resize(H * dv * C);
+    for (auto& v : a.w8) v = static_cast<uint8_t>(rng() % 0x7F) | static_cast<uint8_t>(rng() % 2 ? 0x80 : 0);  // no NaN
+    a.scale.resize(H * dv * ((C + 127) / 128));
+    for (auto& v : a.scale) v = 0.001f * static_cast<float>(1 + rng() % 16);
+  } else {
+    a.w16.resize(H * dv * C);
+    for (auto& v : a.w16) {
+      const float f = g(rng);
+      uint32_t u;
+      std::memcpy(&u, &f, 4);
+      v = static_cast<uint16_t>(u >> 16);
+    }
+  }
+  return a;
+}
+
 GpuResult RunGpu(const World& w, const Queries& q, const std::vector<int64_t>& seq_lens, int64_t max_seq_len,
                  const std::vector<std::vector<int32_t>>* sparse_slots, float scale,
                  const std::vector<int32_t>* page_table_override = nullptr, int32_t heads_per_cta = 0,
-                 int32_t key_staging = 0) {
+                 int32_t key_staging = 0, const Absorption* uv = nullptr) {
   const int64_t B = static_cast<int64_t>(seq_lens.size()), H = q.heads, C = w.C, R = w.R;
   const int64_t max_pages = std::max<int64_t>(1, (max_seq_len + w.page_size - 1) / w.page_size);
   std::vector<int32_t> table(B * max_pages, 0x7fffffff);  // unused entries: out of range if ever read
@@ -276,6 +310,47 @@ GpuResult RunGpu(const World& w, const Queries& q, const std::vector<int64_t>& s
   r.o = Download<float>(dout, B * H * C);
   r.lse = Download<float>(dlse, B * H);
   r.flag = Download<int32_t>(flag, 1)[0];
+  if (uv != nullptr && r.status.ok()) {
+    // W_UV on o_latent as the engine absorbs it, then on the splits merged where they are read.
+    std::vector<int32_t> heads(B * H);
+    for (int64_t i = 0; i < B * H; ++i) heads[i] = static_cast<int32_t>(i % H);
+    auto dids = Upload(heads), dw16 = Upload(uv->w16), dw8 = Upload(uv->w8), dscale = Upload(uv->scale);
+    auto dy0 = Zeros<float>(B * H * uv->dv), dy1 = Zeros<float>(B * H * uv->dv);
+    cu::ExpertGemmParams g;
+    g.rows = B;
+    g.k = H;
+    g.experts = H;
+    g.out = uv->dv;
+    g.in = C;
+    g.w = uv->fp8 ? dw8.data() : dw16.data();
+    g.w_bf16 = !uv->fp8;
+    g.w_fp8 = uv->fp8;
+    g.w_row_stride = C;
+    g.w_expert_stride = uv->dv * C;
+    g.w_scale = uv->fp8 ? dscale.as<float>() : nullptr;
+    g.w_scale_row_stride = (C + 127) / 128;
+    g.w_scale_expert_stride = uv->dv * g.w_scale_row_stride;
+    g.x = dout.as<float>();
+    g.x_stride = C;
+    g.x_per_slot = true;
+    g.round_x_bf16 = uv->round_x_bf16;
+    g.ids = dids.as<int32_t>();
+    g.ids_fixed = true;
+    g.y = dy0.as<float>();
+    g.y_stride = uv->dv;
+    r.status = cu::ExpertGemm(g);
+    if (r.status.ok()) {
+      r.status = sparse_slots != nullptr ? cu::MlaSparseDecodeSplits(p, &g.x_partials) : cu::MlaDecodeSplits(p, &g.x_partials);
+    }
+    if (r.status.ok()) {
+      g.x = nullptr;
+      g.y = dy1.as<float>();
+      r.status = cu::ExpertGemm(g);
+    }
+    if (r.status.ok()) r.status = cu::Synchronize();
+    r.y_unfused = Download<float>(dy0, B * H * uv->dv);
+    r.y_fused = Download<float>(dy1, B * H * uv->dv);
+  }
   return r;
 }
 
@@ -506,6 +581,68 @@ TEST(CudaMlaDecode, EveryHeadsPerCtaGivesTheSameBits) {
       }
     }
   }
+}
+
+// The combine merged inside W_UV's absorption (MlaDecodeSplits + ExpertGemmParams::x_partials,
+// the engine's batch-1 path) against MlaDecode's combine kernel and the absorption of its
+// o_latent: the same bits, for splits of one tile up to the widest (63 splits at 3000 keys),
+// an empty request, sparse top-k with masked slots, bf16 and FP8 weights, x rounded or not.
+TEST(CudaMlaDecode, CombineInsideTheAbsorptionGivesTheSameBits) {
+  LS_REQUIRE_GPU();
+  const std::vector<int64_t> lens = {256, 1, 70, 3000, 0};
+  World w = MakeWorld(512, 64, engine::KvFormat::kFp8E4m3, lens, 51, 64);
+  Queries q = MakeQueries(5, 16, 512, 64, 52);
+  std::vector<std::vector<int32_t>> slots(5);
+  for (int64_t b = 0; b < 5; ++b) {
+    for (int64_t t = 0; t < std::min<int64_t>(lens[b], 100); ++t) slots[b].push_back(SlotOf(w, b, t));
+    slots[b].resize(100, -1);
+  }
+  for (bool fp8 : {false, true}) {
+    for (bool round : {false, true}) {
+      const Absorption uv = MakeAbsorption(16, 128, 512, fp8, round, 53);
+      const std::string what = std::string(fp8 ? "FP8" : "bf16") + " W_UV, x " + (round ? "rounded" : "fp32");
+      for (int32_t hpc : {0, 1}) {  // the engine's pick (one head a CTA at batch ≤ 2) and forced
+        GpuResult dense = RunGpu(w, q, lens, 3001, nullptr, kV3Scale, nullptr, hpc, 0, &uv);
+        GpuResult sparse = RunGpu(w, q, {100, 100, 100, 100, 100}, 0, &slots, kV3Scale, nullptr, hpc, 0, &uv);
+        ASSERT_TRUE(dense.status.ok()) << dense.status.message();
+        ASSERT_TRUE(sparse.status.ok()) << sparse.status.message();
+        EXPECT_EQ(dense.flag, 0) << what;
+        EXPECT_TRUE(BitwiseEqual(dense.y_fused, dense.y_unfused, what + " (dense)"));
+        EXPECT_TRUE(BitwiseEqual(sparse.y_fused, sparse.y_unfused, what + " (sparse)"));
+        // Not vacuous: the outputs are finite and not all zero (the empty request's rows are 0).
+        size_t finite_nonzero = 0;
+        for (float v : dense.y_fused) finite_nonzero += std::isfinite(v) && v != 0.0f;
+        EXPECT_GT(finite_nonzero, dense.y_fused.size() / 2) << what;
+      }
+    }
+  }
+  // What the fused path refuses, by name: fp32 weights (no bulk shape), another launch shape.
+  auto buf = cu::DeviceBuffer::Allocate(1 << 20);
+  ASSERT_TRUE(buf.ok());
+  float* f = buf->as<float>();
+  cu::ExpertGemmParams g;
+  g.rows = 1;
+  g.k = 16;
+  g.experts = 16;
+  g.out = 128;
+  g.in = 512;
+  g.w = f;
+  g.w_row_stride = 512;
+  g.w_expert_stride = 128 * 512;
+  g.ids = reinterpret_cast<const int32_t*>(f);
+  g.y = f;
+  g.y_stride = 128;
+  g.x_partials = {f, f, f, 1, 16, 512, 4, nullptr, 0, 0, 100};
+  Status st = cu::ExpertGemm(g);
+  EXPECT_NE(st.message().find("x_partials (needs bf16 or FP8 weights"), std::string::npos) << st.message();
+  g.w_bf16 = true;
+  g.launch = cu::ExpertGemmParams::Launch::kFastBySlot4;
+  st = cu::ExpertGemm(g);
+  EXPECT_NE(st.message().find("launch (x_partials: the bulk shape)"), std::string::npos) << st.message();
+  g.launch = cu::ExpertGemmParams::Launch::kAuto;
+  g.x_partials.kv_lora = 256;
+  st = cu::ExpertGemm(g);
+  EXPECT_NE(st.message().find("x_partials.kv_lora"), std::string::npos) << st.message();
 }
 
 TEST(CudaMlaDecode, SparseOrderOfEqualSetsIsBatchInvariant) {
