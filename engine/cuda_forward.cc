@@ -13,8 +13,10 @@
 namespace lockstep::engine::cuda_impl {
 
 // Rows (requests) up to which W_UV's absorption merges MLA decode's splits itself (the
-// `combine_in_uv` of Forward; H200, V2-Lite batch 1: docs/performance.md, eighth session).
-constexpr int64_t kCombineInUvMaxRows = 2;
+// `combine_in_uv` of Forward). Its bulk-copy shape merges a head's splits again in each of the
+// head's CTAs: one launch fewer on the chain at one row (H200, V2-Lite batch 1, +4.6 %:
+// docs/performance.md, eighth session); at more rows the absorption takes other shapes.
+constexpr int64_t kCombineInUvMaxRows = 1;
 
 Status CudaBackend::Forward(std::span<Segment> segs, PagedKvCache& cache, const kernels::KernelChoice& kernels,
                             TapHook* hook, ForwardOutput* out) {
@@ -546,10 +548,9 @@ LS_RETURN_IF_ERROR(Mark("start"));
       ab.error_flag = err;
       LS_RETURN_IF_ERROR(cu::ExpertGemm(ab, s));
       LS_RETURN_IF_ERROR(Mark("absorb_q"));
-      // At a few rows the absorption of W_UV takes the attention's split results and merges
-      // them itself (ExpertGemmParams::x_partials: MlaDecode's combine, the same bits, one
-      // launch and one wait fewer on the chain). Its bulk-copy shape re-merges a head's splits
-      // in each of the head's 8 CTAs: cheap at one or two rows, not at a batch.
+      // At one row the absorption of W_UV takes the attention's split results and merges them
+      // itself (ExpertGemmParams::x_partials: MlaDecode's combine, the same bits, one launch and
+      // one wait fewer on the chain; kCombineInUvMaxRows).
       const bool combine_in_uv = dot_ && R <= kCombineInUvMaxRows && (D.kv_b.bf16 || D.kv_b.fp8);
       if (overlap) {
         LS_RETURN_IF_ERROR(join_->WaitOn(s));  // the cache holds this step's latents
