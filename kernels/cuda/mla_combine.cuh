@@ -26,6 +26,12 @@ __host__ __device__ inline int64_t MlaNumSplits(int64_t n) {
   return n <= 0 ? 0 : (n + MlaSplitKeysOf(n) - 1) / MlaSplitKeysOf(n);
 }
 
+// Splits a grid (and a workspace) must cover for any n ≤ max_keys (MlaNumSplits is not monotone
+// above 2048 keys).
+__host__ __device__ inline int64_t MlaSplitsFor(int64_t max_keys) {
+  return max_keys > int64_t{kMlaBaseSplitKeys} * kMlaMaxSplits ? kMlaMaxSplits : MlaNumSplits(max_keys);
+}
+
 // Request b's key count as the split kernels read it: the top-k (sparse), else seq_lens[b], or
 // 0 when that lies outside the table (the split kernels flag it; nothing is flagged here).
 __device__ __forceinline__ int64_t MlaPartialsKeys(const MlaPartials& q, int64_t b) {

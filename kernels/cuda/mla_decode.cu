@@ -58,11 +58,7 @@ __device__ __forceinline__ int HeadScoreKey(int tid) {
 static_assert(kBaseSplitKeys % kTileKeys == 0);
 
 __host__ __device__ inline int64_t SplitKeys(int64_t n) { return dev::MlaSplitKeysOf(n); }
-__host__ __device__ inline int64_t NumSplits(int64_t n) { return dev::MlaNumSplits(n); }
-// Splits the grid must cover for any n ≤ max_keys (NumSplits is not monotone above 4096).
-inline int64_t SplitsToAllocate(int64_t max_keys) {
-  return max_keys > int64_t{kBaseSplitKeys} * kMaxSplits ? kMaxSplits : NumSplits(max_keys);
-}
+inline int64_t SplitsToAllocate(int64_t max_keys) { return dev::MlaSplitsFor(max_keys); }
 
 inline size_t Align256(size_t x) { return (x + 255) / 256 * 256; }
 

@@ -1657,8 +1657,11 @@ Status ExpertGemm(const ExpertGemmParams& p, Stream stream) {
     LS_CHECK_ARG(xp.kv_lora == p.in && p.in <= kSwTileIn, op, "x_partials.kv_lora (= in ≤ 4096)", xp.kv_lora);
     LS_CHECK_ARG(p.rows <= xp.batch, op, "rows (≤ x_partials.batch)", p.rows);
     LS_CHECK_ARG(p.experts <= xp.heads, op, "experts (≤ x_partials.heads)", p.experts);
-    LS_CHECK_ARG(xp.splits >= 0 && xp.splits <= dev::kMlaMaxSplits, op, "x_partials.splits", xp.splits);
     LS_CHECK_ARG(xp.seq_lens != nullptr || xp.topk >= 0, op, "x_partials.topk", xp.topk);
+    // Every split a request's keys can make has its place (the merge reads S ≤ splits of them).
+    const int64_t need = dev::MlaSplitsFor(xp.seq_lens != nullptr ? xp.max_seq_len : xp.topk);
+    LS_CHECK_ARG(xp.splits >= need && xp.splits <= dev::kMlaMaxSplits, op,
+                 "x_partials.splits (the workspace's splits for max_seq_len or topk)", xp.splits);
     LS_CHECK_ARG(p.launch == ExpertGemmParams::Launch::kAuto || p.launch == ExpertGemmParams::Launch::kBulkBySlot, op,
                  "launch (x_partials: the bulk shape)", static_cast<int>(p.launch));
   }

@@ -643,6 +643,10 @@ TEST(CudaMlaDecode, CombineInsideTheAbsorptionGivesTheSameBits) {
   g.x_partials.kv_lora = 256;
   st = cu::ExpertGemm(g);
   EXPECT_NE(st.message().find("x_partials.kv_lora"), std::string::npos) << st.message();
+  g.x_partials.kv_lora = 512;
+  g.x_partials.splits = 3;  // 100 keys make 4 splits: the merge would read past the workspace
+  st = cu::ExpertGemm(g);
+  EXPECT_NE(st.message().find("x_partials.splits"), std::string::npos) << st.message();
 }
 
 TEST(CudaMlaDecode, SparseOrderOfEqualSetsIsBatchInvariant) {
