@@ -183,6 +183,7 @@ class CudaBackend final : public Backend {
   };
   std::map<int64_t, SlabTable> slab_tables_;  // by rows
   std::vector<uint32_t> tap_rows_;             // FlushTaps: a strided tap's rows, contiguous
+  std::vector<TapEvent> summary_events_;       // FlushTaps: the batch for TapHook::OnTapSummaries
   // BackendOptions::profile: GPU time per phase, printed when the backend is destroyed.
   Status Mark(const char* name) { return prof_ ? prof_->Mark(name, stream_->get()) : Status::Ok(); }
   std::unique_ptr<cu::EventTimer> prof_;
@@ -257,7 +258,6 @@ class CudaBackend final : public Backend {
   std::map<int64_t, int64_t> warmed_;  // batch size → generation after its uncaptured run
   bool use_graphs_ = true;
   bool use_side_ = true;  // BackendOptions::side_stream
-  std::vector<TapEvent> summary_events_;  // FlushTaps' batch for TapHook::OnTapSummaries
   bool overlap_launch_ = true;  // BackendOptions::overlapped_launch
   bool device_sampler_ = true;  // BackendOptions::device_sampler
   // Device sampling (outside the graph: the requests change every step). sample_dev_:

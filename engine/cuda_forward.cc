@@ -679,9 +679,9 @@ LS_RETURN_IF_ERROR(Mark("start"));
           LS_RETURN_IF_ERROR(
               on_side([&] { return SwiGluMlp(D.shared_gate_up, D.shared_down, D.shared_inter, hfl, R, sh); }));
         }
-        // Router logits in fp32 (the router is never rounded), routing on the device.
-        // Router logits: fp32 weights, cpu::Dot's order (RowDots) — the CPU's exact bits,
-        // so the experts chosen are the CPU's whenever the inputs are.
+        // Router logits: fp32 weights (the router is never rounded), cpu::Dot's order (RowDots)
+        // — the CPU's exact bits, so the experts chosen are the CPU's whenever the inputs are;
+        // the routing on the device.
         if (!routed) {  // (NormRoute did both above otherwise)
           cu::RowDotsParams rg;
           rg.x = h;

@@ -72,11 +72,10 @@ void SoftmaxNoMaxFp16Sum(float* x, int64_t n) {
   for (int64_t i = 0; i < n; ++i) x[i] *= inv;
 }
 
-// Products with a weight matrix. gemm=fp32: as is. gemm=bf16: the activations are rounded to
-// bf16 here and the weights were rounded at load (Model::Bf16Weights), accumulation stays fp32
-// — the precision of a bf16 GPU GEMM, on the reference's fixed summation order.
-// y = x·wᵀ at the variant's precision: x rounded to bf16 (bf16), or each row of x through FP8
-// per 128 values (act_fp8: gemm=w8a8_dot's linear layers, Fp8RoundTrip), then cpu::MatMulNT.
+// Products with a weight matrix, y = x·wᵀ by cpu::MatMulNT. gemm=fp32: x as is. gemm=bf16: x
+// rounded to bf16 here, the weights rounded at load (Model::Bf16Weights), accumulation in fp32
+// — the precision of a bf16 GPU GEMM, on the reference's fixed summation order. act_fp8
+// (gemm=w8a8_dot's linear layers): each row of x through FP8 per 128 values (Fp8RoundTrip).
 struct Gemm {
   bool bf16 = false;
   bool act_fp8 = false;

@@ -108,6 +108,15 @@ __device__ __forceinline__ float FoldPairs8(float acc0, float acc1) {
   return __fadd_rn(acc0, acc1);
 }
 
+// Fold16 over a half-warp, lane l (of 16) holding chain l: l + 8, then 4, 2, 1, by shuffles.
+// Lane 0 of each half-warp holds the sum (every lane of the warp calls it).
+__device__ __forceinline__ float FoldHalfWarp16(float acc) {
+  acc = __fadd_rn(acc, __shfl_down_sync(0xffffffffu, acc, 8, 16));
+  acc = __fadd_rn(acc, __shfl_down_sync(0xffffffffu, acc, 4, 16));
+  acc = __fadd_rn(acc, __shfl_down_sync(0xffffffffu, acc, 2, 16));
+  return __fadd_rn(acc, __shfl_down_sync(0xffffffffu, acc, 1, 16));
+}
+
 // --- cpu::Dot: 16 interleaved FMA lanes (lane = i mod 16), pairwise fold 16→8→4→2→1 ------
 // NH dot products sharing `b` (one key against NH query heads). a[h] and b may live in any
 // memory space. Register arrays are indexed by compile-time constants only.

@@ -44,7 +44,7 @@ __device__ __forceinline__ int64_t MlaPartialsKeys(const MlaPartials& q, int64_t
 // L = Σ l_s f_s, o_c = (Σ_s o_s,c f_s) / L (0 where L = 0) — and put(c, o_c) for every column
 // c < kv_lora. Every thread of the CTA calls it (block barriers); `threads` = blockDim.x;
 // `scratch`: kMlaCombineScratch floats of shared memory. Each column's sums run over s in one
-// order whatever the thread count: the same bits in any CTA. Returns L; *M_out = M.
+// order whatever the thread count: the same bits in any CTA. Returns L; *M_out = M (when set).
 constexpr int kMlaCombineScratch = 3 * kMlaMaxSplits;
 template <typename Put>
 __device__ float MlaCombineSplits(const MlaPartials& q, int64_t b, int64_t h, int tid, int threads, float* scratch,
@@ -100,7 +100,7 @@ __device__ float MlaCombineSplits(const MlaPartials& q, int64_t b, int64_t h, in
       if (c < C) put(c, L == 0.0f ? 0.0f : __fdiv_rn(acc[j], L));
     }
   }
-  *M_out = M;
+  if (M_out != nullptr) *M_out = M;
   return L;
 }
 

@@ -87,7 +87,7 @@ __device__ __forceinline__ int64_t KeyCount(const MlaDecodeParams& p, int b, boo
     return p.topk;
   } else {
     const int64_t n = p.seq_lens[b];
-    if (n < 0 || n > p.max_seq_len || n > p.page_table_stride * p.page_size) {
+    if (n < 0 || n > p.max_seq_len || n > p.page_table_stride * p.page_size) {  // (MlaPartialsKeys' rule)
       if (report && p.error_flag != nullptr) atomicOr(p.error_flag, kErrSeqLen);
       return 0;
     }

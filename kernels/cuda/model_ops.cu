@@ -396,10 +396,7 @@ __global__ void __cluster_dims__(kNormRouteCluster, 1, 1) __launch_bounds__(kNor
     const float* wr = w_s + static_cast<size_t>(half) * n;
     for (int i = l; i < n; i += 16) acc = __fmaf_rn(h_s[i], wr[i], acc);
   }
-  acc = __fadd_rn(acc, __shfl_down_sync(0xffffffffu, acc, 8, 16));
-  acc = __fadd_rn(acc, __shfl_down_sync(0xffffffffu, acc, 4, 16));
-  acc = __fadd_rn(acc, __shfl_down_sync(0xffffffffu, acc, 2, 16));
-  acc = __fadd_rn(acc, __shfl_down_sync(0xffffffffu, acc, 1, 16));
+  acc = dev::FoldHalfWarp16(acc);
   __cluster_barrier_wait();  // every CTA of the cluster has started
   if (half < ne && l == 0) {
     p.logits[r * p.logits_stride + e0 + half] = acc;
@@ -1334,10 +1331,9 @@ __global__ void __launch_bounds__(kBkThreads) ExpertGemmBulkKernel(ExpertGemmPar
   dev::GridDependencySync();  // (a no-op wait when it was waited for above)
   if (combine) {  // request slot / k, head e: MlaDecode's combine into xs (rounded as XTileStore rounds)
     const bool round = p.round_x_bf16;
-    float m = 0.0f;
     dev::MlaCombineSplits(
         p.x_partials, slot / p.k, e, tid, kBkThreads, xs + tn0,  // (BulkSmemBytes' combine scratch)
-        [&](int c, float v) { xs[c] = round ? dev::Bf16ToF32(dev::F32ToBf16(v)) : v; }, &m);
+        [&](int c, float v) { xs[c] = round ? dev::Bf16ToF32(dev::F32ToBf16(v)) : v; }, nullptr);
   } else {
     if (p.ids_fixed) XTileLoad(xrow, tn0, tid, kBkThreads, xt);
     XTileStore(xrow, tn0, p.round_x_bf16, xs, tid, kBkThreads, xt);

@@ -561,7 +561,8 @@ struct ExpertGemmParams {
   // Instead of x (which is then unused): slot s = r·k + j reads the MLA decode output of request
   // r, head ids[s] — its splits merged as MlaDecode's combine merges them, the same bits — when
   // x_partials.o is set (MlaDecodeSplits). Needs in = kv_lora ≤ 4096, rows ≤ x_partials.batch,
-  // experts ≤ x_partials.heads, and bf16 or FP8 weights (the bulk-copy shape runs it).
+  // experts ≤ x_partials.heads, the splits MlaDecodeSplits allocates for max_seq_len (or topk),
+  // and bf16 or FP8 weights (the bulk-copy shape runs it).
   MlaPartials x_partials;
   // The launch shape: kAuto picks by shape and device (ExpertGemm's comment in model_ops.cu);
   // the others force one, for tests (every shape gives the same bits) and benchmarks. The

@@ -283,11 +283,7 @@ __global__ void RowDotsKernel(RowDotsParams p) {
     }
     for (; i < p.n; i += 16) acc = __fmaf_rn(x[i], w[i], acc);
   }
-  // acc[l] += acc[l + 8]; acc[l] += acc[l + 4]; acc[l] += acc[l + 2]; acc[0] + acc[1].
-  acc = __fadd_rn(acc, __shfl_down_sync(0xffffffffu, acc, 8, 16));
-  acc = __fadd_rn(acc, __shfl_down_sync(0xffffffffu, acc, 4, 16));
-  acc = __fadd_rn(acc, __shfl_down_sync(0xffffffffu, acc, 2, 16));
-  acc = __fadd_rn(acc, __shfl_down_sync(0xffffffffu, acc, 1, 16));
+  acc = dev::FoldHalfWarp16(acc);  // Fold16: chains l + 8, 4, 2, 1
   if (live && l == 0) p.y[r * p.y_stride + o] = acc;
 }
 
@@ -330,10 +326,7 @@ __global__ void __launch_bounds__(kRdThreads) RowDotsStagedKernel(RowDotsParams 
       for (int i = l; i < tn; i += 16) acc = __fmaf_rn(xr[i], ws[i], acc);
     }
   }
-  acc = __fadd_rn(acc, __shfl_down_sync(0xffffffffu, acc, 8, 16));
-  acc = __fadd_rn(acc, __shfl_down_sync(0xffffffffu, acc, 4, 16));
-  acc = __fadd_rn(acc, __shfl_down_sync(0xffffffffu, acc, 2, 16));
-  acc = __fadd_rn(acc, __shfl_down_sync(0xffffffffu, acc, 1, 16));
+  acc = dev::FoldHalfWarp16(acc);
   if (half < nr && l == 0) p.y[(r0 + half) * p.y_stride + o] = acc;
 }
 
