@@ -24,6 +24,7 @@
 #include <random>
 #include <sstream>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "bench/out_dir.h"
@@ -79,8 +80,9 @@ int main(int argc, char** argv) {
   std::string backend = "cpu";   // cuda: the GPU forward pass (taps copied back per step)
   bool random_weights = false;   // --random-weights 1: config only, weights made on the GPU
   bool gpu_profile = false;      // --gpu-profile 1: GPU time per phase of each run, on stderr
-  int compression_threads = 1;   // the trace writer's compression workers (record's default)
-  int zstd_level = traces::kDefaultZstdLevel;  // record's default
+  int compression_threads = -1;  // the trace writer's compression workers (−1: record's default for the mode)
+  int zstd_level = 0;            // 0: record's default for the mode
+  int64_t chunk_kb = 0;  // 0: record's default for the mode
   std::string gemm = "bf16";     // the cuda backend's gemm variant
   for (int i = 1; i < argc; ++i) {
     if (std::string(argv[i]) == "--help" || std::string(argv[i]) == "-h") {
@@ -95,8 +97,10 @@ int main(int argc, char** argv) {
           "  --kv-cache fp32|bf16|fp8_e4m3 (default fp32)\n"
           "  --modes LIST             of off,hook,none,summary,full (default all)\n"
           "  --repeat N               interleaved repeats per mode; medians and ranges (default 3)\n"
-          "  --compression-threads N  the trace writer's zstd workers (default 1)\n"
-          "  --zstd-level N           the trace writer's Zstandard level (default 3)\n"
+          "  --compression-threads N  the trace writer's zstd workers (default: record's — full capture half\n"
+          "                           the cores, at most 8; otherwise 1)\n"
+          "  --zstd-level N           the trace writer's Zstandard level (default: record's — 1 full, 3 otherwise)\n"
+          "  --chunk-kb N             the trace writer's target chunk size (default: record's — 256 full, 64 otherwise)\n"
           "  --flush-interval S       seconds between flushes (default 1)\n"
           "  --out DIR                where the traces go (created; default /tmp)\n"
           "  --gpu-profile 1          GPU time per phase of each run, on stderr\n"
@@ -124,6 +128,13 @@ int main(int argc, char** argv) {
     else if (k == "--gpu-profile") gpu_profile = v == "1";
     else if (k == "--compression-threads") compression_threads = std::stoi(v);
     else if (k == "--zstd-level") zstd_level = std::stoi(v);
+    else if (k == "--chunk-kb") {
+      chunk_kb = std::stoll(v);
+      if (chunk_kb < 1 || chunk_kb > (1 << 20)) {
+        std::fprintf(stderr, "bench_record: --chunk-kb %s: want 1 to 1048576\n", v.c_str());
+        return 2;
+      }
+    }
     else if (k == "--gemm") gemm = v;
     else {
       std::fprintf(stderr, "bench_record: unknown flag %s\n", k.c_str());
@@ -137,9 +148,27 @@ int main(int argc, char** argv) {
     return 1;
   }
   std::printf("backend %s%s, ", backend.c_str(), backend == "cuda" ? (" (gemm=" + gemm + ")").c_str() : "");
-  std::printf("model %s, %lld requests × (%lld prompt + %lld generated) tokens, kv-cache %s, flush every %.2f s\n\n",
+  std::printf("model %s, %lld requests × (%lld prompt + %lld generated) tokens, kv-cache %s, flush every %.2f s\n",
               model_dir.c_str(), static_cast<long long>(batch), static_cast<long long>(prompt_len),
               static_cast<long long>(tokens), kv.c_str(), flush_interval);
+  {
+    recorder::CapturePolicy full, summary;
+    full.mode = recorder::CapturePolicy::Mode::kFull;
+    summary.mode = recorder::CapturePolicy::Mode::kSummary;
+    const unsigned cores = std::thread::hardware_concurrency();
+    auto threads = [&](const recorder::CapturePolicy& p) {
+      return compression_threads >= 0 ? compression_threads : recorder::RecorderOptions::CompressionThreads(p, cores);
+    };
+    auto level = [&](const recorder::CapturePolicy& p) {
+      return zstd_level > 0 ? zstd_level : recorder::RecorderOptions::ZstdLevel(p);
+    };
+    auto chunk = [&](const recorder::CapturePolicy& p) {
+      return static_cast<long long>(chunk_kb > 0 ? chunk_kb : recorder::RecorderOptions::TargetChunkBytes(p) >> 10);
+    };
+    std::printf("trace writer: full capture zstd level %d, %d compression workers, %lld KB chunks; summary level %d, "
+                "%d, %lld KB\n\n",
+                level(full), threads(full), chunk(full), level(summary), threads(summary), chunk(summary));
+  }
   std::printf("| capture | decode tokens/s (wall) | vs off | engine-thread CPU µs/step | vs off | all threads CPU µs/step | close s | stall s | bytes/token | file MB |\n");
   std::printf("|---|---|---|---|---|---|---|---|---|---|\n");
   double off_tps = 0, off_cpu = 0;
@@ -182,12 +211,15 @@ int main(int argc, char** argv) {
     if (mode != "off" && mode != "hook") {
       traces::TraceWriterOptions wo;
       wo.batch_width = batch;
-      wo.compression_threads = compression_threads;
-      wo.zstd_level = zstd_level;
       {
         recorder::CapturePolicy pol;
         pol.mode = *recorder::CapturePolicy::ParseMode(mode);
         wo.alloc_block_bytes = recorder::RecorderOptions::AllocBlockBytes(pol);
+        wo.compression_threads = compression_threads >= 0 ? compression_threads
+                                                          : recorder::RecorderOptions::CompressionThreads(
+                                                                pol, std::thread::hardware_concurrency());
+        wo.zstd_level = zstd_level > 0 ? zstd_level : recorder::RecorderOptions::ZstdLevel(pol);
+        wo.target_chunk_bytes = chunk_kb > 0 ? chunk_kb << 10 : recorder::RecorderOptions::TargetChunkBytes(pol);
       }
       auto w = traces::TraceWriter::Create(path, wo);
       if (!w.ok()) {
@@ -234,7 +266,9 @@ int main(int argc, char** argv) {
     if (writer) {
       (void)rec->Finish();
       rec.reset();
-      res.stall_s = writer->stall_ns() / 1e9;
+      // The engine's waits on the writer: a full queue, or (CUDA full capture) no lent tap
+      // buffer back yet.
+      res.stall_s = (writer->stall_ns() + (*eng)->backend().tap_wait_ns()) / 1e9;
       const auto c0 = Clock::now();
       Status s = writer->Close();
       res.close_s = std::chrono::duration<double>(Clock::now() - c0).count();

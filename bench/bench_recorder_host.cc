@@ -14,8 +14,14 @@
 // of the layers and the logits row (the two are timed apart). summary-gpu is summary capture
 // as the CUDA backend feeds it: each tap event carries its rows' summaries, not the values, a
 // step's events come in one TapHook::OnTapSummaries call, and the logits come with an owner (engine/tap.h), from a pool of up to four buffers as the
-// backend's pinned ones, so the writer reads them in place.
+// backend's pinned ones, so the writer reads them in place. full-gpu is full capture as the
+// CUDA backend feeds it: each step's values lie in one buffer lent from a LendingPool (the
+// backend's pinned tap buffers, filled there by the GPU's copy), each event with its rows'
+// summaries, so the writer compresses the rows where they are; the time steps wait for a
+// buffer to come back is counted (wait ms).
+#include <algorithm>
 #include <chrono>
+#include <cstring>
 #include <cstdio>
 #include <filesystem>
 #include <memory>
@@ -27,6 +33,7 @@
 
 #include "bench/out_dir.h"
 #include "engine/engine.h"
+#include "engine/lending_pool.h"
 #include "engine/model.h"
 #include "recorder/recorder.h"
 #include "traces/trace_writer.h"
@@ -78,7 +85,8 @@ int main(int argc, char** argv) {
           "  --steps N                decode steps (default 64; the first 4 are not timed)\n"
           "  --batch B                requests per step (default 1)\n"
           "  --modes LIST             of summary-gpu (summaries and lent logits, as from --backend cuda),\n"
-          "                           summary, full (values, as from --backend cpu); default all three\n"
+          "                           summary, full (values, as from --backend cpu), full-gpu (values lent\n"
+          "                           with their summaries, as from --backend cuda); default summary-gpu,summary,full\n"
           "  --compression-threads N  the trace writer's zstd workers (default 4)\n"
           "  --zstd-level L           (default %d)\n"
           "  --vocab V / --no-logits  the logits row (default 102400)\n"
@@ -134,12 +142,12 @@ int main(int argc, char** argv) {
   std::printf("%zu taps, %.2f MB of tap values per step (batch %lld), logits %s; %d compression threads\n\n",
               taps.size(), bytes_per_step / 1e6, static_cast<long long>(batch),
               logits ? std::to_string(vocab).c_str() : "off", threads);
-  std::printf("| capture | engine thread µs/step | taps µs | logits µs | close s |\n|---|---|---|---|---|\n");
+  std::printf("| capture | engine thread µs/step | taps µs | logits µs | close s | wait ms |\n|---|---|---|---|---|---|\n");
   std::stringstream ms(modes);
   std::string mode;
   while (std::getline(ms, mode, ',')) {
-    const bool gpu_summaries = mode == "summary-gpu";
-    auto m = recorder::CapturePolicy::ParseMode(gpu_summaries ? "summary" : mode);
+    const bool gpu_summaries = mode == "summary-gpu", lend = mode == "full-gpu";
+    auto m = recorder::CapturePolicy::ParseMode(gpu_summaries ? "summary" : lend ? "full" : mode);
     if (!m.ok()) {
       std::fprintf(stderr, "bench_recorder_host: %s\n", m.status().message().c_str());
       return 2;
@@ -152,6 +160,7 @@ int main(int argc, char** argv) {
     recorder::RecorderOptions ro;
     ro.policy.mode = *m;
     wo.alloc_block_bytes = recorder::RecorderOptions::AllocBlockBytes(ro.policy);
+    wo.target_chunk_bytes = recorder::RecorderOptions::TargetChunkBytes(ro.policy);  // (record's)
     auto w = traces::TraceWriter::Create(path, wo);
     if (!w.ok()) {
       std::fprintf(stderr, "bench_recorder_host: %s\n", w.status().message().c_str());
@@ -163,11 +172,38 @@ int main(int argc, char** argv) {
     // summary-gpu: the backend's logits buffers (CudaBackend::TakeLogitsBuffer's rule).
     std::vector<std::shared_ptr<std::vector<float>>> logits_pool;
     int64_t logits_copied = 0;  // steps whose logits had no free shared buffer
+    // full-gpu: the backend's lent tap buffers (CudaBackend::FlushTaps' rule), each filled once
+    // with the random values as the GPU's copy would fill it.
+    // (Random values, nothing repeated within a chunk: as hard for zstd as random-weight
+    // activations, which compress about 1.1 : 1. full reads the same bytes from step_values.)
+    const size_t lend_bytes = static_cast<size_t>(bytes_per_step);
+    auto fill = [&](uint8_t* p, size_t n) {
+      for (size_t at = 0; at < n; at += values.size() * 4) std::memcpy(p + at, values.data(), std::min(n - at, values.size() * 4));
+    };
+    std::vector<uint8_t> step_values(lend_bytes);
+    fill(step_values.data(), lend_bytes);
+    engine::LendingPool lend_pool(
+        [&](size_t n) -> Result<std::shared_ptr<void>> {
+          auto b = std::make_shared<std::vector<uint8_t>>(n);
+          fill(b->data(), n);
+          return std::shared_ptr<void>(b, b->data());
+        },
+        std::clamp<size_t>((size_t{512} << 20) / lend_bytes, 2, 8));
     {
       recorder::Recorder rec(eng->get(), w->get(), ro);
       for (int64_t s = 0; s < steps; ++s) {
         const auto t0 = Clock::now();
         events.clear();
+        engine::LendingPool::Lease lease;
+        if (lend) {
+          auto l = lend_pool.Take(lend_bytes, std::chrono::seconds(5));
+          if (!l.ok() || l->data == nullptr) {
+            std::fprintf(stderr, "bench_recorder_host: no tap buffer came back in 5 s\n");
+            return 1;
+          }
+          lease = std::move(*l);
+        }
+        size_t lent_at = 0;
         for (const TapSpec& t : taps) {
           for (int64_t b = 0; b < batch; ++b) {
             engine::TapEvent e;
@@ -181,17 +217,25 @@ int main(int argc, char** argv) {
               sums[b].hash = static_cast<uint64_t>(s * 1000 + b);
               e.summaries = &sums[b];
               events.push_back(e);
-            } else {
-              e.data = values.data() + (s * 7 + b) % 1024;
+            } else if (lend) {  // the requests' rows of a tap back to back, as in the backend's slab
+              sums[b].hash = static_cast<uint64_t>(s * 1000 + b);
+              e.summaries = &sums[b];
+              e.data = static_cast<const char*>(lease.data) + lent_at + b * t.cols * 4;
+              e.owner = lease.owner;
+              rec.OnTap(e);
+            } else {  // the same bytes as full-gpu's, copied by the recorder
+              e.data = step_values.data() + lent_at + b * t.cols * 4;
               rec.OnTap(e);
             }
           }
+          lent_at += static_cast<size_t>(batch * t.cols * 4);
         }
+        lease = {};  // the recorder's copies of the owner keep the buffer
         if (gpu_summaries) rec.OnTapSummaries(events);
         const auto t1 = Clock::now();
         if (logits) {
           std::shared_ptr<std::vector<float>> buf;
-          if (gpu_summaries) {
+          if (gpu_summaries || lend) {
             for (auto& p : logits_pool) {
               if (p.use_count() == 1) buf = p;
             }
@@ -237,8 +281,8 @@ int main(int argc, char** argv) {
       return 1;
     }
     const double n = static_cast<double>(std::max<int64_t>(steps - 4, 1));
-    std::printf("| %s | %.0f | %.0f | %.0f | %.2f |\n", mode.c_str(), 1e6 * total_s / n, 1e6 * taps_s / n,
-                1e6 * logits_s / n, close_s);
+    std::printf("| %s | %.0f | %.0f | %.0f | %.2f | %.0f |\n", mode.c_str(), 1e6 * total_s / n, 1e6 * taps_s / n,
+                1e6 * logits_s / n, close_s, lend_pool.waited_ns() / 1e6);
     if (logits_copied > 0) {
       std::printf("  (%s: %lld steps found all four logits buffers held by the writer: copied)\n", mode.c_str(),
                   static_cast<long long>(logits_copied));

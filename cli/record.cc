@@ -8,6 +8,7 @@
 #include <fstream>
 #include <iostream>
 #include <sstream>
+#include <thread>
 
 #include <nlohmann/json.hpp>
 
@@ -36,8 +37,8 @@ struct RecordArgs {
   std::string logits = "auto";
   int64_t logits_topk = 32;
   double flush_interval = 1.0;
-  int zstd_level = 3;
-  int compression_threads = 1;
+  int zstd_level = 0;            // 0: RecorderOptions::ZstdLevel of the capture
+  int compression_threads = -1;  // −1: RecorderOptions::CompressionThreads of the capture
   int64_t queue_mb = 256;
   bool quiet = false;
   EngineFlags flags;
@@ -104,8 +105,10 @@ Status RunRecord(RecordArgs& a) {
   recorder::RecordSessionOptions so;
   so.output = a.output;
   so.policy = policy;
-  so.writer.zstd_level = a.zstd_level;
-  so.writer.compression_threads = a.compression_threads;
+  so.writer.zstd_level = a.zstd_level > 0 ? a.zstd_level : recorder::RecorderOptions::ZstdLevel(policy);
+  so.writer.compression_threads =
+      a.compression_threads >= 0 ? a.compression_threads
+                                 : recorder::RecorderOptions::CompressionThreads(policy, std::thread::hardware_concurrency());
   so.writer.queue_bytes = a.queue_mb << 20;
   so.writer.batch_width = opts.max_batch;
   so.writer.writer = std::string("lockstep ") + kVersion + " (" + kGitRevision + ")";
@@ -164,10 +167,14 @@ void RegisterRecord(CLI::App& app, SetAction set_action) {
   cmd->add_option("--flush-interval", args->flush_interval,
                   "Seconds between flushes (what survives a crash); 0 = after every step")
       ->check(CLI::NonNegativeNumber);
-  cmd->add_option("--zstd-level", args->zstd_level, "Zstandard level 1..22")->check(CLI::Range(1, 22));
+  cmd->add_option("--zstd-level", args->zstd_level,
+                  "Zstandard level 1..22 (default: 1 for full capture, whose activations compress ~1.1:1 at any "
+                  "level; 3 otherwise)")
+      ->check(CLI::Range(1, 22));
   cmd->add_option("--compression-threads", args->compression_threads,
-                  "zstd workers beside the writer thread (0: the writer compresses); full capture of a large "
-                  "model at batch > 1 needs several")->check(CLI::Range(0, 64));
+                  "zstd workers beside the writer thread (0: the writer compresses; default: for full capture half "
+                  "the cores, at most 8 — a large model at batch > 1 needs several; otherwise 1)")
+      ->check(CLI::Range(0, 64));
   cmd->add_option("--queue-mb", args->queue_mb, "Capture queue bound; the engine waits (and the trace says how long) when full")
       ->check(CLI::Range(1, 1 << 20));
   cmd->add_flag("--quiet,-q", args->quiet, "No progress or statistics on stderr");

@@ -48,6 +48,9 @@ class Backend {
   // Device backends: copy each forward's new cache rows back into the host cache (the CPU
   // backend writes there anyway). Off by default on the GPU: it costs a copy per step.
   virtual void SetMirrorCache(bool on) {}
+  // Nanoseconds steps spent waiting for a tap hook to give back buffers the backend lent it
+  // (TapEvent::owner: the CUDA backend's full capture), in total — recording's back-pressure.
+  virtual int64_t tap_wait_ns() const { return 0; }
 };
 
 // The backends this build has: "cpu", plus "cuda" when built with a CUDA toolkit.

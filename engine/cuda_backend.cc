@@ -565,7 +565,8 @@ Status CudaBackend::SummaryFence() {
 }
 
 Status CudaBackend::SummarizeSlab() {
-  // Summaries go to the tap arena, tap i's rows at i·rows_; pending offsets become theirs.
+  // Summaries go to the tap arena, tap i's rows at i·rows_: summary capture's pending offsets
+  // become theirs; full capture's keep the values' place in the slab and gain sum_offset.
   const size_t need = pending_.size() * static_cast<size_t>(rows_) * sizeof(TapRowSummary);
   if (tap_arena_.buf.size() < need) {
     if (capturing_) return Status::Unsupported("tap arena too small during graph capture");
@@ -579,8 +580,9 @@ Status CudaBackend::SummarizeSlab() {
     d.x_stride = t.stride;
     d.cols = t.cols;
     d.i32 = t.dtype == TapDType::kI32;
-    t.offset = i * static_cast<size_t>(rows_) * sizeof(TapRowSummary);
-    d.out = reinterpret_cast<cu::RowSummaryOut*>(tap_arena_.as<char>() + t.offset);
+    const size_t at = i * static_cast<size_t>(rows_) * sizeof(TapRowSummary);
+    (t.summary ? t.offset : t.sum_offset) = at;
+    d.out = reinterpret_cast<cu::RowSummaryOut*>(tap_arena_.as<char>() + at);
   }
   tap_used_ = need;
   SlabTable& st = slab_tables_[rows_];
@@ -610,14 +612,41 @@ Status CudaBackend::SummarizeSlab() {
 Status CudaBackend::FlushTaps() {
   LS_RETURN_IF_ERROR(SummaryFence());
   if (pending_.empty()) return Status::Ok();
-  // Values from the slab come in one copy of the whole slab; anything else from the arena.
+  // Values from the slab come in one copy of the whole slab, followed by their summaries from
+  // the arena, into a buffer lent to the hook when one comes back in time; anything else
+  // from the arena into tap_host_.
   const bool from_slab = slab_ && !summary_taps_;
-  const size_t bytes = from_slab ? slab_bytes_ : tap_used_;
-  if (tap_host_.size() < bytes) {
-    LS_ASSIGN_OR_RETURN(tap_host_, cu::PinnedBuffer::Allocate(bytes));
+  const size_t sum_bytes = from_slab ? tap_used_ : 0;
+  const size_t bytes = from_slab ? slab_bytes_ + sum_bytes : tap_used_;
+  LendingPool::Lease lease;
+  if (from_slab) {
+    const size_t want = std::clamp<size_t>(kTapLendBytes / bytes, 2, 8);
+    if (!tap_lend_ || (want < tap_lend_max_ && tap_lend_max_ * bytes > 2 * kTapLendBytes)) {
+      // (re)made for this step's size: lent buffers of an old pool go when their holders let go
+      if (tap_lend_) tap_wait_retired_ns_ += tap_lend_->waited_ns();
+      tap_lend_ = std::make_unique<LendingPool>(
+          [](size_t n) -> Result<std::shared_ptr<void>> {
+            LS_ASSIGN_OR_RETURN(cu::PinnedBuffer b, cu::PinnedBuffer::Allocate(n));
+            auto held = std::make_shared<cu::PinnedBuffer>(std::move(b));
+            return std::shared_ptr<void>(held, held->data());
+          },
+          want);
+      tap_lend_max_ = want;
+    }
+    LS_ASSIGN_OR_RETURN(lease, tap_lend_->Take(bytes, kTapLendPatience));
   }
-  LS_RETURN_IF_ERROR(cu::CopyAsync(tap_host_.data(), from_slab ? slab_buf_.buf.data() : tap_arena_.buf.data(), bytes,
-                                   stream_->get()));
+  char* host = static_cast<char*>(lease.data);
+  if (host == nullptr) {
+    if (tap_host_.size() < bytes) {
+      LS_ASSIGN_OR_RETURN(tap_host_, cu::PinnedBuffer::Allocate(bytes));
+    }
+    host = tap_host_.as<char>();
+  }
+  LS_RETURN_IF_ERROR(cu::CopyAsync(host, from_slab ? slab_buf_.buf.data() : tap_arena_.buf.data(),
+                                   from_slab ? slab_bytes_ : bytes, stream_->get()));
+  if (sum_bytes > 0) {
+    LS_RETURN_IF_ERROR(cu::CopyAsync(host + slab_bytes_, tap_arena_.buf.data(), sum_bytes, stream_->get()));
+  }
   LS_RETURN_IF_ERROR(stream_->Synchronize());
   // Summarised taps go to the hook in batches (TapHook::OnTapSummaries), in order with the rest.
   summary_events_.clear();
@@ -626,7 +655,10 @@ Status CudaBackend::FlushTaps() {
     summary_events_.clear();
   };
   for (const PendingTap& t : pending_) {
-    const char* base = tap_host_.as<char>() + t.offset;
+    const char* base = host + t.offset;
+    const auto* sums = t.sum_offset != kNoSummaries && sum_bytes > 0
+                           ? reinterpret_cast<const TapRowSummary*>(host + slab_bytes_ + t.sum_offset)
+                           : nullptr;
     for (size_t s = 0; s < segs_.size(); ++s) {
       TapEvent e;
       e.name = t.name;
@@ -641,8 +673,10 @@ Status CudaBackend::FlushTaps() {
         continue;
       }
       flush_summaries();
+      if (sums != nullptr) e.summaries = sums + row0_[s];
       if (t.stride == t.cols) {
         e.data = base + row0_[s] * t.cols * 4;
+        e.owner = lease.owner;  // (null when not lent)
       } else {  // a strided slab tensor (k_rope inside kv): its rows made contiguous here
         tap_rows_.resize(static_cast<size_t>(e.rows * t.cols));
         for (int64_t r = 0; r < e.rows; ++r) {

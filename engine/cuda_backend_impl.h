@@ -4,6 +4,7 @@
 #pragma once
 
 #include <algorithm>
+#include <chrono>
 #include <cstdio>
 #include <map>
 #include <memory>
@@ -12,6 +13,7 @@
 #include <vector>
 
 #include "engine/cuda_backend.h"
+#include "engine/lending_pool.h"
 #include "kernels/cuda/ops.h"
 #include "kernels/cuda/runtime.h"
 
@@ -117,6 +119,7 @@ class CudaBackend final : public Backend {
   }
   std::string device() const override { return device_; }
   void SetMirrorCache(bool on) override { mirror_ = on; }
+  int64_t tap_wait_ns() const override { return tap_wait_retired_ns_ + (tap_lend_ ? tap_lend_->waited_ns() : 0); }
 
   static Result<std::unique_ptr<Backend>> Create(std::shared_ptr<Model> model, const PagedKvCache& cache,
                                                  const kernels::KernelChoice& kernels, const BackendOptions& options);
@@ -146,6 +149,7 @@ class CudaBackend final : public Backend {
   // Taps: tensors are copied on the device into an arena and handed to the hook together
   // (one device→host copy, one synchronisation) at the end of the step, or earlier when the
   // arena fills or an Override needs the values now.
+  static constexpr size_t kNoSummaries = ~size_t{0};
   struct PendingTap {
     // The model's tap name (or a literal): stable for the model's life, so the hook can key
     // on its address (the recorder does) and a replayed step's list costs no allocations.
@@ -155,6 +159,9 @@ class CudaBackend final : public Backend {
     int64_t cols = 0;
     int64_t stride = 0;    // values: row stride in elements (the slab keeps a tensor's layout)
     TapDType dtype = TapDType::kF32;
+    // Values with summaries (full capture from the slab): the rows' TapRowSummary in the
+    // arena at sum_offset; kNoSummaries when none were made.
+    size_t sum_offset = kNoSummaries;
   };
   Status Tap(std::string_view name, const void* dev, int64_t cols, int64_t stride, TapDType dtype);
   Status FlushTaps();
@@ -184,6 +191,16 @@ class CudaBackend final : public Backend {
   std::map<int64_t, SlabTable> slab_tables_;  // by rows
   std::vector<uint32_t> tap_rows_;             // FlushTaps: a strided tap's rows, contiguous
   std::vector<TapEvent> summary_events_;       // FlushTaps: the batch for TapHook::OnTapSummaries
+  // Full capture from the slab: each step's values and summaries go to the host in a pinned
+  // buffer lent to the hook (TapEvent::owner), so the recorder's writer compresses the rows
+  // where they landed instead of the engine thread copying them; up to kTapLendBytes of such
+  // buffers (2–8), then a step waits for one to come back (tap_wait_ns), and after
+  // kTapLendPatience hands its rows over unlent from tap_host_.
+  static constexpr size_t kTapLendBytes = size_t{512} << 20;
+  static constexpr std::chrono::seconds kTapLendPatience{5};
+  std::unique_ptr<LendingPool> tap_lend_;
+  size_t tap_lend_max_ = 0;
+  int64_t tap_wait_retired_ns_ = 0;  // waits of pools replaced since
   // BackendOptions::profile: GPU time per phase, printed when the backend is destroyed.
   Status Mark(const char* name) { return prof_ ? prof_->Mark(name, stream_->get()) : Status::Ok(); }
   std::unique_ptr<cu::EventTimer> prof_;

@@ -805,10 +805,10 @@ LS_RETURN_IF_ERROR(Mark("start"));
     // lm_head (the step's largest read) runs here. (The new cache rows for the host were
     // copied as they were written.)
     auto tail = [&]() -> Status {
-      if (slab_ && summary_taps_) LS_RETURN_IF_ERROR(SummarizeSlab());
+      if (slab_) LS_RETURN_IF_ERROR(SummarizeSlab());  // (full capture: beside the values)
       return Status::Ok();
     };
-    const bool tail_side = overlap && slab_ && summary_taps_;
+    const bool tail_side = overlap && slab_;
     if (tail_side) LS_RETURN_IF_ERROR(on_side(tail));
     LS_RETURN_IF_ERROR(Mark("final_norm_taps"));
     {

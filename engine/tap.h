@@ -43,10 +43,14 @@ struct TapEvent {
   int64_t cols = 0;         // values per row
   TapDType dtype = TapDType::kF32;
   const void* data = nullptr;  // rows × cols, row-major, contiguous; null when only summaries came
-  const TapRowSummary* summaries = nullptr;  // [rows] when the backend summarised the rows itself
+  // [rows] when the backend summarised the rows itself: alone (summary capture), or beside
+  // `data` (the CUDA backend's full capture: the hook need not summarise the values again).
+  const TapRowSummary* summaries = nullptr;
   // When set, `data` stays valid and unchanged for as long as any copy of `owner` is held: a
   // hook may keep both past the call instead of copying the rows (the CUDA backend's logits,
-  // which the recorder's writer thread then summarises where they are).
+  // which the recorder's writer thread then summarises where they are, and its full capture's
+  // taps, which the writer compresses where they are). The backend lends a bounded number of
+  // such buffers and waits for one to come back when all are held: drop owners soon.
   std::shared_ptr<const void> owner;
 };
 

@@ -73,6 +73,7 @@ Result<RecordSessionResult> RecordRun(engine::Engine& eng, const std::vector<Rec
   const std::string out = o.output.string();
   traces::TraceWriterOptions wo = o.writer;
   wo.alloc_block_bytes = RecorderOptions::AllocBlockBytes(o.policy);
+  wo.target_chunk_bytes = RecorderOptions::TargetChunkBytes(o.policy);
   LS_ASSIGN_OR_RETURN(auto writer, traces::TraceWriter::Create(o.output, wo));
 
   // /meta: what the engine knows, then the caller's keys (which win).

@@ -135,7 +135,8 @@ traces::SummaryRow ToSummaryRow(const engine::TapRowSummary& s) {
 bool Recorder::WantsTapValues() const { return opts_.policy.mode == CapturePolicy::Mode::kFull; }
 
 void Recorder::CaptureSummaries(const Tensor& t, int64_t request, int64_t position, int64_t rows,
-                                const engine::TapRowSummary* in) {
+                                const engine::TapRowSummary* in, const void* values,
+                                const std::shared_ptr<const void>& owner) {
   summaries_.clear();
   for (int64_t i = 0; i < rows; ++i) {
     if (!opts_.policy.WantsPosition(position + i)) continue;
@@ -146,7 +147,20 @@ void Recorder::CaptureSummaries(const Tensor& t, int64_t request, int64_t positi
     summaries_.push_back(r);
   }
   if (summaries_.empty()) return;
-  const Status s = writer_->Append(t.handle, summaries_, nullptr);
+  Status s;
+  if (!t.values) {
+    s = writer_->Append(t.handle, summaries_, nullptr);
+  } else if (static_cast<int64_t>(summaries_.size()) == rows) {
+    s = writer_->Append(t.handle, summaries_, values, owner);  // every row: lent when owned
+  } else {  // the kept positions' rows, gathered
+    const size_t row_bytes = static_cast<size_t>(t.cols) * traces::DTypeSize(t.dtype);
+    gather_.resize(summaries_.size() * row_bytes);
+    for (size_t k = 0; k < summaries_.size(); ++k) {
+      std::memcpy(gather_.data() + k * row_bytes,
+                  static_cast<const uint8_t*>(values) + (summaries_[k].position - position) * row_bytes, row_bytes);
+    }
+    s = writer_->Append(t.handle, summaries_, gather_.data());
+  }
   if (!s.ok()) Fail(s);
 }
 
@@ -222,6 +236,10 @@ void Recorder::OnTap(const engine::TapEvent& e) {
       return;
     }
     CaptureSummaries(*entry->tensor, e.request_id, e.position, e.rows, e.summaries);
+    return;
+  }
+  if (e.summaries != nullptr) {  // values with the backend's summaries of them: nothing to compute
+    CaptureSummaries(*entry->tensor, e.request_id, e.position, e.rows, e.summaries, e.data, e.owner);
     return;
   }
   Capture(*entry->tensor, e.request_id, e.position, e.rows, e.data, e.cols * 4);

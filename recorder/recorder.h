@@ -27,6 +27,8 @@
 #include <vector>
 
 #include "base/status.h"
+#include <algorithm>
+
 #include "engine/engine.h"
 #include "recorder/capture_policy.h"
 #include "traces/trace_writer.h"
@@ -38,6 +40,22 @@ struct RecorderOptions {
   // TraceWriterOptions::alloc_block_bytes suited to a policy: about a hundred steps of rows.
   static int64_t AllocBlockBytes(const CapturePolicy& p) {
     return p.mode == CapturePolicy::Mode::kFull ? 1 << 20 : p.mode == CapturePolicy::Mode::kSummary ? 128 << 10 : 16 << 10;
+  }
+  // The trace writer's zstd level and workers suited to a policy (`record`'s defaults). Full
+  // capture moves megabytes a step (V2-Lite: 2.3 MB a token) that compress about 1.1 : 1
+  // whatever the level, so it takes level 1 (level 3 costs the writer ~25 % more time for
+  // ≤ 1 % smaller files) and up to 8 workers (half the cores): at batch 8 on the H200's host
+  // fewer fall behind decode (docs/performance.md, "Recording on the GPU"). Summaries are
+  // small: level 3, one worker.
+  static int ZstdLevel(const CapturePolicy& p) { return p.mode == CapturePolicy::Mode::kFull ? 1 : 3; }
+  // TraceWriterOptions::target_chunk_bytes: full capture's in 256 KB chunks — a quarter of the
+  // HDF5 calls the writer thread makes for 64 KB ones (the thread that sets full capture's pace
+  // at batch 8: docs/performance.md), and ~5 % smaller files.
+  static int64_t TargetChunkBytes(const CapturePolicy& p) {
+    return p.mode == CapturePolicy::Mode::kFull ? 256 << 10 : traces::TraceWriterOptions{}.target_chunk_bytes;
+  }
+  static int CompressionThreads(const CapturePolicy& p, unsigned cores) {
+    return p.mode == CapturePolicy::Mode::kFull ? static_cast<int>(std::clamp(cores / 2, 1u, 8u)) : 1;
   }
   // Make the trace durable every this many seconds of recording; 0 = after every step.
   double flush_interval_s = 1.0;
@@ -105,9 +123,12 @@ class Recorder : public engine::TapHook {
                    const traces::TraceWriter::LogitsTopKTensors* topk = nullptr,
                    const std::shared_ptr<const void>& owner = nullptr);
   void CaptureLogits(const engine::TapEvent& e);
-  // Rows the backend summarised itself (TapEvent::summaries), filtered by position like Capture.
+  // Rows the backend summarised itself (TapEvent::summaries), filtered by position like
+  // Capture; with their values when the tensor stores them (lent with `owner` when every row
+  // is kept, else the kept rows copied).
   void CaptureSummaries(const Tensor& t, int64_t request, int64_t position, int64_t rows,
-                        const engine::TapRowSummary* rows_summaries);
+                        const engine::TapRowSummary* rows_summaries, const void* values = nullptr,
+                        const std::shared_ptr<const void>& owner = nullptr);
   void DefineKvTensors(const engine::PagedKvCache& cache);
   void Fail(const Status& s) {
     if (status_.ok()) status_ = s;

@@ -11,6 +11,8 @@ lockstep_traces_test(trace_roundtrip_test traces/trace_roundtrip_test.cc)
 lockstep_traces_test(row_stats_test traces/row_stats_test.cc)
 lockstep_traces_test(recorder_batch_test traces/recorder_batch_test.cc)
 target_link_libraries(recorder_batch_test PRIVATE lockstep_recorder)
+lockstep_traces_test(lent_rows_test traces/lent_rows_test.cc)
+target_link_libraries(lent_rows_test PRIVATE lockstep_recorder)
 
 # The acceptance test: h5py (Debian's /usr/bin/python3) reads traces of a seeded 3-request run
 # in each KV format and compares them with hashes the driver took from the engine directly.

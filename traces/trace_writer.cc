@@ -103,6 +103,8 @@ struct Table {
   std::vector<uint8_t> tail;     // rows after the last full chunk
   int64_t chunks_queued = 0;     // full chunks handed to compression
   int64_t chunks_written = 0;    // full chunks stored (main extent = chunks_written·chunk_rows)
+  int64_t extent = 0;            // rows of the dataset's extent (set_extent: ahead of chunks_written
+  int64_t extend_to = 0;         // only inside a WriteReadyChunks batch, which then writes them)
   // The tail dataset (/tails/<index>) and what the file says about it as of the last flush.
   h5::Hid tail_dset;
   int64_t tail_base = -1, tail_count = 0;
@@ -119,6 +121,10 @@ struct ChunkJob {
   Table* table = nullptr;
   int64_t index = 0;  // chunk index along rows
   std::vector<uint8_t> raw, packed;
+  // A chunk read where the caller lent it (Append's values_owner) instead of from `raw`:
+  // chunk_rows rows at `lent`, held by `lent_owner` until the chunk is written.
+  const uint8_t* lent = nullptr;
+  std::shared_ptr<const void> lent_owner;
   Status status;
   bool done = false;
   std::function<void()> task;  // set: a share of the writer's work to run instead (no chunk)
@@ -148,8 +154,8 @@ class TraceWriter::Impl {
   std::vector<std::vector<uint8_t>> spare_;  // guarded by mu_
   std::vector<uint8_t> fresh;                // caller's next buffer
   static constexpr size_t kMaxSpare = 8;
-  std::vector<std::vector<uint8_t>> raw_pool_;  // guarded by mu_: chunk buffers for reuse
-  static constexpr size_t kMaxRawPool = 64;
+  std::vector<std::vector<uint8_t>> raw_pool_;  // guarded by mu_: chunk and frame buffers for reuse
+  static constexpr size_t kMaxRawPool = 1024;  // (a step of full capture at batch 8 queues ~300 chunks)
   // A buffer for a new batch of rows: the one kept for the caller, else one the writer has
   // given back (taken under the lock now rather than at the next Submit, so a step that fills
   // more than one buffer does not fault in new pages), else a new one.
@@ -187,7 +193,21 @@ class TraceWriter::Impl {
   Status Process(Command& cmd);
   Status DoDefineTensor(const TensorSpec& spec);
   Result<int32_t> MakeTable(const std::string& path, h5::Hid type, int64_t cols, hid_t parent);
-  Status DoAppend(Table& t, const uint8_t* data, size_t bytes);
+  // Rows to a table: whole chunks go to compression as they fill, the rest to its tail. With
+  // `owner` (lent rows) a whole chunk is compressed where the rows are, without a copy.
+  Status DoAppend(Table& t, const uint8_t* data, size_t bytes, const std::shared_ptr<const void>* owner = nullptr);
+  void QueueChunk(Table& t, std::shared_ptr<ChunkJob> job);  // to new_jobs_
+  void PublishJobs();
+  std::vector<std::shared_ptr<ChunkJob>> new_jobs_;  // writer thread: made, not yet in jobs_
+  std::vector<std::shared_ptr<ChunkJob>> ready_;     // writer thread: WriteReadyChunks' batch
+  std::vector<ChunkRecord> records_;                 // writer thread: chunk records not yet written
+  Status WriteChunkRecords();
+  std::vector<uint8_t> TakeRaw();
+  Status CompressJob(ChunkJob& job) const {
+    const size_t bytes = static_cast<size_t>(job.table->chunk_rows) * job.table->row_bytes;
+    return ShuffleCompressChunk(job.lent != nullptr ? job.lent : job.raw.data(), job.lent != nullptr ? bytes : job.raw.size(),
+                                job.table->element_size, opts_.zstd_level, &job.packed);
+  }
   // What the writer derives from a summarize entry's rows: their summaries and, for logits
   // with top-k tensors, each row's LogitsTopK.
   struct Derived {
@@ -203,6 +223,7 @@ class TraceWriter::Impl {
   Derived derived_;  // scratch of DoSummarizeAppend
   // `rows`: the extent after the write (default: through the end of the chunk).
   Status WriteChunk(Table& t, int64_t index, const std::vector<uint8_t>& packed, int64_t rows = -1);
+  Status WriteChunkData(Table& t, int64_t index, const std::vector<uint8_t>& packed);
   Status WriteReadyChunks(bool wait_all);
   Status DoFlush(int64_t steps);
   Status WriteTail(Table& t);
@@ -403,8 +424,7 @@ void TraceWriter::Impl::WorkerLoop() {
     if (job->task) {
       job->task();
     } else {
-      s = ShuffleCompressChunk(job->raw.data(), job->raw.size(), job->table->element_size, opts_.zstd_level,
-                               &job->packed);
+      s = CompressJob(*job);
     }
     {
       std::lock_guard<std::mutex> l(mu_);
@@ -487,11 +507,14 @@ Status TraceWriter::Impl::Process(Command& c) {
             LS_RETURN_IF_ERROR(DoAppend(*tables_[t], rows + r * sizeof(SummaryRow), (q - r) * sizeof(SummaryRow)));
             r = q;
           }
+        } else if (e.ext_values != nullptr) {  // lent rows (Append's values_owner)
+          LS_RETURN_IF_ERROR(DoAppend(*tables_[e.table], e.ext_values, e.ext_bytes, &e.ext_owner));
         } else {
           LS_RETURN_IF_ERROR(DoAppend(*tables_[e.table], c.bytes.data() + at, e.bytes));
         }
         at += e.bytes;
       }
+      PublishJobs();
       return Status::Ok();
     }
     case Command::Kind::kFlush: return DoFlush(c.steps);
@@ -667,38 +690,76 @@ Status TraceWriter::Impl::DoSummarizeAppend(const Command::Entry& e, const uint8
   return Status::Ok();
 }
 
-Status TraceWriter::Impl::DoAppend(Table& t, const uint8_t* data, size_t bytes) {
-  t.tail.insert(t.tail.end(), data, data + bytes);
-  t.tail_dirty = true;
-  const size_t chunk_bytes = t.chunk_rows * t.row_bytes;
-  size_t used = 0;
-  while (t.tail.size() - used >= chunk_bytes) {
-    auto job = std::make_shared<ChunkJob>();
-    job->table = &t;
-    job->index = t.chunks_queued++;
-    {  // a chunk buffer written out before, when there is one: no fresh pages to fault in
-      std::lock_guard<std::mutex> l(mu_);
-      if (!raw_pool_.empty()) {
-        job->raw = std::move(raw_pool_.back());
+// A chunk buffer written out before, when there is one: no fresh pages to fault in.
+std::vector<uint8_t> TraceWriter::Impl::TakeRaw() {
+  std::lock_guard<std::mutex> l(mu_);
+  if (raw_pool_.empty()) return {};
+  std::vector<uint8_t> b = std::move(raw_pool_.back());
+  raw_pool_.pop_back();
+  return b;
+}
+
+void TraceWriter::Impl::QueueChunk(Table& t, std::shared_ptr<ChunkJob> job) {
+  job->table = &t;
+  job->index = t.chunks_queued++;
+  if (workers_.empty()) {
+    job->status = CompressJob(*job);
+    job->done = true;
+  }
+  new_jobs_.push_back(std::move(job));
+}
+
+// The chunks a command made go to the workers at once: one lock and one wake-up for a
+// step's ~300 chunks (full capture at batch 8), not one each; their frame buffers come from
+// the pool under the same lock.
+void TraceWriter::Impl::PublishJobs() {
+  if (new_jobs_.empty()) return;
+  bool compress = false;
+  {
+    std::lock_guard<std::mutex> l(mu_);
+    for (auto& job : new_jobs_) {
+      if (!raw_pool_.empty() && job->packed.capacity() == 0) {
+        job->packed = std::move(raw_pool_.back());  // (recycled: the frame lands in pages already faulted in)
         raw_pool_.pop_back();
       }
-    }
-    job->raw.assign(t.tail.begin() + used, t.tail.begin() + used + chunk_bytes);
-    used += chunk_bytes;
-    if (workers_.empty()) {
-      job->status = ShuffleCompressChunk(job->raw.data(), job->raw.size(), t.element_size, opts_.zstd_level,
-                                         &job->packed);
-      job->done = true;
-      std::lock_guard<std::mutex> l(mu_);
-      jobs_.push_back(job);
-    } else {
-      std::lock_guard<std::mutex> l(mu_);
-      jobs_.push_back(job);
-      to_compress_.push_back(job);
-      work_cv_.notify_one();
+      if (!job->done) {
+        to_compress_.push_back(job);
+        compress = true;
+      }
+      jobs_.push_back(std::move(job));
     }
   }
-  if (used) t.tail.erase(t.tail.begin(), t.tail.begin() + used);
+  new_jobs_.clear();
+  if (compress) work_cv_.notify_all();
+}
+
+Status TraceWriter::Impl::DoAppend(Table& t, const uint8_t* data, size_t bytes, const std::shared_ptr<const void>* owner) {
+  t.tail_dirty = true;
+  const size_t chunk_bytes = t.chunk_rows * t.row_bytes;
+  if (!t.tail.empty()) {  // complete the unfinished chunk first
+    const size_t take = std::min(bytes, chunk_bytes - t.tail.size());
+    t.tail.insert(t.tail.end(), data, data + take);
+    data += take;
+    bytes -= take;
+    if (t.tail.size() < chunk_bytes) return Status::Ok();
+    auto job = std::make_shared<ChunkJob>();
+    job->raw = std::move(t.tail);  // the tail becomes the chunk; a pooled buffer the next tail
+    t.tail = TakeRaw();
+    t.tail.clear();
+    QueueChunk(t, std::move(job));
+  }
+  for (; bytes >= chunk_bytes; data += chunk_bytes, bytes -= chunk_bytes) {
+    auto job = std::make_shared<ChunkJob>();
+    if (owner != nullptr) {
+      job->lent = data;
+      job->lent_owner = *owner;
+    } else {
+      job->raw = TakeRaw();
+      job->raw.assign(data, data + chunk_bytes);
+    }
+    QueueChunk(t, std::move(job));
+  }
+  t.tail.insert(t.tail.end(), data, data + bytes);
   return Status::Ok();
 }
 
@@ -707,8 +768,14 @@ Status TraceWriter::Impl::DoAppend(Table& t, const uint8_t* data, size_t bytes) 
 Status TraceWriter::Impl::WriteChunk(Table& t, int64_t index, const std::vector<uint8_t>& packed, int64_t rows) {
   if (rows < 0) rows = (index + 1) * t.chunk_rows;
   hsize_t dims[2] = {static_cast<hsize_t>(rows), static_cast<hsize_t>(t.cols)};
-  hsize_t offset[2] = {static_cast<hsize_t>(index * t.chunk_rows), 0};
   if (H5Dset_extent(t.dset.get(), dims) < 0) return h5::Error(path_.string() + ": '" + t.path + "': extend");
+  t.extent = rows;
+  return WriteChunkData(t, index, packed);
+}
+
+// A chunk inside the extent.
+Status TraceWriter::Impl::WriteChunkData(Table& t, int64_t index, const std::vector<uint8_t>& packed) {
+  hsize_t offset[2] = {static_cast<hsize_t>(index * t.chunk_rows), 0};
   if (H5Dwrite_chunk(t.dset.get(), H5P_DEFAULT, 0, offset, packed.size(), packed.data()) < 0) {
     return h5::Error(path_.string() + ": '" + t.path + "': write chunk");
   }
@@ -716,27 +783,54 @@ Status TraceWriter::Impl::WriteChunk(Table& t, int64_t index, const std::vector<
 }
 
 Status TraceWriter::Impl::WriteReadyChunks(bool wait_all) {
-  while (true) {
-    std::shared_ptr<ChunkJob> job;
-    {
+  PublishJobs();
+  Status st;
+  while (st.ok()) {
+    ready_.clear();
+    {  // every finished job at the front, in order, under one lock
       std::unique_lock<std::mutex> l(mu_);
-      if (jobs_.empty()) return Status::Ok();
+      if (jobs_.empty()) break;
       if (!jobs_.front()->done) {
-        if (!wait_all) return Status::Ok();
+        if (!wait_all) break;
         cmd_cv_.wait(l, [&] { return jobs_.front()->done; });
       }
-      job = jobs_.front();
-      jobs_.pop_front();
+      while (!jobs_.empty() && jobs_.front()->done) {
+        ready_.push_back(std::move(jobs_.front()));
+        jobs_.pop_front();
+      }
     }
-    LS_RETURN_IF_ERROR(job->status);
-    LS_RETURN_IF_ERROR(WriteChunk(*job->table, job->index, job->packed));
-    job->table->chunks_written = job->index + 1;
-    LS_RETURN_IF_ERROR(RecordChunk(*job->table, job->index));
-    {
-      std::lock_guard<std::mutex> l(mu_);
-      if (raw_pool_.size() < kMaxRawPool) raw_pool_.push_back(std::move(job->raw));
+    // Each table's extent grows once for the batch (its chunks come in index order).
+    for (const auto& job : ready_) job->table->extend_to = std::max(job->table->extend_to, (job->index + 1) * job->table->chunk_rows);
+    for (const auto& job : ready_) {
+      Table& t = *job->table;
+      if (t.extend_to > t.extent) {
+        hsize_t dims[2] = {static_cast<hsize_t>(t.extend_to), static_cast<hsize_t>(t.cols)};
+        if (H5Dset_extent(t.dset.get(), dims) < 0) {
+          st = h5::Error(path_.string() + ": '" + t.path + "': extend");
+          break;
+        }
+        t.extent = t.extend_to;
+      }
+    }
+    for (auto& job : ready_) {
+      if (!st.ok()) break;
+      st = job->status;
+      if (st.ok()) st = WriteChunkData(*job->table, job->index, job->packed);
+      if (!st.ok()) break;
+      job->table->chunks_written = job->index + 1;
+      st = RecordChunk(*job->table, job->index);
+      job->lent_owner.reset();  // the lender's rows are free again
+    }
+    std::lock_guard<std::mutex> l(mu_);
+    for (auto& job : ready_) {
+      for (std::vector<uint8_t>* b : {&job->raw, &job->packed}) {
+        if (b->capacity() > 0 && raw_pool_.size() < kMaxRawPool) raw_pool_.push_back(std::move(*b));
+      }
     }
   }
+  ready_.clear();
+  const Status records = WriteChunkRecords();
+  return st.ok() ? records : st;
 }
 
 // Appends the chunk's place in the file to the chunk directory. The chunk's bytes are in the
@@ -757,7 +851,18 @@ Status TraceWriter::Impl::RecordChunk(const Table& t, int64_t index) {
   r.size = size;
   r.filter_mask = mask;
   r.check = static_cast<uint32_t>(ContentHash(&r, offsetof(ChunkRecord, check)));
-  if (::write(chunks_fd_, &r, sizeof r) != static_cast<ssize_t>(sizeof r)) {
+  records_.push_back(r);
+  return Status::Ok();
+}
+
+// The records of a batch of chunks in one write(2), before anything can flush an index that
+// points at those chunks (WriteReadyChunks ends with it; flushes and the close come after).
+Status TraceWriter::Impl::WriteChunkRecords() {
+  if (records_.empty()) return Status::Ok();
+  const size_t bytes = records_.size() * sizeof(ChunkRecord);
+  const ssize_t n = ::write(chunks_fd_, records_.data(), bytes);
+  records_.clear();
+  if (n != static_cast<ssize_t>(bytes)) {
     return Status::IoError(ChunksPath(path_).string() + ": write: " + std::strerror(errno));
   }
   return Status::Ok();
@@ -1140,18 +1245,42 @@ Status TraceWriter::AppendToSummarize(int32_t tensor, int32_t request, int32_t s
   return Status::Ok();
 }
 
-Status TraceWriter::Append(int32_t tensor, std::span<const SummaryRow> summaries, const void* values) {
+Status TraceWriter::Append(int32_t tensor, std::span<const SummaryRow> summaries, const void* values,
+                           std::shared_ptr<const void> values_owner) {
   if (tensor < 0 || tensor >= static_cast<int32_t>(tensors_.size())) {
     return Status::InvalidArgument("unknown tensor handle " + std::to_string(tensor));
   }
   if (summaries.empty()) return Status::Ok();
   const TensorSpec& spec = tensors_[tensor];
   const int32_t table = summary_table_[tensor];
+  if (spec.values && !values) return Status::InvalidArgument("tensor '" + spec.path + "': values missing");
   LS_RETURN_IF_ERROR(AppendRows(table, summaries.data(), summaries.size_bytes()));
-  if (spec.values) {
-    if (!values) return Status::InvalidArgument("tensor '" + spec.path + "': values missing");
-    LS_RETURN_IF_ERROR(AppendRows(table + 1, values, summaries.size() * spec.cols * DTypeSize(spec.dtype)));
+  if (!spec.values) return Status::Ok();
+  const size_t bytes = summaries.size() * spec.cols * DTypeSize(spec.dtype);
+  if (!values_owner) return AppendRows(table + 1, values, bytes);
+  // Lent: the entry carries where the rows are and their owner, not the rows. Rows that
+  // continue the tensor's previous lent rows in the same buffer (a step's requests, one event
+  // each, back to back in the backend's buffer) extend that entry, so that whole chunks form
+  // where they lie: the entries between are the summaries' (another table), so each table
+  // still gets its rows in call order.
+  Command& c = AppendCommand(0);
+  if (c.entries.size() >= 2) {
+    Command::Entry& prev = c.entries[c.entries.size() - 2];
+    if (prev.table == table + 1 && !prev.summarize && prev.ext_values != nullptr && prev.ext_owner == values_owner &&
+        prev.ext_values + prev.ext_bytes == static_cast<const uint8_t*>(values)) {
+      prev.ext_bytes += bytes;
+      bytes_in_ += static_cast<int64_t>(bytes);
+      return Status::Ok();
+    }
   }
+  Command::Entry e{table + 1, 0};
+  e.ext_values = static_cast<const uint8_t*>(values);
+  e.ext_bytes = bytes;
+  e.ext_owner = std::move(values_owner);
+  c.entries.push_back(std::move(e));
+  NoteAppended(c);
+  impl_->pending_borrows = true;
+  bytes_in_ += static_cast<int64_t>(bytes);
   return Status::Ok();
 }
 

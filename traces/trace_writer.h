@@ -100,7 +100,13 @@ class TraceWriter {
   Result<int32_t> DefineTensor(const TensorSpec& spec);
   // Appends rows: `summaries` describes each row; `values` holds rows × cols elements of
   // the tensor's dtype, row-major (ignored, and may be null, when the tensor stores no values).
-  Status Append(int32_t tensor, std::span<const SummaryRow> summaries, const void* values);
+  // With `values_owner` the values are lent, not copied: the writer's threads compress whole
+  // chunks where the rows are (copying only what ends in an unfinished chunk) and hold a copy
+  // of values_owner until they have; the bytes must not change while any holder remains.
+  // Lent bytes do not count against queue_bytes: the lender bounds them by the buffers it
+  // lends (the CUDA backend's tap buffers, engine/lending_pool.h).
+  Status Append(int32_t tensor, std::span<const SummaryRow> summaries, const void* values,
+                std::shared_ptr<const void> values_owner = nullptr);
   // Summary rows of many summary-only tensors at once: row i of `summaries` goes to
   // tensors[i]'s table, in order — the same trace as Append(tensors[i], {summaries[i]}, nullptr)
   // for each i, in one hand-over (a step's backend-computed tap summaries).

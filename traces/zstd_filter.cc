@@ -177,8 +177,10 @@ Status ShuffleCompressChunk(const uint8_t* chunk, size_t bytes, size_t element_s
   // Per thread, reused: the shuffle and compression buffers and zstd's context (a fresh
   // context per chunk allocated and zeroed its tables every time — page faults and memsets
   // that made the writer's workers the bottleneck of full capture). The frames are the same.
+  // The frame goes straight into `out` (a recycled buffer keeps its pages: only what it
+  // grows by is zeroed).
   struct Scratch {
-    std::vector<uint8_t> shuffled, packed;
+    std::vector<uint8_t> shuffled;
     ZSTD_CCtx* cctx = nullptr;
     ~Scratch() { ZSTD_freeCCtx(cctx); }
   };
@@ -187,11 +189,11 @@ Status ShuffleCompressChunk(const uint8_t* chunk, size_t bytes, size_t element_s
   if (t.shuffled.size() < bytes) t.shuffled.resize(bytes);
   ShuffleBytes(chunk, bytes, element_size, t.shuffled.data());
   const size_t bound = ZSTD_compressBound(bytes);
-  if (t.packed.size() < bound) t.packed.resize(bound);
+  out->resize(bound);
   level = std::clamp(level, ZSTD_minCLevel(), ZSTD_maxCLevel());
-  const size_t n = ZSTD_compressCCtx(t.cctx, t.packed.data(), bound, t.shuffled.data(), bytes, level);
+  const size_t n = ZSTD_compressCCtx(t.cctx, out->data(), bound, t.shuffled.data(), bytes, level);
   if (ZSTD_isError(n)) return Status::Internal(std::string("zstd: ") + ZSTD_getErrorName(n));
-  out->assign(t.packed.data(), t.packed.data() + n);
+  out->resize(n);
   return Status::Ok();
 }
 

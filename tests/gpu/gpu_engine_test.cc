@@ -639,6 +639,91 @@ TEST(GpuEngine, SummaryTapsAreTheHostSummariesOfTheValues) {
   std::printf("  %lld tap rows: GPU summaries = host summaries of the values\n", static_cast<long long>(rows));
 }
 
+// Full capture (a hook that wants values): decode steps come from the tap slab in a pinned
+// buffer lent to the hook (TapEvent::owner) with each row's summary made on the GPU beside the
+// values. Checked: every decode step's events carry an owner and summaries, each summary is
+// traces::Summarize of the row's values, the values are those of a run without graphs
+// (TapRecorder's), no step waited for a buffer the hook had let go, and a buffer the hook
+// keeps stays unchanged while later steps run (the backend takes others).
+class LentHook : public engine::TapHook {
+ public:
+  struct Kept {
+    std::shared_ptr<const void> owner;
+    const uint8_t* data = nullptr;
+    std::vector<uint8_t> copy;
+  };
+  std::map<std::string, std::vector<uint8_t>> values;
+  std::vector<Kept> kept;
+  int64_t rows_summarised = 0, lent_events = 0, events = 0;
+  std::string bad;
+  void OnTap(const engine::TapEvent& e) override {
+    if (e.name == "logits") return;
+    ++events;
+    const auto* p = static_cast<const uint8_t*>(e.data);
+    const size_t bytes = static_cast<size_t>(e.rows * e.cols) * 4;
+    values[std::string(e.name) + "@" + std::to_string(e.position) + "#" + std::to_string(e.request_id)].assign(p, p + bytes);
+    if (e.owner) ++lent_events;
+    if (e.owner && kept.size() < 40) kept.push_back({e.owner, p, std::vector<uint8_t>(p, p + bytes)});
+    if (e.summaries == nullptr) return;
+    for (int64_t r = 0; r < e.rows; ++r) {
+      traces::SummaryRow want;
+      traces::Summarize(e.dtype == engine::TapDType::kI32 ? traces::DType::kI32 : traces::DType::kF32,
+                        p + r * e.cols * 4, e.cols, &want);
+      const engine::TapRowSummary& got = e.summaries[r];
+      if (bad.empty() && (got.hash != want.hash || got.nan_count != want.nan_count || got.inf_count != want.inf_count ||
+                          std::memcmp(&got.rms, &want.rms, 4) != 0 || std::memcmp(&got.absmax, &want.absmax, 4) != 0 ||
+                          std::memcmp(&got.min, &want.min, 4) != 0 || std::memcmp(&got.max, &want.max, 4) != 0)) {
+        bad = std::string(e.name) + " at position " + std::to_string(e.position + r);
+      }
+      ++rows_summarised;
+    }
+  }
+};
+
+TEST(GpuEngine, FullCaptureLendsTheValuesWithTheirSummaries) {
+  LS_REQUIRE_GPU();
+  auto run = [&](engine::TapHook* hook, bool graphs) {
+    EngineOptions o = Cuda(engine::KvFormat::kFp8E4m3, "bf16");
+    o.max_batch = 2;
+    o.device.cuda_graphs = graphs;
+    auto eng = Engine::Create(Tiny(), o);
+    ASSERT_TRUE(eng.ok()) << eng.status().message();
+    (*eng)->SetTapHook(hook);
+    for (int i = 0; i < 2; ++i) {
+      engine::Request r;
+      for (int j = 0; j < 25 + 7 * i; ++j) r.prompt.push_back(static_cast<int32_t>((11 * j + 3 * i) % 5000 + 10));
+      r.max_new_tokens = 14;  // more decode steps than the backend lends buffers (8)
+      ASSERT_TRUE((*eng)->AddRequest(r).ok());
+    }
+    const Status st = (*eng)->RunToCompletion();
+    ASSERT_TRUE(st.ok()) << st.message();
+    EXPECT_EQ((*eng)->backend().tap_wait_ns(), 0) << "a step waited for a lent buffer the hook had let go";
+  };
+  TapRecorder plain;
+  LentHook lent;
+  run(&plain, false);
+  run(&lent, true);
+  EXPECT_TRUE(lent.bad.empty()) << "GPU summary differs from the host's for " << lent.bad;
+  EXPECT_GT(lent.lent_events, 0);
+  EXPECT_GT(lent.rows_summarised, 500);
+  size_t logits = 0;
+  for (const auto& [name, t] : plain.taps) logits += name.starts_with("logits@");
+  ASSERT_EQ(plain.taps.size() - logits, lent.values.size());
+  for (const auto& [name, t] : plain.taps) {
+    if (name.starts_with("logits@")) continue;
+    auto it = lent.values.find(name);
+    ASSERT_NE(it, lent.values.end()) << name;
+    EXPECT_EQ(t.bytes, it->second) << name;
+  }
+  ASSERT_FALSE(lent.kept.empty());
+  for (const LentHook::Kept& k : lent.kept) {
+    ASSERT_EQ(0, std::memcmp(k.data, k.copy.data(), k.copy.size())) << "a lent buffer changed while the hook held it";
+  }
+  std::printf("  %lld of %lld events lent, %lld rows with GPU summaries = host summaries\n",
+              static_cast<long long>(lent.lent_events), static_cast<long long>(lent.events),
+              static_cast<long long>(lent.rows_summarised));
+}
+
 TEST(GpuEngine, TapsMatchTheCpuBackendAndTheCacheMirror) {
   LS_REQUIRE_GPU();
   // index_keys: every sparse layer's indexer keys of every new row, as the host mirror holds them.
