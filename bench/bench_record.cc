@@ -100,7 +100,7 @@ int main(int argc, char** argv) {
           "  --compression-threads N  the trace writer's zstd workers (default: record's — full capture half\n"
           "                           the cores, at most 8; otherwise 1)\n"
           "  --zstd-level N           the trace writer's Zstandard level (default: record's — 1 full, 3 otherwise)\n"
-          "  --chunk-kb N             the trace writer's target chunk size (default: record's — 256 full, 64 otherwise)\n"
+          "  --chunk-kb N             the trace writer's target chunk size (default: record's — 128 full, 64 otherwise)\n"
           "  --flush-interval S       seconds between flushes (default 1)\n"
           "  --out DIR                where the traces go (created; default /tmp)\n"
           "  --gpu-profile 1          GPU time per phase of each run, on stderr\n"

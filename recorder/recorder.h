@@ -48,11 +48,12 @@ struct RecorderOptions {
   // fewer fall behind decode (docs/performance.md, "Recording on the GPU"). Summaries are
   // small: level 3, one worker.
   static int ZstdLevel(const CapturePolicy& p) { return p.mode == CapturePolicy::Mode::kFull ? 1 : 3; }
-  // TraceWriterOptions::target_chunk_bytes: full capture's in 256 KB chunks — a quarter of the
-  // HDF5 calls the writer thread makes for 64 KB ones (the thread that sets full capture's pace
-  // at batch 8: docs/performance.md), and ~5 % smaller files.
+  // TraceWriterOptions::target_chunk_bytes: full capture's in 128 KB chunks — half the HDF5
+  // calls the writer thread makes for 64 KB ones (the thread that sets full capture's pace at
+  // batch 8: docs/performance.md), while a step of 8 requests still lends half a chunk of a
+  // hidden-size tap (8 KB rows), which the writer then compresses without a copy.
   static int64_t TargetChunkBytes(const CapturePolicy& p) {
-    return p.mode == CapturePolicy::Mode::kFull ? 256 << 10 : traces::TraceWriterOptions{}.target_chunk_bytes;
+    return p.mode == CapturePolicy::Mode::kFull ? 128 << 10 : traces::TraceWriterOptions{}.target_chunk_bytes;
   }
   static int CompressionThreads(const CapturePolicy& p, unsigned cores) {
     return p.mode == CapturePolicy::Mode::kFull ? static_cast<int>(std::clamp(cores / 2, 1u, 8u)) : 1;

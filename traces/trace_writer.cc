@@ -91,6 +91,13 @@ using Clock = std::chrono::steady_clock;
 // queue bound stays meaningful.
 constexpr int64_t kSubmitBytes = 4 << 20;
 
+// Rows a caller lent (TraceWriter::Append's values_owner), where they lie.
+struct LentRows {
+  const uint8_t* data = nullptr;
+  size_t bytes = 0;
+  std::shared_ptr<const void> owner;
+};
+
 // An append-only table: one chunked dataset plus the state of its unfinished chunk.
 struct Table {
   std::string path;
@@ -101,6 +108,11 @@ struct Table {
   int64_t chunk_rows = 0;
   h5::Hid dset;
   std::vector<uint8_t> tail;     // rows after the last full chunk
+  // … or those rows still where their lender has them (then `tail` is empty): an append of
+  // half a chunk or more waits there for the rest of its chunk (DoAppend), copied into `tail`
+  // only by a flush, the close, or an append that is not lent (MaterializeLent).
+  std::vector<LentRows> lent;
+  size_t lent_bytes = 0;
   int64_t chunks_queued = 0;     // full chunks handed to compression
   int64_t chunks_written = 0;    // full chunks stored (main extent = chunks_written·chunk_rows)
   int64_t extent = 0;            // rows of the dataset's extent (set_extent: ahead of chunks_written
@@ -121,10 +133,9 @@ struct ChunkJob {
   Table* table = nullptr;
   int64_t index = 0;  // chunk index along rows
   std::vector<uint8_t> raw, packed;
-  // A chunk read where the caller lent it (Append's values_owner) instead of from `raw`:
-  // chunk_rows rows at `lent`, held by `lent_owner` until the chunk is written.
-  const uint8_t* lent = nullptr;
-  std::shared_ptr<const void> lent_owner;
+  // A chunk read where the caller lent its rows (Append's values_owner) instead of from
+  // `raw`: the pieces in order, their owners held until the chunk is written.
+  std::vector<LentRows> lent;
   Status status;
   bool done = false;
   std::function<void()> task;  // set: a share of the writer's work to run instead (no chunk)
@@ -203,11 +214,8 @@ class TraceWriter::Impl {
   std::vector<ChunkRecord> records_;                 // writer thread: chunk records not yet written
   Status WriteChunkRecords();
   std::vector<uint8_t> TakeRaw();
-  Status CompressJob(ChunkJob& job) const {
-    const size_t bytes = static_cast<size_t>(job.table->chunk_rows) * job.table->row_bytes;
-    return ShuffleCompressChunk(job.lent != nullptr ? job.lent : job.raw.data(), job.lent != nullptr ? bytes : job.raw.size(),
-                                job.table->element_size, opts_.zstd_level, &job.packed);
-  }
+  Status CompressJob(ChunkJob& job) const;
+  void MaterializeLent(Table& t);
   // What the writer derives from a summarize entry's rows: their summaries and, for logits
   // with top-k tensors, each row's LogitsTopK.
   struct Derived {
@@ -733,9 +741,29 @@ void TraceWriter::Impl::PublishJobs() {
   if (compress) work_cv_.notify_all();
 }
 
+// A chunk from lent pieces is gathered on the worker (in parallel), not the writer's thread.
+Status TraceWriter::Impl::CompressJob(ChunkJob& job) const {
+  const Table& t = *job.table;
+  if (job.lent.empty()) return ShuffleCompressChunk(job.raw.data(), job.raw.size(), t.element_size, opts_.zstd_level, &job.packed);
+  if (job.lent.size() == 1) {
+    return ShuffleCompressChunk(job.lent[0].data, job.lent[0].bytes, t.element_size, opts_.zstd_level, &job.packed);
+  }
+  thread_local std::vector<uint8_t> gathered;
+  gathered.clear();
+  for (const LentRows& r : job.lent) gathered.insert(gathered.end(), r.data, r.data + r.bytes);
+  return ShuffleCompressChunk(gathered.data(), gathered.size(), t.element_size, opts_.zstd_level, &job.packed);
+}
+
+void TraceWriter::Impl::MaterializeLent(Table& t) {
+  for (const LentRows& r : t.lent) t.tail.insert(t.tail.end(), r.data, r.data + r.bytes);
+  t.lent.clear();
+  t.lent_bytes = 0;
+}
+
 Status TraceWriter::Impl::DoAppend(Table& t, const uint8_t* data, size_t bytes, const std::shared_ptr<const void>* owner) {
   t.tail_dirty = true;
   const size_t chunk_bytes = t.chunk_rows * t.row_bytes;
+  if (owner == nullptr) MaterializeLent(t);  // (rows in order: the lent ones first)
   if (!t.tail.empty()) {  // complete the unfinished chunk first
     const size_t take = std::min(bytes, chunk_bytes - t.tail.size());
     t.tail.insert(t.tail.end(), data, data + take);
@@ -748,15 +776,37 @@ Status TraceWriter::Impl::DoAppend(Table& t, const uint8_t* data, size_t bytes, 
     t.tail.clear();
     QueueChunk(t, std::move(job));
   }
+  if (owner != nullptr) {
+    // Lent rows: whole chunks (with the piece waiting before them) go to compression where
+    // they lie; a rest of half a chunk or more waits for the next append, a smaller one is
+    // copied. So a tail holds at most one earlier append's buffer, which the next append
+    // frees: a lender waiting for a buffer to come back (the CUDA backend) never waits on rows
+    // it has yet to lend.
+    while (bytes > 0 && t.lent_bytes + bytes >= chunk_bytes) {
+      const size_t take = chunk_bytes - t.lent_bytes;
+      t.lent.push_back({data, take, *owner});
+      auto job = std::make_shared<ChunkJob>();
+      job->lent = std::move(t.lent);
+      t.lent.clear();
+      t.lent_bytes = 0;
+      QueueChunk(t, std::move(job));
+      data += take;
+      bytes -= take;
+    }
+    if (bytes == 0) return Status::Ok();
+    if (t.lent.empty() && 2 * bytes >= chunk_bytes) {
+      t.lent.push_back({data, bytes, *owner});
+      t.lent_bytes += bytes;
+      return Status::Ok();
+    }
+    MaterializeLent(t);
+    t.tail.insert(t.tail.end(), data, data + bytes);
+    return Status::Ok();
+  }
   for (; bytes >= chunk_bytes; data += chunk_bytes, bytes -= chunk_bytes) {
     auto job = std::make_shared<ChunkJob>();
-    if (owner != nullptr) {
-      job->lent = data;
-      job->lent_owner = *owner;
-    } else {
-      job->raw = TakeRaw();
-      job->raw.assign(data, data + chunk_bytes);
-    }
+    job->raw = TakeRaw();
+    job->raw.assign(data, data + chunk_bytes);
     QueueChunk(t, std::move(job));
   }
   t.tail.insert(t.tail.end(), data, data + bytes);
@@ -819,7 +869,7 @@ Status TraceWriter::Impl::WriteReadyChunks(bool wait_all) {
       if (!st.ok()) break;
       job->table->chunks_written = job->index + 1;
       st = RecordChunk(*job->table, job->index);
-      job->lent_owner.reset();  // the lender's rows are free again
+      job->lent.clear();  // the lender's rows are free again
     }
     std::lock_guard<std::mutex> l(mu_);
     for (auto& job : ready_) {
@@ -941,8 +991,10 @@ Status TraceWriter::Impl::CreateTails() {
 }
 
 Status TraceWriter::Impl::DoFlush(int64_t steps) {
-  // 1. Every full chunk queued so far goes to the file (fresh space, main extent grows).
+  // 1. Every full chunk queued so far goes to the file (fresh space, main extent grows);
+  //    rows still lent join their tails (and go back to their lenders).
   LS_RETURN_IF_ERROR(WriteReadyChunks(true));
+  for (auto& t : tables_) MaterializeLent(*t);
   // 2. A tail about to be overwritten with rows of a later chunk still holds rows that only
   //    the new chunks hold now: make those chunks durable first.
   bool barrier = false;
@@ -975,6 +1027,7 @@ Status TraceWriter::Impl::DoFlush(int64_t steps) {
 
 Status TraceWriter::Impl::DoClose() {
   LS_RETURN_IF_ERROR(WriteReadyChunks(true));
+  for (auto& t : tables_) MaterializeLent(*t);
   // The last, partial chunk of each table: padded, compressed, at its own (new) index,
   // with the extent set to the real row count first. (Shrinking the extent after the write
   // would make HDF5 rewrite the edge chunk through its pipeline, leaving the old copy as
