@@ -53,9 +53,6 @@ struct Command {
   };
   std::vector<Entry> entries;
   std::vector<uint8_t> bytes;
-  // kAppend: its derived rows, started by the workers while the writer thread still worked on
-  // the command before (TraceWriter::Impl::DeriveAhead, type-erased here).
-  std::shared_ptr<void> ahead;
   std::string key, value;      // kMeta; kFinishRequest: value = text, key = finish reason
   RequestRecord request;       // kAddRequest; kFinishRequest uses id and prompt (= generated)
   TensorSpec tensor;           // kDefineTensor
@@ -227,28 +224,10 @@ class TraceWriter::Impl {
     std::vector<float> topk_values, logsumexp;
   };
   static void Derive(const struct Command::Entry& e, const uint8_t* data, Derived* out);
-  // `pre`: derived already (DeriveAhead); else derived here.
+  // `pre`: derived already (PrecomputeDerived); else derived here.
   Status DoSummarizeAppend(const struct Command::Entry& e, const uint8_t* data, Derived* pre);
-  // A large command's derived rows (over kDeriveParallelBytes of rows to summarise), in
-  // shares of about equal weight run by the compression workers: for the next command while
-  // this thread still appends the current one's rows and writes chunks (Run starts them), or
-  // for the current one with this thread taking the first share. Tasks read the command's
-  // entries and bytes where they are (moving a Command keeps them): a command with tasks is
-  // not destroyed before WaitDerive.
-  struct DeriveAhead {
-    std::vector<Derived> out;
-    std::vector<size_t> offset;  // of each entry in the command's bytes
-    std::vector<std::shared_ptr<ChunkJob>> tasks;
-    size_t here_begin = 0, here_end = 0;  // the share left to the caller (StartDerive's share_here)
-    void Run(const Command::Entry* entries, const uint8_t* bytes, size_t begin, size_t end) {
-      for (size_t i = begin; i < end; ++i) {
-        if (entries[i].summarize) Derive(entries[i], bytes + offset[i], &out[i]);
-      }
-    }
-  };
-  static constexpr size_t kDeriveParallelBytes = size_t{2} << 20;
-  std::shared_ptr<DeriveAhead> StartDerive(const Command& c, bool share_here);
-  void WaitDerive(const DeriveAhead& d);
+  // A large command's derived rows, by the compression workers and this thread together.
+  void PrecomputeDerived(const Command& c, std::vector<Derived>* out);
   Derived derived_;  // scratch of DoSummarizeAppend
   // `rows`: the extent after the write (default: through the end of the chunk).
   Status WriteChunk(Table& t, int64_t index, const std::vector<uint8_t>& packed, int64_t rows = -1);
@@ -468,7 +447,6 @@ void TraceWriter::Impl::Run() {
   h5::Quiet();
   while (true) {
     Command cmd;
-    Command* next = nullptr;
     {
       std::unique_lock<std::mutex> l(mu_);
       cmd_cv_.wait_for(l, kWriterPoll, [&] { return !commands_.empty() || (!jobs_.empty() && jobs_.front()->done); });
@@ -483,11 +461,7 @@ void TraceWriter::Impl::Run() {
       }
       cmd = std::move(commands_.front());
       commands_.pop_front();
-      if (!commands_.empty() && error_.ok() && !commands_.front().ahead) next = &commands_.front();
     }
-    // The next command's derived rows start now, on the workers, while this one is processed
-    // (the caller only adds commands behind it: it stays where it is until popped here).
-    if (next != nullptr) next->ahead = StartDerive(*next, false);
     const Command::Kind kind = cmd.kind;
     const int64_t bytes = static_cast<int64_t>(cmd.bytes.size());
     if (error().ok()) {
@@ -495,7 +469,6 @@ void TraceWriter::Impl::Run() {
       if (s.ok()) s = WriteReadyChunks(false);
       if (!s.ok()) Fail(s);
     }
-    if (cmd.ahead) WaitDerive(*std::static_pointer_cast<DeriveAhead>(cmd.ahead));  // (its tasks read cmd)
     {
       std::lock_guard<std::mutex> l(mu_);
       queued_bytes_ -= bytes;
@@ -521,14 +494,8 @@ Status TraceWriter::Impl::Process(Command& c) {
       return Status::Ok();
     case Command::Kind::kDefineTensor: return DoDefineTensor(c.tensor);
     case Command::Kind::kAppend: {
-      auto ahead = std::static_pointer_cast<DeriveAhead>(c.ahead);
-      if (!ahead) {  // not started ahead: the workers and this thread now
-        ahead = StartDerive(c, true);
-        if (ahead) ahead->Run(c.entries.data(), c.bytes.data(), ahead->here_begin, ahead->here_end);
-      }
-      if (ahead) WaitDerive(*ahead);
-      std::vector<Derived> none;
-      std::vector<Derived>& pre = ahead ? ahead->out : none;
+      std::vector<Derived> pre;
+      PrecomputeDerived(c, &pre);
       size_t at = 0;
       for (size_t i = 0; i < c.entries.size(); ++i) {
         const auto& e = c.entries[i];
@@ -645,28 +612,27 @@ void TraceWriter::Impl::Derive(const Command::Entry& e, const uint8_t* data, Der
 }
 
 // Summaries (and the logits' top-k) are the writer thread's main work in full capture: every
-// value hashed and reduced once. The compression workers take them in shares (tasks queued
-// ahead of any chunk); an entry's results are the same whoever computes them, and are
-// appended in order.
-std::shared_ptr<TraceWriter::Impl::DeriveAhead> TraceWriter::Impl::StartDerive(const Command& c, bool share_here) {
-  if (workers_.empty() || c.kind != Command::Kind::kAppend) return nullptr;
+// value hashed and reduced once. For a command of more than kParallelBytes, the compression
+// workers take shares of its entries (tasks queued ahead of any chunk) while this thread does
+// its own; an entry's results are the same whoever computes them, and are appended in order.
+void TraceWriter::Impl::PrecomputeDerived(const Command& c, std::vector<Derived>* out) {
+  constexpr size_t kParallelBytes = size_t{2} << 20;
+  if (workers_.empty()) return;
+  std::vector<size_t> offset(c.entries.size());
   auto weight = [&](const Command::Entry& e) -> size_t {  // a top-k scan costs about 3 summaries
     const size_t b = e.bytes + e.ext_bytes;
     return !e.summarize ? 0 : e.topk_tables[0] >= 0 ? 4 * b : b;
   };
-  size_t total = 0;
-  for (const auto& e : c.entries) total += weight(e);
-  if (total < kDeriveParallelBytes) return nullptr;
-  auto d = std::make_shared<DeriveAhead>();
-  d->offset.resize(c.entries.size());
-  size_t at = 0;
+  size_t at = 0, total = 0;
   for (size_t i = 0; i < c.entries.size(); ++i) {
-    d->offset[i] = at;
+    offset[i] = at;
     at += c.entries[i].bytes;
+    total += weight(c.entries[i]);
   }
-  d->out.assign(c.entries.size(), {});
+  if (total < kParallelBytes) return;
+  out->assign(c.entries.size(), {});
   // Shares of about equal weight, in entry order: share k takes entries [cut[k], cut[k+1]).
-  const size_t shares = workers_.size() + (share_here ? 1 : 0);
+  const size_t shares = workers_.size() + 1;
   std::vector<size_t> cut = {0};
   size_t acc = 0;
   for (size_t i = 0; i < c.entries.size(); ++i) {
@@ -674,31 +640,26 @@ std::shared_ptr<TraceWriter::Impl::DeriveAhead> TraceWriter::Impl::StartDerive(c
     if (cut.size() < shares && acc * shares >= total * cut.size()) cut.push_back(i + 1);
   }
   while (cut.size() <= shares) cut.push_back(c.entries.size());
-  const Command::Entry* entries = c.entries.data();
-  const uint8_t* bytes = c.bytes.data();
-  DeriveAhead* raw = d.get();  // (not shared: the tasks belong to it)
+  auto run = [&c, &offset, out](size_t begin, size_t end) {
+    for (size_t i = begin; i < end; ++i) {
+      if (c.entries[i].summarize) Derive(c.entries[i], c.bytes.data() + offset[i], &(*out)[i]);
+    }
+  };
+  std::vector<std::shared_ptr<ChunkJob>> tasks;
   {
     std::lock_guard<std::mutex> l(mu_);
-    for (size_t k = share_here ? 1 : 0; k + 1 < cut.size(); ++k) {
-      if (cut[k] == cut[k + 1]) continue;
+    for (size_t k = 1; k + 1 < cut.size(); ++k) {
       auto job = std::make_shared<ChunkJob>();
-      job->task = [raw, entries, bytes, b = cut[k], e = cut[k + 1]] { raw->Run(entries, bytes, b, e); };
-      to_compress_.push_front(job);  // ahead of the chunks: the writer waits for them
-      d->tasks.push_back(std::move(job));
+      job->task = [run, b = cut[k], e = cut[k + 1]] { run(b, e); };
+      to_compress_.push_front(job);  // ahead of the chunks: this thread waits for them
+      tasks.push_back(std::move(job));
     }
   }
-  if (share_here) {
-    d->here_begin = cut[0];
-    d->here_end = cut[1];
-  }
   work_cv_.notify_all();
-  return d;
-}
-
-void TraceWriter::Impl::WaitDerive(const DeriveAhead& d) {
+  run(cut[0], cut[1]);
   std::unique_lock<std::mutex> l(mu_);
   cmd_cv_.wait(l, [&] {
-    for (const auto& t : d.tasks) {
+    for (const auto& t : tasks) {
       if (!t->done) return false;
     }
     return true;
