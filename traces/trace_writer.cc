@@ -1307,25 +1307,40 @@ Status TraceWriter::Append(int32_t tensor, std::span<const SummaryRow> summaries
   const TensorSpec& spec = tensors_[tensor];
   const int32_t table = summary_table_[tensor];
   if (spec.values && !values) return Status::InvalidArgument("tensor '" + spec.path + "': values missing");
-  LS_RETURN_IF_ERROR(AppendRows(table, summaries.data(), summaries.size_bytes()));
-  if (!spec.values) return Status::Ok();
+  if (!spec.values || !values_owner) {
+    LS_RETURN_IF_ERROR(AppendRows(table, summaries.data(), summaries.size_bytes()));
+    if (!spec.values) return Status::Ok();
+    return AppendRows(table + 1, values, summaries.size() * spec.cols * DTypeSize(spec.dtype));
+  }
+  // Lent values: the entry carries where the rows are and their owner, not the rows.
+  if (closed_) return Status::Internal("trace writer already closed");
+  if (impl_->failed.load(std::memory_order_relaxed)) return impl_->error();
   const size_t bytes = summaries.size() * spec.cols * DTypeSize(spec.dtype);
-  if (!values_owner) return AppendRows(table + 1, values, bytes);
-  // Lent: the entry carries where the rows are and their owner, not the rows. Rows that
-  // continue the tensor's previous lent rows in the same buffer (a step's requests, one event
-  // each, back to back in the backend's buffer) extend that entry, so that whole chunks form
-  // where they lie: the entries between are the summaries' (another table), so each table
-  // still gets its rows in call order.
-  Command& c = AppendCommand(0);
-  if (c.entries.size() >= 2) {
-    Command::Entry& prev = c.entries[c.entries.size() - 2];
-    if (prev.table == table + 1 && !prev.summarize && prev.ext_values != nullptr && prev.ext_owner == values_owner &&
-        prev.ext_values + prev.ext_bytes == static_cast<const uint8_t*>(values)) {
-      prev.ext_bytes += bytes;
-      bytes_in_ += static_cast<int64_t>(bytes);
+  const auto* sum = reinterpret_cast<const uint8_t*>(summaries.data());
+  Command& c = AppendCommand(summaries.size_bytes());
+  const size_t n = c.entries.size();
+  // Rows that continue this tensor's previous call — the command ends with its summary rows
+  // (the bytes' last entry) and its lent rows in the same buffer, just before these (a step's
+  // requests, one event each, back to back in the backend's buffer) — extend both entries:
+  // one append of each table for the step, and whole chunks form where the rows lie.
+  if (n >= 2) {
+    Command::Entry& s_prev = c.entries[n - 2];
+    Command::Entry& v_prev = c.entries[n - 1];
+    if (s_prev.table == table && !s_prev.summarize && s_prev.scatter_rows == 0 && s_prev.ext_values == nullptr &&
+        v_prev.table == table + 1 && !v_prev.summarize && v_prev.ext_values != nullptr &&
+        v_prev.ext_owner == values_owner && v_prev.ext_values + v_prev.ext_bytes == static_cast<const uint8_t*>(values)) {
+      c.bytes.insert(c.bytes.end(), sum, sum + summaries.size_bytes());
+      s_prev.bytes += summaries.size_bytes();
+      v_prev.ext_bytes += bytes;
+      NoteAppended(c);
+      impl_->pending_bytes += static_cast<int64_t>(summaries.size_bytes());
+      bytes_in_ += static_cast<int64_t>(summaries.size_bytes() + bytes);
+      if (impl_->pending_bytes >= kSubmitBytes) Submit();
       return Status::Ok();
     }
   }
+  c.bytes.insert(c.bytes.end(), sum, sum + summaries.size_bytes());
+  c.entries.push_back({table, summaries.size_bytes()});
   Command::Entry e{table + 1, 0};
   e.ext_values = static_cast<const uint8_t*>(values);
   e.ext_bytes = bytes;
@@ -1333,7 +1348,9 @@ Status TraceWriter::Append(int32_t tensor, std::span<const SummaryRow> summaries
   c.entries.push_back(std::move(e));
   NoteAppended(c);
   impl_->pending_borrows = true;
-  bytes_in_ += static_cast<int64_t>(bytes);
+  impl_->pending_bytes += static_cast<int64_t>(summaries.size_bytes());
+  bytes_in_ += static_cast<int64_t>(summaries.size_bytes() + bytes);
+  if (impl_->pending_bytes >= kSubmitBytes) Submit();
   return Status::Ok();
 }
 
