@@ -30,8 +30,12 @@ void Recorder::Attach() {
       [this](std::span<const engine::Segment> segs, const engine::PagedKvCache& cache) { OnForward(segs, cache); });
   engine_->SetStepCallback([this](const engine::StepEvent& ev) { OnStep(ev); });
   step_start_ = last_flush_ = Clock::now();
-  stall_at_step_start_ = writer_->stall_ns();
+  stall_at_step_start_ = Stalled();
 }
+
+// The engine's waits on the trace so far: a full writer queue, or (the CUDA backend's full
+// capture) no lent tap buffer back yet.
+int64_t Recorder::Stalled() const { return writer_->stall_ns() + engine_->backend().tap_wait_ns(); }
 
 Status Recorder::AddRequest(int64_t id, const std::string& prompt_text) {
   const engine::Request& r = engine_->request(id).request;
@@ -377,7 +381,7 @@ Status Recorder::EndStep() {
   row.batch_size = static_cast<int32_t>(step_batch_.size());
   row.tokens = static_cast<int32_t>(step_tokens_);
   row.wall_ns = std::chrono::duration_cast<std::chrono::nanoseconds>(now - step_start_).count();
-  const int64_t stall = writer_->stall_ns();
+  const int64_t stall = Stalled();
   row.stall_ns = stall - stall_at_step_start_;
   stall_at_step_start_ = stall;
   Status s = writer_->AppendStep(row, step_batch_);

@@ -157,6 +157,7 @@ class Recorder : public engine::TapHook {
   std::vector<int64_t> step_batch_;
   std::chrono::steady_clock::time_point step_start_, last_flush_;
   int64_t stall_at_step_start_ = 0;
+  int64_t Stalled() const;
   // Scratch buffers reused across calls (no allocation per tap in the steady state).
   std::vector<int64_t> positions_;
   std::vector<uint8_t> gather_;

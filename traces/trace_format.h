@@ -178,7 +178,8 @@ struct StepRow {
   int32_t batch_size = 0;
   int32_t tokens = 0;       // tokens the forward pass processed (prefill + decode rows)
   int64_t wall_ns = 0;      // engine time of the step (forward + sampling)
-  int64_t stall_ns = 0;     // time the engine waited on a full trace queue during the step
+  int64_t stall_ns = 0;     // time the engine waited on the trace during the step (a full queue,
+                            // or a lent tap buffer not yet back: engine/lending_pool.h)
 };
 static_assert(sizeof(StepRow) == 32);
 
