@@ -54,6 +54,8 @@ namespace {
 struct Result_ {
   double decode_tps = 0, prefill_s = 0, close_s = 0, stall_s = 0;
   double tap_wait_s = 0;  // of stall_s: waiting for a lent tap buffer to come back
+  traces::TraceWriter::ThreadTimes writer_times;  // after the close
+  double decode_s = 0;
   double engine_cpu_us = 0, process_cpu_us = 0;  // per decode step
   int64_t tokens = 0, file_bytes = 0;
   std::map<std::string, std::pair<int64_t, int64_t>> kinds;  // kind → (raw, stored)
@@ -263,7 +265,8 @@ int main(int argc, char** argv) {
     res.process_cpu_us = 1e6 * (ProcessCpu() - pcpu_first) / (steps - 1);
     res.prefill_s = std::chrono::duration<double>(t_first - t0).count();
     res.tokens = batch * tokens;
-    res.decode_tps = (tokens - 1) * batch / std::chrono::duration<double>(t_end - t_first).count();
+    res.decode_s = std::chrono::duration<double>(t_end - t_first).count();
+    res.decode_tps = (tokens - 1) * batch / res.decode_s;
     if (writer) {
       (void)rec->Finish();
       rec.reset();
@@ -278,6 +281,7 @@ int main(int argc, char** argv) {
         std::fprintf(stderr, "bench_record: %s\n", s.message().c_str());
         return 1;
       }
+      res.writer_times = writer->thread_times();
       res.file_bytes = static_cast<int64_t>(std::filesystem::file_size(path));
       auto r = traces::TraceReader::Open(path);
       if (r.ok()) {
@@ -327,6 +331,14 @@ int main(int argc, char** argv) {
     if (mode == "off" || mode == "hook") continue;
     std::printf("%s stalls per run, s (trace writer's queue + lent tap buffers):", mode.c_str());
     for (const Result_& r : runs[mode]) std::printf(" %.3f + %.3f", r.stall_s - r.tap_wait_s, r.tap_wait_s);
+    std::printf("\n%s trace writer's thread per run, s (appending [waiting for derived rows] / storing chunks [chunks] / "
+                "flushing and closing; decode took):",
+                mode.c_str());
+    for (const Result_& r : runs[mode]) {
+      const auto& w = r.writer_times;
+      std::printf(" %.2f [%.2f] / %.2f [%lld] / %.2f; %.2f", w.append_ns / 1e9, w.derive_wait_ns / 1e9, w.write_ns / 1e9,
+                  static_cast<long long>(w.chunks), w.flush_ns / 1e9, r.decode_s);
+    }
     std::printf("\n");
   }
   std::printf("\n| capture | tensor kind | raw MB | stored MB | ratio |\n|---|---|---|---|---|\n");

@@ -159,6 +159,11 @@ class TraceWriter::Impl {
   // the writer is woken at once, so that the caller gets its buffers back within a step.
   bool pending_borrows = false;
   std::atomic<bool> failed{false};  // error_ is set (read without the lock)
+  // TraceWriter::ThreadTimes, kept by the writer thread.
+  std::atomic<int64_t> t_append{0}, t_derive_wait{0}, t_write{0}, t_flush{0}, t_chunks{0};
+  static int64_t Now() {
+    return std::chrono::duration_cast<std::chrono::nanoseconds>(Clock::now().time_since_epoch()).count();
+  }
   static constexpr std::chrono::milliseconds kWriterPoll{20};
   // Row buffers travel caller → writer → back: a fresh multi-100-KB buffer per step would
   // cost page faults (zeroed pages) on the engine thread every step.
@@ -465,7 +470,9 @@ void TraceWriter::Impl::Run() {
     const Command::Kind kind = cmd.kind;
     const int64_t bytes = static_cast<int64_t>(cmd.bytes.size());
     if (error().ok()) {
+      const int64_t t0 = Now();
       Status s = Process(cmd);
+      (kind == Command::Kind::kFlush || kind == Command::Kind::kClose ? t_flush : t_append) += Now() - t0;
       if (s.ok()) s = WriteReadyChunks(false);
       if (!s.ok()) Fail(s);
     }
@@ -657,6 +664,12 @@ void TraceWriter::Impl::PrecomputeDerived(const Command& c, std::vector<Derived>
   }
   work_cv_.notify_all();
   run(cut[0], cut[1]);
+  const int64_t t0 = Now();
+  struct Waited {
+    std::atomic<int64_t>& total;
+    int64_t t0;
+    ~Waited() { total += Now() - t0; }
+  } waited{t_derive_wait, t0};
   std::unique_lock<std::mutex> l(mu_);
   cmd_cv_.wait(l, [&] {
     for (const auto& t : tasks) {
@@ -849,6 +862,7 @@ Status TraceWriter::Impl::WriteReadyChunks(bool wait_all) {
         jobs_.pop_front();
       }
     }
+    const int64_t t0 = Now();
     // Each table's extent grows once for the batch (its chunks come in index order).
     for (const auto& job : ready_) job->table->extend_to = std::max(job->table->extend_to, (job->index + 1) * job->table->chunk_rows);
     for (const auto& job : ready_) {
@@ -870,7 +884,9 @@ Status TraceWriter::Impl::WriteReadyChunks(bool wait_all) {
       job->table->chunks_written = job->index + 1;
       st = RecordChunk(*job->table, job->index);
       job->lent.clear();  // the lender's rows are free again
+      ++t_chunks;
     }
+    t_write += Now() - t0;
     std::lock_guard<std::mutex> l(mu_);
     for (auto& job : ready_) {
       for (std::vector<uint8_t>* b : {&job->raw, &job->packed}) {
@@ -1418,5 +1434,15 @@ Status TraceWriter::Close() {
 }
 
 Status TraceWriter::status() const { return impl_->error(); }
+
+TraceWriter::ThreadTimes TraceWriter::thread_times() const {
+  ThreadTimes t;
+  t.append_ns = impl_->t_append.load();
+  t.derive_wait_ns = impl_->t_derive_wait.load();
+  t.write_ns = impl_->t_write.load();
+  t.flush_ns = impl_->t_flush.load();
+  t.chunks = impl_->t_chunks.load();
+  return t;
+}
 
 }  // namespace lockstep::traces

@@ -152,6 +152,16 @@ class TraceWriter {
   int64_t stall_ns() const { return stall_ns_.load(); }
   // Bytes handed to Append* so far, and the compressed bytes written for full chunks.
   int64_t bytes_in() const { return bytes_in_.load(); }
+  // Where the writer thread's time went, in total (it sets the pace when full capture outruns
+  // it: HDF5 is called from that one thread). Read at any time; exact once closed.
+  struct ThreadTimes {
+    int64_t append_ns = 0;       // commands made into table rows and chunks …
+    int64_t derive_wait_ns = 0;  // … of which waiting for the workers' summaries and top-k rows
+    int64_t write_ns = 0;        // finished chunks stored (extents, H5Dwrite_chunk, the chunk directory)
+    int64_t flush_ns = 0;        // flushes and the close (the chunks they store also in write_ns)
+    int64_t chunks = 0;          // full chunks stored
+  };
+  ThreadTimes thread_times() const;
 
   class Impl;
 

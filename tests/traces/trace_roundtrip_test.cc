@@ -352,6 +352,35 @@ TEST(TraceWriter, DerivedRowsAreTheSameWithWorkersSharingThem) {
 // AppendToSummarize with top-k tensors refuses, naming what is wrong and writing nothing, a k
 // out of range, a logits tensor that is not f32, and top-k tensors of the wrong type or width or
 // that store no values.
+// TraceWriter::thread_times counts the chunks its thread stored (the full ones; the close
+// writes the partial last chunks itself) and the time that took: 100 rows of 4 KB values with
+// 8-row chunks are 12 full chunks, their 100 48-byte summaries one of 64 rows.
+TEST(TraceWriter, ThreadTimesCountTheChunksStored) {
+  const fs::path path = TempPath("thread_times.h5");
+  TraceWriterOptions opts;
+  opts.target_chunk_bytes = 4096;  // 8 rows of 4 KB (the least); 64 summary rows of 48 bytes
+  opts.compression_threads = 2;
+  auto w = TraceWriter::Create(path, opts);
+  ASSERT_TRUE(w.ok()) << w.status().message();
+  auto t = (*w)->DefineTensor({"taps/x", DType::kF32, 1024, true, {}});
+  ASSERT_TRUE(t.ok());
+  std::vector<float> row(1024, 1.5f);
+  for (int64_t i = 0; i < 100; ++i) {
+    SummaryRow s;
+    s.position = i;
+    ASSERT_TRUE((*w)->Append(*t, {&s, 1}, row.data()).ok());
+    if (i % 10 == 9) (*w)->Submit();
+  }
+  ASSERT_TRUE((*w)->Flush(1).ok());
+  ASSERT_TRUE((*w)->Close().ok());
+  const TraceWriter::ThreadTimes tt = (*w)->thread_times();
+  EXPECT_EQ(tt.chunks, 12 + 1);
+  EXPECT_GT(tt.append_ns, 0);
+  EXPECT_GT(tt.write_ns, 0);
+  EXPECT_GT(tt.flush_ns, 0);
+  EXPECT_GE(tt.append_ns, tt.derive_wait_ns);
+}
+
 TEST(TraceWriter, TopKTensorsAreChecked) {
   const fs::path path = TempPath("topk_checks.h5");
   auto w = TraceWriter::Create(path, TraceWriterOptions{});
