@@ -80,12 +80,10 @@ TEST(LendingPool, LendsAtMostItsBuffersAndWaitsForOneBack) {
     std::this_thread::sleep_for(30ms);
     copy.reset();
   });
-  const auto t0 = std::chrono::steady_clock::now();
-  auto c = pool.Take(100, 5s);
+  auto c = pool.Take(100, 5s);  // (b is still lent: only a can come back)
   t.join();
   ASSERT_TRUE(c.ok());
   EXPECT_EQ(c->data, a_data);
-  EXPECT_GE(std::chrono::steady_clock::now() - t0, 25ms);
   EXPECT_EQ(sizes, (std::vector<size_t>{100, 100}));
 
   // A free buffer too small for a request is replaced by one large enough.
