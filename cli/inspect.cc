@@ -154,7 +154,7 @@ Status RunInspect(const InspectArgs& a) {
     if (k == "capture_policy") continue;
     std::printf("  %-18s %s\n", k.c_str(), a.all_meta ? v.c_str() : OneLine(v, 100).c_str());
   }
-  std::printf("run: %zu steps, %zu sampled tokens, %.3f s in the engine, %.3f s stalled on the trace queue\n",
+  std::printf("run: %zu steps, %zu sampled tokens, %.3f s in the engine, %.3f s stalled on the trace\n",
               steps.size(), sampling.size(), wall_ns / 1e9, stall_ns / 1e9);
   std::printf("requests (%zu):\n", r.requests().size());
   for (const auto& q : r.requests()) {

@@ -142,7 +142,7 @@ Result<RecordSessionResult> RecordRun(engine::Engine& eng, const std::vector<Rec
   Status s = rec.Finish();
   if (!s.ok()) return fail(s);
   res.run_s = std::chrono::duration<double>(Clock::now() - t0).count();
-  res.stall_ns = writer->stall_ns();
+  res.stall_ns = writer->stall_ns() + eng.backend().tap_wait_ns();  // (the queue and lent tap buffers)
   s = writer->Close();
   if (!s.ok()) return fail(s);
   res.close_s = std::chrono::duration<double>(Clock::now() - t0).count() - res.run_s;

@@ -43,7 +43,7 @@ struct RecordSessionResult {
   int64_t steps = 0, tokens = 0;
   double run_s = 0, close_s = 0;
   uint64_t file_bytes = 0;
-  int64_t stall_ns = 0;
+  int64_t stall_ns = 0;  // the engine waited on the trace: a full queue, or lent tap buffers not yet back
 };
 
 struct RecordedRequest {
