@@ -5,7 +5,9 @@
 # check the two backends agree to fp32 rounding (same tokens, every tensor within rel L2 1e-3).
 # Then the same generation with summary capture, whose tap summaries the GPU computes where the
 # tensors live (no values copied out): every summary field of every tap row must equal the
-# summary the writer computed on the host from the full capture's values (h5py).
+# full capture's (h5py) — computed on the host from the values for prefill rows, on the GPU
+# beside the lent values for decode rows (gpu_engine_test checks those against the host's
+# traces::Summarize of the values: FullCaptureLendsTheValuesWithTheirSummaries).
 # Skips (exit 77) when the build has no CUDA or the machine no GPU.
 set -uo pipefail
 bin=${1:?usage: record_replay_gpu.sh <lockstep binary>}
@@ -61,6 +63,6 @@ for n in names:
             i = int(np.nonzero(a[f] != b[f])[0][0])
             sys.exit(f"FAIL: {n} field {f} row {i}: host {a[i]} vs gpu {b[i]}")
     rows += a.shape[0]
-print(f"gpu summaries: {rows} rows over {len(names)} taps equal the host's, field for field")
+print(f"gpu summaries: {rows} rows over {len(names)} taps equal full capture's, field for field")
 PY
 echo "PASS"
