@@ -61,7 +61,7 @@ for n in names:
             continue
         if a[f].tobytes() != b[f].tobytes():
             i = int(np.nonzero(a[f] != b[f])[0][0])
-            sys.exit(f"FAIL: {n} field {f} row {i}: host {a[i]} vs gpu {b[i]}")
+            sys.exit(f"FAIL: {n} field {f} row {i}: full capture {a[i]} vs summary capture {b[i]}")
     rows += a.shape[0]
 print(f"gpu summaries: {rows} rows over {len(names)} taps equal full capture's, field for field")
 PY
