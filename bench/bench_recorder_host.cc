@@ -13,8 +13,9 @@
 // Prints, per mode, the engine thread's wall µs per step and how it splits between the taps
 // of the layers and the logits row (the two are timed apart). summary-gpu is summary capture
 // as the CUDA backend feeds it: each tap event carries its rows' summaries, not the values, a
-// step's events come in one TapHook::OnTapSummaries call, and the logits come with an owner (engine/tap.h), from a pool of up to four buffers as the
-// backend's pinned ones, so the writer reads them in place. full-gpu is full capture as the
+// step's events come in one TapHook::OnTapSummaries call, and the logits come with an owner
+// (engine/tap.h), from a pool of up to four buffers as the backend's pinned ones, so the
+// writer reads them in place. full-gpu is full capture as the
 // CUDA backend feeds it: each step's values lie in one buffer lent from a LendingPool (the
 // backend's pinned tap buffers, filled there by the GPU's copy), each event with its rows'
 // summaries, so the writer compresses the rows where they are; the time steps wait for a
@@ -188,7 +189,7 @@ int main(int argc, char** argv) {
           fill(b->data(), n);
           return std::shared_ptr<void>(b, b->data());
         },
-        std::clamp<size_t>((size_t{512} << 20) / lend_bytes, 2, 8));
+        engine::TapLendBuffers(lend_bytes));
     {
       recorder::Recorder rec(eng->get(), w->get(), ro);
       for (int64_t s = 0; s < steps; ++s) {

@@ -620,8 +620,8 @@ Status CudaBackend::FlushTaps() {
   const size_t bytes = from_slab ? slab_bytes_ + sum_bytes : tap_used_;
   LendingPool::Lease lease;
   if (from_slab) {
-    const size_t want = std::clamp<size_t>(kTapLendBytes / bytes, 2, kTapLendMax);
-    if (!tap_lend_ || (want < tap_lend_max_ && tap_lend_max_ * bytes > 2 * kTapLendBytes)) {
+    const size_t want = TapLendBuffers(bytes);
+    if (!tap_lend_ || tap_lend_max_ > 2 * want) {
       // (re)made for this step's size: lent buffers of an old pool go when their holders let go
       if (tap_lend_) tap_wait_retired_ns_ += tap_lend_->waited_ns();
       tap_lend_ = std::make_unique<LendingPool>(

@@ -193,14 +193,10 @@ class CudaBackend final : public Backend {
   std::vector<TapEvent> summary_events_;       // FlushTaps: the batch for TapHook::OnTapSummaries
   // Full capture from the slab: each step's values and summaries go to the host in a pinned
   // buffer lent to the hook (TapEvent::owner), so the recorder's writer compresses the rows
-  // where they landed instead of the engine thread copying them. Up to kTapLendBytes of such
-  // buffers (2–kTapLendMax): the trace writer's default queue bound, which the rows copied
-  // through the queue had — a writer that falls behind for a while (a flush) is absorbed the
-  // same way (at batch 1, 8 and then 32 buffers were not enough on slower hosts). They are
-  // allocated as steps find all others lent; then a step waits for one to come back
-  // (tap_wait_ns), and after kTapLendPatience hands its rows over unlent from tap_host_.
-  static constexpr size_t kTapLendBytes = size_t{256} << 20;
-  static constexpr size_t kTapLendMax = 128;
+  // where they landed instead of the engine thread copying them. TapLendBuffers(step) of them
+  // (engine/lending_pool.h), allocated as steps find all others lent; then a step waits for
+  // one to come back (tap_wait_ns), and after kTapLendPatience hands its rows over unlent from
+  // tap_host_. The pool is remade when a step needs far less than its buffers would hold.
   static constexpr std::chrono::seconds kTapLendPatience{5};
   std::unique_ptr<LendingPool> tap_lend_;
   size_t tap_lend_max_ = 0;

@@ -25,6 +25,16 @@
 
 namespace lockstep::engine {
 
+// How many buffers the CUDA backend lends for full capture's steps of `step_bytes` (its tap
+// values and summaries): 256 MB worth — the bound the trace writer's default queue puts on
+// copied rows, so a writer that falls behind for a while (a flush) is absorbed the same way —
+// and 2 to 128 of them. bench_recorder_host's full-gpu mode lends by the same rule.
+inline size_t TapLendBuffers(size_t step_bytes) {
+  constexpr size_t kBudget = size_t{256} << 20, kMin = 2, kMax = 128;
+  const size_t n = kBudget / (step_bytes > 0 ? step_bytes : 1);
+  return n < kMin ? kMin : n > kMax ? kMax : n;
+}
+
 class LendingPool {
  public:
   // allocate(bytes): an owning pointer to at least `bytes` (pinned memory, for the CUDA backend).

@@ -115,8 +115,8 @@ struct Table {
   size_t lent_bytes = 0;
   int64_t chunks_queued = 0;     // full chunks handed to compression
   int64_t chunks_written = 0;    // full chunks stored (main extent = chunks_written·chunk_rows)
-  int64_t extent = 0;            // rows of the dataset's extent (set_extent: ahead of chunks_written
-  int64_t extend_to = 0;         // only inside a WriteReadyChunks batch, which then writes them)
+  int64_t extent = 0;            // rows of the dataset's extent (ahead of chunks_written only
+                                 // inside a WriteReadyChunks batch, which then writes them)
   // The tail dataset (/tails/<index>) and what the file says about it as of the last flush.
   h5::Hid tail_dset;
   int64_t tail_base = -1, tail_count = 0;
@@ -863,18 +863,18 @@ Status TraceWriter::Impl::WriteReadyChunks(bool wait_all) {
       }
     }
     const int64_t t0 = Now();
-    // Each table's extent grows once for the batch (its chunks come in index order).
-    for (const auto& job : ready_) job->table->extend_to = std::max(job->table->extend_to, (job->index + 1) * job->table->chunk_rows);
-    for (const auto& job : ready_) {
-      Table& t = *job->table;
-      if (t.extend_to > t.extent) {
-        hsize_t dims[2] = {static_cast<hsize_t>(t.extend_to), static_cast<hsize_t>(t.cols)};
-        if (H5Dset_extent(t.dset.get(), dims) < 0) {
-          st = h5::Error(path_.string() + ": '" + t.path + "': extend");
-          break;
-        }
-        t.extent = t.extend_to;
+    // Each table's extent grows once for the batch: its chunks come in index order, so from
+    // the back the first of a table's is its last.
+    for (auto job = ready_.rbegin(); job != ready_.rend(); ++job) {
+      Table& t = *(*job)->table;
+      const int64_t rows = ((*job)->index + 1) * t.chunk_rows;
+      if (rows <= t.extent) continue;
+      hsize_t dims[2] = {static_cast<hsize_t>(rows), static_cast<hsize_t>(t.cols)};
+      if (H5Dset_extent(t.dset.get(), dims) < 0) {
+        st = h5::Error(path_.string() + ": '" + t.path + "': extend");
+        break;
       }
+      t.extent = rows;
     }
     for (auto& job : ready_) {
       if (!st.ok()) break;

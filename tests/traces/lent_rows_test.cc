@@ -105,6 +105,15 @@ TEST(LendingPool, LendsAtMostItsBuffersAndWaitsForOneBack) {
   b->owner.reset();
 }
 
+// The CUDA backend's rule for full capture (hand-computed): 256 MB worth of a step, 2 to 128.
+TEST(LendingPool, TapLendBuffersIs256MBWorthWithinTwoTo128) {
+  EXPECT_EQ(engine::TapLendBuffers(size_t{2} << 20), 128u);        // 2 MB steps (batch 1): 128
+  EXPECT_EQ(engine::TapLendBuffers(size_t{18} << 20), 14u);        // 18 MB (batch 8): 256 / 18
+  EXPECT_EQ(engine::TapLendBuffers(size_t{100} << 20), 2u);        // 100 MB: 2, not 2.56
+  EXPECT_EQ(engine::TapLendBuffers(size_t{1} << 30), 2u);          // 1 GB: still 2
+  EXPECT_EQ(engine::TapLendBuffers(1), 128u);
+}
+
 TEST(LendingPool, AFailedAllocationIsAnErrorAndTheSlotStaysUsable) {
   int calls = 0;
   engine::LendingPool pool(
