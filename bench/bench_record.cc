@@ -7,7 +7,7 @@
 // engine with the same seeded prompts.
 //
 //   bench_record [--model DIR] [--prompt-len N] [--tokens N] [--batch B] [--kv-cache F]
-//                [--flush-interval S] [--out DIR] [--modes off,hook,none,summary,full] [--repeat N]
+//                [--flush-interval S] [--out DIR] [--modes off,hook,hook-summary,none,summary,full] [--repeat N]
 //                [--backend cpu|cuda] [--random-weights 1] [--gpu-profile 1] [--compression-threads N] [--zstd-level N]
 //
 // Each mode runs --repeat times, interleaved with the others (off, summary, full, off, …), so
@@ -55,6 +55,7 @@ struct Result_ {
   double decode_tps = 0, prefill_s = 0, close_s = 0, stall_s = 0;
   double tap_wait_s = 0;  // of stall_s: waiting for a lent tap buffer to come back
   traces::TraceWriter::ThreadTimes writer_times;  // after the close
+  recorder::Recorder::EngineThreadTimes recorder_per_step;  // ns per decode step
   double decode_s = 0;
   double engine_cpu_us = 0, process_cpu_us = 0;  // per decode step
   int64_t tokens = 0, file_bytes = 0;
@@ -65,6 +66,11 @@ struct Result_ {
 // taps from the recorder's.
 struct NullHook : engine::TapHook {
   void OnTap(const engine::TapEvent&) override {}
+};
+// Mode "hook-summary": the same, asking for summaries only (what summary capture asks of the
+// backend), to separate the backend's share of summary capture from the recorder's.
+struct NullSummaryHook : NullHook {
+  bool WantsTapValues() const override { return false; }
 };
 
 std::string Kind(const traces::TensorInfo& t) {
@@ -98,7 +104,9 @@ int main(int argc, char** argv) {
           "  --batch B                requests decoded together (default 1)\n"
           "  --prompt-len N / --tokens N   per request (default 64 / 128)\n"
           "  --kv-cache fp32|bf16|fp8_e4m3 (default fp32)\n"
-          "  --modes LIST             of off,hook,none,summary,full (default all)\n"
+          "  --modes LIST             of off,hook,hook-summary,none,summary,full (default all but hook-summary);\n"
+          "                           hook / hook-summary: a tap hook that keeps nothing, wanting values /\n"
+          "                           summaries — the engine's share of full / summary capture\n"
           "  --repeat N               interleaved repeats per mode; medians and ranges (default 3)\n"
           "  --compression-threads N  the trace writer's zstd workers (default: record's — full capture half\n"
           "                           the cores, at most 8; otherwise 1)\n"
@@ -210,8 +218,10 @@ int main(int argc, char** argv) {
     std::unique_ptr<traces::TraceWriter> writer;
     std::unique_ptr<recorder::Recorder> rec;
     NullHook null_hook;
+    NullSummaryHook null_summary_hook;
     if (mode == "hook") (*eng)->SetTapHook(&null_hook);
-    if (mode != "off" && mode != "hook") {
+    if (mode == "hook-summary") (*eng)->SetTapHook(&null_summary_hook);
+    if (mode != "off" && mode != "hook" && mode != "hook-summary") {
       traces::TraceWriterOptions wo;
       wo.batch_width = batch;
       {
@@ -246,6 +256,7 @@ int main(int argc, char** argv) {
     const auto t0 = Clock::now();
     Clock::time_point t_first;
     double cpu_first = 0, pcpu_first = 0;
+    recorder::Recorder::EngineThreadTimes rec_first;
     int64_t steps = 0;
     while (true) {
       auto more = (*eng)->Step();
@@ -258,6 +269,7 @@ int main(int argc, char** argv) {
         t_first = Clock::now();
         cpu_first = ThreadCpu();
         pcpu_first = ProcessCpu();
+        if (rec) rec_first = rec->engine_thread_times();
       }
     }
     const auto t_end = Clock::now();
@@ -267,6 +279,12 @@ int main(int argc, char** argv) {
     res.tokens = batch * tokens;
     res.decode_s = std::chrono::duration<double>(t_end - t_first).count();
     res.decode_tps = (tokens - 1) * batch / res.decode_s;
+    if (rec) {
+      const auto& t = rec->engine_thread_times();
+      const int64_t n = std::max<int64_t>(steps - 1, 1);
+      res.recorder_per_step = {(t.taps_ns - rec_first.taps_ns) / n, (t.kv_ns - rec_first.kv_ns) / n,
+                               (t.steps_ns - rec_first.steps_ns) / n};
+    }
     if (writer) {
       (void)rec->Finish();
       rec.reset();
@@ -328,9 +346,15 @@ int main(int argc, char** argv) {
   }
   // (The table's close and stall columns are the first run's.)
   for (const std::string& mode : mode_list) {
-    if (mode == "off" || mode == "hook") continue;
+    if (mode == "off" || mode == "hook" || mode == "hook-summary") continue;
     std::printf("%s stalls per run, s (trace writer's queue + lent tap buffers):", mode.c_str());
     for (const Result_& r : runs[mode]) std::printf(" %.3f + %.3f", r.stall_s - r.tap_wait_s, r.tap_wait_s);
+    std::printf("\n%s recorder on the engine thread per run, µs/step (taps / kv rows / sampler rows + step end):",
+                mode.c_str());
+    for (const Result_& r : runs[mode]) {
+      const auto& u = r.recorder_per_step;
+      std::printf(" %.0f / %.0f / %.0f", u.taps_ns / 1e3, u.kv_ns / 1e3, u.steps_ns / 1e3);
+    }
     std::printf("\n%s trace writer's thread per run, s (appending [waiting for derived rows] / storing chunks [chunks] / "
                 "flushing and closing; decode took):",
                 mode.c_str());

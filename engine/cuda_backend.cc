@@ -512,6 +512,16 @@ Status CudaBackend::Linear(const float* x, int64_t x_stride, int64_t rows, const
   return (side ? gemm_bf16_side_ : gemm_bf16_)->Run(p, launch_);
 }
 
+static cu::RowType ToRowType(TapDType t) {
+  switch (t) {
+    case TapDType::kI32: return cu::RowType::kI32;
+    case TapDType::kBf16: return cu::RowType::kBf16;
+    case TapDType::kFp8E4m3: return cu::RowType::kFp8E4m3;
+    case TapDType::kF32: break;
+  }
+  return cu::RowType::kF32;
+}
+
 Status CudaBackend::Tap(std::string_view name, const void* dev, int64_t cols, int64_t stride, TapDType dtype) {
   if (hook_ == nullptr) return Status::Ok();
   if (slab_) {  // already in its own place: remember where (summaries are placed by SummarizeSlab)
@@ -540,9 +550,12 @@ Status CudaBackend::Tap(std::string_view name, const void* dev, int64_t cols, in
     t.x = dev;
     t.x_stride = stride;
     t.cols = cols;
-    t.i32 = dtype == TapDType::kI32;
+    t.type = ToRowType(dtype);
     t.out = reinterpret_cast<cu::RowSummaryOut*>(tap_arena_.as<char>() + tap_used_);
   } else {
+    if (dtype != TapDType::kF32 && dtype != TapDType::kI32) {
+      return Status::Internal("cuda backend: tap '" + std::string(name) + "': only summaries of bf16 / E4M3 rows");
+    }
     LS_RETURN_IF_ERROR(cu::Copy2DAsync(tap_arena_.as<char>() + tap_used_, static_cast<size_t>(cols) * 4, dev,
                                        static_cast<size_t>(stride) * 4, static_cast<size_t>(cols) * 4,
                                        static_cast<size_t>(rows_), stream_->get()));
@@ -576,10 +589,10 @@ Status CudaBackend::SummarizeSlab() {
   for (size_t i = 0; i < pending_.size(); ++i) {
     PendingTap& t = pending_[i];
     cu::SummarizeBatchParams::Tensor& d = table[i];
-    d.x = slab_buf_.as<char>() + t.offset;
+    d.x = t.dev != nullptr ? t.dev : slab_buf_.as<char>() + t.offset;
     d.x_stride = t.stride;
     d.cols = t.cols;
-    d.i32 = t.dtype == TapDType::kI32;
+    d.type = ToRowType(t.dtype);
     const size_t at = i * static_cast<size_t>(rows_) * sizeof(TapRowSummary);
     (t.summary ? t.offset : t.sum_offset) = at;
     d.out = reinterpret_cast<cu::RowSummaryOut*>(tap_arena_.as<char>() + at);
@@ -589,7 +602,7 @@ Status CudaBackend::SummarizeSlab() {
   const size_t bytes = table.size() * sizeof(table[0]);
   // Field by field (the struct has padding, which memcmp would read).
   auto eq = [](const cu::SummarizeBatchParams::Tensor& a, const cu::SummarizeBatchParams::Tensor& b) {
-    return a.x == b.x && a.x_stride == b.x_stride && a.cols == b.cols && a.i32 == b.i32 && a.out == b.out;
+    return a.x == b.x && a.x_stride == b.x_stride && a.cols == b.cols && a.type == b.type && a.out == b.out;
   };
   const bool same = st.host.size() == table.size() && std::equal(table.begin(), table.end(), st.host.begin(), eq);
   if (!same) {
@@ -607,6 +620,39 @@ Status CudaBackend::SummarizeSlab() {
   p.count = static_cast<int64_t>(pending_.size());
   p.rows = rows_;
   return cu::SummarizeTable(p, launch_);
+}
+
+Status CudaBackend::TapKvRows(const PagedKvCache& cache, std::span<const size_t> mirror_off) {
+  if (kv_taps_.empty()) {  // once: the cache's layout is the engine's for life
+    std::vector<KvTap> taps;
+    size_t idx = 0;
+    for (int64_t l = 0; l < model_->config().num_hidden_layers; ++l) {
+      for (size_t si = 0; si < cache.streams(l).size(); ++si, ++idx) {
+        const StreamSpec& st = cache.streams(l)[si];
+        for (KvPart& part : cache.parts(l, si)) {
+          std::string name = "kv/layers." + std::to_string(l) + "." + st.name + part.suffix;
+          taps.push_back({idx, st.bytes_per_token, std::move(part), std::move(name)});
+        }
+      }
+    }
+    kv_taps_ = std::move(taps);  // (the strings stay where they are: the hook keys on their address)
+  }
+  for (const KvTap& k : kv_taps_) {
+    const int64_t esize = k.part.type == TapDType::kBf16 ? 2 : k.part.type == TapDType::kFp8E4m3 ? 1 : 4;
+    // The summary kernel reads whole 4-byte words from 4-byte aligned rows.
+    if (k.mirror >= mirror_off.size() || k.token_bytes % 4 != 0 || k.part.offset % 4 != 0 ||
+        (k.part.cols * esize) % 4 != 0) {
+      return Status::Internal("cuda backend: KV part '" + k.name + "' cannot be summarised on the device");
+    }
+    const uint8_t* dev = mirror_dev_.as<uint8_t>() + mirror_off[k.mirror] + k.part.offset;
+    const int64_t stride = k.token_bytes / esize;
+    if (slab_) {
+      pending_.push_back({k.name, 0, true, k.part.cols, stride, k.part.type, kNoSummaries, dev});
+    } else {
+      LS_RETURN_IF_ERROR(Tap(k.name, dev, k.part.cols, stride, k.part.type));
+    }
+  }
+  return Status::Ok();
 }
 
 Status CudaBackend::FlushTaps() {

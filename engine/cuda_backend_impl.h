@@ -162,9 +162,24 @@ class CudaBackend final : public Backend {
     // Values with summaries (full capture from the slab): the rows' TapRowSummary in the
     // arena at sum_offset; kNoSummaries when none were made.
     size_t sum_offset = kNoSummaries;
+    // A summary-only tensor outside the slab in a slab step (the KV rows in mirror_dev_):
+    // where SummarizeSlab reads it, `stride` elements of `dtype` apart.
+    const void* dev = nullptr;
   };
   Status Tap(std::string_view name, const void* dev, int64_t cols, int64_t stride, TapDType dtype);
   Status FlushTaps();
+  // TapHook::WantsKvSummaries: the step's new cache rows in mirror_dev_ (mirror_off: where each
+  // layer's streams lie, in PagedKvCache order) summarised as summary taps named kv/layers.L.…,
+  // one per part (PagedKvCache::parts), after the step's own taps.
+  Status TapKvRows(const PagedKvCache& cache, std::span<const size_t> mirror_off);
+  bool kv_sums_ = false;  // this step's KV rows go to the hook as summaries, not to the host cache
+  struct KvTap {
+    size_t mirror;        // the layer's stream's index in mirror_off
+    int64_t token_bytes;  // the stream's
+    KvPart part;
+    std::string name;  // stable: made once (the hook keys on the address)
+  };
+  std::vector<KvTap> kv_taps_;
   // Points logits_host_ at a buffer of ≥ bytes nobody else holds (see logits_shared_); a shared
   // one (with its owner) when `share`.
   Status TakeLogitsBuffer(size_t bytes, bool share);

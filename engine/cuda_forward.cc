@@ -68,6 +68,9 @@ Status CudaBackend::Forward(std::span<Segment> segs, PagedKvCache& cache, const 
   rows_ = R;
   hook_ = hook;
   summary_taps_ = hook != nullptr && !hook->WantsTapValues();
+  // The new cache rows as summaries for the hook (summarised where mirror_dev_ holds them) in
+  // place of the copy back into the host cache.
+  kv_sums_ = summary_taps_ && mirror_ && hook->WantsKvSummaries();
   summary_batch_.count = 0;
 
   // Decode-only steps run as a CUDA graph (taps too: their device copies are graph nodes and
@@ -799,6 +802,7 @@ LS_RETURN_IF_ERROR(Mark("start"));
     if (slab_) h = slab_at(c.num_hidden_layers, 0);
     if (!h_ready) LS_RETURN_IF_ERROR(rmsnorm(x, H, weights_->final_norm, H, rms_eps, h, H));
     LS_RETURN_IF_ERROR(Tap("final_norm", h, H, H, TapDType::kF32));
+    if (kv_sums_) LS_RETURN_IF_ERROR(TapKvRows(cache, mirror_off));
     LS_RETURN_IF_ERROR(SummaryFence());
     // The step's tail besides the logits: the slab's tap summaries. They read what the layers
     // wrote and nothing lm_head writes, so with `overlap` they run on the side stream while
@@ -837,8 +841,8 @@ LS_RETURN_IF_ERROR(Mark("start"));
   if (!graph) {
     LS_RETURN_IF_ERROR(body());
   } else {
-    // With taps the graph has the arena copies, or the summary launches.
-    const int64_t key = 4 * R + (hook != nullptr ? 1 : 0) + (summary_taps_ ? 2 : 0);
+    // With taps the graph has the arena copies, or the summary launches (with the KV rows').
+    const int64_t key = 8 * R + (hook != nullptr ? 1 : 0) + (summary_taps_ ? 2 : 0) + (kv_sums_ ? 4 : 0);
     StepGraph& sg = graphs_[key];
     auto warm = warmed_.find(key);
     if (sg.graph && sg.generation == alloc_generation_) {
@@ -878,7 +882,7 @@ LS_RETURN_IF_ERROR(Mark("start"));
   LS_RETURN_IF_ERROR(SampleOnDevice(segs, V, s));
   LS_RETURN_IF_ERROR(cu::CopyAsync(logits_host_->data(), logits_dev_.buf.data(), static_cast<size_t>(RL * V) * 4, s));
 
-  if (mirror_) {
+  if (mirror_ && !kv_sums_) {
     LS_RETURN_IF_ERROR(cu::CopyAsync(mirror_host_.data(), mirror_dev_.buf.data(), mirror_bytes, s));
   }
 
@@ -896,7 +900,7 @@ LS_RETURN_IF_ERROR(Mark("start"));
     LS_RETURN_IF_ERROR(prof_->Collect(&prof_ms_[all_decode ? 0 : 1]));
     ++prof_steps_[all_decode ? 0 : 1];
   }
-  if (mirror_) {
+  if (mirror_ && !kv_sums_) {
     size_t idx = 0;
     for (int64_t l = 0; l < c.num_hidden_layers; ++l) {
       const auto& streams = cache.streams(l);

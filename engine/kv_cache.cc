@@ -126,6 +126,23 @@ uint8_t* PagedKvCache::MutableTokenBytes(int64_t layer, size_t stream, const Seq
   return slot.get() + (pos % page_size_) * bpt;
 }
 
+std::vector<KvPart> PagedKvCache::parts(int64_t layer, size_t stream) const {
+  const StreamSpec& st = layer_streams_[layer][stream];
+  const int64_t tb = st.bytes_per_token;
+  if (st.kind == StreamKind::kMlaLatent && format_ == KvFormat::kFp8E4m3) {
+    const int64_t tiles = (kv_lora_ + 127) / 128;
+    return {{"", "latent_e4m3", TapDType::kFp8E4m3, 0, kv_lora_},
+            {".scales", "scales", TapDType::kF32, kv_lora_, tiles},
+            {".rope", "rope", TapDType::kBf16, kv_lora_ + 4 * tiles, rope_}};
+  }
+  if (st.kind == StreamKind::kIndexerKey && fp8_index_keys_) {
+    const int64_t tiles = (index_dim_ + 127) / 128;
+    return {{"", "key_e4m3", TapDType::kFp8E4m3, 0, index_dim_}, {".scales", "scales", TapDType::kF32, index_dim_, tiles}};
+  }
+  if (st.kind == StreamKind::kMlaLatent && format_ == KvFormat::kBf16) return {{"", "latent", TapDType::kBf16, 0, tb / 2}};
+  return {{"", st.kind == StreamKind::kMlaLatent ? "latent" : "key", TapDType::kF32, 0, tb / 4}};
+}
+
 const uint8_t* PagedKvCache::TokenBytes(int64_t layer, size_t stream, const SeqCache& seq, int64_t pos) const {
   return const_cast<PagedKvCache*>(this)->MutableTokenBytes(layer, stream, seq, pos);
 }

@@ -28,6 +28,7 @@
 
 #include "base/status.h"
 #include "engine/config.h"
+#include "engine/tap.h"
 
 namespace lockstep::engine {
 
@@ -41,6 +42,18 @@ struct StreamSpec {
   StreamKind kind;
   std::string name;       // "latent", "indexer_k"
   int64_t bytes_per_token;
+};
+
+// How a trace stores a stream's token bytes (kv/layers.L.<stream><suffix>): fp32 and bf16
+// latents and fp32 index keys whole; the FP8 latent as its E4M3 values, fp32 scales and bf16
+// rope values; FP8 index keys as E4M3 values and fp32 scales. A device backend summarises
+// these same parts where it stores them (TapHook::WantsKvSummaries).
+struct KvPart {
+  std::string suffix;  // "", ".scales", ".rope"
+  std::string what;    // the trace's `part` attribute: "latent", "latent_e4m3", "scales", "rope", "key", "key_e4m3"
+  TapDType type;
+  int64_t offset;      // bytes into the token
+  int64_t cols;        // values
 };
 
 // A request's view of the cache: its page table and how many tokens are stored.
@@ -82,6 +95,8 @@ class PagedKvCache {
   uint8_t* MutableTokenBytes(int64_t layer, size_t stream, const SeqCache& seq, int64_t pos);
 
   int64_t latent_bytes_per_token() const { return latent_bytes_; }
+  // The parts of one token's bytes of `layer`'s stream `stream` (KvPart).
+  std::vector<KvPart> parts(int64_t layer, size_t stream) const;
 
   // Fault zoo (kv_quant=fault_fp8_no_clamp): FP8 writes round the scale to the nearest power of
   // two instead of up, and do not saturate, so values past 448 become NaN.

@@ -1,5 +1,5 @@
 // kernels/row_stats.h — the per-row statistics of a trace summary (traces/trace_format.h
-// SummaryRow: NaN and Inf counts, rms, absmax, min, max) for fp32 and int32 rows, as host/device
+// SummaryRow: NaN and Inf counts, rms, absmax, min, max) for fp32, int32, bf16 and FP8 E4M3 rows, as host/device
 // code: the GPU twin of traces::Summarize, so a device backend can summarise tap rows where they
 // are computed instead of copying them to the host. Together with kernels/xxh3.h (the content
 // hash) it is everything a summary-mode trace stores about a row.
@@ -8,13 +8,14 @@
 // compared bit for bit: for a finite fp32 row, squares are summed in double into four lanes
 // (element i into lane i mod 4, in order) and the lanes added as (s0 + s1) + (s2 + s3); min and
 // max by `<` / `>` keeping the first zero in row order when the extreme is zero; absmax =
-// max(|min|, |max|). A row with NaN or ±Inf (and every int32 row) takes the careful loop: one
+// max(|min|, |max|). A row with NaN or ±Inf (and every int32, bf16 and E4M3 row) takes the careful loop: one
 // double accumulator in row order over the finite values, fmin/fmax/fabs in double, the others
 // counted. tests/row_stats_test.cc checks equality with traces::Summarize on the host.
 #pragma once
 
 #include <cmath>
 #include <cstdint>
+#include <cstring>
 
 #if defined(__CUDACC__)
 #define LS_HD __host__ __device__
@@ -119,6 +120,43 @@ LS_HD inline RowStats RowStatsF32(const float* p, int64_t cols) {
 LS_HD inline RowStats RowStatsI32(const int32_t* p, int64_t cols) {
   row_stats_detail::Careful a;
   for (int64_t i = 0; i < cols; ++i) a.Add(p[i]);
+  return a.Finish();
+}
+
+// The floats a bf16 and an FP8 E4M3 byte encode: traces::Bf16ToFloat and Fp8E4m3ToFloat's
+// values, bit for bit (E4M3 without any scale; its one NaN pattern per sign a quiet NaN).
+LS_HD inline float Bf16Value(uint16_t bits) {
+  const uint32_t u = static_cast<uint32_t>(bits) << 16;
+  float f;
+  memcpy(&f, &u, 4);
+  return f;
+}
+LS_HD inline float Fp8E4m3Value(uint8_t b) {
+  const uint32_t sign = b >> 7, exp = (b >> 3) & 0xF, man = b & 7;
+  if (exp == 0xF && man == 7) return NAN;
+  float mag;
+  if (exp == 0) {
+    mag = static_cast<float>(man) * 0.001953125f;  // man/8 · 2^-6, exact
+  } else {
+    const uint32_t u = (exp - 7 + 127) << 23 | man << 20;  // (1 + man/8) · 2^(exp−7)
+    memcpy(&mag, &u, 4);
+  }
+  return sign ? -mag : mag;
+}
+
+// bf16 and E4M3 rows (`p` their bytes): the careful loop over the values they encode, as
+// traces::Summarize does for them.
+LS_HD inline RowStats RowStatsBf16(const uint8_t* p, int64_t cols) {
+  row_stats_detail::Careful a;
+  for (int64_t i = 0; i < cols; ++i) {
+    const uint16_t h = static_cast<uint16_t>(p[2 * i] | p[2 * i + 1] << 8);
+    a.Add(Bf16Value(h));
+  }
+  return a.Finish();
+}
+LS_HD inline RowStats RowStatsFp8E4m3(const uint8_t* p, int64_t cols) {
+  row_stats_detail::Careful a;
+  for (int64_t i = 0; i < cols; ++i) a.Add(Fp8E4m3Value(p[i]));
   return a.Finish();
 }
 

@@ -43,7 +43,8 @@ struct CapturePolicy {
   bool WantsTap(std::string_view name) const;
   bool WantsKvLayer(int64_t layer) const;
   bool WantsPosition(int64_t pos) const {
-    return pos >= pos_first && pos <= pos_last && (pos - pos_first) % pos_stride == 0;
+    // (Asked for every row of every tap: the division only when there is a stride.)
+    return pos >= pos_first && pos <= pos_last && (pos_stride == 1 || (pos - pos_first) % pos_stride == 0);
   }
   bool StoreLogitsInFull(int64_t vocab) const {
     return logits == Logits::kFull || (logits == Logits::kAuto && vocab <= full_logits_max_vocab);

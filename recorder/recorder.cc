@@ -137,6 +137,7 @@ traces::SummaryRow ToSummaryRow(const engine::TapRowSummary& s) {
 }
 
 bool Recorder::WantsTapValues() const { return opts_.policy.mode == CapturePolicy::Mode::kFull; }
+bool Recorder::WantsKvSummaries() const { return opts_.policy.mode == CapturePolicy::Mode::kSummary && opts_.policy.kv; }
 
 void Recorder::CaptureSummaries(const Tensor& t, int64_t request, int64_t position, int64_t rows,
                                 const engine::TapRowSummary* in, const void* values,
@@ -175,6 +176,20 @@ const Recorder::TapEntry* Recorder::Resolve(const engine::TapEvent& e) {
   if (hit != by_address_.end() && hit->second.name == e.name) return &hit->second;
   TapEntry fresh;
   fresh.name = std::string(e.name);
+  if (fresh.name.rfind(traces::kKvGroup, 0) == 0 && fresh.name.size() > std::strlen(traces::kKvGroup) &&
+      fresh.name[std::strlen(traces::kKvGroup)] == '/') {
+    // A KV part's summaries from the backend: its tensor is the one OnForward would use (none
+    // when its layer is not kept, or the policy keeps no KV rows).
+    fresh.kv = true;
+    if (opts_.policy.kv) {
+      if (kv_parts_.empty()) DefineKvTensors(engine_->cache());
+      if (!status_.ok()) return nullptr;
+      auto it = tensors_.find(fresh.name);
+      if (it != tensors_.end()) fresh.tensor = &it->second;
+    }
+    fresh.wanted = fresh.tensor != nullptr;
+    return &(by_address_[e.name.data()] = std::move(fresh));
+  }
   fresh.wanted = opts_.policy.WantsTap(e.name);
   if (fresh.wanted && e.name != "logits") {
     const DType dtype = e.dtype == engine::TapDType::kI32 ? DType::kI32 : DType::kF32;
@@ -186,6 +201,7 @@ const Recorder::TapEntry* Recorder::Resolve(const engine::TapEvent& e) {
 }
 
 void Recorder::OnTapSummaries(std::span<const engine::TapEvent> events) {
+  Timed timed(this, &times_.taps_ns);
   if (!status_.ok() || opts_.policy.mode == CapturePolicy::Mode::kNone) return;
   // A backend hands over the same taps in the same order every step: event i's entry is
   // looked up once and then recognised by its name.
@@ -206,6 +222,7 @@ void Recorder::OnTapSummaries(std::span<const engine::TapEvent> events) {
       if (entry == nullptr) return;
       batch_entries_[i] = entry;
     }
+    kv_came_ |= entry->kv;
     if (!entry->wanted) continue;
     if (entry->tensor == nullptr || entry->tensor->values || e.summaries == nullptr) {
       append();  // what the batch holds goes first: the order is OnTap's
@@ -226,9 +243,11 @@ void Recorder::OnTapSummaries(std::span<const engine::TapEvent> events) {
 }
 
 void Recorder::OnTap(const engine::TapEvent& e) {
+  Timed timed(this, &times_.taps_ns);
   if (!status_.ok() || opts_.policy.mode == CapturePolicy::Mode::kNone) return;
   const TapEntry* entry = Resolve(e);
   if (entry == nullptr) return;
+  kv_came_ |= entry->kv;
   if (!entry->wanted) return;
   if (!entry->tensor) {
     CaptureLogits(e);
@@ -277,6 +296,7 @@ void Recorder::CaptureLogits(const engine::TapEvent& e) {
 // stream: kv/layers.L.<stream> — fp32 and bf16 latents whole (kv_lora + rope values), the
 // fp8 latent as its three parts (e4m3 values, fp32 scales, bf16 rope), indexer keys fp32.
 void Recorder::OnForward(std::span<const engine::Segment> segs, const engine::PagedKvCache& cache) {
+  Timed timed(this, &times_.kv_ns);
   step_batch_.clear();
   step_tokens_ = 0;
   for (const auto& s : segs) {
@@ -284,7 +304,11 @@ void Recorder::OnForward(std::span<const engine::Segment> segs, const engine::Pa
     step_tokens_ += static_cast<int64_t>(s.tokens.size());
   }
   const CapturePolicy& p = opts_.policy;
-  if (!status_.ok() || p.mode == CapturePolicy::Mode::kNone || !p.kv) return;
+  // The backend summarised this step's rows where it stores them (kv/ events): the host cache
+  // does not hold them.
+  const bool came = kv_came_;
+  kv_came_ = false;
+  if (came || !status_.ok() || p.mode == CapturePolicy::Mode::kNone || !p.kv) return;
   if (kv_parts_.empty()) DefineKvTensors(cache);
   for (const KvPart& part : kv_parts_) {
     for (const auto& s : segs) {
@@ -296,7 +320,8 @@ void Recorder::OnForward(std::span<const engine::Segment> segs, const engine::Pa
   }
 }
 
-// The KV tensors, once: per kept layer and stream, the parts of a token's bytes.
+// The KV tensors, once: per kept layer and stream, the parts of a token's bytes
+// (PagedKvCache::parts).
 void Recorder::DefineKvTensors(const engine::PagedKvCache& cache) {
   const bool full = opts_.policy.mode == CapturePolicy::Mode::kFull;
   const engine::ModelConfig& c = engine_->model().config();
@@ -306,36 +331,17 @@ void Recorder::DefineKvTensors(const engine::PagedKvCache& cache) {
     const auto& streams = cache.streams(l);
     for (size_t si = 0; si < streams.size(); ++si) {
       const engine::StreamSpec& st = streams[si];
-      const int64_t tb = st.bytes_per_token;
-      // (suffix, what, dtype, byte offset in the token, cols) of each part of the stream.
-      struct Part {
-        std::string suffix, what;
-        DType dtype;
-        int64_t offset, cols;
-      };
-      std::vector<Part> parts;
-      if (st.kind == engine::StreamKind::kMlaLatent && cache.format() == engine::KvFormat::kFp8E4m3) {
-        const int64_t C = c.kv_lora_rank, R = c.qk_rope_head_dim, tiles = (C + 127) / 128;
-        parts.push_back({"", "latent_e4m3", DType::kFp8E4m3, 0, C});
-        parts.push_back({".scales", "scales", DType::kF32, C, tiles});
-        parts.push_back({".rope", "rope", DType::kBf16, C + 4 * tiles, R});
-      } else if (st.kind == engine::StreamKind::kIndexerKey && cache.fp8_index_keys()) {
-        const int64_t D = c.index_head_dim, tiles = (D + 127) / 128;
-        parts.push_back({"", "key_e4m3", DType::kFp8E4m3, 0, D});
-        parts.push_back({".scales", "scales", DType::kF32, D, tiles});
-      } else if (st.kind == engine::StreamKind::kMlaLatent && cache.format() == engine::KvFormat::kBf16) {
-        parts.push_back({"", "latent", DType::kBf16, 0, tb / 2});
-      } else {
-        parts.push_back({"", st.kind == engine::StreamKind::kMlaLatent ? "latent" : "key", DType::kF32, 0, tb / 4});
-      }
-      for (const Part& part : parts) {
+      for (const engine::KvPart& part : cache.parts(l, si)) {
+        const DType dtype = part.type == engine::TapDType::kFp8E4m3 ? DType::kFp8E4m3
+                            : part.type == engine::TapDType::kBf16  ? DType::kBf16
+                                                                    : DType::kF32;
         const std::string path =
             std::string(traces::kKvGroup) + "/layers." + std::to_string(l) + "." + st.name + part.suffix;
-        const Tensor* t = Define(path, part.dtype, part.cols, full,
+        const Tensor* t = Define(path, dtype, part.cols, full,
                                  {{"kv_format", fmt},
                                   {"stream", st.name},
                                   {"part", part.what},
-                                  {"token_bytes", std::to_string(tb)},
+                                  {"token_bytes", std::to_string(st.bytes_per_token)},
                                   {"byte_offset", std::to_string(part.offset)}});
         if (!t) return;
         kv_parts_.push_back({l, si, part.offset, t});
@@ -345,6 +351,7 @@ void Recorder::DefineKvTensors(const engine::PagedKvCache& cache) {
 }
 
 void Recorder::OnStep(const engine::StepEvent& ev) {
+  Timed timed(this, &times_.steps_ns);
   const engine::RequestState& r = engine_->request(ev.request_id);
   const engine::SamplingParams& sp = r.request.sampling;
   traces::SamplingRow row;
@@ -375,6 +382,7 @@ void Recorder::OnStep(const engine::StepEvent& ev) {
 }
 
 Status Recorder::EndStep() {
+  Timed timed(this, &times_.steps_ns);
   const auto now = Clock::now();
   traces::StepRow row;
   row.step = steps_;

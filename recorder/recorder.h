@@ -3,9 +3,11 @@
 // A Recorder is the engine's tap hook, forward callback and step callback at once (Attach
 // installs all three). On the engine thread it applies the capture policy and hands rows to
 // the TraceWriter, which queues them; HDF5 and compression happen on the writer's threads.
-// In summary capture the engine thread computes each kept row's summary (statistics +
-// XXH3-64 content hash) itself and only those 48-byte records travel; in full capture the
-// rows are copied and the writer thread summarises them. Tensor names:
+// In summary capture each kept row's summary (statistics + XXH3-64 content hash) is computed
+// where the row is — by a backend that can summarise on its device (the CUDA backend: taps and
+// the KV cache rows it stores, TapHook::WantsKvSummaries), else on the engine thread — and only
+// those 48-byte records travel; in full capture the rows are copied (or lent) and the writer
+// thread summarises what the backend did not. Tensor names:
 // taps keep the engine's tap name (taps/<name>); the KV cache is kv/layers.L.<stream>, with
 // the fp8 latent split into its parts (docs/trace-format.md, "KV cache").
 //
@@ -88,14 +90,24 @@ class Recorder : public engine::TapHook {
 
   int64_t steps() const { return steps_; }
   int64_t tokens() const { return tokens_; }
+  // The time this recorder has spent on the engine's thread, in its callbacks (stalls on a
+  // full writer queue included): what recording adds to a step beyond the backend's own
+  // work for the hook. Split by callback: taps (OnTap, OnTapSummaries — logits included),
+  // the KV cache rows (OnForward), the sampler rows and the step's end (OnStep, EndStep).
+  struct EngineThreadTimes {
+    int64_t taps_ns = 0, kv_ns = 0, steps_ns = 0;
+  };
+  const EngineThreadTimes& engine_thread_times() const { return times_; }
   const Status& status() const { return status_; }
 
   // The engine callbacks Attach installs; public so that a caller can chain its own.
   void OnTap(const engine::TapEvent& event) override;
   // The same as OnTap for each event, with the summary rows appended in one hand-over.
   void OnTapSummaries(std::span<const engine::TapEvent> events) override;
-  // Summary capture stores no tap values: a backend may summarise where the tensors live.
+  // Summary capture stores no tap values: a backend may summarise where the tensors live —
+  // the KV cache rows too (they then come as kv/ events, and OnForward leaves the cache alone).
   bool WantsTapValues() const override;
+  bool WantsKvSummaries() const override;
   void OnForward(std::span<const engine::Segment> segments, const engine::PagedKvCache& cache);
   void OnStep(const engine::StepEvent& ev);
 
@@ -143,6 +155,7 @@ class Recorder : public engine::TapHook {
     std::string name;
     bool wanted = false;
     const Tensor* tensor = nullptr;  // null for logits (CaptureLogits defines its tensors)
+    bool kv = false;                 // a KV part's summaries (TapHook::WantsKvSummaries)
   };
   std::unordered_map<const void*, TapEntry> by_address_;  // tap name's address → decision
   // The entry of a tap event by its name; null when its tensor cannot be defined (status_ set).
@@ -169,6 +182,28 @@ class Recorder : public engine::TapHook {
     const Tensor* tensor;
   };
   std::vector<KvPart> kv_parts_;
+  // Whether this step's KV rows came from the backend as summaries (kv/ events) already.
+  bool kv_came_ = false;
+  EngineThreadTimes times_;
+  int timing_depth_ = 0;  // OnTapSummaries calls OnTap: only the outer call is timed
+  // Adds the time from construction to destruction to *into, when not nested in another.
+  class Timed {
+   public:
+    Timed(Recorder* r, int64_t* into) : r_(r), into_(r->timing_depth_++ == 0 ? into : nullptr) {
+      if (into_) t0_ = std::chrono::steady_clock::now();
+    }
+    ~Timed() {
+      --r_->timing_depth_;
+      if (into_) *into_ += std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now() - t0_).count();
+    }
+    Timed(const Timed&) = delete;
+    Timed& operator=(const Timed&) = delete;
+
+   private:
+    Recorder* r_;
+    int64_t* into_;
+    std::chrono::steady_clock::time_point t0_;
+  };
 };
 
 }  // namespace lockstep::recorder

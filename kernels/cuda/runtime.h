@@ -179,21 +179,24 @@ Status RowDots(const RowDotsParams& p, Stream stream = nullptr);
 
 // Trace summaries of rows on the device (kernels/row_stats.h + kernels/xxh3.h): the SummaryRow
 // fields traces::Summarize computes on the host, the same bits (the one caveat is in
-// row_stats.h), so a device backend can summarise taps without copying them. A warp per row:
-// the row is staged in shared memory (≤ 8192 values; longer rows are read in place), lanes
-// 0–7 carry XXH3's eight accumulators (independent lanes between merges), lanes 0–3 the four
-// fp64 sums of squares in their order, every lane a share of min / max by (value, first
-// index); a row with NaN or ±Inf, and int32 rows, take the host's sequential loop in lane 0.
+// row_stats.h), so a device backend can summarise taps (and the KV cache rows it stores)
+// without copying them. A warp per row: the row is staged in shared memory (≤ 32 KB; longer
+// rows are read in place), lanes 0–7 carry XXH3's eight accumulators (independent lanes
+// between merges), lanes 0–3 the four fp64 sums of squares in their order, every lane a share
+// of min / max by (value, first index); a row with NaN or ±Inf, and int32, bf16 and E4M3
+// rows, take the host's sequential loop in lane 0.
+// What a summarised row holds: its elements' type (the hash covers cols · size bytes).
+enum class RowType : uint8_t { kF32, kI32, kBf16, kFp8E4m3 };
 struct RowSummaryOut {
   uint64_t hash = 0;  // XXH3-64 (seed 0) of the row's bytes
   uint32_t nan_count = 0, inf_count = 0;
   float rms = 0, absmax = 0, min = 0, max = 0;
 };
 struct SummarizeRowsParams {
-  const void* x = nullptr;   // [rows, cols] fp32 (or int32 when i32), row stride x_stride elements
-  int64_t x_stride = 0;
+  const void* x = nullptr;   // [rows, cols] of `type`, row stride x_stride elements; every row
+  int64_t x_stride = 0;      // starts 4-byte aligned and is whole 4-byte words (bf16 / E4M3 too)
   int64_t rows = 0, cols = 0;
-  bool i32 = false;
+  RowType type = RowType::kF32;
   RowSummaryOut* out = nullptr;  // [rows] device
 };
 Status SummarizeRows(const SummarizeRowsParams& p, Stream stream = nullptr);
@@ -203,9 +206,9 @@ Status SummarizeRows(const SummarizeRowsParams& p, Stream stream = nullptr);
 inline constexpr int kSummarizeBatchMax = 10;
 struct SummarizeBatchParams {
   struct Tensor {
-    const void* x = nullptr;  // [rows, cols], row stride x_stride elements
+    const void* x = nullptr;  // [rows, cols] of `type`, as SummarizeRowsParams
     int64_t x_stride = 0, cols = 0;
-    bool i32 = false;
+    RowType type = RowType::kF32;
     RowSummaryOut* out = nullptr;  // [rows] device
   };
   Tensor t[kSummarizeBatchMax];

@@ -105,18 +105,26 @@ __device__ __forceinline__ void StageWarp(const T* src, T* dst, int64_t n, int l
   }
 }
 
+__device__ __forceinline__ int RowTypeSize(RowType t) {
+  return t == RowType::kBf16 ? 2 : t == RowType::kFp8E4m3 ? 1 : 4;
+}
+
 __device__ void SummarizeRowWarp(const SummarizeBatchParams::Tensor& t, int64_t r, float* stage, int lane) {
   const int64_t cols = t.cols;
-  const uint8_t* src = static_cast<const uint8_t*>(t.x) + static_cast<size_t>(r * t.x_stride) * 4;
-  const size_t len = static_cast<size_t>(cols) * 4;
-  // Stage the row (every lane's loads issued before its stores), or read it in place.
+  const bool f32 = t.type == RowType::kF32;
+  const size_t esize = static_cast<size_t>(RowTypeSize(t.type));
+  const uint8_t* src = static_cast<const uint8_t*>(t.x) + static_cast<size_t>(r * t.x_stride) * esize;
+  const size_t len = static_cast<size_t>(cols) * esize;
+  // Stage the row (every lane's loads issued before its stores), or read it in place; as
+  // 4-byte words (rows are whole words: SummarizeBatch checks, SummarizeTable's callers vouch).
   const uint8_t* row = src;
-  if (cols <= kStageValues) {
-    const bool vec = (reinterpret_cast<uintptr_t>(src) & 15) == 0 && (cols & 3) == 0;
+  if (len <= size_t{kStageValues} * 4) {
+    const int64_t words = static_cast<int64_t>(len / 4);
+    const bool vec = (reinterpret_cast<uintptr_t>(src) & 15) == 0 && (words & 3) == 0;
     if (vec) {
-      StageWarp(reinterpret_cast<const float4*>(src), reinterpret_cast<float4*>(stage), cols / 4, lane);
+      StageWarp(reinterpret_cast<const float4*>(src), reinterpret_cast<float4*>(stage), words / 4, lane);
     } else {
-      StageWarp(reinterpret_cast<const float*>(src), stage, cols, lane);
+      StageWarp(reinterpret_cast<const float*>(src), stage, words, lane);
     }
     __syncwarp();
     row = reinterpret_cast<const uint8_t*>(stage);
@@ -124,13 +132,13 @@ __device__ void SummarizeRowWarp(const SummarizeBatchParams::Tensor& t, int64_t 
   const float* f = reinterpret_cast<const float*>(row);
 
   RowSummaryOut o;
-  bool sequential = t.i32 || cols == 0;  // lane 0 runs the host's loops
+  bool sequential = !f32 || cols == 0;  // lane 0 runs the host's loops
   if (len > 240) {
     uint64_t acc = 0;
     double sq = 0.0;
     int64_t next = 0;
-    if (lane < 8) HashAndSquares(row, len, lane, !t.i32 && lane < 4, &acc, &sq, &next);
-    if (!t.i32 && lane < 4) {
+    if (lane < 8) HashAndSquares(row, len, lane, f32 && lane < 4, &acc, &sq, &next);
+    if (f32 && lane < 4) {
       for (int64_t e = next + lane; e < cols; e += 4) {  // values after the last whole stripe
         const double x = f[e];
         sq = __dadd_rn(sq, __dmul_rn(x, x));
@@ -146,7 +154,7 @@ __device__ void SummarizeRowWarp(const SummarizeBatchParams::Tensor& t, int64_t 
       h += xxh3::MulFold64(a[2 * k] ^ xxh3::Read64(ms + 16 * k), a[2 * k + 1] ^ xxh3::Read64(ms + 16 * k + 8));
     }
     o.hash = xxh3::Avalanche(h);
-    if (!t.i32) {
+    if (f32) {
       const double s0 = __shfl_sync(kFull, sq, 0), s1 = __shfl_sync(kFull, sq, 1), s2 = __shfl_sync(kFull, sq, 2),
                    s3 = __shfl_sync(kFull, sq, 3);
       const double sumsq = __dadd_rn(__dadd_rn(s0, s1), __dadd_rn(s2, s3));
@@ -182,7 +190,10 @@ __device__ void SummarizeRowWarp(const SummarizeBatchParams::Tensor& t, int64_t 
     if (lane == 0) o.hash = xxh3::Hash64(row, len, kSecret);
   }
   if (sequential && lane == 0) {
-    const RowStats st = t.i32 ? RowStatsI32(reinterpret_cast<const int32_t*>(row), cols) : RowStatsF32(f, cols);
+    const RowStats st = t.type == RowType::kI32    ? RowStatsI32(reinterpret_cast<const int32_t*>(row), cols)
+                        : t.type == RowType::kBf16   ? RowStatsBf16(row, cols)
+                        : t.type == RowType::kFp8E4m3 ? RowStatsFp8E4m3(row, cols)
+                                                      : RowStatsF32(f, cols);
     o.nan_count = st.nan_count;
     o.inf_count = st.inf_count;
     o.rms = st.rms;
@@ -258,6 +269,12 @@ Status SummarizeBatch(const SummarizeBatchParams& p, Stream stream) {
     LS_CHECK_ARG(t.cols >= 0, op, "t[].cols", t.cols);
     LS_CHECK_ARG(t.x != nullptr, op, "t[].x", t.x);
     LS_CHECK_ARG(reinterpret_cast<uintptr_t>(t.x) % 4 == 0, op, "t[].x (4-byte aligned)", t.x);
+    LS_CHECK_ARG(t.type <= RowType::kFp8E4m3, op, "t[].type", static_cast<int>(t.type));
+    LS_CHECK_ARG(t.type == RowType::kF32 || t.type == RowType::kI32 || t.x_stride % 4 == 0 ||
+                     (t.type == RowType::kBf16 && t.x_stride % 2 == 0),
+                 op, "t[].x_stride (rows 4-byte aligned)", t.x_stride);
+    LS_CHECK_ARG(t.type != RowType::kFp8E4m3 || t.cols % 4 == 0, op, "t[].cols (E4M3 rows a multiple of 4 bytes)", t.cols);
+    LS_CHECK_ARG(t.type != RowType::kBf16 || t.cols % 2 == 0, op, "t[].cols (bf16 rows a multiple of 4 bytes)", t.cols);
     LS_CHECK_ARG(t.out != nullptr, op, "t[].out", static_cast<const void*>(t.out));
     LS_CHECK_ARG(t.x_stride >= t.cols, op, "t[].x_stride", t.x_stride);
   }
@@ -285,7 +302,7 @@ Status SummarizeRows(const SummarizeRowsParams& p, Stream stream) {
   b.t[0].x = p.x;
   b.t[0].x_stride = p.x_stride;
   b.t[0].cols = p.cols;
-  b.t[0].i32 = p.i32;
+  b.t[0].type = p.type;
   b.t[0].out = p.out;
   b.count = 1;
   b.rows = p.rows;

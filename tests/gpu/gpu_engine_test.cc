@@ -639,6 +639,129 @@ TEST(GpuEngine, SummaryTapsAreTheHostSummariesOfTheValues) {
   std::printf("  %lld tap rows: GPU summaries = host summaries of the values\n", static_cast<long long>(rows));
 }
 
+// A summary hook that also wants the KV cache rows as summaries (the recorder's summary
+// capture) gets them from the GPU as kv/ events — one per part of each layer's streams
+// (PagedKvCache::parts), after the step's taps — and each row's summary is traces::Summarize
+// of the bytes the cache mirror holds for that row in a run that copies them back: for the
+// fp32, bf16 and FP8 latent layouts and fp32 and FP8 index keys, prefill steps (summary
+// batches) and decode steps (the tap slab, graphs on) alike. The forward callback still comes
+// every step; the KV events' dtypes are the parts'.
+class KvSummaryHook : public SummaryHook {
+ public:
+  std::map<std::string, std::vector<engine::TapRowSummary>> kv;
+  std::map<std::string, engine::TapDType> kv_dtype;
+  std::string order_error;
+  bool WantsKvSummaries() const override { return true; }
+  void OnTapSummaries(std::span<const engine::TapEvent> events) override {
+    bool seen_kv = false;
+    for (const engine::TapEvent& e : events) {
+      const bool is_kv = e.name.starts_with("kv/");
+      if (seen_kv && !is_kv && order_error.empty()) order_error = "tap '" + std::string(e.name) + "' after a kv/ event";
+      seen_kv |= is_kv;
+      if (!is_kv) {
+        OnTap(e);
+        continue;
+      }
+      if (e.data != nullptr || e.summaries == nullptr) ++with_values;
+      if (e.summaries == nullptr) continue;
+      const std::string at = "@" + std::to_string(e.position) + "#" + std::to_string(e.request_id);
+      kv[std::string(e.name) + at].assign(e.summaries, e.summaries + e.rows);
+      kv_dtype[std::string(e.name)] = e.dtype;
+    }
+  }
+};
+
+TEST(GpuEngine, KvSummariesAreTheHostSummariesOfTheCacheRows) {
+  LS_REQUIRE_GPU();
+  struct Case {
+    engine::KvFormat format;
+    const char* indexer;
+  };
+  for (const Case c : {Case{engine::KvFormat::kFp32, ""}, Case{engine::KvFormat::kBf16, ""},
+                       Case{engine::KvFormat::kFp8E4m3, "fp8_paged"}}) {
+    SCOPED_TRACE(std::string("kv ") + std::string(engine::KvFormatName(c.format)) + " indexer " + c.indexer);
+    std::map<std::string, std::vector<engine::TapRowSummary>> want;  // from the mirrored bytes
+    std::map<std::string, engine::TapDType> want_dtype;
+    int64_t forwards = 0;
+    auto run = [&](engine::TapHook* hook, bool mirror_rows) {
+      EngineOptions o = Cuda(c.format, "bf16");
+      o.max_batch = 2;
+      if (*c.indexer) o.kernels["indexer"] = c.indexer;
+      auto eng = Engine::Create(Tiny(), o);
+      ASSERT_TRUE(eng.ok()) << eng.status().message();
+      (*eng)->SetTapHook(hook);
+      (*eng)->SetForwardCallback([&](std::span<const engine::Segment> segs, const engine::PagedKvCache& cache) {
+        ++forwards;
+        if (!mirror_rows) return;
+        for (const auto& g : segs) {
+          for (int64_t l = 0; l < Tiny()->config().num_hidden_layers; ++l) {
+            for (size_t si = 0; si < cache.streams(l).size(); ++si) {
+              for (const engine::KvPart& part : cache.parts(l, si)) {
+                const std::string name = "kv/layers." + std::to_string(l) + "." + cache.streams(l)[si].name + part.suffix;
+                const std::string at = "@" + std::to_string(g.start_pos) + "#" + std::to_string(g.request_id);
+                std::vector<engine::TapRowSummary>& rows = want[name + at];
+                for (size_t j = 0; j < g.tokens.size(); ++j) {
+                  const uint8_t* b =
+                      cache.TokenBytes(l, si, *g.cache, g.start_pos + static_cast<int64_t>(j)) + part.offset;
+                  traces::SummaryRow s;
+                  traces::Summarize(part.type == engine::TapDType::kBf16      ? traces::DType::kBf16
+                                    : part.type == engine::TapDType::kFp8E4m3 ? traces::DType::kFp8E4m3
+                                                                               : traces::DType::kF32,
+                                    b, part.cols, &s);
+                  rows.push_back({s.hash, s.nan_count, s.inf_count, s.rms, s.absmax, s.min, s.max});
+                }
+                want_dtype[name] = part.type;
+              }
+            }
+          }
+        }
+      });
+      for (int i = 0; i < 2; ++i) {
+        engine::Request r;
+        for (int j = 0; j < 30 + 11 * i; ++j) r.prompt.push_back(static_cast<int32_t>((7 * j + 3 * i) % 5000 + 10));
+        r.max_new_tokens = 8;
+        r.sampling.temperature = 0.8;
+        r.sampling.seed = 5 + i;
+        ASSERT_TRUE((*eng)->AddRequest(r).ok());
+      }
+      const Status st = (*eng)->RunToCompletion();
+      ASSERT_TRUE(st.ok()) << st.message();
+    };
+    SummaryHook plain;
+    KvSummaryHook sums;
+    run(&plain, true);
+    const int64_t plain_forwards = forwards;
+    forwards = 0;
+    run(&sums, false);
+    EXPECT_EQ(forwards, plain_forwards) << "the forward callback comes every step";
+    EXPECT_EQ(sums.with_values, 0);
+    EXPECT_EQ(sums.order_error, "");
+    EXPECT_EQ(sums.taps.size(), plain.taps.size()) << "the taps are unchanged";
+    ASSERT_EQ(sums.kv.size(), want.size());
+    EXPECT_EQ(sums.kv_dtype, want_dtype);
+    int64_t rows = 0;
+    for (const auto& [name, w] : want) {
+      auto it = sums.kv.find(name);
+      ASSERT_NE(it, sums.kv.end()) << name;
+      ASSERT_EQ(it->second.size(), w.size()) << name;
+      for (size_t r = 0; r < w.size(); ++r) {
+        const engine::TapRowSummary &got = it->second[r], &exp = w[r];
+        ASSERT_EQ(got.hash, exp.hash) << name << " row " << r;
+        ASSERT_EQ(got.nan_count, exp.nan_count) << name;
+        ASSERT_EQ(got.inf_count, exp.inf_count) << name;
+        ASSERT_EQ(0, std::memcmp(&got.rms, &exp.rms, 4)) << name << " rms " << got.rms << " vs " << exp.rms;
+        ASSERT_EQ(0, std::memcmp(&got.absmax, &exp.absmax, 4)) << name << " absmax";
+        ASSERT_EQ(0, std::memcmp(&got.min, &exp.min, 4)) << name << " min";
+        ASSERT_EQ(0, std::memcmp(&got.max, &exp.max, 4)) << name << " max";
+        ++rows;
+      }
+    }
+    EXPECT_GT(rows, 100);
+    std::printf("  %s: %lld KV part rows: GPU summaries = host summaries of the stored bytes\n",
+                std::string(engine::KvFormatName(c.format)).c_str(), static_cast<long long>(rows));
+  }
+}
+
 // Full capture (a hook that wants values): decode steps come from the tap slab in a pinned
 // buffer lent to the hook (TapEvent::owner) with each row's summary made on the GPU beside the
 // values. Checked: every decode step's events carry an owner and summaries, each summary is

@@ -7,7 +7,8 @@
 # tensors live (no values copied out): every summary field of every tap row must equal the
 # full capture's (h5py) — computed on the host from the values for prefill rows, on the GPU
 # beside the lent values for decode rows (gpu_engine_test checks those against the host's
-# traces::Summarize of the values: FullCaptureLendsTheValuesWithTheirSummaries).
+# traces::Summarize of the values: FullCaptureLendsTheValuesWithTheirSummaries); and the KV
+# cache rows' summaries, which summary capture takes from the GPU too (TapHook::WantsKvSummaries).
 # Skips (exit 77) when the build has no CUDA or the machine no GPU.
 set -uo pipefail
 bin=${1:?usage: record_replay_gpu.sh <lockstep binary>}
@@ -64,5 +65,20 @@ for n in names:
             sys.exit(f"FAIL: {n} field {f} row {i}: full capture {a[i]} vs summary capture {b[i]}")
     rows += a.shape[0]
 print(f"gpu summaries: {rows} rows over {len(names)} taps equal full capture's, field for field")
+# The KV cache rows as stored: summarised by the GPU where it stores them in summary capture,
+# by the trace writer from the copied-back bytes in full capture.
+kv = sorted(full["kv"])
+assert kv and kv == sorted(summ["kv"]), (list(full["kv"]), list(summ["kv"]))
+rows = 0
+for n in kv:
+    a, b = full["kv"][n]["summary"][...], summ["kv"][n]["summary"][...]
+    assert a.shape == b.shape, (n, a.shape, b.shape)
+    for f in a.dtype.names:
+        if f != "step" and a[f].tobytes() != b[f].tobytes():
+            i = int(np.nonzero(a[f] != b[f])[0][0])
+            sys.exit(f"FAIL: kv/{n} field {f} row {i}: full capture {a[i]} vs summary capture {b[i]}")
+    rows += a.shape[0]
+print(f"gpu kv summaries: {rows} rows over {len(kv)} cache parts ({full['kv'][kv[0]].attrs.get('kv_format')}) "
+      "equal full capture's, field for field")
 PY
 echo "PASS"

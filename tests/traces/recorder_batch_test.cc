@@ -15,6 +15,7 @@
 #include "engine/engine.h"
 #include "engine/model.h"
 #include "recorder/recorder.h"
+#include "traces/row_summary.h"
 #include "traces/trace_reader.h"
 #include "traces/trace_writer.h"
 
@@ -165,6 +166,113 @@ TEST(RecorderBatch, SameTraceAsOneEventAtATime) {
   EXPECT_EQ(first.request, 1);
   EXPECT_EQ(first.position, 1);
   EXPECT_EQ(first.hash, steps[0].summaries[1 * 4 + 1 + 1].hash);
+}
+
+// TapHook::WantsKvSummaries: a backend that summarised a step's KV cache rows where it stores
+// them sends kv/ events, and the host cache does not hold those rows. The recorder in summary
+// capture asks for them, writes the events' summaries to the KV tensors OnForward would have
+// written (the same paths), and does not read the cache in that step; in a step without kv/
+// events it reads the cache as before. A kv/ event for a layer the policy drops is dropped.
+TEST(RecorderBatch, KvSummariesFromTheBackendReplaceTheCacheRows) {
+  auto model = engine::Model::Load(std::string(LOCKSTEP_SOURCE_DIR) + "/tests/fixtures/models/v32_sparse");
+  ASSERT_TRUE(model.ok()) << model.status().message();
+  auto eng = engine::Engine::Create(*model, engine::EngineOptions{});
+  ASSERT_TRUE(eng.ok()) << eng.status().message();
+  engine::PagedKvCache& cache = (*eng)->cache();
+  ASSERT_GE(cache.streams(0).size(), 1u);
+  const std::string stream = cache.streams(0)[0].name;
+  const engine::KvPart part = cache.parts(0, 0).at(0);
+  const int64_t layers = (*model)->config().num_hidden_layers;
+  ASSERT_GE(layers, 2);
+
+  // One request's cache holding two tokens of known bytes.
+  engine::SeqCache seq;
+  ASSERT_TRUE(cache.Reserve(&seq, 2).ok());
+  std::mt19937 rng(11);
+  for (int64_t l = 0; l < layers; ++l) {
+    for (size_t si = 0; si < cache.streams(l).size(); ++si) {
+      for (int64_t pos = 0; pos < 2; ++pos) {
+        uint8_t* b = cache.MutableTokenBytes(l, si, seq, pos);
+        std::vector<float> v(static_cast<size_t>(cache.streams(l)[si].bytes_per_token / 4));
+        for (auto& x : v) x = static_cast<float>(rng() % 1000) / 100.0f - 5.0f;
+        std::memcpy(b, v.data(), v.size() * 4);
+      }
+    }
+  }
+  const std::vector<int32_t> token = {5};
+
+  const auto path = TempTrace("kv_summaries.h5");
+  traces::TraceWriterOptions wo;
+  auto w = traces::TraceWriter::Create(path, wo);
+  ASSERT_TRUE(w.ok()) << w.status().message();
+  recorder::RecorderOptions ro;
+  ro.policy.mode = recorder::CapturePolicy::Mode::kSummary;
+  ro.policy.layer_first = ro.policy.layer_last = 0;  // layer 1's events are dropped
+  engine::TapRowSummary fed;
+  fed.hash = 0x1234;
+  fed.rms = 2.5f;
+  fed.min = -1;
+  fed.max = 3;
+  fed.absmax = 3;
+  const std::string name0 = "kv/layers.0." + stream + part.suffix, name1 = "kv/layers.1." + stream + part.suffix;
+  {
+    recorder::Recorder rec(eng->get(), w->get(), ro);
+    EXPECT_TRUE(rec.WantsKvSummaries());
+    EXPECT_FALSE(rec.WantsTapValues());
+    // Step 0 (position 0): the backend's summaries; the cache is not read.
+    std::vector<engine::TapEvent> events(2);
+    for (int i = 0; i < 2; ++i) {
+      events[i].name = i == 0 ? name0 : name1;
+      events[i].request_id = 0;
+      events[i].position = 0;
+      events[i].rows = 1;
+      events[i].cols = part.cols;
+      events[i].dtype = part.type;
+      events[i].summaries = &fed;
+    }
+    rec.OnTapSummaries(events);
+    engine::Segment seg;
+    seg.cache = &seq;
+    seg.tokens = token;
+    seg.start_pos = 0;
+    rec.OnForward(std::span<const engine::Segment>(&seg, 1), cache);
+    ASSERT_TRUE(rec.EndStep().ok()) << rec.status().message();
+    // Step 1 (position 1): no kv/ events, so the rows come from the cache.
+    seg.start_pos = 1;
+    rec.OnForward(std::span<const engine::Segment>(&seg, 1), cache);
+    ASSERT_TRUE(rec.EndStep().ok()) << rec.status().message();
+    ASSERT_TRUE(rec.Finish().ok()) << rec.status().message();
+  }
+  ASSERT_TRUE((*w)->Close().ok());
+  auto r = traces::TraceReader::Open(path);
+  ASSERT_TRUE(r.ok()) << r.status().message();
+  const traces::TensorInfo* t = (*r)->FindTensor(name0);
+  ASSERT_NE(t, nullptr) << name0;
+  EXPECT_EQ((*r)->FindTensor(name1), nullptr);
+  auto rows = (*r)->ReadSummary(*t);
+  ASSERT_TRUE(rows.ok());
+  ASSERT_EQ(rows->size(), 2u);
+  EXPECT_EQ((*rows)[0].position, 0);
+  EXPECT_EQ((*rows)[0].step, 0);
+  EXPECT_EQ((*rows)[0].hash, 0x1234u);
+  EXPECT_EQ((*rows)[0].rms, 2.5f);
+  EXPECT_EQ((*rows)[1].position, 1);
+  traces::SummaryRow want;
+  traces::Summarize(part.type == engine::TapDType::kF32 ? traces::DType::kF32 : traces::DType::kBf16,
+                    cache.TokenBytes(0, 0, seq, 1) + part.offset, part.cols, &want);
+  EXPECT_EQ((*rows)[1].hash, want.hash);
+  EXPECT_EQ((*rows)[1].rms, want.rms);
+  // The other streams of layer 0 (index keys) came from neither: step 0 had kv/ events, so
+  // only step 1's row.
+  for (size_t si = 1; si < cache.streams(0).size(); ++si) {
+    const traces::TensorInfo* k = (*r)->FindTensor("kv/layers.0." + cache.streams(0)[si].name);
+    ASSERT_NE(k, nullptr);
+    auto kr = (*r)->ReadSummary(*k);
+    ASSERT_TRUE(kr.ok());
+    ASSERT_EQ(kr->size(), 1u);
+    EXPECT_EQ((*kr)[0].position, 1);
+  }
+  cache.Release(&seq);
 }
 
 TEST(TraceWriter, AppendSummariesRefusesWhatAppendWould) {

@@ -1,7 +1,7 @@
 // tests/traces/row_stats_test.cc — kernels/row_stats.h + kernels/xxh3.h (the host/device code a
 // GPU backend will summarise tap rows with) give exactly traces::Summarize's SummaryRow fields:
 // fp32 rows (finite; with signed zeros at the extremes; with NaN and ±Inf; all non-finite;
-// empty) and int32 rows, at tap-like widths. Bitwise: rms is compared bit for bit in traces.
+// empty), int32 rows, and bf16 / E4M3 rows (the KV cache as stored), at tap-like widths. Bitwise: rms is compared bit for bit in traces.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -74,6 +74,61 @@ TEST(RowStats, EqualsSummarizeOnInt32Rows) {
     const auto got = kernels::RowStatsI32(row.data(), cols);
     const uint64_t hash = kernels::xxh3::Hash64(reinterpret_cast<const uint8_t*>(row.data()), cols * 4, XXH3_kSecret);
     ExpectSame(want, got, hash, "i32 cols " + std::to_string(cols));
+  }
+}
+
+// bf16 and E4M3 rows (a device backend's summaries of the KV cache as stored): every E4M3 byte
+// decodes to Fp8E4m3ToFloat's float (NaN patterns to a NaN), every bf16 exponent/sign pattern
+// to Bf16ToFloat's, and rows — random, with NaN / ±Inf / signed zeros / subnormals, empty — give
+// Summarize's fields bit for bit, at the KV parts' widths (512-value latents, 64 rope values,
+// 128-value index keys, 576-value bf16 latents) and odd ones.
+TEST(RowStats, EqualsSummarizeOnBf16AndE4m3Rows) {
+  for (int b = 0; b < 256; ++b) {
+    const float want = traces::Fp8E4m3ToFloat(static_cast<uint8_t>(b)), got = kernels::Fp8E4m3Value(static_cast<uint8_t>(b));
+    if (std::isnan(want)) {
+      EXPECT_TRUE(std::isnan(got)) << "e4m3 byte " << b;
+    } else {
+      EXPECT_TRUE(Same(want, got)) << "e4m3 byte " << b << ": " << want << " vs " << got;
+    }
+  }
+  for (uint32_t h = 0; h < 65536; h += 7) {
+    const float want = traces::Bf16ToFloat(static_cast<uint16_t>(h)), got = kernels::Bf16Value(static_cast<uint16_t>(h));
+    EXPECT_EQ(std::memcmp(&want, &got, 4), 0) << "bf16 bits " << h;
+  }
+  std::mt19937 rng(5);
+  for (int64_t cols : {0, 1, 5, 64, 128, 512, 576, 1000}) {
+    for (int kind = 0; kind < 4; ++kind) {
+      std::vector<uint8_t> e4(cols), bf(2 * cols);
+      for (auto& v : e4) v = static_cast<uint8_t>(rng());
+      for (auto& v : bf) v = static_cast<uint8_t>(rng());
+      if (kind == 0) {  // no NaN / Inf: clear E4M3's NaN patterns and bf16's all-ones exponents
+        for (auto& v : e4) v = (v & 0x7f) == 0x7f ? v & 0xfe : v;
+        for (int64_t i = 0; i < cols; ++i) bf[2 * i + 1] &= 0xbf;
+      }
+      if (kind == 1 && cols > 0) {  // zeros of both signs and subnormals only
+        for (int64_t i = 0; i < cols; ++i) {
+          e4[i] &= 0x87;
+          bf[2 * i + 1] &= 0x80;
+        }
+      }
+      if (kind == 2 && cols > 1) {  // NaN and −Inf among finite values
+        e4[1] = 0xff;
+        bf[2] = 0xc0, bf[3] = 0x7f;       // bf16 quiet NaN
+        bf[2 * cols - 2] = 0x80, bf[2 * cols - 1] = 0xff;  // −Inf
+      }
+      if (kind == 3) {
+        for (auto& v : e4) v = 0x7f;
+        for (int64_t i = 0; i < cols; ++i) bf[2 * i] = 0x80, bf[2 * i + 1] = 0x7f;  // +Inf
+      }
+      traces::SummaryRow want;
+      const std::string what = " cols " + std::to_string(cols) + " kind " + std::to_string(kind);
+      traces::Summarize(traces::DType::kFp8E4m3, e4.data(), cols, &want);
+      ExpectSame(want, kernels::RowStatsFp8E4m3(e4.data(), cols),
+                 kernels::xxh3::Hash64(e4.data(), static_cast<size_t>(cols), XXH3_kSecret), "e4m3" + what);
+      traces::Summarize(traces::DType::kBf16, bf.data(), cols, &want);
+      ExpectSame(want, kernels::RowStatsBf16(bf.data(), cols),
+                 kernels::xxh3::Hash64(bf.data(), static_cast<size_t>(2 * cols), XXH3_kSecret), "bf16" + what);
+    }
   }
 }
 
