@@ -67,10 +67,12 @@ struct Result_ {
 struct NullHook : engine::TapHook {
   void OnTap(const engine::TapEvent&) override {}
 };
-// Mode "hook-summary": the same, asking for summaries only (what summary capture asks of the
-// backend), to separate the backend's share of summary capture from the recorder's.
+// Mode "hook-summary": the same, asking for summaries only, of the taps and of the KV cache
+// rows (what summary capture asks of the backend), to separate the backend's share of summary
+// capture from the recorder's.
 struct NullSummaryHook : NullHook {
   bool WantsTapValues() const override { return false; }
+  bool WantsKvSummaries() const override { return true; }
 };
 
 std::string Kind(const traces::TensorInfo& t) {
@@ -220,7 +222,12 @@ int main(int argc, char** argv) {
     NullHook null_hook;
     NullSummaryHook null_summary_hook;
     if (mode == "hook") (*eng)->SetTapHook(&null_hook);
-    if (mode == "hook-summary") (*eng)->SetTapHook(&null_summary_hook);
+    if (mode == "hook-summary") {
+      (*eng)->SetTapHook(&null_summary_hook);
+      // A forward callback, as the recorder's: the backend then stores the new cache rows for it
+      // (here, as summaries for the hook).
+      (*eng)->SetForwardCallback([](std::span<const engine::Segment>, const engine::PagedKvCache&) {});
+    }
     if (mode != "off" && mode != "hook" && mode != "hook-summary") {
       traces::TraceWriterOptions wo;
       wo.batch_width = batch;

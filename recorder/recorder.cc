@@ -204,8 +204,9 @@ void Recorder::OnTapSummaries(std::span<const engine::TapEvent> events) {
   Timed timed(this, &times_.taps_ns);
   if (!status_.ok() || opts_.policy.mode == CapturePolicy::Mode::kNone) return;
   // A backend hands over the same taps in the same order every step: event i's entry is
-  // looked up once and then recognised by its name.
-  if (batch_entries_.size() < events.size()) batch_entries_.resize(events.size(), nullptr);
+  // looked up once and then recognised by its name's address and length (engine/tap.h: these
+  // names' storage lives as long as the engine).
+  if (batch_entries_.size() < events.size()) batch_entries_.resize(events.size());
   batch_tensors_.clear();
   batch_rows_.clear();
   auto append = [&] {
@@ -216,11 +217,11 @@ void Recorder::OnTapSummaries(std::span<const engine::TapEvent> events) {
   };
   for (size_t i = 0; i < events.size() && status_.ok(); ++i) {
     const engine::TapEvent& e = events[i];
-    const TapEntry* entry = batch_entries_[i];
-    if (entry == nullptr || entry->name != e.name) {
+    const TapEntry* entry = batch_entries_[i].entry;
+    if (entry == nullptr || batch_entries_[i].name != e.name.data() || entry->name.size() != e.name.size()) {
       entry = Resolve(e);
       if (entry == nullptr) return;
-      batch_entries_[i] = entry;
+      batch_entries_[i] = {entry, e.name.data()};
     }
     kv_came_ |= entry->kv;
     if (!entry->wanted) continue;

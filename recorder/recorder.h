@@ -161,7 +161,11 @@ class Recorder : public engine::TapHook {
   // The entry of a tap event by its name; null when its tensor cannot be defined (status_ set).
   const TapEntry* Resolve(const engine::TapEvent& e);
   // OnTapSummaries: event i's entry at the last call; the rows and their tensors' handles.
-  std::vector<const TapEntry*> batch_entries_;
+  struct BatchEntry {
+    const TapEntry* entry = nullptr;
+    const char* name = nullptr;  // the event name's address it was resolved for
+  };
+  std::vector<BatchEntry> batch_entries_;
   std::vector<int32_t> batch_tensors_;
   std::vector<traces::SummaryRow> batch_rows_;
   Status status_;
