@@ -13,6 +13,7 @@
 #include "diff/trace_diff.h"
 #include "recorder/fingerprint.h"
 #include "recorder/record_session.h"
+#include "traces/row_summary.h"
 #include "replayer/replay_session.h"
 #include "test_util.h"
 
@@ -121,8 +122,8 @@ TEST_F(ReplayTest, SummariesAreTheSameMadeOnEitherThread) {
 
 // Full capture with top-k logits (the mode for large vocabularies): the stored ids and values
 // are the k best of the row (value descending, the lower id first on ties) and logsumexp is
-// log Σ exp over the row in double, checked against a recording of the same run that keeps
-// the whole rows.
+// within a float ulp of log Σ exp over the row (long double) and exactly traces::LogitsTopK's,
+// checked against a recording of the same run that keeps the whole rows.
 TEST_F(ReplayTest, TopKLogitsAreTheBestOfTheWholeRow) {
   const std::vector<std::vector<int32_t>> prompts = {Prompt(10, 8), Prompt(7, 9)};
   auto whole = Record("v3_basic", "whole.h5", prompts, {}, 0.8, 5);
@@ -156,10 +157,16 @@ TEST_F(ReplayTest, TopKLogitsAreTheBestOfTheWholeRow) {
     std::vector<int32_t> order(V);
     std::iota(order.begin(), order.end(), 0);
     std::stable_sort(order.begin(), order.end(), [&](int32_t a, int32_t b) { return row[a] > row[b]; });
-    double m = -INFINITY, sum = 0;
-    for (int64_t i = 0; i < V; ++i) m = std::fmax(m, row[i]);
-    for (int64_t i = 0; i < V; ++i) sum += std::exp(static_cast<double>(row[i]) - m);
-    EXPECT_EQ(gl[r], static_cast<float>(m + std::log(sum))) << "row " << r;
+    long double m = -INFINITY, sum = 0;  // the exact value, to within long double's rounding
+    for (int64_t i = 0; i < V; ++i) m = std::fmax(m, static_cast<long double>(row[i]));
+    for (int64_t i = 0; i < V; ++i) sum += std::exp(static_cast<long double>(row[i]) - m);
+    const float exact = static_cast<float>(m + std::log(sum));
+    EXPECT_LE(std::fabs(gl[r] - exact), std::nextafter(std::fabs(exact), INFINITY) - std::fabs(exact)) << "row " << r;
+    float lse = 0;  // and exactly the trace format's definition
+    std::vector<int32_t> di(k);
+    std::vector<float> dv(k);
+    traces::LogitsTopK(row, V, k, di.data(), dv.data(), &lse);
+    EXPECT_EQ(std::memcmp(&gl[r], &lse, 4), 0) << "row " << r;
     for (int64_t j = 0; j < k; ++j) {
       ASSERT_EQ(gi[r * k + j], order[j]) << "row " << r << " rank " << j;
       ASSERT_EQ(std::memcmp(&gv[r * k + j], &row[order[j]], 4), 0) << "row " << r << " rank " << j;

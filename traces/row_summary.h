@@ -22,9 +22,16 @@ void Summarize(DType dtype, const void* row, int64_t cols, SummaryRow* out);
 
 // The k best entries of a logits row, highest first, ties to the lower id (the sampler's greedy
 // rule), NaNs before everything in id order (a poisoned row shows them); k ≤ cols. And the
-// row's logsumexp, m + log Σ exp(x − m) in double over the whole row (m its fmax), rounded to
-// float. What a full trace keeps of logits rows too wide to store whole.
+// row's logsumexp: m + ln Σ e^(x − m), m the row's largest non-NaN value, with e^ and ln
+// lockstep's own (LseExp, LseLog: fixed IEEE operations, so the same bits on every machine
+// and libm), the sum in double in eight lanes (element j into lane j mod 8, in row order; the
+// lanes added ((s0 + s1) + (s2 + s3)) + ((s4 + s5) + (s6 + s7))), rounded to float. What a full
+// trace keeps of logits rows too wide to store whole.
 void LogitsTopK(const float* row, int64_t cols, int64_t k, int32_t* ids, float* values, float* logsumexp);
+
+// LogitsTopK's e^t and ln x (within 2 ulp of the exact values; tested against libm).
+double LseExp(double t);
+double LseLog(double x);
 
 // Decoders used by Summarize (and by tests).
 float Bf16ToFloat(uint16_t bits);

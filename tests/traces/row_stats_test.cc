@@ -7,6 +7,8 @@
 #include <cmath>
 #include <cstring>
 #include <limits>
+#include <numeric>
+#include <algorithm>
 #include <random>
 #include <vector>
 
@@ -151,9 +153,120 @@ TEST(LogitsTopK, OrderTiesNansAndLogsumexp) {
   traces::LogitsTopK(clean.data(), 5, 2, ids.data(), vals.data(), &lse);
   EXPECT_EQ(ids[0], 2);
   EXPECT_EQ(ids[1], 3);
-  double sum = 0;  // in row order, as the definition
-  for (double x : {0.5, -1.0, 2.0, 2.0}) sum += std::exp(x - 2.0);
-  EXPECT_EQ(lse, static_cast<float>(2.0 + std::log(sum)));
+  long double sum = 0;  // the exact value, rounded once
+  for (long double x : {0.5L, -1.0L, 2.0L, 2.0L}) sum += std::exp(x - 2.0L);
+  EXPECT_EQ(lse, static_cast<float>(2.0L + std::log(sum)));
+  // No finite value: NaN for a NaN / +inf row, −inf for an empty one.
+  const std::vector<float> all_nan = {nan, nan}, with_inf = {1.0f, inf};
+  traces::LogitsTopK(all_nan.data(), 2, 1, ids.data(), vals.data(), &lse);
+  EXPECT_TRUE(std::isnan(lse));
+  traces::LogitsTopK(with_inf.data(), 2, 1, ids.data(), vals.data(), &lse);
+  EXPECT_TRUE(std::isnan(lse));
+  EXPECT_EQ(ids[0], 1);
+  traces::LogitsTopK(nullptr, 0, 0, ids.data(), vals.data(), &lse);
+  EXPECT_EQ(lse, -inf);
+}
+
+// LseExp and LseLog (logsumexp's e^t and ln x, lockstep's own so that every machine derives the
+// same bits) against long-double libm: within 2 ulp of the double over their range, exact at
+// 0 and 1, and the edges (underflow to 0 below −708, +inf above 709, NaN kept).
+TEST(LogitsTopK, ExpAndLogAreWithinTwoUlp) {
+  auto ulps = [](double got, long double want) {
+    const double w = static_cast<double>(want);
+    const double ulp = std::nextafter(std::fabs(w), INFINITY) - std::fabs(w);
+    return static_cast<double>(std::fabs(static_cast<long double>(got) - want) / ulp);
+  };
+  std::mt19937_64 rng(12);
+  std::uniform_real_distribution<double> te(-708.0, 709.0), tn(-40.0, 0.0);
+  double worst = 0;
+  for (int i = 0; i < 400000; ++i) {
+    const double t = i % 2 ? te(rng) : tn(rng);  // half where a softmax's terms live
+    worst = std::max(worst, ulps(traces::LseExp(t), std::exp(static_cast<long double>(t))));
+  }
+  EXPECT_LE(worst, 2.0) << "LseExp";
+  EXPECT_EQ(traces::LseExp(0.0), 1.0);
+  EXPECT_EQ(traces::LseExp(-0.0), 1.0);
+  EXPECT_EQ(traces::LseExp(-708.5), 0.0);
+  EXPECT_EQ(traces::LseExp(-INFINITY), 0.0);
+  EXPECT_EQ(traces::LseExp(709.1), INFINITY);
+  EXPECT_TRUE(std::isnan(traces::LseExp(NAN)));
+  EXPECT_GT(traces::LseExp(-707.9), 0.0);
+  worst = 0;
+  std::uniform_real_distribution<double> lg(-1070.0, 1020.0), near1(0.5, 2.0);
+  for (int i = 0; i < 400000; ++i) {
+    const double x = i % 2 ? std::exp2(lg(rng)) : near1(rng);
+    worst = std::max(worst, ulps(traces::LseLog(x), std::log(static_cast<long double>(x))));
+  }
+  EXPECT_LE(worst, 2.0) << "LseLog";
+  EXPECT_EQ(traces::LseLog(1.0), 0.0);
+  EXPECT_EQ(traces::LseLog(0.0), -INFINITY);
+  EXPECT_EQ(traces::LseLog(INFINITY), INFINITY);
+  EXPECT_TRUE(std::isnan(traces::LseLog(-1.0)));
+  EXPECT_TRUE(std::isnan(traces::LseLog(NAN)));
+}
+
+// The vectorised LogitsTopK is its definition, bit for bit: a plain reference written from the
+// header's words (a full sort for the top k; the max, LseExp over eight lanes in row order, the
+// lanes' pairwise sum, LseLog) on random rows of many lengths (not multiples of 8 included),
+// with ties, NaNs, ±inf and k from 1 to the whole row; and logsumexp within one float ulp of
+// the exact value (long double) where the row is finite.
+TEST(LogitsTopK, IsItsDefinitionBitForBit) {
+  std::mt19937 rng(13);
+  std::normal_distribution<float> nd(0.0f, 4.0f);
+  const float nan = std::numeric_limits<float>::quiet_NaN(), inf = std::numeric_limits<float>::infinity();
+  int checked = 0;
+  for (int64_t cols : {1, 7, 8, 9, 31, 64, 100, 1000, 4099, 102400}) {
+    for (int kind = 0; kind < 5; ++kind) {
+      std::vector<float> row(cols);
+      for (auto& v : row) v = nd(rng);
+      if (kind == 1) {
+        for (auto& v : row) v = std::round(v);  // many ties
+      }
+      if (kind == 2 && cols > 3) {
+        row[cols / 3] = nan;
+        row[cols - 1] = nan;
+      }
+      if (kind == 3 && cols > 2) row[cols / 2] = -inf;
+      if (kind == 4 && cols > 2) row[1] = inf;
+      for (int64_t k : {int64_t{1}, std::min<int64_t>(cols, 5), std::min<int64_t>(cols, 32), cols}) {
+        std::vector<int32_t> ids(k);
+        std::vector<float> vals(k);
+        float lse = 0;
+        traces::LogitsTopK(row.data(), cols, k, ids.data(), vals.data(), &lse);
+        // Reference top k: a full stable sort by the rule (NaNs first in id order, then value
+        // descending, ties to the lower id).
+        std::vector<int32_t> order(cols);
+        std::iota(order.begin(), order.end(), 0);
+        std::stable_sort(order.begin(), order.end(), [&](int32_t a, int32_t b) {
+          const bool na = std::isnan(row[a]), nb = std::isnan(row[b]);
+          if (na || nb) return na && !nb;
+          return row[a] > row[b];
+        });
+        const std::string what = "cols " + std::to_string(cols) + " kind " + std::to_string(kind) + " k " + std::to_string(k);
+        for (int64_t j = 0; j < k; ++j) {
+          ASSERT_EQ(ids[j], order[j]) << what << " rank " << j;
+          ASSERT_EQ(std::memcmp(&vals[j], &row[order[j]], 4), 0) << what;
+        }
+        // Reference logsumexp.
+        double m = -INFINITY;
+        for (float v : row) m = v > m ? v : m;
+        double lane[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+        for (int64_t j = 0; j < cols; ++j) lane[j % 8] += traces::LseExp(static_cast<double>(row[j]) - m);
+        const double sum = ((lane[0] + lane[1]) + (lane[2] + lane[3])) + ((lane[4] + lane[5]) + (lane[6] + lane[7]));
+        const float want = static_cast<float>(m + traces::LseLog(sum));
+        ASSERT_EQ(std::memcmp(&lse, &want, 4), 0) << what << ": " << lse << " vs " << want;
+        if (kind == 0 || kind == 1) {  // finite rows: against the exact value
+          long double em = -INFINITY, es = 0;
+          for (float v : row) em = std::max<long double>(em, v);
+          for (float v : row) es += std::exp(static_cast<long double>(v) - em);
+          const float exact = static_cast<float>(em + std::log(es));
+          EXPECT_LE(std::fabs(lse - exact), std::nextafter(std::fabs(exact), INFINITY) - std::fabs(exact)) << what;
+        }
+        ++checked;
+      }
+    }
+  }
+  EXPECT_EQ(checked, 10 * 5 * 4);
 }
 
 }  // namespace
