@@ -13,7 +13,8 @@
 // Prints, per mode, the engine thread's wall µs per step and how it splits between the taps
 // of the layers and the logits row (the two are timed apart). summary-gpu is summary capture
 // as the CUDA backend feeds it: each tap event carries its rows' summaries, not the values, a
-// step's events come in one TapHook::OnTapSummaries call, and the logits come with an owner
+// step's events come in one TapHook::OnStepTaps call (an event a tensor, every request's
+// row), and the logits come with an owner
 // (engine/tap.h), from a pool of up to four buffers as the backend's pinned ones, so the
 // writer reads them in place. full-gpu is full capture as the
 // CUDA backend feeds it: each step's values lie in one buffer lent from a LendingPool (the
@@ -169,7 +170,8 @@ int main(int argc, char** argv) {
     }
     double taps_s = 0, logits_s = 0, total_s = 0;
     std::vector<engine::TapRowSummary> sums(static_cast<size_t>(batch));  // what a device summary would be
-    std::vector<engine::TapEvent> events;  // summary-gpu: the step's summarised taps
+    std::vector<engine::TapEvent> events;  // summary-gpu, full-gpu: the step's taps
+    std::vector<engine::TapSegment> segments;
     // summary-gpu: the backend's logits buffers (CudaBackend::TakeLogitsBuffer's rule).
     std::vector<std::shared_ptr<std::vector<float>>> logits_pool;
     int64_t logits_copied = 0;  // steps whose logits had no free shared buffer
@@ -205,34 +207,42 @@ int main(int argc, char** argv) {
           lease = std::move(*l);
         }
         size_t lent_at = 0;
+        // summary-gpu and full-gpu: the step's events as the CUDA backend hands them over
+        // (TapHook::OnStepTaps), one a tensor covering every request's row.
+        segments.clear();
+        for (int64_t b = 0; b < batch; ++b) segments.push_back({b, 64 + s, 1});
+        for (int64_t b = 0; b < batch; ++b) sums[b].hash = static_cast<uint64_t>(s * 1000 + b);
         for (const TapSpec& t : taps) {
-          for (int64_t b = 0; b < batch; ++b) {
+          if (gpu_summaries || lend) {
             engine::TapEvent e;
             e.name = t.name;
-            e.request_id = b;
-            e.position = 64 + s;
-            e.rows = 1;
+            e.rows = batch;
             e.cols = t.cols;
             e.dtype = t.dtype;
-            if (gpu_summaries) {  // handed over at once, as the CUDA backend does (OnTapSummaries)
-              sums[b].hash = static_cast<uint64_t>(s * 1000 + b);
-              e.summaries = &sums[b];
-              events.push_back(e);
-            } else if (lend) {  // the requests' rows of a tap back to back, as in the backend's slab
-              sums[b].hash = static_cast<uint64_t>(s * 1000 + b);
-              e.summaries = &sums[b];
-              e.data = static_cast<const char*>(lease.data) + lent_at + b * t.cols * 4;
+            e.summaries = sums.data();
+            if (lend) {  // the requests' rows of a tap back to back, as in the backend's slab
+              e.data = static_cast<const char*>(lease.data) + lent_at;
               e.owner = lease.owner;
-              rec.OnTap(e);
-            } else {  // the same bytes as full-gpu's, copied by the recorder
+            }
+            events.push_back(e);
+          } else {
+            for (int64_t b = 0; b < batch; ++b) {  // the same bytes as full-gpu's, copied by the recorder
+              engine::TapEvent e;
+              e.name = t.name;
+              e.request_id = b;
+              e.position = 64 + s;
+              e.rows = 1;
+              e.cols = t.cols;
+              e.dtype = t.dtype;
               e.data = step_values.data() + lent_at + b * t.cols * 4;
               rec.OnTap(e);
             }
           }
           lent_at += static_cast<size_t>(batch * t.cols * 4);
         }
+        if (gpu_summaries || lend) rec.OnStepTaps(events, segments);
+        events.clear();
         lease = {};  // the recorder's copies of the owner keep the buffer
-        if (gpu_summaries) rec.OnTapSummaries(events);
         const auto t1 = Clock::now();
         if (logits) {
           std::shared_ptr<std::vector<float>> buf;

@@ -694,46 +694,45 @@ Status CudaBackend::FlushTaps() {
     LS_RETURN_IF_ERROR(cu::CopyAsync(host + slab_bytes_, tap_arena_.buf.data(), sum_bytes, stream_->get()));
   }
   LS_RETURN_IF_ERROR(stream_->Synchronize());
-  // Summarised taps go to the hook in batches (TapHook::OnTapSummaries), in order with the rest.
-  summary_events_.clear();
-  auto flush_summaries = [&] {
-    if (!summary_events_.empty()) hook_->OnTapSummaries(summary_events_);
-    summary_events_.clear();
-  };
+  // The step's taps go to the hook in one call (TapHook::OnStepTaps): an event a tapped
+  // tensor, its rows every segment's (the arena and the slab keep a tensor's rows in the
+  // step's row order, segment after segment).
+  step_segments_.clear();
+  for (size_t s = 0; s < segs_.size(); ++s) {
+    step_segments_.push_back({segs_[s].request_id, segs_[s].start_pos, static_cast<int64_t>(segs_[s].tokens.size())});
+  }
+  step_events_.clear();
+  size_t strided = 0;
   for (const PendingTap& t : pending_) {
     const char* base = host + t.offset;
-    const auto* sums = t.sum_offset != kNoSummaries && sum_bytes > 0
-                           ? reinterpret_cast<const TapRowSummary*>(host + slab_bytes_ + t.sum_offset)
-                           : nullptr;
-    for (size_t s = 0; s < segs_.size(); ++s) {
-      TapEvent e;
-      e.name = t.name;
-      e.request_id = segs_[s].request_id;
-      e.position = segs_[s].start_pos;
-      e.rows = static_cast<int64_t>(segs_[s].tokens.size());
-      e.cols = t.cols;
-      e.dtype = t.dtype;
-      if (t.summary) {
-        e.summaries = reinterpret_cast<const TapRowSummary*>(base) + row0_[s];
-        summary_events_.push_back(e);
-        continue;
+    TapEvent e;
+    e.name = t.name;
+    e.rows = rows_;
+    e.cols = t.cols;
+    e.dtype = t.dtype;
+    if (t.summary) {
+      e.summaries = reinterpret_cast<const TapRowSummary*>(base);
+    } else {
+      if (t.sum_offset != kNoSummaries && sum_bytes > 0) {
+        e.summaries = reinterpret_cast<const TapRowSummary*>(host + slab_bytes_ + t.sum_offset);
       }
-      flush_summaries();
-      if (sums != nullptr) e.summaries = sums + row0_[s];
       if (t.stride == t.cols) {
-        e.data = base + row0_[s] * t.cols * 4;
+        e.data = base;
         e.owner = lease.owner;  // (null when not lent)
       } else {  // a strided slab tensor (k_rope inside kv): its rows made contiguous here
-        tap_rows_.resize(static_cast<size_t>(e.rows * t.cols));
-        for (int64_t r = 0; r < e.rows; ++r) {
-          std::memcpy(&tap_rows_[r * t.cols], base + (row0_[s] + r) * t.stride * 4, static_cast<size_t>(t.cols) * 4);
+        if (tap_rows_.size() <= strided) tap_rows_.resize(strided + 1);
+        std::vector<uint32_t>& rows = tap_rows_[strided++];
+        rows.resize(static_cast<size_t>(rows_ * t.cols));
+        for (int64_t r = 0; r < rows_; ++r) {
+          std::memcpy(&rows[r * t.cols], base + r * t.stride * 4, static_cast<size_t>(t.cols) * 4);
         }
-        e.data = tap_rows_.data();
+        e.data = rows.data();
       }
-      hook_->OnTap(e);
     }
+    step_events_.push_back(std::move(e));
   }
-  flush_summaries();
+  hook_->OnStepTaps(step_events_, step_segments_);
+  step_events_.clear();  // (the owners' copies: the hook keeps what it keeps)
   pending_.clear();
   tap_used_ = 0;
   return Status::Ok();

@@ -204,8 +204,9 @@ class CudaBackend final : public Backend {
     cu::DeviceBuffer dev;
   };
   std::map<int64_t, SlabTable> slab_tables_;  // by rows
-  std::vector<uint32_t> tap_rows_;             // FlushTaps: a strided tap's rows, contiguous
-  std::vector<TapEvent> summary_events_;       // FlushTaps: the batch for TapHook::OnTapSummaries
+  std::vector<std::vector<uint32_t>> tap_rows_;  // FlushTaps: each strided tap's rows, contiguous
+  std::vector<TapEvent> step_events_;            // FlushTaps: the step's, for TapHook::OnStepTaps
+  std::vector<TapSegment> step_segments_;
   // Full capture from the slab: each step's values and summaries go to the host in a pinned
   // buffer lent to the hook (TapEvent::owner), so the recorder's writer compresses the rows
   // where they landed instead of the engine thread copying them. TapLendBuffers(step) of them

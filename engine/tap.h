@@ -56,6 +56,14 @@ struct TapEvent {
   std::shared_ptr<const void> owner;
 };
 
+// One request's rows of a forward pass, for TapHook::OnStepTaps: its events' rows are the
+// segments' rows back to back, in this order.
+struct TapSegment {
+  int64_t request_id = 0;
+  int64_t position = 0;  // of its first row
+  int64_t rows = 0;
+};
+
 class TapHook {
  public:
   virtual ~TapHook() = default;
@@ -70,6 +78,14 @@ class TapHook {
   virtual void OnTapSummaries(std::span<const TapEvent> events) {
     for (const TapEvent& e : events) OnTap(e);
   }
+
+  // A step's taps at once, each event covering every segment's rows back to back (`rows` =
+  // the segments' sum; its request_id and position are unused): the CUDA backend's hand-over,
+  // one event a tapped tensor rather than one a tensor and request. The default passes each
+  // event on as one per segment, in order — the summary-only ones gathered into
+  // OnTapSummaries calls, the rest through OnTap — so a hook overrides it only to take a
+  // step's rows together (the recorder: one append a tensor). Names as OnTapSummaries'.
+  virtual void OnStepTaps(std::span<const TapEvent> events, std::span<const TapSegment> segments);
 
   // Grafting (replay --graft): called right after OnTap at the points whose values feed the
   // next layer (`embed`, `layers.L.resid_out`). A hook that returns true has overwritten

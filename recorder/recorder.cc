@@ -243,6 +243,89 @@ void Recorder::OnTapSummaries(std::span<const engine::TapEvent> events) {
   if (status_.ok()) append();
 }
 
+void Recorder::OnStepTaps(std::span<const engine::TapEvent> events, std::span<const engine::TapSegment> segments) {
+  Timed timed(this, &times_.taps_ns);
+  if (!status_.ok() || opts_.policy.mode == CapturePolicy::Mode::kNone) return;
+  if (batch_entries_.size() < events.size()) batch_entries_.resize(events.size());
+  batch_tensors_.clear();
+  batch_rows_.clear();
+  auto append = [&] {
+    const Status s = writer_->AppendSummaries(batch_tensors_, batch_rows_);
+    if (!s.ok()) Fail(s);
+    batch_tensors_.clear();
+    batch_rows_.clear();
+  };
+  int64_t step_rows = 0;
+  bool every_position = true;  // the position filter keeps every row of the step
+  for (const engine::TapSegment& g : segments) {
+    step_rows += g.rows;
+    for (int64_t r = 0; r < g.rows && every_position; ++r) every_position = opts_.policy.WantsPosition(g.position + r);
+  }
+  for (size_t i = 0; i < events.size() && status_.ok(); ++i) {
+    const engine::TapEvent& e = events[i];
+    const TapEntry* entry = batch_entries_[i].entry;
+    if (entry == nullptr || batch_entries_[i].name != e.name.data() || entry->name.size() != e.name.size()) {
+      entry = Resolve(e);
+      if (entry == nullptr) return;
+      batch_entries_[i] = {entry, e.name.data()};
+    }
+    kv_came_ |= entry->kv;
+    if (!entry->wanted) continue;
+    const bool summaries_only = entry->tensor != nullptr && !entry->tensor->values && e.summaries != nullptr;
+    const bool lent_values = entry->tensor != nullptr && entry->tensor->values && e.summaries != nullptr &&
+                             e.data != nullptr && every_position && e.rows == step_rows;
+    if (summaries_only) {
+      int64_t row0 = 0;
+      for (const engine::TapSegment& g : segments) {
+        for (int64_t r = 0; r < g.rows; ++r) {
+          if (!opts_.policy.WantsPosition(g.position + r)) continue;
+          traces::SummaryRow row = ToSummaryRow(e.summaries[row0 + r]);
+          row.position = g.position + r;
+          row.request = static_cast<int32_t>(g.request_id);
+          row.step = static_cast<int32_t>(steps_);
+          batch_rows_.push_back(row);
+          batch_tensors_.push_back(entry->tensor->handle);
+        }
+        row0 += g.rows;
+      }
+      continue;
+    }
+    append();  // what the batch holds goes first: the order is OnTap's
+    if (lent_values) {  // every segment's rows at once: one append of summaries and values
+      summaries_.clear();
+      int64_t row0 = 0;
+      for (const engine::TapSegment& g : segments) {
+        for (int64_t r = 0; r < g.rows; ++r) {
+          traces::SummaryRow row = ToSummaryRow(e.summaries[row0 + r]);
+          row.position = g.position + r;
+          row.request = static_cast<int32_t>(g.request_id);
+          row.step = static_cast<int32_t>(steps_);
+          summaries_.push_back(row);
+        }
+        row0 += g.rows;
+      }
+      const Status s = writer_->Append(entry->tensor->handle, summaries_, e.data, e.owner);
+      if (!s.ok()) Fail(s);
+      continue;
+    }
+    // Anything else (logits, rows the host summarises, a position filter): one event a segment.
+    const int64_t row_bytes =
+        e.cols * (e.dtype == engine::TapDType::kBf16 ? 2 : e.dtype == engine::TapDType::kFp8E4m3 ? 1 : 4);
+    int64_t row0 = 0;
+    for (const engine::TapSegment& g : segments) {
+      engine::TapEvent one = e;
+      one.request_id = g.request_id;
+      one.position = g.position;
+      one.rows = g.rows;
+      if (e.data != nullptr) one.data = static_cast<const char*>(e.data) + row0 * row_bytes;
+      if (e.summaries != nullptr) one.summaries = e.summaries + row0;
+      row0 += g.rows;
+      OnTap(one);
+    }
+  }
+  if (status_.ok()) append();
+}
+
 void Recorder::OnTap(const engine::TapEvent& e) {
   Timed timed(this, &times_.taps_ns);
   if (!status_.ok() || opts_.policy.mode == CapturePolicy::Mode::kNone) return;

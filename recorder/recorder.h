@@ -104,6 +104,10 @@ class Recorder : public engine::TapHook {
   void OnTap(const engine::TapEvent& event) override;
   // The same as OnTap for each event, with the summary rows appended in one hand-over.
   void OnTapSummaries(std::span<const engine::TapEvent> events) override;
+  // The same as TapHook's split into one event a segment, taking each tensor's rows of every
+  // segment together: summary rows in one hand-over, a stored tensor's values (lent or
+  // copied) in one append.
+  void OnStepTaps(std::span<const engine::TapEvent> events, std::span<const engine::TapSegment> segments) override;
   // Summary capture stores no tap values: a backend may summarise where the tensors live —
   // the KV cache rows too (they then come as kv/ events, and OnForward leaves the cache alone).
   bool WantsTapValues() const override;

@@ -168,6 +168,165 @@ TEST(RecorderBatch, SameTraceAsOneEventAtATime) {
   EXPECT_EQ(first.hash, steps[0].summaries[1 * 4 + 1 + 1].hash);
 }
 
+// TapHook::OnStepTaps, the CUDA backend's hand-over (one event a tensor, its rows every
+// segment's): TapHook's default splits each event into one a segment — request, position,
+// rows, the data and summaries at the segment's first row, in order, the summary-only ones
+// gathered into OnTapSummaries calls between the others.
+TEST(RecorderBatch, StepTapsSplitIntoOneEventASegment) {
+  struct Seen : engine::TapHook {
+    std::vector<std::string> log;
+    void OnTap(const engine::TapEvent& e) override {
+      log.push_back("tap " + std::string(e.name) + " r" + std::to_string(e.request_id) + " p" +
+                    std::to_string(e.position) + " n" + std::to_string(e.rows) + " d" +
+                    std::to_string(e.data ? *static_cast<const float*>(e.data) : -1.0f) + " s" +
+                    std::to_string(e.summaries ? static_cast<int64_t>(e.summaries->hash) : -1));
+    }
+    void OnTapSummaries(std::span<const engine::TapEvent> events) override {
+      log.push_back("batch of " + std::to_string(events.size()));
+      for (const auto& e : events) OnTap(e);
+    }
+  } hook;
+  const std::vector<float> values = {0, 1, 2, 3, 4, 5, 6, 7};  // 4 rows × 2 cols
+  std::vector<engine::TapRowSummary> sums(4);
+  for (int i = 0; i < 4; ++i) sums[i].hash = 10 + i;
+  const std::string a = "a", b = "b", c = "c";
+  std::vector<engine::TapEvent> events(3);
+  for (auto& e : events) {
+    e.rows = 4;
+    e.cols = 2;
+  }
+  events[0].name = a;
+  events[0].summaries = sums.data();  // summary-only
+  events[1].name = b;
+  events[1].summaries = sums.data();
+  events[2].name = c;
+  events[2].data = values.data();  // values with summaries
+  events[2].summaries = sums.data();
+  const std::vector<engine::TapSegment> segs = {{7, 40, 1}, {3, 0, 3}};
+  hook.engine::TapHook::OnStepTaps(events, segs);
+  const std::vector<std::string> want = {
+      "batch of 4",
+      "tap a r7 p40 n1 d-1.000000 s10", "tap a r3 p0 n3 d-1.000000 s11",
+      "tap b r7 p40 n1 d-1.000000 s10", "tap b r3 p0 n3 d-1.000000 s11",
+      "tap c r7 p40 n1 d0.000000 s10", "tap c r3 p0 n3 d2.000000 s11"};
+  EXPECT_EQ(hook.log, want);
+}
+
+// The recorder's own OnStepTaps writes the trace TapHook's split would have made it write,
+// table by table and byte for byte: summary capture, and full capture with the values lent
+// (one append a tensor) — with every position kept, and with a position filter (the rows then
+// go one segment at a time); a step whose events cover a prompt's 3 rows and a decode row.
+TEST(RecorderBatch, StepTapsWriteTheSameTraceAsTheirSplit) {
+  auto model = engine::Model::Load(std::string(LOCKSTEP_SOURCE_DIR) + "/tests/fixtures/models/v32_sparse");
+  ASSERT_TRUE(model.ok()) << model.status().message();
+  auto eng = engine::Engine::Create(*model, engine::EngineOptions{});
+  ASSERT_TRUE(eng.ok()) << eng.status().message();
+  const std::vector<std::string> names = {"embed", "layers.0.attn.q", "layers.0.ffn.router.topk_ids", "layers.1.resid_out"};
+  std::mt19937 rng(17);
+  std::uniform_real_distribution<float> u(-3.0f, 3.0f);
+  struct StepData {
+    std::vector<engine::TapSegment> segs;
+    std::vector<std::vector<float>> values;  // a tensor's rows
+    std::vector<std::vector<engine::TapRowSummary>> sums;
+  };
+  std::vector<StepData> steps(4);
+  for (size_t si = 0; si < steps.size(); ++si) {
+    StepData& d = steps[si];
+    d.segs = {{0, 10 + static_cast<int64_t>(si), 1}, {1, si == 0 ? 0 : 2 + static_cast<int64_t>(si), si == 0 ? 3 : 1}};
+    const int64_t rows = d.segs[0].rows + d.segs[1].rows;
+    for (size_t t = 0; t < names.size(); ++t) {
+      const int64_t cols = t == 2 ? 6 : 64;
+      std::vector<float> v(rows * cols);
+      for (auto& x : v) x = u(rng);
+      if (t == 2) {
+        for (auto& x : v) {
+          const int32_t k = static_cast<int32_t>(rng() % 64);
+          std::memcpy(&x, &k, 4);
+        }
+      }
+      std::vector<engine::TapRowSummary> sm(rows);
+      for (int64_t r = 0; r < rows; ++r) {  // the host's summaries of the rows (as the GPU's are)
+        traces::SummaryRow h;
+        traces::Summarize(t == 2 ? traces::DType::kI32 : traces::DType::kF32, &v[r * cols], cols, &h);
+        sm[r] = {h.hash, h.nan_count, h.inf_count, h.rms, h.absmax, h.min, h.max};
+      }
+      d.values.push_back(std::move(v));
+      d.sums.push_back(std::move(sm));
+    }
+  }
+  auto record = [&](const std::filesystem::path& path, recorder::CapturePolicy::Mode mode, int64_t stride, bool own) {
+    traces::TraceWriterOptions wo;
+    wo.batch_width = 2;
+    auto w = traces::TraceWriter::Create(path, wo);
+    ASSERT_TRUE(w.ok()) << w.status().message();
+    recorder::RecorderOptions ro;
+    ro.policy.mode = mode;
+    ro.policy.pos_stride = stride;
+    ro.policy.kv = false;
+    {
+      recorder::Recorder rec(eng->get(), w->get(), ro);
+      for (const StepData& d : steps) {
+        std::vector<engine::TapEvent> events(names.size());
+        auto owner = std::make_shared<int>(0);  // stands for the backend's lent buffer
+        for (size_t t = 0; t < names.size(); ++t) {
+          engine::TapEvent& e = events[t];
+          e.name = names[t];
+          e.rows = d.segs[0].rows + d.segs[1].rows;
+          e.cols = t == 2 ? 6 : 64;
+          e.dtype = t == 2 ? engine::TapDType::kI32 : engine::TapDType::kF32;
+          e.summaries = d.sums[t].data();
+          if (mode == recorder::CapturePolicy::Mode::kFull) {
+            e.data = d.values[t].data();
+            e.owner = owner;
+          }
+        }
+        if (own) {
+          rec.OnStepTaps(events, d.segs);
+        } else {
+          rec.engine::TapHook::OnStepTaps(events, d.segs);
+        }
+        ASSERT_TRUE(rec.EndStep().ok()) << rec.status().message();
+      }
+      ASSERT_TRUE(rec.Finish().ok()) << rec.status().message();
+    }
+    ASSERT_TRUE((*w)->Close().ok());
+  };
+  int64_t compared = 0;
+  for (auto mode : {recorder::CapturePolicy::Mode::kSummary, recorder::CapturePolicy::Mode::kFull}) {
+    for (int64_t stride : {1, 2}) {
+      const std::string tag = std::string(recorder::CapturePolicy::ModeName(mode)) + "_" + std::to_string(stride);
+      const auto a = TempTrace("step_split_" + tag + ".h5"), b = TempTrace("step_own_" + tag + ".h5");
+      record(a, mode, stride, false);
+      record(b, mode, stride, true);
+      auto ra = traces::TraceReader::Open(a);
+      auto rb = traces::TraceReader::Open(b);
+      ASSERT_TRUE(ra.ok() && rb.ok()) << tag;
+      ASSERT_EQ((*ra)->tensors().size(), (*rb)->tensors().size()) << tag;
+      for (const traces::TensorInfo& ta : (*ra)->tensors()) {
+        const traces::TensorInfo* tb = (*rb)->FindTensor(ta.path);
+        ASSERT_NE(tb, nullptr) << tag << " " << ta.path;
+        auto sa = (*ra)->ReadSummary(ta);
+        auto sb = (*rb)->ReadSummary(*tb);
+        ASSERT_TRUE(sa.ok() && sb.ok()) << ta.path;
+        ASSERT_EQ(sa->size(), sb->size()) << tag << " " << ta.path;
+        ASSERT_EQ(0, std::memcmp(sa->data(), sb->data(), sa->size() * sizeof(traces::SummaryRow))) << tag << " " << ta.path;
+        ASSERT_EQ(ta.has_values, tb->has_values);
+        EXPECT_EQ(ta.has_values, mode == recorder::CapturePolicy::Mode::kFull) << ta.path;
+        if (ta.has_values) {
+          auto va = (*ra)->ReadValues(ta, 0, ta.rows);
+          auto vb = (*rb)->ReadValues(*tb, 0, tb->rows);
+          ASSERT_TRUE(va.ok() && vb.ok()) << ta.path;
+          EXPECT_EQ(*va, *vb) << tag << " " << ta.path;
+        }
+        compared += static_cast<int64_t>(sa->size());
+      }
+    }
+  }
+  // 4 tensors × (5 rows a step over 4 steps... 3 + 1 + 1 + 1 rows of request 1, 4 of request 0)
+  // = 4 × 10 rows with every position, fewer with the stride, in each of the two modes.
+  EXPECT_GT(compared, 2 * 4 * 10);
+}
+
 // TapHook::WantsKvSummaries: a backend that summarised a step's KV cache rows where it stores
 // them sends kv/ events, and the host cache does not hold those rows. The recorder in summary
 // capture asks for them, writes the events' summaries to the KV tensors OnForward would have
