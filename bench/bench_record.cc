@@ -72,7 +72,7 @@ struct NullHook : engine::TapHook {
 // capture from the recorder's.
 struct NullSummaryHook : NullHook {
   bool WantsTapValues() const override { return false; }
-  bool WantsKvSummaries() const override { return true; }
+  bool WantsKvTaps() const override { return true; }
 };
 
 std::string Kind(const traces::TensorInfo& t) {

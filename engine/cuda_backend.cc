@@ -622,7 +622,7 @@ Status CudaBackend::SummarizeSlab() {
   return cu::SummarizeTable(p, launch_);
 }
 
-Status CudaBackend::TapKvRows(const PagedKvCache& cache, std::span<const size_t> mirror_off) {
+Status CudaBackend::TapKvRows(const PagedKvCache& cache, const uint8_t* mirror, std::span<const size_t> mirror_off) {
   if (kv_taps_.empty()) {  // once: the cache's layout is the engine's for life
     std::vector<KvTap> taps;
     size_t idx = 0;
@@ -644,9 +644,15 @@ Status CudaBackend::TapKvRows(const PagedKvCache& cache, std::span<const size_t>
         (k.part.cols * esize) % 4 != 0) {
       return Status::Internal("cuda backend: KV part '" + k.name + "' cannot be summarised on the device");
     }
-    const uint8_t* dev = mirror_dev_.as<uint8_t>() + mirror_off[k.mirror] + k.part.offset;
+    const uint8_t* dev = mirror + mirror_off[k.mirror] + k.part.offset;
     const int64_t stride = k.token_bytes / esize;
-    if (slab_) {
+    if (!summary_taps_) {  // values: the mirror lies in the slab (summaries by SummarizeSlab)
+      const size_t at = static_cast<size_t>(dev - slab_buf_.as<uint8_t>());
+      if (!slab_ || dev < slab_buf_.as<uint8_t>() || at + static_cast<size_t>(rows_ * k.token_bytes) > slab_bytes_ + k.part.offset) {
+        return Status::Internal("cuda backend: KV part '" + k.name + "' lies outside the tap slab");
+      }
+      pending_.push_back({k.name, at, false, k.part.cols, stride, k.part.type});
+    } else if (slab_) {
       pending_.push_back({k.name, 0, true, k.part.cols, stride, k.part.type, kNoSummaries, dev});
     } else {
       LS_RETURN_IF_ERROR(Tap(k.name, dev, k.part.cols, stride, k.part.type));
@@ -719,13 +725,14 @@ Status CudaBackend::FlushTaps() {
       if (t.stride == t.cols) {
         e.data = base;
         e.owner = lease.owner;  // (null when not lent)
-      } else {  // a strided slab tensor (k_rope inside kv): its rows made contiguous here
+      } else {  // a strided slab tensor (k_rope inside kv, an FP8 cache's parts): its rows made contiguous here
+        const int64_t esize = t.dtype == TapDType::kBf16 ? 2 : t.dtype == TapDType::kFp8E4m3 ? 1 : 4;
+        const size_t row_bytes = static_cast<size_t>(t.cols * esize);
         if (tap_rows_.size() <= strided) tap_rows_.resize(strided + 1);
         std::vector<uint32_t>& rows = tap_rows_[strided++];
-        rows.resize(static_cast<size_t>(rows_ * t.cols));
-        for (int64_t r = 0; r < rows_; ++r) {
-          std::memcpy(&rows[r * t.cols], base + r * t.stride * 4, static_cast<size_t>(t.cols) * 4);
-        }
+        rows.resize((static_cast<size_t>(rows_) * row_bytes + 3) / 4);
+        auto* out = reinterpret_cast<char*>(rows.data());
+        for (int64_t r = 0; r < rows_; ++r) std::memcpy(out + r * row_bytes, base + r * t.stride * esize, row_bytes);
         e.data = rows.data();
       }
     }

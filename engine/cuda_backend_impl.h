@@ -168,11 +168,12 @@ class CudaBackend final : public Backend {
   };
   Status Tap(std::string_view name, const void* dev, int64_t cols, int64_t stride, TapDType dtype);
   Status FlushTaps();
-  // TapHook::WantsKvSummaries: the step's new cache rows in mirror_dev_ (mirror_off: where each
-  // layer's streams lie, in PagedKvCache order) summarised as summary taps named kv/layers.L.…,
-  // one per part (PagedKvCache::parts), after the step's own taps.
-  Status TapKvRows(const PagedKvCache& cache, std::span<const size_t> mirror_off);
-  bool kv_sums_ = false;  // this step's KV rows go to the hook as summaries, not to the host cache
+  // TapHook::WantsKvTaps: the step's new cache rows in the mirror at `mirror` (mirror_off:
+  // where each layer's streams lie, in PagedKvCache order) as taps named kv/layers.L.…, one per
+  // part (PagedKvCache::parts), after the step's own taps: summaries (summary capture), or
+  // values with summaries from the slab (full capture, the mirror inside the slab).
+  Status TapKvRows(const PagedKvCache& cache, const uint8_t* mirror, std::span<const size_t> mirror_off);
+  bool kv_events_ = false;  // this step's KV rows go to the hook as kv/ taps, not to the host cache
   struct KvTap {
     size_t mirror;        // the layer's stream's index in mirror_off
     int64_t token_bytes;  // the stream's

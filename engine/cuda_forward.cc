@@ -68,9 +68,6 @@ Status CudaBackend::Forward(std::span<Segment> segs, PagedKvCache& cache, const 
   rows_ = R;
   hook_ = hook;
   summary_taps_ = hook != nullptr && !hook->WantsTapValues();
-  // The new cache rows as summaries for the hook (summarised where mirror_dev_ holds them) in
-  // place of the copy back into the host cache.
-  kv_sums_ = summary_taps_ && mirror_ && hook->WantsKvSummaries();
   summary_batch_.count = 0;
 
   // Decode-only steps run as a CUDA graph (taps too: their device copies are graph nodes and
@@ -176,41 +173,13 @@ Status CudaBackend::Forward(std::span<Segment> segs, PagedKvCache& cache, const 
   int32_t* err = error_flag_.as<int32_t>();
   float* const o_shared = o;
 
-  // The tap slab (decode steps with a tap hook): every tapped tensor of the step gets its own
-  // place, per layer, so nothing a tap saw is overwritten during the step; the step's taps then
-  // leave the device in one copy (values) or one summary launch at the end (summaries), not as
-  // a copy or launch per tap. Prefill steps (and grafting) use the per-tap arena instead.
-  enum SlabPart { kSAttnNorm, kSQ, kSLatent, kSKv, kSTopk, kSHeads, kSAttnOut, kSResidMid, kSFfnNorm, kSIds, kSWts,
-                  kSFfnOut, kSResidOut, kSParts };
-  const int64_t part_cols[kSParts] = {H, nh * dqk, C, C + dr, std::max<int64_t>(topk, 1), nh * dv, H, H, H, k_, k_, H, H};
-  int64_t part_off[kSParts], layer_floats = 0;
-  for (int i = 0; i < kSParts; ++i) {
-    part_off[i] = layer_floats;
-    layer_floats += (R * part_cols[i] + 63) / 64 * 64;
-  }
-  const int64_t ends_floats = (R * H + 63) / 64 * 64;  // embed, final_norm
-  const size_t slab_need = static_cast<size_t>(2 * ends_floats + c.num_hidden_layers * layer_floats) * 4;
-  slab_ = hook != nullptr && all_decode && R <= kSlabMaxRows && slab_need <= kSlabMaxBytes && !hook->WantsOverride();
-  if (slab_) {
-    slab_bytes_ = slab_need;
-    LS_RETURN_IF_ERROR(slab_buf_.Ensure(slab_bytes_));
-  }
-  auto slab_at = [&](int64_t l, int part) {  // l = −1: embed, num_hidden_layers: final_norm
-    float* base = slab_buf_.as<float>();
-    if (l < 0) return base;
-    if (l >= c.num_hidden_layers) return base + ends_floats + c.num_hidden_layers * layer_floats;
-    return base + ends_floats + l * layer_floats + part_off[part];
-  };
-  if (hook != nullptr && tap_arena_.buf.size() == 0) {
-    LS_RETURN_IF_ERROR(tap_arena_.Ensure(size_t{64} << 20));
-    LS_ASSIGN_OR_RETURN(tap_host_, cu::PinnedBuffer::Allocate(tap_arena_.buf.size()));
-  }
-
-  LS_RETURN_IF_ERROR(TakeLogitsBuffer(static_cast<size_t>(RL * V) * 4, hook != nullptr));
-  LS_RETURN_IF_ERROR(logits_dev_.Ensure(static_cast<size_t>(RL * V) * 4));
   // The new cache rows go back into the host cache when a reader wants them: the kernels that
-  // store a layer's rows write the same bytes to mirror_dev_ too (LatentWriteParams::copy,
-  // ScatterRowsParams::copy; inside the step, so a graph includes it), then one copy.
+  // store a layer's rows write the same bytes to a mirror too (LatentWriteParams::copy,
+  // ScatterRowsParams::copy; inside the step, so a graph includes it), R rows a layer's stream
+  // (mirror_off), then one copy. A hook that takes them as kv/ events (TapHook::WantsKvTaps)
+  // gets them from the mirror instead, summarised on the device, and with their values from
+  // the tap slab in a slab step of full capture (the mirror then lies in the slab, so the rows
+  // travel with the taps in the lent buffer); the host cache does not get them then.
   std::vector<size_t> mirror_off;
   std::vector<std::array<uint8_t*, 2>> mirror_at(static_cast<size_t>(c.num_hidden_layers), {nullptr, nullptr});
   size_t mirror_bytes = 0;
@@ -225,17 +194,63 @@ Status CudaBackend::Forward(std::span<Segment> segs, PagedKvCache& cache, const 
         mirror_bytes += static_cast<size_t>(R * st.bytes_per_token + 255) / 256 * 256;
       }
     }
-    LS_RETURN_IF_ERROR(mirror_dev_.Ensure(mirror_bytes));
-    if (mirror_host_.size() < mirror_bytes) {
+  }
+  // The tap slab (decode steps with a tap hook): every tapped tensor of the step gets its own
+  // place, per layer, so nothing a tap saw is overwritten during the step; the step's taps then
+  // leave the device in one copy (values) or one summary launch at the end (summaries), not as
+  // a copy or launch per tap. Prefill steps (and grafting) use the per-tap arena instead.
+  enum SlabPart { kSAttnNorm, kSQ, kSLatent, kSKv, kSTopk, kSHeads, kSAttnOut, kSResidMid, kSFfnNorm, kSIds, kSWts,
+                  kSFfnOut, kSResidOut, kSParts };
+  const int64_t part_cols[kSParts] = {H, nh * dqk, C, C + dr, std::max<int64_t>(topk, 1), nh * dv, H, H, H, k_, k_, H, H};
+  int64_t part_off[kSParts], layer_floats = 0;
+  for (int i = 0; i < kSParts; ++i) {
+    part_off[i] = layer_floats;
+    layer_floats += (R * part_cols[i] + 63) / 64 * 64;
+  }
+  const int64_t ends_floats = (R * H + 63) / 64 * 64;  // embed, final_norm
+  const size_t slab_taps = static_cast<size_t>(2 * ends_floats + c.num_hidden_layers * layer_floats) * 4;
+  const bool kv_wanted = hook != nullptr && mirror_ && hook->WantsKvTaps();
+  const bool kv_values = kv_wanted && !summary_taps_;  // full capture: the rows in the slab
+  const size_t slab_need = slab_taps + (kv_values ? mirror_bytes : 0);
+  slab_ = hook != nullptr && all_decode && R <= kSlabMaxRows && slab_need <= kSlabMaxBytes && !hook->WantsOverride();
+  if (slab_) {
+    slab_bytes_ = slab_need;
+    LS_RETURN_IF_ERROR(slab_buf_.Ensure(slab_bytes_));
+  }
+  // This step's cache rows go to the hook as kv/ events: summaries in any step, values in slab
+  // steps (elsewhere full capture's rows take the host cache's way).
+  kv_events_ = kv_wanted && (summary_taps_ || slab_);
+  uint8_t* mirror_base = nullptr;
+  if (mirror_) {
+    if (kv_events_ && !summary_taps_) {
+      mirror_base = slab_buf_.as<uint8_t>() + slab_taps;
+    } else {
+      LS_RETURN_IF_ERROR(mirror_dev_.Ensure(mirror_bytes));
+      mirror_base = mirror_dev_.as<uint8_t>();
+    }
+    if (!kv_events_ && mirror_host_.size() < mirror_bytes) {
       LS_ASSIGN_OR_RETURN(mirror_host_, cu::PinnedBuffer::Allocate(mirror_bytes * 3 / 2));
     }
     size_t idx = 0;
     for (int64_t l = 0; l < c.num_hidden_layers; ++l) {
       for (const StreamSpec& st : cache.streams(l)) {
-        mirror_at[l][st.kind == StreamKind::kMlaLatent ? 0 : 1] = mirror_dev_.as<uint8_t>() + mirror_off[idx++];
+        mirror_at[l][st.kind == StreamKind::kMlaLatent ? 0 : 1] = mirror_base + mirror_off[idx++];
       }
     }
   }
+  auto slab_at = [&](int64_t l, int part) {  // l = −1: embed, num_hidden_layers: final_norm
+    float* base = slab_buf_.as<float>();
+    if (l < 0) return base;
+    if (l >= c.num_hidden_layers) return base + ends_floats + c.num_hidden_layers * layer_floats;
+    return base + ends_floats + l * layer_floats + part_off[part];
+  };
+  if (hook != nullptr && tap_arena_.buf.size() == 0) {
+    LS_RETURN_IF_ERROR(tap_arena_.Ensure(size_t{64} << 20));
+    LS_ASSIGN_OR_RETURN(tap_host_, cu::PinnedBuffer::Allocate(tap_arena_.buf.size()));
+  }
+
+  LS_RETURN_IF_ERROR(TakeLogitsBuffer(static_cast<size_t>(RL * V) * 4, hook != nullptr));
+  LS_RETURN_IF_ERROR(logits_dev_.Ensure(static_cast<size_t>(RL * V) * 4));
   auto body = [&]() -> Status {
 LS_RETURN_IF_ERROR(Mark("start"));
     // x = embed(tokens)
@@ -802,7 +817,7 @@ LS_RETURN_IF_ERROR(Mark("start"));
     if (slab_) h = slab_at(c.num_hidden_layers, 0);
     if (!h_ready) LS_RETURN_IF_ERROR(rmsnorm(x, H, weights_->final_norm, H, rms_eps, h, H));
     LS_RETURN_IF_ERROR(Tap("final_norm", h, H, H, TapDType::kF32));
-    if (kv_sums_) LS_RETURN_IF_ERROR(TapKvRows(cache, mirror_off));
+    if (kv_events_) LS_RETURN_IF_ERROR(TapKvRows(cache, mirror_base, mirror_off));
     LS_RETURN_IF_ERROR(SummaryFence());
     // The step's tail besides the logits: the slab's tap summaries. They read what the layers
     // wrote and nothing lm_head writes, so with `overlap` they run on the side stream while
@@ -842,7 +857,7 @@ LS_RETURN_IF_ERROR(Mark("start"));
     LS_RETURN_IF_ERROR(body());
   } else {
     // With taps the graph has the arena copies, or the summary launches (with the KV rows').
-    const int64_t key = 8 * R + (hook != nullptr ? 1 : 0) + (summary_taps_ ? 2 : 0) + (kv_sums_ ? 4 : 0);
+    const int64_t key = 8 * R + (hook != nullptr ? 1 : 0) + (summary_taps_ ? 2 : 0) + (kv_events_ ? 4 : 0);
     StepGraph& sg = graphs_[key];
     auto warm = warmed_.find(key);
     if (sg.graph && sg.generation == alloc_generation_) {
@@ -882,7 +897,7 @@ LS_RETURN_IF_ERROR(Mark("start"));
   LS_RETURN_IF_ERROR(SampleOnDevice(segs, V, s));
   LS_RETURN_IF_ERROR(cu::CopyAsync(logits_host_->data(), logits_dev_.buf.data(), static_cast<size_t>(RL * V) * 4, s));
 
-  if (mirror_ && !kv_sums_) {
+  if (mirror_ && !kv_events_) {
     LS_RETURN_IF_ERROR(cu::CopyAsync(mirror_host_.data(), mirror_dev_.buf.data(), mirror_bytes, s));
   }
 
@@ -900,7 +915,7 @@ LS_RETURN_IF_ERROR(Mark("start"));
     LS_RETURN_IF_ERROR(prof_->Collect(&prof_ms_[all_decode ? 0 : 1]));
     ++prof_steps_[all_decode ? 0 : 1];
   }
-  if (mirror_ && !kv_sums_) {
+  if (mirror_ && !kv_events_) {
     size_t idx = 0;
     for (int64_t l = 0; l < c.num_hidden_layers; ++l) {
       const auto& streams = cache.streams(l);

@@ -15,7 +15,7 @@
 namespace lockstep::engine {
 
 // kBf16 and kFp8E4m3 only for the KV cache's parts (engine/kv_cache.h KvPart), which come as
-// summary events (TapHook::WantsKvSummaries); every tap point is fp32 or int32.
+// kv/ events (TapHook::WantsKvTaps); every tap point is fp32 or int32.
 enum class TapDType { kF32, kI32, kBf16, kFp8E4m3 };
 
 // The per-layer tap points, in the order a layer computes them (docs/tap-points.md); a tap's
@@ -98,14 +98,15 @@ class TapHook {
   // tensor lives (the CUDA backend) then passes `summaries` and data = nullptr instead of
   // copying the values out; others pass the values as always. Asked once per step.
   virtual bool WantsTapValues() const { return true; }
-  // True (with WantsTapValues false): the hook also wants summaries of the KV cache rows each
-  // forward pass stores. A backend that can summarise them where it stores them (the CUDA
-  // backend) hands them over as summary events named "kv/layers.<L>.<stream><part suffix>"
-  // (PagedKvCache::parts: one event per part, its dtype the part's), after the step's taps,
-  // and then need not copy the rows back for Engine::SetForwardCallback: the host cache does
-  // not hold that step's rows. Other backends send none; the hook reads the cache then. A hook
-  // tells the two apart by whether such events came in the step. Asked once per step.
-  virtual bool WantsKvSummaries() const { return false; }
+  // True: the hook also takes the KV cache rows each forward pass stores as tap events named
+  // "kv/layers.<L>.<stream><part suffix>" (PagedKvCache::parts: one event per part, its dtype
+  // the part's), after the step's taps — summaries only when WantsTapValues is false, else the
+  // stored bytes with their summaries. A backend that can do so where it stores them (the CUDA
+  // backend: summaries in every step, values in its decode steps) sends them and then need not
+  // copy the rows back for Engine::SetForwardCallback: the host cache does not hold that
+  // step's rows. Other backends, and other steps, send none; the hook reads the cache then. A
+  // hook tells the two apart by whether such events came in the step. Asked once per step.
+  virtual bool WantsKvTaps() const { return false; }
 };
 
 }  // namespace lockstep::engine

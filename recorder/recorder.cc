@@ -137,7 +137,7 @@ traces::SummaryRow ToSummaryRow(const engine::TapRowSummary& s) {
 }
 
 bool Recorder::WantsTapValues() const { return opts_.policy.mode == CapturePolicy::Mode::kFull; }
-bool Recorder::WantsKvSummaries() const { return opts_.policy.mode == CapturePolicy::Mode::kSummary && opts_.policy.kv; }
+bool Recorder::WantsKvTaps() const { return opts_.policy.mode != CapturePolicy::Mode::kNone && opts_.policy.kv; }
 
 void Recorder::CaptureSummaries(const Tensor& t, int64_t request, int64_t position, int64_t rows,
                                 const engine::TapRowSummary* in, const void* values,

@@ -5,7 +5,7 @@
 // the TraceWriter, which queues them; HDF5 and compression happen on the writer's threads.
 // In summary capture each kept row's summary (statistics + XXH3-64 content hash) is computed
 // where the row is — by a backend that can summarise on its device (the CUDA backend: taps and
-// the KV cache rows it stores, TapHook::WantsKvSummaries), else on the engine thread — and only
+// the KV cache rows it stores, TapHook::WantsKvTaps), else on the engine thread — and only
 // those 48-byte records travel; in full capture the rows are copied (or lent) and the writer
 // thread summarises what the backend did not. Tensor names:
 // taps keep the engine's tap name (taps/<name>); the KV cache is kv/layers.L.<stream>, with
@@ -108,10 +108,11 @@ class Recorder : public engine::TapHook {
   // segment together: summary rows in one hand-over, a stored tensor's values (lent or
   // copied) in one append.
   void OnStepTaps(std::span<const engine::TapEvent> events, std::span<const engine::TapSegment> segments) override;
-  // Summary capture stores no tap values: a backend may summarise where the tensors live —
-  // the KV cache rows too (they then come as kv/ events, and OnForward leaves the cache alone).
+  // Summary capture stores no tap values: a backend may summarise where the tensors live.
+  // The KV cache rows may come as kv/ events too (summaries, or values with summaries): then
+  // OnForward leaves the cache alone in that step.
   bool WantsTapValues() const override;
-  bool WantsKvSummaries() const override;
+  bool WantsKvTaps() const override;
   void OnForward(std::span<const engine::Segment> segments, const engine::PagedKvCache& cache);
   void OnStep(const engine::StepEvent& ev);
 
@@ -159,7 +160,7 @@ class Recorder : public engine::TapHook {
     std::string name;
     bool wanted = false;
     const Tensor* tensor = nullptr;  // null for logits (CaptureLogits defines its tensors)
-    bool kv = false;                 // a KV part's summaries (TapHook::WantsKvSummaries)
+    bool kv = false;                 // a KV part's rows (TapHook::WantsKvTaps)
   };
   std::unordered_map<const void*, TapEntry> by_address_;  // tap name's address → decision
   // The entry of a tap event by its name; null when its tensor cannot be defined (status_ set).

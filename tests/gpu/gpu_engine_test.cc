@@ -651,7 +651,7 @@ class KvSummaryHook : public SummaryHook {
   std::map<std::string, std::vector<engine::TapRowSummary>> kv;
   std::map<std::string, engine::TapDType> kv_dtype;
   std::string order_error;
-  bool WantsKvSummaries() const override { return true; }
+  bool WantsKvTaps() const override { return true; }
   void OnTapSummaries(std::span<const engine::TapEvent> events) override {
     bool seen_kv = false;
     for (const engine::TapEvent& e : events) {
@@ -759,6 +759,121 @@ TEST(GpuEngine, KvSummariesAreTheHostSummariesOfTheCacheRows) {
     EXPECT_GT(rows, 100);
     std::printf("  %s: %lld KV part rows: GPU summaries = host summaries of the stored bytes\n",
                 std::string(engine::KvFormatName(c.format)).c_str(), static_cast<long long>(rows));
+  }
+}
+
+// Full capture with the KV rows as taps (the recorder's, TapHook::WantsKvTaps with values):
+// in decode steps the rows come as kv/ events from the tap slab — the bytes the cache stored,
+// each part's rows contiguous, with their GPU summaries equal to traces::Summarize of those
+// bytes — and the host cache does not get them; in prefill steps no kv/ events come and the
+// forward callback reads them from the host cache as before. Together they are every row a
+// run without kv/ events mirrors, byte for byte, for the fp32, bf16 and FP8 layouts.
+class KvValuesHook : public engine::TapHook {
+ public:
+  std::map<std::string, std::vector<uint8_t>> rows;  // name@position#request → bytes
+  int64_t events = 0, summarised = 0;
+  bool came = false;  // kv/ events in the current step
+  std::string bad;
+  bool WantsKvTaps() const override { return true; }
+  void OnTap(const engine::TapEvent& e) override {
+    if (!e.name.starts_with("kv/")) return;
+    came = true;
+    ++events;
+    const int64_t esize = e.dtype == engine::TapDType::kBf16 ? 2 : e.dtype == engine::TapDType::kFp8E4m3 ? 1 : 4;
+    const auto* p = static_cast<const uint8_t*>(e.data);
+    if (p == nullptr || e.summaries == nullptr) {
+      if (bad.empty()) bad = std::string(e.name) + ": no values or no summaries";
+      return;
+    }
+    for (int64_t r = 0; r < e.rows; ++r) {
+      const uint8_t* row = p + r * e.cols * esize;
+      rows[std::string(e.name) + "@" + std::to_string(e.position + r) + "#" + std::to_string(e.request_id)].assign(
+          row, row + e.cols * esize);
+      traces::SummaryRow want;
+      traces::Summarize(e.dtype == engine::TapDType::kBf16      ? traces::DType::kBf16
+                        : e.dtype == engine::TapDType::kFp8E4m3 ? traces::DType::kFp8E4m3
+                                                                 : traces::DType::kF32,
+                        row, e.cols, &want);
+      const engine::TapRowSummary& got = e.summaries[r];
+      if (bad.empty() && (got.hash != want.hash || got.nan_count != want.nan_count || got.inf_count != want.inf_count ||
+                          std::memcmp(&got.rms, &want.rms, 4) != 0 || std::memcmp(&got.min, &want.min, 4) != 0 ||
+                          std::memcmp(&got.max, &want.max, 4) != 0 || std::memcmp(&got.absmax, &want.absmax, 4) != 0)) {
+        bad = std::string(e.name) + " at position " + std::to_string(e.position + r) + ": summary";
+      }
+      ++summarised;
+    }
+  }
+};
+
+TEST(GpuEngine, FullCaptureTakesTheKvRowsFromTheSlab) {
+  LS_REQUIRE_GPU();
+  struct Case {
+    engine::KvFormat format;
+    const char* indexer;
+  };
+  for (const Case c : {Case{engine::KvFormat::kFp32, ""}, Case{engine::KvFormat::kBf16, ""},
+                       Case{engine::KvFormat::kFp8E4m3, "fp8_paged"}}) {
+    SCOPED_TRACE(std::string("kv ") + std::string(engine::KvFormatName(c.format)) + " indexer " + c.indexer);
+    auto run = [&](engine::TapHook* hook, KvValuesHook* kv, std::map<std::string, std::vector<uint8_t>>* cached) {
+      EngineOptions o = Cuda(c.format, "bf16");
+      o.max_batch = 2;
+      if (*c.indexer) o.kernels["indexer"] = c.indexer;
+      auto eng = Engine::Create(Tiny(), o);
+      ASSERT_TRUE(eng.ok()) << eng.status().message();
+      (*eng)->SetTapHook(hook);
+      (*eng)->SetForwardCallback([&](std::span<const engine::Segment> segs, const engine::PagedKvCache& cache) {
+        const bool came = kv != nullptr && kv->came;
+        if (kv != nullptr) kv->came = false;
+        if (came) return;  // the host cache does not hold this step's rows
+        for (const auto& g : segs) {
+          for (int64_t l = 0; l < Tiny()->config().num_hidden_layers; ++l) {
+            for (size_t si = 0; si < cache.streams(l).size(); ++si) {
+              for (const engine::KvPart& part : cache.parts(l, si)) {
+                const int64_t esize = part.type == engine::TapDType::kBf16 ? 2 : part.type == engine::TapDType::kFp8E4m3 ? 1 : 4;
+                for (size_t j = 0; j < g.tokens.size(); ++j) {
+                  const int64_t pos = g.start_pos + static_cast<int64_t>(j);
+                  const uint8_t* b = cache.TokenBytes(l, si, *g.cache, pos) + part.offset;
+                  (*cached)["kv/layers." + std::to_string(l) + "." + cache.streams(l)[si].name + part.suffix + "@" +
+                            std::to_string(pos) + "#" + std::to_string(g.request_id)]
+                      .assign(b, b + part.cols * esize);
+                }
+              }
+            }
+          }
+        }
+      });
+      for (int i = 0; i < 2; ++i) {
+        engine::Request r;
+        for (int j = 0; j < 30 + 11 * i; ++j) r.prompt.push_back(static_cast<int32_t>((7 * j + 3 * i) % 5000 + 10));
+        r.max_new_tokens = 8;
+        r.sampling.temperature = 0.8;
+        r.sampling.seed = 5 + i;
+        ASSERT_TRUE((*eng)->AddRequest(r).ok());
+      }
+      const Status st = (*eng)->RunToCompletion();
+      ASSERT_TRUE(st.ok()) << st.message();
+    };
+    TapRecorder plain;
+    std::map<std::string, std::vector<uint8_t>> want, host_rows;
+    run(&plain, nullptr, &want);
+    KvValuesHook kv;
+    run(&kv, &kv, &host_rows);
+    EXPECT_EQ(kv.bad, "");
+    EXPECT_GT(kv.events, 0) << "decode steps sent no kv/ events";
+    EXPECT_GT(host_rows.size(), 0u) << "prefill steps' rows reach the host cache";
+    std::map<std::string, std::vector<uint8_t>> got = host_rows;
+    for (const auto& [k, v] : kv.rows) {
+      EXPECT_TRUE(got.emplace(k, v).second) << k << " came both ways";
+    }
+    ASSERT_EQ(got.size(), want.size());
+    for (const auto& [k, v] : want) {
+      auto it = got.find(k);
+      ASSERT_NE(it, got.end()) << k;
+      ASSERT_EQ(it->second, v) << k;
+    }
+    std::printf("  %s: %lld KV part rows from the slab (summaries = host's), %zu through the host cache\n",
+                std::string(engine::KvFormatName(c.format)).c_str(), static_cast<long long>(kv.summarised),
+                host_rows.size());
   }
 }
 

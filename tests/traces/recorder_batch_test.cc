@@ -327,7 +327,7 @@ TEST(RecorderBatch, StepTapsWriteTheSameTraceAsTheirSplit) {
   EXPECT_GT(compared, 2 * 4 * 10);
 }
 
-// TapHook::WantsKvSummaries: a backend that summarised a step's KV cache rows where it stores
+// TapHook::WantsKvTaps: a backend that summarised a step's KV cache rows where it stores
 // them sends kv/ events, and the host cache does not hold those rows. The recorder in summary
 // capture asks for them, writes the events' summaries to the KV tensors OnForward would have
 // written (the same paths), and does not read the cache in that step; in a step without kv/
@@ -376,7 +376,7 @@ TEST(RecorderBatch, KvSummariesFromTheBackendReplaceTheCacheRows) {
   const std::string name0 = "kv/layers.0." + stream + part.suffix, name1 = "kv/layers.1." + stream + part.suffix;
   {
     recorder::Recorder rec(eng->get(), w->get(), ro);
-    EXPECT_TRUE(rec.WantsKvSummaries());
+    EXPECT_TRUE(rec.WantsKvTaps());
     EXPECT_FALSE(rec.WantsTapValues());
     // Step 0 (position 0): the backend's summaries; the cache is not read.
     std::vector<engine::TapEvent> events(2);
