@@ -638,7 +638,7 @@ Status CudaBackend::TapKvRows(const PagedKvCache& cache, const uint8_t* mirror, 
     kv_taps_ = std::move(taps);  // (the strings stay where they are: the hook keys on their address)
   }
   for (const KvTap& k : kv_taps_) {
-    const int64_t esize = k.part.type == TapDType::kBf16 ? 2 : k.part.type == TapDType::kFp8E4m3 ? 1 : 4;
+    const int64_t esize = TapDTypeSize(k.part.type);
     // The summary kernel reads whole 4-byte words from 4-byte aligned rows.
     if (k.mirror >= mirror_off.size() || k.token_bytes % 4 != 0 || k.part.offset % 4 != 0 ||
         (k.part.cols * esize) % 4 != 0) {
@@ -726,7 +726,7 @@ Status CudaBackend::FlushTaps() {
         e.data = base;
         e.owner = lease.owner;  // (null when not lent)
       } else {  // a strided slab tensor (k_rope inside kv, an FP8 cache's parts): its rows made contiguous here
-        const int64_t esize = t.dtype == TapDType::kBf16 ? 2 : t.dtype == TapDType::kFp8E4m3 ? 1 : 4;
+        const int64_t esize = TapDTypeSize(t.dtype);
         const size_t row_bytes = static_cast<size_t>(t.cols * esize);
         if (tap_rows_.size() <= strided) tap_rows_.resize(strided + 1);
         std::vector<uint32_t>& rows = tap_rows_[strided++];

@@ -12,15 +12,9 @@ void TapHook::OnStepTaps(std::span<const TapEvent> events, std::span<const TapSe
     summaries.clear();
   };
   for (const TapEvent& e : events) {
-    const int64_t row_bytes = e.cols * (e.dtype == TapDType::kBf16 ? 2 : e.dtype == TapDType::kFp8E4m3 ? 1 : 4);
     int64_t row0 = 0;
     for (const TapSegment& s : segments) {
-      TapEvent one = e;
-      one.request_id = s.request_id;
-      one.position = s.position;
-      one.rows = s.rows;
-      if (e.data != nullptr) one.data = static_cast<const char*>(e.data) + row0 * row_bytes;
-      if (e.summaries != nullptr) one.summaries = e.summaries + row0;
+      TapEvent one = SegmentEvent(e, s, row0);
       row0 += s.rows;
       if (one.data == nullptr && one.summaries != nullptr) {
         summaries.push_back(std::move(one));

@@ -56,6 +56,8 @@ struct TapEvent {
   std::shared_ptr<const void> owner;
 };
 
+inline int64_t TapDTypeSize(TapDType t) { return t == TapDType::kBf16 ? 2 : t == TapDType::kFp8E4m3 ? 1 : 4; }
+
 // One request's rows of a forward pass, for TapHook::OnStepTaps: its events' rows are the
 // segments' rows back to back, in this order.
 struct TapSegment {
@@ -63,6 +65,17 @@ struct TapSegment {
   int64_t position = 0;  // of its first row
   int64_t rows = 0;
 };
+
+// A step event's rows of one segment (rows row0 … of `e`), as an event of its own.
+inline TapEvent SegmentEvent(const TapEvent& e, const TapSegment& s, int64_t row0) {
+  TapEvent one = e;
+  one.request_id = s.request_id;
+  one.position = s.position;
+  one.rows = s.rows;
+  if (e.data != nullptr) one.data = static_cast<const char*>(e.data) + row0 * e.cols * TapDTypeSize(e.dtype);
+  if (e.summaries != nullptr) one.summaries = e.summaries + row0;
+  return one;
+}
 
 class TapHook {
  public:

@@ -200,61 +200,67 @@ const Recorder::TapEntry* Recorder::Resolve(const engine::TapEvent& e) {
   return &(by_address_[e.name.data()] = std::move(fresh));  // (map nodes never move)
 }
 
+// A step's summary-only rows gather in batch_rows_ / batch_tensors_ and go to the writer in one
+// AppendSummaries (FlushBatch); event i of a step is looked up once and then recognised by its
+// name's address and length (engine/tap.h: the names of batched events live as long as the
+// engine).
+const Recorder::TapEntry* Recorder::EntryOfBatch(size_t i, const engine::TapEvent& e) {
+  if (batch_entries_.size() <= i) batch_entries_.resize(i + 1);
+  const TapEntry* entry = batch_entries_[i].entry;
+  if (entry == nullptr || batch_entries_[i].name != e.name.data() || entry->name.size() != e.name.size()) {
+    entry = Resolve(e);
+    if (entry == nullptr) return nullptr;
+    batch_entries_[i] = {entry, e.name.data()};
+  }
+  kv_came_ |= entry->kv;
+  return entry;
+}
+
+void Recorder::BatchSummaryRows(const TapEntry& entry, const engine::TapRowSummary* in, int64_t request,
+                                int64_t position, int64_t rows) {
+  for (int64_t r = 0; r < rows; ++r) {
+    if (!opts_.policy.WantsPosition(position + r)) continue;
+    traces::SummaryRow row = ToSummaryRow(in[r]);
+    row.position = position + r;
+    row.request = static_cast<int32_t>(request);
+    row.step = static_cast<int32_t>(steps_);
+    batch_rows_.push_back(row);
+    batch_tensors_.push_back(entry.tensor->handle);
+  }
+}
+
+void Recorder::FlushBatch() {
+  if (!batch_rows_.empty()) {
+    const Status s = writer_->AppendSummaries(batch_tensors_, batch_rows_);
+    if (!s.ok()) Fail(s);
+  }
+  batch_tensors_.clear();
+  batch_rows_.clear();
+}
+
 void Recorder::OnTapSummaries(std::span<const engine::TapEvent> events) {
   Timed timed(this, &times_.taps_ns);
   if (!status_.ok() || opts_.policy.mode == CapturePolicy::Mode::kNone) return;
-  // A backend hands over the same taps in the same order every step: event i's entry is
-  // looked up once and then recognised by its name's address and length (engine/tap.h: these
-  // names' storage lives as long as the engine).
-  if (batch_entries_.size() < events.size()) batch_entries_.resize(events.size());
-  batch_tensors_.clear();
-  batch_rows_.clear();
-  auto append = [&] {
-    const Status s = writer_->AppendSummaries(batch_tensors_, batch_rows_);
-    if (!s.ok()) Fail(s);
-    batch_tensors_.clear();
-    batch_rows_.clear();
-  };
+  FlushBatch();
   for (size_t i = 0; i < events.size() && status_.ok(); ++i) {
     const engine::TapEvent& e = events[i];
-    const TapEntry* entry = batch_entries_[i].entry;
-    if (entry == nullptr || batch_entries_[i].name != e.name.data() || entry->name.size() != e.name.size()) {
-      entry = Resolve(e);
-      if (entry == nullptr) return;
-      batch_entries_[i] = {entry, e.name.data()};
-    }
-    kv_came_ |= entry->kv;
+    const TapEntry* entry = EntryOfBatch(i, e);
+    if (entry == nullptr) return;
     if (!entry->wanted) continue;
     if (entry->tensor == nullptr || entry->tensor->values || e.summaries == nullptr) {
-      append();  // what the batch holds goes first: the order is OnTap's
-      OnTap(e);  // (and its errors)
+      FlushBatch();  // what the batch holds goes first: the order is OnTap's
+      OnTap(e);      // (and its errors)
       continue;
     }
-    for (int64_t r = 0; r < e.rows; ++r) {
-      if (!opts_.policy.WantsPosition(e.position + r)) continue;
-      traces::SummaryRow row = ToSummaryRow(e.summaries[r]);
-      row.position = e.position + r;
-      row.request = static_cast<int32_t>(e.request_id);
-      row.step = static_cast<int32_t>(steps_);
-      batch_rows_.push_back(row);
-      batch_tensors_.push_back(entry->tensor->handle);
-    }
+    BatchSummaryRows(*entry, e.summaries, e.request_id, e.position, e.rows);
   }
-  if (status_.ok()) append();
+  if (status_.ok()) FlushBatch();
 }
 
 void Recorder::OnStepTaps(std::span<const engine::TapEvent> events, std::span<const engine::TapSegment> segments) {
   Timed timed(this, &times_.taps_ns);
   if (!status_.ok() || opts_.policy.mode == CapturePolicy::Mode::kNone) return;
-  if (batch_entries_.size() < events.size()) batch_entries_.resize(events.size());
-  batch_tensors_.clear();
-  batch_rows_.clear();
-  auto append = [&] {
-    const Status s = writer_->AppendSummaries(batch_tensors_, batch_rows_);
-    if (!s.ok()) Fail(s);
-    batch_tensors_.clear();
-    batch_rows_.clear();
-  };
+  FlushBatch();
   int64_t step_rows = 0;
   bool every_position = true;  // the position filter keeps every row of the step
   for (const engine::TapSegment& g : segments) {
@@ -263,13 +269,8 @@ void Recorder::OnStepTaps(std::span<const engine::TapEvent> events, std::span<co
   }
   for (size_t i = 0; i < events.size() && status_.ok(); ++i) {
     const engine::TapEvent& e = events[i];
-    const TapEntry* entry = batch_entries_[i].entry;
-    if (entry == nullptr || batch_entries_[i].name != e.name.data() || entry->name.size() != e.name.size()) {
-      entry = Resolve(e);
-      if (entry == nullptr) return;
-      batch_entries_[i] = {entry, e.name.data()};
-    }
-    kv_came_ |= entry->kv;
+    const TapEntry* entry = EntryOfBatch(i, e);
+    if (entry == nullptr) return;
     if (!entry->wanted) continue;
     const bool summaries_only = entry->tensor != nullptr && !entry->tensor->values && e.summaries != nullptr;
     const bool lent_values = entry->tensor != nullptr && entry->tensor->values && e.summaries != nullptr &&
@@ -277,20 +278,12 @@ void Recorder::OnStepTaps(std::span<const engine::TapEvent> events, std::span<co
     if (summaries_only) {
       int64_t row0 = 0;
       for (const engine::TapSegment& g : segments) {
-        for (int64_t r = 0; r < g.rows; ++r) {
-          if (!opts_.policy.WantsPosition(g.position + r)) continue;
-          traces::SummaryRow row = ToSummaryRow(e.summaries[row0 + r]);
-          row.position = g.position + r;
-          row.request = static_cast<int32_t>(g.request_id);
-          row.step = static_cast<int32_t>(steps_);
-          batch_rows_.push_back(row);
-          batch_tensors_.push_back(entry->tensor->handle);
-        }
+        BatchSummaryRows(*entry, e.summaries + row0, g.request_id, g.position, g.rows);
         row0 += g.rows;
       }
       continue;
     }
-    append();  // what the batch holds goes first: the order is OnTap's
+    FlushBatch();  // what the batch holds goes first: the order is OnTap's
     if (lent_values) {  // every segment's rows at once: one append of summaries and values
       summaries_.clear();
       int64_t row0 = 0;
@@ -309,21 +302,13 @@ void Recorder::OnStepTaps(std::span<const engine::TapEvent> events, std::span<co
       continue;
     }
     // Anything else (logits, rows the host summarises, a position filter): one event a segment.
-    const int64_t row_bytes =
-        e.cols * (e.dtype == engine::TapDType::kBf16 ? 2 : e.dtype == engine::TapDType::kFp8E4m3 ? 1 : 4);
     int64_t row0 = 0;
     for (const engine::TapSegment& g : segments) {
-      engine::TapEvent one = e;
-      one.request_id = g.request_id;
-      one.position = g.position;
-      one.rows = g.rows;
-      if (e.data != nullptr) one.data = static_cast<const char*>(e.data) + row0 * row_bytes;
-      if (e.summaries != nullptr) one.summaries = e.summaries + row0;
+      OnTap(engine::SegmentEvent(e, g, row0));
       row0 += g.rows;
-      OnTap(one);
     }
   }
-  if (status_.ok()) append();
+  if (status_.ok()) FlushBatch();
 }
 
 void Recorder::OnTap(const engine::TapEvent& e) {

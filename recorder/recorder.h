@@ -165,6 +165,12 @@ class Recorder : public engine::TapHook {
   std::unordered_map<const void*, TapEntry> by_address_;  // tap name's address → decision
   // The entry of a tap event by its name; null when its tensor cannot be defined (status_ set).
   const TapEntry* Resolve(const engine::TapEvent& e);
+  // OnTapSummaries / OnStepTaps: event i's entry (null when it cannot be defined); a tensor's
+  // summary rows into the batch, by the position filter; the batch to the writer.
+  const TapEntry* EntryOfBatch(size_t i, const engine::TapEvent& e);
+  void BatchSummaryRows(const TapEntry& entry, const engine::TapRowSummary* in, int64_t request, int64_t position,
+                        int64_t rows);
+  void FlushBatch();
   // OnTapSummaries: event i's entry at the last call; the rows and their tensors' handles.
   struct BatchEntry {
     const TapEntry* entry = nullptr;

@@ -13,6 +13,7 @@
 
 #include <cstring>
 #include <fstream>
+#include <functional>
 #include <map>
 #include <random>
 #include <tuple>
@@ -568,6 +569,51 @@ TEST(GpuEngine, TapsFromGraphsAreTheSame) {
   }
 }
 
+// Two sampled requests of different prompt lengths (30 and 41 tokens, 8 new tokens each),
+// run to completion: prefill steps, then graphed decode steps of both.
+void RunTwoSampledRequests(Engine& eng) {
+  for (int i = 0; i < 2; ++i) {
+    engine::Request r;
+    for (int j = 0; j < 30 + 11 * i; ++j) r.prompt.push_back(static_cast<int32_t>((7 * j + 3 * i) % 5000 + 10));
+    r.max_new_tokens = 8;
+    r.sampling.temperature = 0.8;
+    r.sampling.seed = 5 + i;
+    ASSERT_TRUE(eng.AddRequest(r).ok());
+  }
+  const Status st = eng.RunToCompletion();
+  ASSERT_TRUE(st.ok()) << st.message();
+}
+
+traces::DType TraceDType(engine::TapDType t) {
+  switch (t) {
+    case engine::TapDType::kI32: return traces::DType::kI32;
+    case engine::TapDType::kBf16: return traces::DType::kBf16;
+    case engine::TapDType::kFp8E4m3: return traces::DType::kFp8E4m3;
+    case engine::TapDType::kF32: break;
+  }
+  return traces::DType::kF32;
+}
+
+// Every part of every stored row the segments wrote, as the host cache holds it:
+// fn("kv/layers.L.<stream><suffix>@<position>#<request>", part, bytes).
+void ForEachKvPartRow(std::span<const engine::Segment> segs, const engine::PagedKvCache& cache, int64_t layers,
+                      const std::function<void(const std::string&, const engine::KvPart&, const uint8_t*)>& fn) {
+  for (const auto& g : segs) {
+    for (int64_t l = 0; l < layers; ++l) {
+      for (size_t si = 0; si < cache.streams(l).size(); ++si) {
+        for (const engine::KvPart& part : cache.parts(l, si)) {
+          for (size_t j = 0; j < g.tokens.size(); ++j) {
+            const int64_t pos = g.start_pos + static_cast<int64_t>(j);
+            fn("kv/layers." + std::to_string(l) + "." + cache.streams(l)[si].name + part.suffix + "@" +
+                   std::to_string(pos) + "#" + std::to_string(g.request_id),
+               part, cache.TokenBytes(l, si, *g.cache, pos) + part.offset);
+          }
+        }
+      }
+    }
+  }
+}
+
 // A hook that wants only summaries gets them computed on the GPU (no values): for prefill
 // steps (a summary launch per group of taps) and decode steps (the tap slab, one launch per
 // step, graphs on) alike, each row's summary is traces::Summarize of the values a values hook
@@ -594,16 +640,7 @@ TEST(GpuEngine, SummaryTapsAreTheHostSummariesOfTheValues) {
     auto eng = Engine::Create(Tiny(), o);
     ASSERT_TRUE(eng.ok()) << eng.status().message();
     (*eng)->SetTapHook(hook);
-    for (int i = 0; i < 2; ++i) {
-      engine::Request r;
-      for (int j = 0; j < 30 + 11 * i; ++j) r.prompt.push_back(static_cast<int32_t>((7 * j + 3 * i) % 5000 + 10));
-      r.max_new_tokens = 8;
-      r.sampling.temperature = 0.8;
-      r.sampling.seed = 5 + i;
-      ASSERT_TRUE((*eng)->AddRequest(r).ok());
-    }
-    const Status st = (*eng)->RunToCompletion();
-    ASSERT_TRUE(st.ok()) << st.message();
+    RunTwoSampledRequests(**eng);
   };
   TapRecorder values;
   SummaryHook sums;
@@ -621,7 +658,7 @@ TEST(GpuEngine, SummaryTapsAreTheHostSummariesOfTheValues) {
     ASSERT_EQ(static_cast<int64_t>(it->second.size()), t.rows) << name;
     for (int64_t r = 0; r < t.rows; ++r) {
       traces::SummaryRow want;
-      traces::Summarize(t.dtype == engine::TapDType::kI32 ? traces::DType::kI32 : traces::DType::kF32,
+      traces::Summarize(TraceDType(t.dtype),
                         t.bytes.data() + r * t.cols * 4, t.cols, &want);
       const engine::TapRowSummary& got = it->second[r];
       ASSERT_EQ(got.hash, want.hash) << name << " row " << r;
@@ -648,7 +685,7 @@ TEST(GpuEngine, SummaryTapsAreTheHostSummariesOfTheValues) {
 // every step; the KV events' dtypes are the parts'.
 class KvSummaryHook : public SummaryHook {
  public:
-  std::map<std::string, std::vector<engine::TapRowSummary>> kv;
+  std::map<std::string, engine::TapRowSummary> kv;  // name@position#request → the row's summary
   std::map<std::string, engine::TapDType> kv_dtype;
   std::string order_error;
   bool WantsKvTaps() const override { return true; }
@@ -664,8 +701,10 @@ class KvSummaryHook : public SummaryHook {
       }
       if (e.data != nullptr || e.summaries == nullptr) ++with_values;
       if (e.summaries == nullptr) continue;
-      const std::string at = "@" + std::to_string(e.position) + "#" + std::to_string(e.request_id);
-      kv[std::string(e.name) + at].assign(e.summaries, e.summaries + e.rows);
+      for (int64_t r = 0; r < e.rows; ++r) {
+        kv[std::string(e.name) + "@" + std::to_string(e.position + r) + "#" + std::to_string(e.request_id)] =
+            e.summaries[r];
+      }
       kv_dtype[std::string(e.name)] = e.dtype;
     }
   }
@@ -680,7 +719,7 @@ TEST(GpuEngine, KvSummariesAreTheHostSummariesOfTheCacheRows) {
   for (const Case c : {Case{engine::KvFormat::kFp32, ""}, Case{engine::KvFormat::kBf16, ""},
                        Case{engine::KvFormat::kFp8E4m3, "fp8_paged"}}) {
     SCOPED_TRACE(std::string("kv ") + std::string(engine::KvFormatName(c.format)) + " indexer " + c.indexer);
-    std::map<std::string, std::vector<engine::TapRowSummary>> want;  // from the mirrored bytes
+    std::map<std::string, engine::TapRowSummary> want;  // from the mirrored bytes
     std::map<std::string, engine::TapDType> want_dtype;
     int64_t forwards = 0;
     auto run = [&](engine::TapHook* hook, bool mirror_rows) {
@@ -693,39 +732,15 @@ TEST(GpuEngine, KvSummariesAreTheHostSummariesOfTheCacheRows) {
       (*eng)->SetForwardCallback([&](std::span<const engine::Segment> segs, const engine::PagedKvCache& cache) {
         ++forwards;
         if (!mirror_rows) return;
-        for (const auto& g : segs) {
-          for (int64_t l = 0; l < Tiny()->config().num_hidden_layers; ++l) {
-            for (size_t si = 0; si < cache.streams(l).size(); ++si) {
-              for (const engine::KvPart& part : cache.parts(l, si)) {
-                const std::string name = "kv/layers." + std::to_string(l) + "." + cache.streams(l)[si].name + part.suffix;
-                const std::string at = "@" + std::to_string(g.start_pos) + "#" + std::to_string(g.request_id);
-                std::vector<engine::TapRowSummary>& rows = want[name + at];
-                for (size_t j = 0; j < g.tokens.size(); ++j) {
-                  const uint8_t* b =
-                      cache.TokenBytes(l, si, *g.cache, g.start_pos + static_cast<int64_t>(j)) + part.offset;
-                  traces::SummaryRow s;
-                  traces::Summarize(part.type == engine::TapDType::kBf16      ? traces::DType::kBf16
-                                    : part.type == engine::TapDType::kFp8E4m3 ? traces::DType::kFp8E4m3
-                                                                               : traces::DType::kF32,
-                                    b, part.cols, &s);
-                  rows.push_back({s.hash, s.nan_count, s.inf_count, s.rms, s.absmax, s.min, s.max});
-                }
-                want_dtype[name] = part.type;
-              }
-            }
-          }
-        }
+        ForEachKvPartRow(segs, cache, Tiny()->config().num_hidden_layers,
+                         [&](const std::string& key, const engine::KvPart& part, const uint8_t* b) {
+                           traces::SummaryRow s;
+                           traces::Summarize(TraceDType(part.type), b, part.cols, &s);
+                           want[key] = {s.hash, s.nan_count, s.inf_count, s.rms, s.absmax, s.min, s.max};
+                           want_dtype[key.substr(0, key.find('@'))] = part.type;
+                         });
       });
-      for (int i = 0; i < 2; ++i) {
-        engine::Request r;
-        for (int j = 0; j < 30 + 11 * i; ++j) r.prompt.push_back(static_cast<int32_t>((7 * j + 3 * i) % 5000 + 10));
-        r.max_new_tokens = 8;
-        r.sampling.temperature = 0.8;
-        r.sampling.seed = 5 + i;
-        ASSERT_TRUE((*eng)->AddRequest(r).ok());
-      }
-      const Status st = (*eng)->RunToCompletion();
-      ASSERT_TRUE(st.ok()) << st.message();
+      RunTwoSampledRequests(**eng);
     };
     SummaryHook plain;
     KvSummaryHook sums;
@@ -739,26 +754,21 @@ TEST(GpuEngine, KvSummariesAreTheHostSummariesOfTheCacheRows) {
     EXPECT_EQ(sums.taps.size(), plain.taps.size()) << "the taps are unchanged";
     ASSERT_EQ(sums.kv.size(), want.size());
     EXPECT_EQ(sums.kv_dtype, want_dtype);
-    int64_t rows = 0;
-    for (const auto& [name, w] : want) {
-      auto it = sums.kv.find(name);
-      ASSERT_NE(it, sums.kv.end()) << name;
-      ASSERT_EQ(it->second.size(), w.size()) << name;
-      for (size_t r = 0; r < w.size(); ++r) {
-        const engine::TapRowSummary &got = it->second[r], &exp = w[r];
-        ASSERT_EQ(got.hash, exp.hash) << name << " row " << r;
-        ASSERT_EQ(got.nan_count, exp.nan_count) << name;
-        ASSERT_EQ(got.inf_count, exp.inf_count) << name;
-        ASSERT_EQ(0, std::memcmp(&got.rms, &exp.rms, 4)) << name << " rms " << got.rms << " vs " << exp.rms;
-        ASSERT_EQ(0, std::memcmp(&got.absmax, &exp.absmax, 4)) << name << " absmax";
-        ASSERT_EQ(0, std::memcmp(&got.min, &exp.min, 4)) << name << " min";
-        ASSERT_EQ(0, std::memcmp(&got.max, &exp.max, 4)) << name << " max";
-        ++rows;
-      }
+    for (const auto& [key, exp] : want) {
+      auto it = sums.kv.find(key);
+      ASSERT_NE(it, sums.kv.end()) << key;
+      const engine::TapRowSummary& got = it->second;
+      ASSERT_EQ(got.hash, exp.hash) << key;
+      ASSERT_EQ(got.nan_count, exp.nan_count) << key;
+      ASSERT_EQ(got.inf_count, exp.inf_count) << key;
+      ASSERT_EQ(0, std::memcmp(&got.rms, &exp.rms, 4)) << key << " rms " << got.rms << " vs " << exp.rms;
+      ASSERT_EQ(0, std::memcmp(&got.absmax, &exp.absmax, 4)) << key << " absmax";
+      ASSERT_EQ(0, std::memcmp(&got.min, &exp.min, 4)) << key << " min";
+      ASSERT_EQ(0, std::memcmp(&got.max, &exp.max, 4)) << key << " max";
     }
-    EXPECT_GT(rows, 100);
-    std::printf("  %s: %lld KV part rows: GPU summaries = host summaries of the stored bytes\n",
-                std::string(engine::KvFormatName(c.format)).c_str(), static_cast<long long>(rows));
+    EXPECT_GT(want.size(), 100u);
+    std::printf("  %s: %zu KV part rows: GPU summaries = host summaries of the stored bytes\n",
+                std::string(engine::KvFormatName(c.format)).c_str(), want.size());
   }
 }
 
@@ -779,7 +789,7 @@ class KvValuesHook : public engine::TapHook {
     if (!e.name.starts_with("kv/")) return;
     came = true;
     ++events;
-    const int64_t esize = e.dtype == engine::TapDType::kBf16 ? 2 : e.dtype == engine::TapDType::kFp8E4m3 ? 1 : 4;
+    const int64_t esize = engine::TapDTypeSize(e.dtype);
     const auto* p = static_cast<const uint8_t*>(e.data);
     if (p == nullptr || e.summaries == nullptr) {
       if (bad.empty()) bad = std::string(e.name) + ": no values or no summaries";
@@ -790,10 +800,7 @@ class KvValuesHook : public engine::TapHook {
       rows[std::string(e.name) + "@" + std::to_string(e.position + r) + "#" + std::to_string(e.request_id)].assign(
           row, row + e.cols * esize);
       traces::SummaryRow want;
-      traces::Summarize(e.dtype == engine::TapDType::kBf16      ? traces::DType::kBf16
-                        : e.dtype == engine::TapDType::kFp8E4m3 ? traces::DType::kFp8E4m3
-                                                                 : traces::DType::kF32,
-                        row, e.cols, &want);
+      traces::Summarize(TraceDType(e.dtype), row, e.cols, &want);
       const engine::TapRowSummary& got = e.summaries[r];
       if (bad.empty() && (got.hash != want.hash || got.nan_count != want.nan_count || got.inf_count != want.inf_count ||
                           std::memcmp(&got.rms, &want.rms, 4) != 0 || std::memcmp(&got.min, &want.min, 4) != 0 ||
@@ -825,33 +832,12 @@ TEST(GpuEngine, FullCaptureTakesTheKvRowsFromTheSlab) {
         const bool came = kv != nullptr && kv->came;
         if (kv != nullptr) kv->came = false;
         if (came) return;  // the host cache does not hold this step's rows
-        for (const auto& g : segs) {
-          for (int64_t l = 0; l < Tiny()->config().num_hidden_layers; ++l) {
-            for (size_t si = 0; si < cache.streams(l).size(); ++si) {
-              for (const engine::KvPart& part : cache.parts(l, si)) {
-                const int64_t esize = part.type == engine::TapDType::kBf16 ? 2 : part.type == engine::TapDType::kFp8E4m3 ? 1 : 4;
-                for (size_t j = 0; j < g.tokens.size(); ++j) {
-                  const int64_t pos = g.start_pos + static_cast<int64_t>(j);
-                  const uint8_t* b = cache.TokenBytes(l, si, *g.cache, pos) + part.offset;
-                  (*cached)["kv/layers." + std::to_string(l) + "." + cache.streams(l)[si].name + part.suffix + "@" +
-                            std::to_string(pos) + "#" + std::to_string(g.request_id)]
-                      .assign(b, b + part.cols * esize);
-                }
-              }
-            }
-          }
-        }
+        ForEachKvPartRow(segs, cache, Tiny()->config().num_hidden_layers,
+                         [&](const std::string& key, const engine::KvPart& part, const uint8_t* b) {
+                           (*cached)[key].assign(b, b + part.cols * engine::TapDTypeSize(part.type));
+                         });
       });
-      for (int i = 0; i < 2; ++i) {
-        engine::Request r;
-        for (int j = 0; j < 30 + 11 * i; ++j) r.prompt.push_back(static_cast<int32_t>((7 * j + 3 * i) % 5000 + 10));
-        r.max_new_tokens = 8;
-        r.sampling.temperature = 0.8;
-        r.sampling.seed = 5 + i;
-        ASSERT_TRUE((*eng)->AddRequest(r).ok());
-      }
-      const Status st = (*eng)->RunToCompletion();
-      ASSERT_TRUE(st.ok()) << st.message();
+      RunTwoSampledRequests(**eng);
     };
     TapRecorder plain;
     std::map<std::string, std::vector<uint8_t>> want, host_rows;
@@ -905,7 +891,7 @@ class LentHook : public engine::TapHook {
     if (e.summaries == nullptr) return;
     for (int64_t r = 0; r < e.rows; ++r) {
       traces::SummaryRow want;
-      traces::Summarize(e.dtype == engine::TapDType::kI32 ? traces::DType::kI32 : traces::DType::kF32,
+      traces::Summarize(TraceDType(e.dtype),
                         p + r * e.cols * 4, e.cols, &want);
       const engine::TapRowSummary& got = e.summaries[r];
       if (bad.empty() && (got.hash != want.hash || got.nan_count != want.nan_count || got.inf_count != want.inf_count ||
