@@ -594,6 +594,21 @@ traces::DType TraceDType(engine::TapDType t) {
   return traces::DType::kF32;
 }
 
+// The cache layouts the KV tests cover: fp32 and bf16 latents with fp32 index keys, the FP8
+// latent with FP8 index keys (indexer=fp8_paged). Options: two requests at once, gemm=bf16.
+struct KvCase {
+  engine::KvFormat format;
+  const char* indexer;
+  EngineOptions Options() const {
+    EngineOptions o = Cuda(format, "bf16");
+    o.max_batch = 2;
+    if (*indexer) o.kernels["indexer"] = indexer;
+    return o;
+  }
+};
+const KvCase kKvCases[] = {{engine::KvFormat::kFp32, ""}, {engine::KvFormat::kBf16, ""},
+                           {engine::KvFormat::kFp8E4m3, "fp8_paged"}};
+
 // Every part of every stored row the segments wrote, as the host cache holds it:
 // fn("kv/layers.L.<stream><suffix>@<position>#<request>", part, bytes).
 void ForEachKvPartRow(std::span<const engine::Segment> segs, const engine::PagedKvCache& cache, int64_t layers,
@@ -712,21 +727,13 @@ class KvSummaryHook : public SummaryHook {
 
 TEST(GpuEngine, KvSummariesAreTheHostSummariesOfTheCacheRows) {
   LS_REQUIRE_GPU();
-  struct Case {
-    engine::KvFormat format;
-    const char* indexer;
-  };
-  for (const Case c : {Case{engine::KvFormat::kFp32, ""}, Case{engine::KvFormat::kBf16, ""},
-                       Case{engine::KvFormat::kFp8E4m3, "fp8_paged"}}) {
+  for (const KvCase& c : kKvCases) {
     SCOPED_TRACE(std::string("kv ") + std::string(engine::KvFormatName(c.format)) + " indexer " + c.indexer);
     std::map<std::string, engine::TapRowSummary> want;  // from the mirrored bytes
     std::map<std::string, engine::TapDType> want_dtype;
     int64_t forwards = 0;
     auto run = [&](engine::TapHook* hook, bool mirror_rows) {
-      EngineOptions o = Cuda(c.format, "bf16");
-      o.max_batch = 2;
-      if (*c.indexer) o.kernels["indexer"] = c.indexer;
-      auto eng = Engine::Create(Tiny(), o);
+      auto eng = Engine::Create(Tiny(), c.Options());
       ASSERT_TRUE(eng.ok()) << eng.status().message();
       (*eng)->SetTapHook(hook);
       (*eng)->SetForwardCallback([&](std::span<const engine::Segment> segs, const engine::PagedKvCache& cache) {
@@ -814,18 +821,10 @@ class KvValuesHook : public engine::TapHook {
 
 TEST(GpuEngine, FullCaptureTakesTheKvRowsFromTheSlab) {
   LS_REQUIRE_GPU();
-  struct Case {
-    engine::KvFormat format;
-    const char* indexer;
-  };
-  for (const Case c : {Case{engine::KvFormat::kFp32, ""}, Case{engine::KvFormat::kBf16, ""},
-                       Case{engine::KvFormat::kFp8E4m3, "fp8_paged"}}) {
+  for (const KvCase& c : kKvCases) {
     SCOPED_TRACE(std::string("kv ") + std::string(engine::KvFormatName(c.format)) + " indexer " + c.indexer);
     auto run = [&](engine::TapHook* hook, KvValuesHook* kv, std::map<std::string, std::vector<uint8_t>>* cached) {
-      EngineOptions o = Cuda(c.format, "bf16");
-      o.max_batch = 2;
-      if (*c.indexer) o.kernels["indexer"] = c.indexer;
-      auto eng = Engine::Create(Tiny(), o);
+      auto eng = Engine::Create(Tiny(), c.Options());
       ASSERT_TRUE(eng.ok()) << eng.status().message();
       (*eng)->SetTapHook(hook);
       (*eng)->SetForwardCallback([&](std::span<const engine::Segment> segs, const engine::PagedKvCache& cache) {
