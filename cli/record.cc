@@ -128,10 +128,12 @@ Status RunRecord(RecordArgs& a) {
     const auto bytes = res->file_bytes;
     std::fprintf(stderr,
                  "lockstep: recorded %lld requests, %lld tokens in %lld steps to %s (%s capture): %.2f s run + %.2f s "
-                 "to close, %.1f MB (%.0f bytes/token), engine stalled %.3f s on the trace\n",
+                 "to close, %.1f MB (%.0f bytes/token), engine stalled %.3f s on the trace, the recorder took %.3f s "
+                 "of the engine thread (%.0f µs a step)\n",
                  static_cast<long long>(requests.size()), static_cast<long long>(res->tokens),
                  static_cast<long long>(res->steps), a.output.c_str(), a.capture.c_str(), res->run_s, res->close_s,
-                 bytes / 1e6, res->tokens ? static_cast<double>(bytes) / res->tokens : 0.0, res->stall_ns / 1e9);
+                 bytes / 1e6, res->tokens ? static_cast<double>(bytes) / res->tokens : 0.0, res->stall_ns / 1e9,
+                 res->recorder_ns / 1e9, res->steps ? res->recorder_ns / 1e3 / static_cast<double>(res->steps) : 0.0);
   }
   return Status::Ok();
 }

@@ -143,6 +143,10 @@ Result<RecordSessionResult> RecordRun(engine::Engine& eng, const std::vector<Rec
   if (!s.ok()) return fail(s);
   res.run_s = std::chrono::duration<double>(Clock::now() - t0).count();
   res.stall_ns = writer->stall_ns() + eng.backend().tap_wait_ns();  // (the queue and lent tap buffers)
+  {
+    const Recorder::EngineThreadTimes& t = rec.engine_thread_times();
+    res.recorder_ns = t.taps_ns + t.kv_ns + t.steps_ns;
+  }
   s = writer->Close();
   if (!s.ok()) return fail(s);
   res.close_s = std::chrono::duration<double>(Clock::now() - t0).count() - res.run_s;

@@ -44,6 +44,9 @@ struct RecordSessionResult {
   double run_s = 0, close_s = 0;
   uint64_t file_bytes = 0;
   int64_t stall_ns = 0;  // the engine waited on the trace: a full queue, or lent tap buffers not yet back
+  // The recorder's own time on the engine thread, in its callbacks (stalls included):
+  // Recorder::engine_thread_times summed over the run.
+  int64_t recorder_ns = 0;
 };
 
 struct RecordedRequest {

@@ -71,6 +71,10 @@ class ReplayTest : public ::testing::Test {
     so.meta = {{"model_dir", model_dir.string()}, {"model_fingerprint", *fp}, {"tokenizer_hash", "none"}};
     auto res = recorder::RecordRun(**eng, reqs, so);
     EXPECT_TRUE(res.ok()) << res.status().message();
+    if (res.ok()) {  // the recorder's own engine-thread time: some, and within the run
+      EXPECT_GT(res->recorder_ns, 0);
+      EXPECT_LE(res->recorder_ns, static_cast<int64_t>(res->run_s * 1e9));
+    }
     return so.output;
   }
 

@@ -401,6 +401,11 @@ TEST(RecorderBatch, KvSummariesFromTheBackendReplaceTheCacheRows) {
     rec.OnForward(std::span<const engine::Segment>(&seg, 1), cache);
     ASSERT_TRUE(rec.EndStep().ok()) << rec.status().message();
     ASSERT_TRUE(rec.Finish().ok()) << rec.status().message();
+    // Its time on the engine thread, by callback: each of them ran.
+    const recorder::Recorder::EngineThreadTimes& times = rec.engine_thread_times();
+    EXPECT_GT(times.taps_ns, 0);
+    EXPECT_GT(times.kv_ns, 0);
+    EXPECT_GT(times.steps_ns, 0);
   }
   ASSERT_TRUE((*w)->Close().ok());
   auto r = traces::TraceReader::Open(path);
