@@ -105,7 +105,7 @@ class Engine {
   // the new rows as stored (PagedKvCache::TokenBytes, positions [start_pos, +tokens)).
   using ForwardCallback = std::function<void(std::span<const Segment>, const PagedKvCache&)>;
   // Setting one makes a device backend copy each step's new cache rows back to the host —
-  // except in steps whose rows it summarised for the tap hook instead (TapHook::WantsKvTaps).
+  // except in steps whose rows it handed to the tap hook as kv/ taps instead (TapHook::WantsKvTaps).
   void SetForwardCallback(ForwardCallback cb) {
     on_forward_ = std::move(cb);
     backend_->SetMirrorCache(static_cast<bool>(on_forward_));

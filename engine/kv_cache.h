@@ -46,8 +46,8 @@ struct StreamSpec {
 
 // How a trace stores a stream's token bytes (kv/layers.L.<stream><suffix>): fp32 and bf16
 // latents and fp32 index keys whole; the FP8 latent as its E4M3 values, fp32 scales and bf16
-// rope values; FP8 index keys as E4M3 values and fp32 scales. A device backend summarises
-// these same parts where it stores them (TapHook::WantsKvTaps).
+// rope values; FP8 index keys as E4M3 values and fp32 scales. A device backend hands these
+// same parts to a tap hook as kv/ taps (TapHook::WantsKvTaps).
 struct KvPart {
   std::string suffix;  // "", ".scales", ".rope"
   std::string what;    // the trace's `part` attribute: "latent", "latent_e4m3", "scales", "rope", "key", "key_e4m3"
