@@ -14,10 +14,9 @@
 // of the layers and the logits row (the two are timed apart). summary-gpu is summary capture
 // as the CUDA backend feeds it: each tap event carries its rows' summaries, not the values, a
 // step's events come in one TapHook::OnStepTaps call (an event a tensor, every request's
-// row), and the logits come with an owner
-// (engine/tap.h), from a pool of up to four buffers as the backend's pinned ones, so the
-// writer reads them in place. full-gpu is full capture as the
-// CUDA backend feeds it: each step's values lie in one buffer lent from a LendingPool (the
+// row), and the logits come with an owner (engine/tap.h), from a pool of up to four buffers
+// as the backend's pinned ones, so the writer reads them in place. full-gpu is full capture
+// as the CUDA backend feeds it: each step's values lie in one buffer lent from a LendingPool (the
 // backend's pinned tap buffers, filled there by the GPU's copy), each event with its rows'
 // summaries, so the writer compresses the rows where they are; the time steps wait for a
 // buffer to come back is counted (wait ms).

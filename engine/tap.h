@@ -82,10 +82,10 @@ class TapHook {
   virtual ~TapHook() = default;
   // Called on the engine thread, in causal order per request (layer by layer within a step).
   virtual void OnTap(const TapEvent& event) = 0;
-  // A step's backend-summarised taps at once (each event with `summaries` and no data), in
-  // the order OnTap would have seen them; the CUDA backend's summary capture hands a step's
-  // ~300 events a request over this way. The same as OnTap for each event — the default does
-  // exactly that — so a hook overrides it only to take them faster (the recorder: one append).
+  // Backend-summarised taps at once (each event with `summaries` and no data), in the order
+  // OnTap would have seen them: what OnStepTaps' default makes of a run of summary-only step
+  // events. The same as OnTap for each event — the default does exactly that — so a hook
+  // overrides it only to take them faster (the recorder: one append).
   // These events' names lie in storage that lives as long as the engine: a hook may
   // recognise a name by its address and length (OnTap's may be built on the fly).
   virtual void OnTapSummaries(std::span<const TapEvent> events) {

@@ -136,6 +136,16 @@ traces::SummaryRow ToSummaryRow(const engine::TapRowSummary& s) {
   return r;
 }
 
+traces::DType ToTraceDType(engine::TapDType t) {
+  switch (t) {
+    case engine::TapDType::kI32: return DType::kI32;
+    case engine::TapDType::kBf16: return DType::kBf16;
+    case engine::TapDType::kFp8E4m3: return DType::kFp8E4m3;
+    case engine::TapDType::kF32: break;
+  }
+  return DType::kF32;
+}
+
 bool Recorder::WantsTapValues() const { return opts_.policy.mode == CapturePolicy::Mode::kFull; }
 bool Recorder::WantsKvTaps() const { return opts_.policy.mode != CapturePolicy::Mode::kNone && opts_.policy.kv; }
 
@@ -178,7 +188,7 @@ const Recorder::TapEntry* Recorder::Resolve(const engine::TapEvent& e) {
   fresh.name = std::string(e.name);
   if (fresh.name.rfind(traces::kKvGroup, 0) == 0 && fresh.name.size() > std::strlen(traces::kKvGroup) &&
       fresh.name[std::strlen(traces::kKvGroup)] == '/') {
-    // A KV part's summaries from the backend: its tensor is the one OnForward would use (none
+    // A KV part's rows from the backend: its tensor is the one OnForward would use (none
     // when its layer is not kept, or the policy keeps no KV rows).
     fresh.kv = true;
     if (opts_.policy.kv) {
@@ -192,7 +202,7 @@ const Recorder::TapEntry* Recorder::Resolve(const engine::TapEvent& e) {
   }
   fresh.wanted = opts_.policy.WantsTap(e.name);
   if (fresh.wanted && e.name != "logits") {
-    const DType dtype = e.dtype == engine::TapDType::kI32 ? DType::kI32 : DType::kF32;
+    const DType dtype = ToTraceDType(e.dtype);
     const bool full = opts_.policy.mode == CapturePolicy::Mode::kFull;
     fresh.tensor = Define(std::string(traces::kTapsGroup) + "/" + fresh.name, dtype, e.cols, full);
     if (!fresh.tensor) return nullptr;
@@ -373,8 +383,7 @@ void Recorder::OnForward(std::span<const engine::Segment> segs, const engine::Pa
     step_tokens_ += static_cast<int64_t>(s.tokens.size());
   }
   const CapturePolicy& p = opts_.policy;
-  // The backend summarised this step's rows where it stores them (kv/ events): the host cache
-  // does not hold them.
+  // The backend handed this step's rows over as kv/ taps: the host cache does not hold them.
   const bool came = kv_came_;
   kv_came_ = false;
   if (came || !status_.ok() || p.mode == CapturePolicy::Mode::kNone || !p.kv) return;
@@ -401,9 +410,7 @@ void Recorder::DefineKvTensors(const engine::PagedKvCache& cache) {
     for (size_t si = 0; si < streams.size(); ++si) {
       const engine::StreamSpec& st = streams[si];
       for (const engine::KvPart& part : cache.parts(l, si)) {
-        const DType dtype = part.type == engine::TapDType::kFp8E4m3 ? DType::kFp8E4m3
-                            : part.type == engine::TapDType::kBf16  ? DType::kBf16
-                                                                    : DType::kF32;
+        const DType dtype = ToTraceDType(part.type);
         const std::string path =
             std::string(traces::kKvGroup) + "/layers." + std::to_string(l) + "." + st.name + part.suffix;
         const Tensor* t = Define(path, dtype, part.cols, full,

@@ -18,6 +18,7 @@
 // Not thread-safe: the engine thread only. `engine` and `writer` must outlive the Recorder.
 #pragma once
 
+#include <algorithm>
 #include <chrono>
 #include <cstdint>
 #include <functional>
@@ -29,8 +30,6 @@
 #include <vector>
 
 #include "base/status.h"
-#include <algorithm>
-
 #include "engine/engine.h"
 #include "recorder/capture_policy.h"
 #include "traces/trace_writer.h"
@@ -73,6 +72,8 @@ struct RecorderOptions {
 // A backend-computed tap row summary (engine/tap.h) as the trace's SummaryRow (same fields, same
 // bits); position, request and step are the caller's.
 traces::SummaryRow ToSummaryRow(const engine::TapRowSummary& s);
+// The trace's element type for a tap's (or a KV part's) dtype.
+traces::DType ToTraceDType(engine::TapDType t);
 
 class Recorder : public engine::TapHook {
  public:
@@ -92,7 +93,8 @@ class Recorder : public engine::TapHook {
   int64_t tokens() const { return tokens_; }
   // The time this recorder has spent on the engine's thread, in its callbacks (stalls on a
   // full writer queue included): what recording adds to a step beyond the backend's own
-  // work for the hook. Split by callback: taps (OnTap, OnTapSummaries — logits included),
+  // work for the hook. Split by callback: taps (OnTap, OnTapSummaries, OnStepTaps — logits
+  // and the backend's kv/ taps included),
   // the KV cache rows (OnForward), the sampler rows and the step's end (OnStep, EndStep).
   struct EngineThreadTimes {
     int64_t taps_ns = 0, kv_ns = 0, steps_ns = 0;
@@ -171,7 +173,7 @@ class Recorder : public engine::TapHook {
   void BatchSummaryRows(const TapEntry& entry, const engine::TapRowSummary* in, int64_t request, int64_t position,
                         int64_t rows);
   void FlushBatch();
-  // OnTapSummaries: event i's entry at the last call; the rows and their tensors' handles.
+  // OnTapSummaries / OnStepTaps: event i's entry at the last call; the rows and their tensors' handles.
   struct BatchEntry {
     const TapEntry* entry = nullptr;
     const char* name = nullptr;  // the event name's address it was resolved for
@@ -197,10 +199,10 @@ class Recorder : public engine::TapHook {
     const Tensor* tensor;
   };
   std::vector<KvPart> kv_parts_;
-  // Whether this step's KV rows came from the backend as summaries (kv/ events) already.
+  // Whether this step's KV rows came from the backend as kv/ taps already.
   bool kv_came_ = false;
   EngineThreadTimes times_;
-  int timing_depth_ = 0;  // OnTapSummaries calls OnTap: only the outer call is timed
+  int timing_depth_ = 0;  // the batch hand-overs call OnTap: only the outer call is timed
   // Adds the time from construction to destruction to *into, when not nested in another.
   class Timed {
    public:

@@ -184,7 +184,7 @@ void Summarize(DType dtype, const void* row, int64_t cols, SummaryRow* out) {
 // multiply-adds with ln2 split in two, e^r by its Taylor polynomial to r^13 in Horner form (each
 // step one fused multiply-add; |r| ≤ 0.35: truncation below 2^-56 relative), times 2^k by its
 // bits. Below −708 the result is 0 (e^t < 2^-1021 adds nothing a logits sum can see), above
-// 709 +inf (logsumexp's t are ≤ 0); NaN stays NaN. The AVX2 lane function below is the same operations on four.
+// 709 +inf (logsumexp's t are ≤ 0); NaN stays NaN. LseExp4 below: the same operations on four.
 namespace {
 constexpr double kLog2e = 0x1.71547652b82fep0, kShift = 0x1.8p52;
 constexpr double kLn2Hi = 0x1.62e42fefa39efp-1, kLn2Lo = 0x1.abc9e3b39803fp-56;

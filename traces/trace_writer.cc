@@ -1337,8 +1337,8 @@ Status TraceWriter::Append(int32_t tensor, std::span<const SummaryRow> summaries
   const size_t n = c.entries.size();
   // Rows that continue this tensor's previous call — the command ends with its summary rows
   // (the bytes' last entry) and its lent rows in the same buffer, just before these (a step's
-  // requests, one event each, back to back in the backend's buffer) — extend both entries:
-  // one append of each table for the step, and whole chunks form where the rows lie.
+  // requests appended one at a time, back to back in the backend's buffer) — extend both
+  // entries: one append of each table for the step, and whole chunks form where the rows lie.
   if (n >= 2) {
     Command::Entry& s_prev = c.entries[n - 2];
     Command::Entry& v_prev = c.entries[n - 1];

@@ -322,8 +322,8 @@ TEST(RecorderBatch, StepTapsWriteTheSameTraceAsTheirSplit) {
       }
     }
   }
-  // 4 tensors × (5 rows a step over 4 steps... 3 + 1 + 1 + 1 rows of request 1, 4 of request 0)
-  // = 4 × 10 rows with every position, fewer with the stride, in each of the two modes.
+  // Every position kept: 4 tensors × 10 rows (4 in the first step, 2 in each of three more) in
+  // each mode; the stride keeps some of them too.
   EXPECT_GT(compared, 2 * 4 * 10);
 }
 
