@@ -141,6 +141,9 @@ class CudaBackend final : public Backend {
   Status AcquireWeights();
   Status AllocateCache(const PagedKvCache& cache);
 
+  // The dot GEMM's (gemm=*_dot) parameters of Linear: w as one expert, fixed ids.
+  Result<kernels::cuda::ExpertGemmParams> DotParams(const float* x, int64_t x_stride, int64_t rows, const DevTensor& w,
+                                                    float* y, int64_t y_stride);
   // y[rows, out] = x[rows, w.rows] · wᵀ through the chosen GEMM; bf16 weights take x rounded to bf16.
   Status Linear(const float* x, int64_t x_stride, int64_t rows, const DevTensor& w, float* y, int64_t y_stride);
   Status SwiGluMlp(const DevTensor& gate_up, const DevTensor& down, int64_t inter, const float* x, int64_t rows,

@@ -77,12 +77,14 @@ __global__ void ToBf16Kernel(const float* x, int64_t xs, uint16_t* y, int64_t ys
   LS_FOR_EACH_ELEMENT(rows, n) y[r * ys + i] = dev::F32ToBf16(x[r * xs + i]);
 }
 
-// cpu::SwiGlu: out = (g / (1 + exp(−g))) · u.
+// cpu::SwiGlu's element: (g / (1 + exp(−g))) · u (also ExpertGemm's swiglu epilogue).
+__device__ __forceinline__ float SwiGluOf(float g, float u) {
+  return __fmul_rn(__fdiv_rn(g, __fadd_rn(1.0f, ExpF(-g))), u);
+}
 __global__ void SwiGluKernel(SwiGluParams p) {
   dev::GridDependencySync();
   LS_FOR_EACH_ELEMENT(p.rows, p.n) {
-    const float g = p.g[r * p.g_stride + i], u = p.u[r * p.u_stride + i];
-    p.out[r * p.out_stride + i] = __fmul_rn(__fdiv_rn(g, __fadd_rn(1.0f, ExpF(-g))), u);
+    p.out[r * p.out_stride + i] = SwiGluOf(p.g[r * p.g_stride + i], p.u[r * p.u_stride + i]);
   }
 }
 
@@ -1071,13 +1073,14 @@ __device__ __forceinline__ void StageX(const float* x, int n, bool round, float*
 }
 
 // The streaming shapes' shared pieces. An id outside [0, experts): kErrExpert, and the CTA's
-// `rows` outputs from row0 are NaN; true when so (the CTA then returns).
+// `rows` outputs from row0 (those below `limit`: out, or swiglu_inter) are NaN; true when so
+// (the CTA then returns).
 __device__ __forceinline__ bool BadExpert(const ExpertGemmParams& p, int e, int64_t slot, int64_t row0, int rows,
-                                          int tid) {
+                                          int tid, int64_t limit) {
   if (e >= 0 && e < p.experts) return false;
   dev::GridDependencySync();
   if (blockIdx.x == 0 && tid == 0 && p.error_flag != nullptr) atomicOr(p.error_flag, kErrExpert);
-  if (tid < rows && row0 + tid < p.out) p.y[slot * p.y_stride + row0 + tid] = QuietNan();
+  if (tid < rows && row0 + tid < limit) p.y[slot * p.y_stride + row0 + tid] = QuietNan();
   return true;
 }
 __global__ void __launch_bounds__(kSwThreads) ExpertGemmStreamKernel(ExpertGemmParams p, int stages) {
@@ -1094,7 +1097,7 @@ __global__ void __launch_bounds__(kSwThreads) ExpertGemmStreamKernel(ExpertGemmP
   // previous kernel (launch.cuh), so they stream in while it finishes.
   if (!p.ids_fixed) dev::WaitForPrior();
   const int e = p.ids[slot];
-  if (BadExpert(p, e, slot, row0, kRows, tid)) return;
+  if (BadExpert(p, e, slot, row0, kRows, tid, p.out)) return;
   const int nblk = static_cast<int>((p.in + kFwBlk - 1) / kFwBlk);
   // A warp copies its own four rows (lane = chunk), so a warp barrier, not the CTA's, makes a
   // block visible to the lanes that read it. Row 4·warp + i's chunk q sits at q ^ 2i: a warp's
@@ -1287,7 +1290,15 @@ __global__ void __launch_bounds__(kBkThreads) ExpertGemmBulkKernel(ExpertGemmPar
   unsigned char* wbuf = smem + static_cast<size_t>(stages) * 4 * sizeof(uint64_t);  // [stages][16][kRowBytes]
   float* xs = reinterpret_cast<float*>(wbuf + static_cast<size_t>(stages) * kBkRows * kRowBytes);
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, g = lane & 7, row = tid >> 3;
-  const int64_t slot = blockIdx.y, row0 = static_cast<int64_t>(blockIdx.x) * kBkRows, o = row0 + row;
+  // The CTA's 16 weight rows: row0 … row0 + 15; with the SwiGLU epilogue (swiglu_inter = I) the
+  // gate rows 8b … 8b + 7 (warps 0, 1) and the up rows I + 8b … (warps 2, 3), b = blockIdx.x —
+  // a warp's four rows stay adjacent. o is this thread's weight row; o_ok whether it exists.
+  const int64_t I = p.swiglu_inter;
+  const bool swiglu = I > 0;
+  const int64_t slot = blockIdx.y, row0 = static_cast<int64_t>(blockIdx.x) * (swiglu ? kBkRows / 2 : kBkRows);
+  auto weight_row = [&](int r) { return swiglu ? (r < 8 ? row0 + r : I + row0 + (r - 8)) : row0 + r; };
+  const int64_t o = weight_row(row);
+  const bool o_ok = swiglu ? row0 + (row & 7) < I : o < p.out;
   const bool combine = p.x_partials.o != nullptr;  // x: an MLA decode's splits, merged here
   const float* const xrow = combine ? nullptr : p.x + (p.x_per_slot ? slot : slot / p.k) * p.x_stride;
   const int tn0 = p.in < kSwTileIn ? static_cast<int>(p.in) : kSwTileIn;
@@ -1299,15 +1310,18 @@ __global__ void __launch_bounds__(kBkThreads) ExpertGemmBulkKernel(ExpertGemmPar
     if (!combine) XTileLoad(xrow, tn0, tid, kBkThreads, xt);
   }
   const int e = p.ids[slot];
-  if (BadExpert(p, e, slot, row0, kBkRows, tid)) return;
+  if (swiglu ? BadExpert(p, e, slot, row0, kBkRows / 2, tid, I) : BadExpert(p, e, slot, row0, kBkRows, tid, p.out)) {
+    return;
+  }
   const int nblk = static_cast<int>((p.in + kBlk - 1) / kBlk);
   const int ring = nblk < stages ? nblk : stages;
   uint64_t* const wbar = bars + warp;  // this warp's barrier of ring slot s: wbar[4 s]
   if (lane < ring) dev::MbarInit(wbar + 4 * lane, 1);
   __syncwarp();
   // The warp's rows that exist; lane i below that count copies row 4·warp + i.
-  const int64_t wrow0 = row0 + 4 * warp;
-  const int nrows = static_cast<int>(p.out - wrow0 < 0 ? 0 : (p.out - wrow0 > 4 ? 4 : p.out - wrow0));
+  const int64_t wrow0 = weight_row(4 * warp);
+  const int64_t wleft = swiglu ? I - (row0 + 4 * (warp & 1)) : p.out - wrow0;
+  const int nrows = static_cast<int>(wleft < 0 ? 0 : (wleft > 4 ? 4 : wleft));
   const unsigned char* wsrc =
       static_cast<const unsigned char*>(p.w) +
       (static_cast<int64_t>(e) * p.w_expert_stride + (lane < nrows ? wrow0 + lane : 0) * p.w_row_stride) * kEsz;
@@ -1323,7 +1337,7 @@ __global__ void __launch_bounds__(kBkThreads) ExpertGemmBulkKernel(ExpertGemmPar
   };
   // This thread's row's FP8 scales (a row past `out` reads row 0's: computed, not stored).
   const float* const srow = kFp8 ? p.w_scale + static_cast<int64_t>(e) * p.w_scale_expert_stride +
-                                       (o < p.out ? o : 0) * p.w_scale_row_stride
+                                       (o_ok ? o : 0) * p.w_scale_row_stride
                                  : nullptr;
   const int nscales = static_cast<int>((p.in + 127) / 128);
   // With fixed ids the requests go out before the previous kernel has finished (launch.cuh).
@@ -1414,7 +1428,14 @@ __global__ void __launch_bounds__(kBkThreads) ExpertGemmBulkKernel(ExpertGemmPar
     }
   }
   const float sum = dev::FoldPairs8(acc0, acc1);
-  if (g == 0 && o < p.out) p.y[slot * p.y_stride + o] = sum;
+  if (swiglu) {  // act[8b + i] = SwiGlu(gate row i, up row i): SwiGluKernel's bits
+    __shared__ float pair_s[kBkRows];
+    if (g == 0) pair_s[row] = sum;
+    __syncthreads();
+    if (tid < kBkRows / 2 && row0 + tid < I) p.y[slot * p.y_stride + row0 + tid] = SwiGluOf(pair_s[tid], pair_s[tid + 8]);
+  } else if (g == 0 && o_ok) {
+    p.y[slot * p.y_stride + o] = sum;
+  }
 }
 
 template <int kBlk, bool kFp8>
@@ -1423,7 +1444,9 @@ Status LaunchBulk(const ExpertGemmParams& p, int stages, Stream stream) {
       cudaFuncSetAttribute(ExpertGemmBulkKernel<kBlk, kFp8>, cudaFuncAttributeMaxDynamicSharedMemorySize,
                            static_cast<int>(BulkSmemBytes<kBlk, kFp8>(kBkMaxValues / kBlk, kSwTileIn, true)));
   LS_CUDA_RETURN_IF_ERROR(attr);
-  const dim3 grid(static_cast<unsigned>((p.out + kBkRows - 1) / kBkRows), static_cast<unsigned>(p.rows * p.k));
+  const int64_t row_blocks =
+      p.swiglu_inter > 0 ? (p.swiglu_inter + kBkRows / 2 - 1) / (kBkRows / 2) : (p.out + kBkRows - 1) / kBkRows;
+  const dim3 grid(static_cast<unsigned>(row_blocks), static_cast<unsigned>(p.rows * p.k));
   LS_CUDA_RETURN_IF_ERROR(LaunchKernel(ExpertGemmBulkKernel<kBlk, kFp8>, grid, kBkThreads,
                                        BulkSmemBytes<kBlk, kFp8>(stages, p.in, p.x_partials.o != nullptr), stream,
                                        p, stages));
@@ -1642,6 +1665,76 @@ Status NormRoute(const NormRouteParams& p, Stream stream) {
   return Status::Ok();
 }
 
+// What ExpertGemm's shapes need of the weights: 16-byte weight loads need every row start
+// 16-byte aligned (otherwise element loads: the same arithmetic, the same bits); the cp.async
+// (kFast*) and bulk shapes bf16 or FP8 rows so aligned with in % 16 = 0; the streaming
+// cp.async shape bf16.
+struct GemmShapes {
+  bool vec, bulk_ok, fast_ok, stream_ok;
+};
+GemmShapes ShapesOf(const ExpertGemmParams& p) {
+  const int64_t es = p.w_fp8 ? 1 : p.w_bf16 ? 2 : 4;
+  GemmShapes sh;
+  sh.vec = reinterpret_cast<uintptr_t>(p.w) % 16 == 0 && (p.w_row_stride * es) % 16 == 0 &&
+           (p.w_expert_stride * es) % 16 == 0;
+  sh.bulk_ok = (p.w_bf16 || p.w_fp8) && sh.vec && p.in % 16 == 0;
+  sh.fast_ok = sh.bulk_ok;
+  sh.stream_ok = p.w_bf16 && sh.bulk_ok;
+  return sh;
+}
+
+// The launch shape for p (p.launch unless kAuto). The shape changes speed only: each output's
+// order is fixed by `in` (ExpertGemmParams); gpu_model_ops_test runs every shape and compares bits.
+ExpertGemmParams::Launch ResolveLaunch(const ExpertGemmParams& p, const GemmShapes& sh) {
+  using L = ExpertGemmParams::Launch;
+  if (p.launch != L::kAuto) return p.launch;
+  const int64_t slots = p.rows * p.k;
+  const bool dense = p.experts == 1;
+  if (p.w_fp8) {
+    // FP8 weights: bulk copies per slot (any number of waves) for the few-row products, the
+    // cp.async chunked shape for crowded ones (prefill, batches), the register path otherwise.
+    const bool by_slot = slots <= (dense ? kEgDenseSlotMax : kEgSlotModeMax);
+    const bool crowded = dense || slots >= kEgFastChunk * p.experts;
+    return sh.bulk_ok && by_slot                                ? L::kBulkBySlot
+           : sh.fast_ok && crowded                              ? L::kFastChunk4
+           : by_slot || (!crowded && slots <= kEgRegSlotMax) ? L::kRegBySlot
+                                                             : L::kRegChunk;
+  }
+  // Up to kEgSlotModeMax slots of distinct experts: one CTA column per slot (decode's
+  // experts). Slots sharing experts (a dense layer: one "expert"; heads as experts; MoE
+  // batches of ≥ 8 slots per expert) gather per-expert chunks so a weight row is read once
+  // per chunk. bf16 rows with in % 16 = 0 (every DeepSeek shape) stream through cp.async.
+  // Measured on the H200: kernels/cuda/README.md ("Speed").
+  // (The 1-warp shapes measured slower everywhere on the H200: not chosen.)
+  // A dense product at a few rows also goes per slot: each row re-reads the weights, from L2
+  // after the first (H200: kv_a at 4 rows 10 µs per slot against 38 µs chunked).
+  const bool by_slot = slots <= (dense ? kEgDenseSlotMax : kEgSlotModeMax);
+  const bool crowded = dense || slots >= kEgFastChunk * p.experts;
+  if (sh.fast_ok && by_slot) {
+    // Fewer 4-warp CTAs than about two per SM leave the GPU idle: one warp per CTA, with
+    // the whole row in flight, instead (decode's dense products, the heads' absorptions).
+    // A dense product streams at any size (lm_head: 103 against 125 µs).
+    // Of the two streaming shapes, bulk copies when the grid runs in one wave; cp.async when it
+    // takes several (lm_head: 107 µs against 143; layer 0's down 32 against 39: the copy
+    // engine's small requests are slower to stream than cp.async's once a wave waits).
+    return dense || (p.out + 63) / 64 * slots < kEgStreamBelowCtas
+               ? (PickBulkShape(p).one_wave ? L::kBulkBySlot : L::kStreamBySlot)
+               : L::kFastBySlot4;
+  }
+  if (!dense && !crowded && slots <= kEgRegSlotMax) return L::kRegBySlot;  // a few tokens' experts
+  if (sh.fast_ok && crowded) return L::kFastChunk4;
+  return by_slot ? L::kRegBySlot : L::kRegChunk;
+}
+
+bool ExpertGemmSwiGluFits(const ExpertGemmParams& p) {
+  if (p.swiglu_inter <= 0 || p.out != 2 * p.swiglu_inter || p.x_partials.o != nullptr || p.rows <= 0 || p.k <= 0 ||
+      p.rows * p.k > kMaxGrid) {
+    return false;
+  }
+  const GemmShapes sh = ShapesOf(p);
+  return sh.bulk_ok && ResolveLaunch(p, sh) == ExpertGemmParams::Launch::kBulkBySlot;
+}
+
 Status ExpertGemm(const ExpertGemmParams& p, Stream stream) {
   constexpr const char* op = "ExpertGemm";
   LS_CHECK_ARG(p.w != nullptr, op, "w", p.w);
@@ -1661,6 +1754,9 @@ Status ExpertGemm(const ExpertGemmParams& p, Stream stream) {
     LS_CHECK_ARG(p.launch == ExpertGemmParams::Launch::kAuto || p.launch == ExpertGemmParams::Launch::kBulkBySlot, op,
                  "launch (x_partials: the bulk shape)", static_cast<int>(p.launch));
   }
+  LS_CHECK_ARG(p.swiglu_inter >= 0, op, "swiglu_inter", p.swiglu_inter);
+  LS_CHECK_ARG(p.swiglu_inter == 0 || p.out == 2 * p.swiglu_inter, op, "swiglu_inter (out = 2 · swiglu_inter)",
+               p.swiglu_inter);
   LS_CHECK_ARG(p.ids != nullptr, op, "ids", p.ids);
   LS_CHECK_ARG(p.y != nullptr, op, "y", p.y);
   LS_CHECK_ARG(p.rows >= 0, op, "rows", p.rows);
@@ -1672,7 +1768,7 @@ Status ExpertGemm(const ExpertGemmParams& p, Stream stream) {
   LS_CHECK_ARG(p.w_row_stride >= p.in, op, "w_row_stride", p.w_row_stride);
   LS_CHECK_ARG(p.w_expert_stride >= (p.out - 1) * p.w_row_stride + p.in, op, "w_expert_stride", p.w_expert_stride);
   LS_CHECK_ARG(combine || p.x_stride >= p.in, op, "x_stride", p.x_stride);
-  LS_CHECK_ARG(p.y_stride >= p.out, op, "y_stride", p.y_stride);
+  LS_CHECK_ARG(p.y_stride >= (p.swiglu_inter > 0 ? p.swiglu_inter : p.out), op, "y_stride", p.y_stride);
   LS_CHECK_ARG(!(p.w_bf16 && p.w_fp8), op, "w_fp8 (and w_bf16)", p.w_fp8);
   if (p.w_fp8) {
     const int64_t chunks = (p.in + 127) / 128;
@@ -1682,84 +1778,37 @@ Status ExpertGemm(const ExpertGemmParams& p, Stream stream) {
                  p.w_scale_expert_stride);
   }
   if (p.rows == 0) return Status::Ok();
-  // 16-byte weight loads need every row start 16-byte aligned; otherwise element loads (same
-  // arithmetic, same bits).
-  const int64_t es = p.w_fp8 ? 1 : p.w_bf16 ? 2 : 4;
-  const bool vec = reinterpret_cast<uintptr_t>(p.w) % 16 == 0 && (p.w_row_stride * es) % 16 == 0 &&
-                   (p.w_expert_stride * es) % 16 == 0;
-  // The launch shape changes speed only: each output's order is fixed by `in` (see above);
-  // gpu_model_ops_test runs every shape and compares bits.
   using L = ExpertGemmParams::Launch;
-  const int64_t slots = p.rows * p.k;
-  // cp.async (kFast*) and bulk shapes: bf16 or FP8 rows, 16-byte aligned, in % 16 = 0; the
-  // streaming cp.async shape: bf16 only.
-  const bool bulk_ok = (p.w_bf16 || p.w_fp8) && vec && p.in % 16 == 0;
-  const bool fast_ok = bulk_ok;
-  const bool stream_ok = p.w_bf16 && bulk_ok;
-  L launch = p.launch;
+  const GemmShapes sh = ShapesOf(p);
+  L launch = combine ? L::kBulkBySlot : ResolveLaunch(p, sh);
   if (combine) {
-    LS_CHECK_ARG(bulk_ok, op, "x_partials (needs bf16 or FP8 weights, 16-byte rows, in % 16 = 0)", p.in);
-    launch = L::kBulkBySlot;
-  } else if (launch == L::kAuto && p.w_fp8) {
-    // FP8 weights: bulk copies per slot (any number of waves) for the few-row products, the
-    // cp.async chunked shape for crowded ones (prefill, batches), the register path otherwise.
-    const bool dense = p.experts == 1;
-    const bool by_slot = slots <= (dense ? kEgDenseSlotMax : kEgSlotModeMax);
-    const bool crowded = dense || slots >= kEgFastChunk * p.experts;
-    launch = bulk_ok && by_slot                                     ? L::kBulkBySlot
-             : fast_ok && crowded                                   ? L::kFastChunk4
-             : by_slot || (!crowded && slots <= kEgRegSlotMax) ? L::kRegBySlot
-                                                               : L::kRegChunk;
-  } else if (launch == L::kAuto) {
-    // Up to kEgSlotModeMax slots of distinct experts: one CTA column per slot (decode's
-    // experts). Slots sharing experts (a dense layer: one "expert"; heads as experts; MoE
-    // batches of ≥ 8 slots per expert) gather per-expert chunks so a weight row is read once
-    // per chunk. bf16 rows with in % 16 = 0 (every DeepSeek shape) stream through cp.async.
-    // Measured on the H200: kernels/cuda/README.md ("Speed").
-    // (The 1-warp shapes measured slower everywhere on the H200: not chosen.)
-    const bool dense = p.experts == 1;
-    // A dense product at a few rows also goes per slot: each row re-reads the weights, from L2
-    // after the first (H200: kv_a at 4 rows 10 µs per slot against 38 µs chunked).
-    const bool by_slot = slots <= (dense ? kEgDenseSlotMax : kEgSlotModeMax);
-    const bool crowded = dense || slots >= kEgFastChunk * p.experts;
-    if (fast_ok && by_slot) {
-      // Fewer 4-warp CTAs than about two per SM leave the GPU idle: one warp per CTA, with
-      // the whole row in flight, instead (decode's dense products, the heads' absorptions).
-      // A dense product streams at any size (lm_head: 103 against 125 µs).
-      // Of the two streaming shapes, bulk copies when the grid runs in one wave; cp.async when it
-      // takes several (lm_head: 107 µs against 143; layer 0's down 32 against 39: the copy
-      // engine's small requests are slower to stream than cp.async's once a wave waits).
-      launch = dense || (p.out + 63) / 64 * slots < kEgStreamBelowCtas
-                   ? (PickBulkShape(p).one_wave ? L::kBulkBySlot : L::kStreamBySlot)
-                   : L::kFastBySlot4;
-    } else if (!dense && !crowded && slots <= kEgRegSlotMax) {
-      launch = L::kRegBySlot;  // a few tokens' experts: one CTA column per slot still wins
-    } else if (fast_ok && crowded) {
-      launch = L::kFastChunk4;
-    } else {
-      launch = by_slot ? L::kRegBySlot : L::kRegChunk;
-    }
+    LS_CHECK_ARG(sh.bulk_ok, op, "x_partials (needs bf16 or FP8 weights, 16-byte rows, in % 16 = 0)", p.in);
   }
+  if (p.swiglu_inter > 0) {
+    LS_CHECK_ARG(!combine && launch == L::kBulkBySlot && sh.bulk_ok, op,
+                 "swiglu_inter (the SwiGLU epilogue needs the bulk shape: ExpertGemmSwiGluFits)", p.swiglu_inter);
+  }
+  const int64_t slots = p.rows * p.k;
   const bool by_slot_launch = launch == L::kRegBySlot || launch == L::kFastBySlot4 || launch == L::kFastBySlot1 ||
                               launch == L::kStreamBySlot || launch == L::kBulkBySlot;
   LS_CHECK_ARG(!by_slot_launch || slots <= kMaxGrid, op, "launch (one CTA per slot needs rows·k ≤ 65535)", slots);
   switch (launch) {
     case L::kRegBySlot:
-      return LaunchExpertGemm<4, 1, 8, true>(p, vec, stream);
+      return LaunchExpertGemm<4, 1, 8, true>(p, sh.vec, stream);
     case L::kRegChunk:
-      return LaunchExpertGemm<4, 8, 4, false>(p, vec, stream);
+      return LaunchExpertGemm<4, 8, 4, false>(p, sh.vec, stream);
     default:
       break;
   }
   if (launch == L::kBulkBySlot) {
-    LS_CHECK_ARG(bulk_ok, op, "launch (bulk copies need bf16 or FP8 weights, 16-byte rows, in % 16 = 0)",
+    LS_CHECK_ARG(sh.bulk_ok, op, "launch (bulk copies need bf16 or FP8 weights, 16-byte rows, in % 16 = 0)",
                  static_cast<int>(launch));
     return LaunchExpertGemmBulk(p, stream);
   }
   const char* need = launch == L::kStreamBySlot
                          ? "launch (the streaming shape needs bf16 weights, 16-byte rows, in % 16 = 0)"
                          : "launch (cp.async shapes need bf16 or FP8 weights, 16-byte rows, in % 16 = 0)";
-  LS_CHECK_ARG(launch == L::kStreamBySlot ? stream_ok : fast_ok, op, need, static_cast<int>(launch));
+  LS_CHECK_ARG(launch == L::kStreamBySlot ? sh.stream_ok : sh.fast_ok, op, need, static_cast<int>(launch));
   switch (launch) {
     case L::kFastBySlot4:
       return LaunchExpertGemmFast<4, 1, 3, 2048, true>(p, stream);

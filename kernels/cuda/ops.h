@@ -564,6 +564,12 @@ struct ExpertGemmParams {
   // experts ≤ x_partials.heads, the splits MlaDecodeSplits allocates for max_seq_len (or topk),
   // and bf16 or FP8 weights (the bulk-copy shape runs it).
   MlaPartials x_partials;
+  // SwiGLU in the epilogue when > 0 (= I): the product's out = 2·I rows are [gate | up] (a
+  // SwiGLU MLP's gate_up) and y receives SwiGlu(gate, up) — [rows·k, I], y_stride ≥ I, SwiGlu's
+  // bits — instead of the 2·I products: one launch and one wait fewer. Only where the bulk-copy
+  // shape runs (ExpertGemmSwiGluFits; an error otherwise): each CTA takes 8 gate rows and the 8
+  // up rows that pair with them.
+  int64_t swiglu_inter = 0;
   // The launch shape: kAuto picks by shape and device (ExpertGemm's comment in model_ops.cu);
   // the others force one, for tests (every shape gives the same bits) and benchmarks. The
   // kFast* and kStream* shapes need bf16 weights, 16-byte aligned rows and in % 16 = 0 (else
@@ -583,6 +589,10 @@ struct ExpertGemmParams {
   Launch launch = Launch::kAuto;
 };
 Status ExpertGemm(const ExpertGemmParams& p, Stream stream = nullptr);
+// Whether ExpertGemm runs p with the SwiGLU epilogue (p.swiglu_inter > 0, out = 2·swiglu_inter,
+// no x_partials): p's launch — its own, or kAuto's pick — is the bulk-copy shape. Callers
+// fall back to the product and SwiGlu when not.
+bool ExpertGemmSwiGluFits(const ExpertGemmParams& p);
 
 // MoE combine, bitwise engine/model.cc's loop: out[r, :] = 0; for j ascending:
 // out[r, :] += y[r·k + j, :] · w[r, j] (product rounded, then the add); then

@@ -248,6 +248,9 @@ TEST(CudaRoute, SameExpertsAsCpuAllGateKinds) {
       {"v3 sigmoid noaux_tc", 256, 8, 8, 4, cu::GateKind::kSigmoidNoauxTc, true, 2.5f},
       {"sigmoid, 1 group, norm", 64, 6, 1, 1, cu::GateKind::kSigmoidNoauxTc, true, 1.0f},
       {"softmax greedy k=E", 16, 16, 1, 1, cu::GateKind::kSoftmaxGreedy, true, 1.0f},
+      // Past 256 experts the rounds run over shared memory instead of registers.
+      {"softmax greedy, 384 experts", 384, 8, 1, 1, cu::GateKind::kSoftmaxGreedy, false, 1.0f},
+      {"sigmoid noaux_tc, 512 experts", 512, 8, 8, 4, cu::GateKind::kSigmoidNoauxTc, true, 2.5f},
   };
   for (const RouteConfig& c : configs) {
     for (int ties = 0; ties < 2; ++ties) {
@@ -259,6 +262,8 @@ TEST(CudaRoute, SameExpertsAsCpuAllGateKinds) {
         for (float& v : bias) v = std::round(v * 64.0f) / 64.0f;
       }
       for (int64_t i = 0; i < c.experts; ++i) logits[5 * stride + i] = -INFINITY;  // a fully masked row
+      logits[7 * stride + 3] = std::nanf("");  // NaN logits: every score of the row NaN (softmax)
+      logits[9 * stride + c.experts - 1] = std::nanf("");
       RouteOut got = GpuRoute(c, logits, stride, bias, rows);
       std::vector<int32_t> want_ids(rows * c.k);
       std::vector<float> want_w(rows * c.k);
@@ -466,7 +471,8 @@ struct GemmRun {
 };
 
 GemmRun GpuExpertGemm(const GemmData& d, const std::vector<int32_t>& ids, int64_t rows, const float* x_host,
-                      cu::ExpertGemmParams::Launch launch = cu::ExpertGemmParams::Launch::kAuto) {
+                      cu::ExpertGemmParams::Launch launch = cu::ExpertGemmParams::Launch::kAuto,
+                      int64_t swiglu_inter = 0) {
   const GemmCase& g = d.g;
   cu::DeviceBuffer dw = g.w_fp8 ? Upload(d.w8) : g.w_bf16 ? Upload(d.w16) : Upload(d.w);
   cu::DeviceBuffer dscale = Upload(g.w_fp8 ? d.scales : std::vector<float>(1, 0.0f));
@@ -500,6 +506,7 @@ GemmRun GpuExpertGemm(const GemmData& d, const std::vector<int32_t>& ids, int64_
   p.y_stride = d.ys;
   p.error_flag = flag.as<int32_t>();
   p.launch = launch;
+  p.swiglu_inter = swiglu_inter;
   GemmRun run;
   const Status s = cu::ExpertGemm(p);
   EXPECT_TRUE(s.ok()) << s.message();
@@ -698,6 +705,98 @@ TEST(CudaExpertGemm, StreamingGemvReadsXOnlyAfterTheKernelBefore) {
                                         std::to_string(rep)));
     }
   }
+}
+
+// The SwiGLU epilogue (swiglu_inter = I; the product's 2·I rows are [gate | up]): each slot's
+// I activations are the SwiGlu kernel's over the product's gate and up rows, bit for bit (the
+// product is cpu::MatMulNT's bits: the tests above; SwiGlu is within an exp ulp of the CPU's:
+// CudaSwiGlu), and nothing past them is written — V2-Lite's shared experts at batch 1 and 8
+// (I = 2816), a token's routed experts (I = 1408, six slots by id), FP8 weights, and I not a
+// multiple of 8 (the last CTA's gate and up halves both partial); a bad id gives NaN
+// activations and the flag. Refused by name where the bulk shape does not run;
+// ExpertGemmSwiGluFits says so beforehand.
+TEST(CudaExpertGemm, SwiGluEpilogueIsTheProductThenSwiGlu) {
+  LS_REQUIRE_GPU();
+  using L = cu::ExpertGemmParams::Launch;
+  const GemmCase cases[] = {
+      {1, 1, 1, 5632, 2048, true, false, true, 0},           // shared gate_up, batch 1
+      {8, 1, 1, 5632, 2048, true, false, true, 0},           // batch 8
+      {1, 6, 64, 2816, 2048, true, false, true, 0},          // routed gate_up of a token
+      {2, 2, 4, 26, 64, true, false, true, 0},               // I = 13
+      {1, 1, 1, 5632, 2048, false, false, false, 0, true},   // FP8
+      {3, 2, 4, 42, 256, false, false, false, 0, true},      // FP8, I = 21
+  };
+  uint64_t seed = 7100;
+  for (const GemmCase& g : cases) {
+    const int64_t I = g.out / 2, slots = g.rows * g.k;
+    GemmData d = MakeGemm(g, seed += 10);
+    const GemmRun prod = GpuExpertGemm(d, d.ids, g.rows, d.x.data(), L::kBulkBySlot);
+    ASSERT_TRUE(SameBitsOrBothNan(prod.y, CpuExpertGemm(d), "the product, " + Name(g)));
+    cu::DeviceBuffer dprod = Upload(prod.y), dwant = Zeros<float>(slots * d.ys);
+    cu::SwiGluParams sp;
+    sp.g = dprod.as<float>(), sp.g_stride = d.ys;
+    sp.u = dprod.as<float>() + I, sp.u_stride = d.ys;
+    sp.out = dwant.as<float>(), sp.out_stride = d.ys;
+    sp.rows = slots, sp.n = I;
+    LS_ASSERT_OK(cu::SwiGlu(sp));
+    LS_ASSERT_OK(cu::Synchronize());
+    const std::vector<float> want = Download<float>(dwant, slots * d.ys);
+    GemmRun got = GpuExpertGemm(d, d.ids, g.rows, d.x.data(), L::kBulkBySlot, I);
+    EXPECT_EQ(got.flag, 0) << Name(g);
+    EXPECT_TRUE(SameBitsOrBothNan(got.y, want, "swiglu epilogue vs the product then SwiGlu, " + Name(g)));
+
+    // A bad id: that slot's activations NaN, the flag set, the other slots unchanged.
+    if (g.k > 1) {
+      std::vector<int32_t> ids = d.ids;
+      ids[1] = static_cast<int32_t>(g.experts);
+      GemmRun bad = GpuExpertGemm(d, ids, g.rows, d.x.data(), L::kBulkBySlot, I);
+      EXPECT_EQ(bad.flag, cu::kErrExpert) << Name(g);
+      for (int64_t slot = 0; slot < slots; ++slot) {
+        for (int64_t c = 0; c < d.ys; ++c) {
+          const float v = bad.y[slot * d.ys + c];
+          if (c >= I) {
+            ASSERT_EQ(v, 0.0f) << Name(g) << " slot " << slot << " col " << c << ": past the activations";
+          } else if (slot == 1) {
+            ASSERT_TRUE(std::isnan(v)) << Name(g) << " col " << c;
+          } else {
+            ASSERT_EQ(std::bit_cast<uint32_t>(v), std::bit_cast<uint32_t>(want[slot * d.ys + c]))
+                << Name(g) << " slot " << slot << " col " << c;
+          }
+        }
+      }
+    }
+  }
+
+  // Where it applies: the auto shape at decode's few rows (the engine's shared experts) fits;
+  // a crowded product and a forced non-bulk shape do not, and ExpertGemm refuses them by name.
+  const GemmData d = MakeGemm({1, 1, 1, 5632, 2048, true, false, true, 0}, 7300);
+  cu::DeviceBuffer dw = Upload(d.w16), dx = Upload(std::vector<float>(64 * 2048, 0.5f)), ids = Zeros<int32_t>(64),
+                   dy = Zeros<float>(64 * d.ys);
+  cu::ExpertGemmParams p;
+  p.rows = 1, p.k = 1, p.experts = 1, p.out = 5632, p.in = 2048;
+  p.w = dw.data(), p.w_bf16 = true, p.w_expert_stride = d.es, p.w_row_stride = d.rs;
+  p.x = dx.as<float>(), p.x_stride = 2048, p.round_x_bf16 = true;
+  p.ids = ids.as<int32_t>(), p.ids_fixed = true;
+  p.y = dy.as<float>(), p.y_stride = d.ys;
+  p.swiglu_inter = 2816;
+  EXPECT_TRUE(cu::ExpertGemmSwiGluFits(p)) << "decode's shared gate_up at one row";
+  p.launch = L::kStreamBySlot;
+  EXPECT_FALSE(cu::ExpertGemmSwiGluFits(p));
+  Status st = cu::ExpertGemm(p);
+  EXPECT_FALSE(st.ok());
+  EXPECT_NE(st.message().find("swiglu_inter"), std::string::npos) << st.message();
+  p.launch = L::kAuto;
+  p.rows = 64;  // crowded: the chunked cp.async shape
+  EXPECT_FALSE(cu::ExpertGemmSwiGluFits(p));
+  st = cu::ExpertGemm(p);
+  EXPECT_FALSE(st.ok());
+  EXPECT_NE(st.message().find("swiglu_inter"), std::string::npos) << st.message();
+  p.rows = 1;
+  p.swiglu_inter = 2815;  // out ≠ 2·I
+  EXPECT_FALSE(cu::ExpertGemmSwiGluFits(p));
+  st = cu::ExpertGemm(p);
+  EXPECT_FALSE(st.ok());
+  EXPECT_NE(st.message().find("swiglu_inter"), std::string::npos) << st.message();
 }
 
 TEST(CudaExpertGemm, BadExpertIdGivesNanRowAndFlag) {
