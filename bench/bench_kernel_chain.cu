@@ -127,28 +127,8 @@ std::vector<int> ParseList(const char* s) {
   return v;
 }
 
-// µs per kernel of one mode; checks the chain's values.
-template <Mode kMode>
-double Run(int kernels, int ctas, int per_cta, int reps) {
-  const size_t n = static_cast<size_t>(ctas) * per_cta;
-  float *a = nullptr, *b = nullptr;
-  unsigned* counters = nullptr;
-  CHECK_CUDA(cudaMalloc(&a, n * sizeof(float)));
-  CHECK_CUDA(cudaMalloc(&b, n * sizeof(float)));
-  CHECK_CUDA(cudaMalloc(&counters, kernels * sizeof(unsigned)));
-  cudaStream_t s;
-  CHECK_CUDA(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
-  cudaGraph_t graph;
-  CHECK_CUDA(cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal));
-  CHECK_CUDA(cudaMemsetAsync(a, 0, n * sizeof(float), s));
-  CHECK_CUDA(cudaMemsetAsync(counters, 0, kernels * sizeof(unsigned), s));
-  for (int k = 0; k < kernels; ++k) {
-    const float* in = k % 2 == 0 ? a : b;
-    float* out = k % 2 == 0 ? b : a;
-    Launch<kMode>(ctas, s, in, out, per_cta, k == 0 ? nullptr : counters + k - 1, static_cast<unsigned>(ctas),
-                  counters + k);
-  }
-  CHECK_CUDA(cudaStreamEndCapture(s, &graph));
+// Milliseconds a replay of `graph` takes on `s` (one untimed replay first).
+double ReplayMs(cudaStream_t s, cudaGraph_t graph, int reps) {
   cudaGraphExec_t exec;
   CHECK_CUDA(cudaGraphInstantiate(&exec, graph, 0));
   CHECK_CUDA(cudaGraphLaunch(exec, s));
@@ -162,24 +142,63 @@ double Run(int kernels, int ctas, int per_cta, int reps) {
   CHECK_CUDA(cudaEventSynchronize(e1));
   float ms = 0;
   CHECK_CUDA(cudaEventElapsedTime(&ms, e0, e1));
-  std::vector<float> host(n);
-  CHECK_CUDA(cudaMemcpy(host.data(), kernels % 2 == 0 ? a : b, n * sizeof(float), cudaMemcpyDeviceToHost));
-  for (size_t i = 0; i < n; ++i) {
-    if (host[i] != static_cast<float>(kernels)) {
-      std::fprintf(stderr, "bench_kernel_chain: %s, %d CTAs: value %zu is %g, not %d — the chain broke\n",
-                   ModeName(kMode), ctas, i, host[i], kernels);
-      std::exit(1);
-    }
-  }
   CHECK_CUDA(cudaEventDestroy(e0));
   CHECK_CUDA(cudaEventDestroy(e1));
   CHECK_CUDA(cudaGraphExecDestroy(exec));
+  return static_cast<double>(ms) / reps;
+}
+
+// Two value buffers of `ctas` slices, a stream, and the check that every value of the chain's
+// last output equals its length (each of `kernels` links added 1 to it).
+struct Chain {
+  size_t n = 0;
+  float *a = nullptr, *b = nullptr;
+  cudaStream_t s = nullptr;
+  Chain(int ctas, int per_cta) : n(static_cast<size_t>(ctas) * per_cta) {
+    CHECK_CUDA(cudaMalloc(&a, n * sizeof(float)));
+    CHECK_CUDA(cudaMalloc(&b, n * sizeof(float)));
+    CHECK_CUDA(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
+  }
+  ~Chain() {
+    cudaStreamDestroy(s);
+    cudaFree(a);
+    cudaFree(b);
+  }
+  void Check(int kernels, const char* mode, int ctas) const {
+    std::vector<float> host(n);
+    CHECK_CUDA(cudaMemcpy(host.data(), kernels % 2 == 0 ? a : b, n * sizeof(float), cudaMemcpyDeviceToHost));
+    for (size_t i = 0; i < n; ++i) {
+      if (host[i] != static_cast<float>(kernels)) {
+        std::fprintf(stderr, "bench_kernel_chain: %s, %d CTAs: value %zu is %g, not %d — the chain broke\n", mode,
+                     ctas, i, host[i], kernels);
+        std::exit(1);
+      }
+    }
+  }
+};
+
+// µs per kernel of one mode; checks the chain's values.
+template <Mode kMode>
+double Run(int kernels, int ctas, int per_cta, int reps) {
+  Chain c(ctas, per_cta);
+  unsigned* counters = nullptr;
+  CHECK_CUDA(cudaMalloc(&counters, kernels * sizeof(unsigned)));
+  cudaGraph_t graph;
+  CHECK_CUDA(cudaStreamBeginCapture(c.s, cudaStreamCaptureModeThreadLocal));
+  CHECK_CUDA(cudaMemsetAsync(c.a, 0, c.n * sizeof(float), c.s));
+  CHECK_CUDA(cudaMemsetAsync(counters, 0, kernels * sizeof(unsigned), c.s));
+  for (int k = 0; k < kernels; ++k) {
+    const float* in = k % 2 == 0 ? c.a : c.b;
+    float* out = k % 2 == 0 ? c.b : c.a;
+    Launch<kMode>(ctas, c.s, in, out, per_cta, k == 0 ? nullptr : counters + k - 1, static_cast<unsigned>(ctas),
+                  counters + k);
+  }
+  CHECK_CUDA(cudaStreamEndCapture(c.s, &graph));
+  const double ms = ReplayMs(c.s, graph, reps);
+  c.Check(kernels, ModeName(kMode), ctas);
   CHECK_CUDA(cudaGraphDestroy(graph));
-  CHECK_CUDA(cudaStreamDestroy(s));
-  CHECK_CUDA(cudaFree(a));
-  CHECK_CUDA(cudaFree(b));
   CHECK_CUDA(cudaFree(counters));
-  return 1000.0 * ms / reps / kernels;
+  return 1000.0 * ms / kernels;
 }
 
 // µs per phase of the persistent form, or a negative value when the CTAs do not fit at once.
@@ -188,52 +207,21 @@ double RunPersistent(int kernels, int ctas, int per_cta, int reps) {
   CHECK_CUDA(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, Persistent, kThreads, 0));
   CHECK_CUDA(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0));
   if (ctas > per_sm * sms) return -1.0;
-  const size_t n = static_cast<size_t>(ctas) * per_cta;
-  float *a = nullptr, *b = nullptr;
+  Chain c(ctas, per_cta);
   unsigned* arrived = nullptr;
-  CHECK_CUDA(cudaMalloc(&a, n * sizeof(float)));
-  CHECK_CUDA(cudaMalloc(&b, n * sizeof(float)));
   CHECK_CUDA(cudaMalloc(&arrived, sizeof(unsigned)));
-  cudaStream_t s;
-  CHECK_CUDA(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
   cudaGraph_t graph;
-  CHECK_CUDA(cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal));
-  CHECK_CUDA(cudaMemsetAsync(a, 0, n * sizeof(float), s));
-  CHECK_CUDA(cudaMemsetAsync(arrived, 0, sizeof(unsigned), s));
-  Persistent<<<ctas, kThreads, 0, s>>>(a, b, per_cta, kernels, arrived);
+  CHECK_CUDA(cudaStreamBeginCapture(c.s, cudaStreamCaptureModeThreadLocal));
+  CHECK_CUDA(cudaMemsetAsync(c.a, 0, c.n * sizeof(float), c.s));
+  CHECK_CUDA(cudaMemsetAsync(arrived, 0, sizeof(unsigned), c.s));
+  Persistent<<<ctas, kThreads, 0, c.s>>>(c.a, c.b, per_cta, kernels, arrived);
   CHECK_CUDA(cudaGetLastError());
-  CHECK_CUDA(cudaStreamEndCapture(s, &graph));
-  cudaGraphExec_t exec;
-  CHECK_CUDA(cudaGraphInstantiate(&exec, graph, 0));
-  CHECK_CUDA(cudaGraphLaunch(exec, s));
-  CHECK_CUDA(cudaStreamSynchronize(s));
-  cudaEvent_t e0, e1;
-  CHECK_CUDA(cudaEventCreate(&e0));
-  CHECK_CUDA(cudaEventCreate(&e1));
-  CHECK_CUDA(cudaEventRecord(e0, s));
-  for (int r = 0; r < reps; ++r) CHECK_CUDA(cudaGraphLaunch(exec, s));
-  CHECK_CUDA(cudaEventRecord(e1, s));
-  CHECK_CUDA(cudaEventSynchronize(e1));
-  float ms = 0;
-  CHECK_CUDA(cudaEventElapsedTime(&ms, e0, e1));
-  std::vector<float> host(n);
-  CHECK_CUDA(cudaMemcpy(host.data(), kernels % 2 == 0 ? a : b, n * sizeof(float), cudaMemcpyDeviceToHost));
-  for (size_t i = 0; i < n; ++i) {
-    if (host[i] != static_cast<float>(kernels)) {
-      std::fprintf(stderr, "bench_kernel_chain: persistent, %d CTAs: value %zu is %g, not %d — a barrier leaked\n",
-                   ctas, i, host[i], kernels);
-      std::exit(1);
-    }
-  }
-  CHECK_CUDA(cudaEventDestroy(e0));
-  CHECK_CUDA(cudaEventDestroy(e1));
-  CHECK_CUDA(cudaGraphExecDestroy(exec));
+  CHECK_CUDA(cudaStreamEndCapture(c.s, &graph));
+  const double ms = ReplayMs(c.s, graph, reps);
+  c.Check(kernels, "persistent", ctas);
   CHECK_CUDA(cudaGraphDestroy(graph));
-  CHECK_CUDA(cudaStreamDestroy(s));
-  CHECK_CUDA(cudaFree(a));
-  CHECK_CUDA(cudaFree(b));
   CHECK_CUDA(cudaFree(arrived));
-  return 1000.0 * ms / reps / kernels;
+  return 1000.0 * ms / kernels;
 }
 
 }  // namespace
