@@ -127,27 +127,6 @@ std::vector<int> ParseList(const char* s) {
   return v;
 }
 
-// Milliseconds a replay of `graph` takes on `s` (one untimed replay first).
-double ReplayMs(cudaStream_t s, cudaGraph_t graph, int reps) {
-  cudaGraphExec_t exec;
-  CHECK_CUDA(cudaGraphInstantiate(&exec, graph, 0));
-  CHECK_CUDA(cudaGraphLaunch(exec, s));
-  CHECK_CUDA(cudaStreamSynchronize(s));
-  cudaEvent_t e0, e1;
-  CHECK_CUDA(cudaEventCreate(&e0));
-  CHECK_CUDA(cudaEventCreate(&e1));
-  CHECK_CUDA(cudaEventRecord(e0, s));
-  for (int r = 0; r < reps; ++r) CHECK_CUDA(cudaGraphLaunch(exec, s));
-  CHECK_CUDA(cudaEventRecord(e1, s));
-  CHECK_CUDA(cudaEventSynchronize(e1));
-  float ms = 0;
-  CHECK_CUDA(cudaEventElapsedTime(&ms, e0, e1));
-  CHECK_CUDA(cudaEventDestroy(e0));
-  CHECK_CUDA(cudaEventDestroy(e1));
-  CHECK_CUDA(cudaGraphExecDestroy(exec));
-  return static_cast<double>(ms) / reps;
-}
-
 // Two value buffers of `ctas` slices, a stream, and the check that every value of the chain's
 // last output equals its length (each of `kernels` links added 1 to it).
 struct Chain {
@@ -194,7 +173,7 @@ double Run(int kernels, int ctas, int per_cta, int reps) {
                   counters + k);
   }
   CHECK_CUDA(cudaStreamEndCapture(c.s, &graph));
-  const double ms = ReplayMs(c.s, graph, reps);
+  const double ms = GraphReplayMs(c.s, graph, reps);
   c.Check(kernels, ModeName(kMode), ctas);
   CHECK_CUDA(cudaGraphDestroy(graph));
   CHECK_CUDA(cudaFree(counters));
@@ -217,7 +196,7 @@ double RunPersistent(int kernels, int ctas, int per_cta, int reps) {
   Persistent<<<ctas, kThreads, 0, c.s>>>(c.a, c.b, per_cta, kernels, arrived);
   CHECK_CUDA(cudaGetLastError());
   CHECK_CUDA(cudaStreamEndCapture(c.s, &graph));
-  const double ms = ReplayMs(c.s, graph, reps);
+  const double ms = GraphReplayMs(c.s, graph, reps);
   c.Check(kernels, "persistent", ctas);
   CHECK_CUDA(cudaGraphDestroy(graph));
   CHECK_CUDA(cudaFree(arrived));

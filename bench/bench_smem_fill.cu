@@ -160,12 +160,8 @@ int main(int argc, char** argv) {
   CHECK_CUDA(cudaFuncSetAttribute(Behind, cudaFuncAttributeMaxDynamicSharedMemorySize, 65536));
   cudaStream_t st;
   CHECK_CUDA(cudaStreamCreate(&st));
-  cudaEvent_t e0, e1;
-  CHECK_CUDA(cudaEventCreate(&e0));
-  CHECK_CUDA(cudaEventCreate(&e1));
   auto timed = [&](int which, int ctas, unsigned bytes) {
     cudaGraph_t g;
-    cudaGraphExec_t ge;
     CHECK_CUDA(cudaStreamBeginCapture(st, cudaStreamCaptureModeGlobal));
     const size_t span = static_cast<size_t>(ctas) * bytes;
     for (int r = 0; r < reps; ++r) {
@@ -177,15 +173,7 @@ int main(int argc, char** argv) {
       }
     }
     CHECK_CUDA(cudaStreamEndCapture(st, &g));
-    CHECK_CUDA(cudaGraphInstantiate(&ge, g, 0));
-    CHECK_CUDA(cudaGraphLaunch(ge, st));
-    CHECK_CUDA(cudaEventRecord(e0, st));
-    CHECK_CUDA(cudaGraphLaunch(ge, st));
-    CHECK_CUDA(cudaEventRecord(e1, st));
-    CHECK_CUDA(cudaEventSynchronize(e1));
-    float ms = 0;
-    CHECK_CUDA(cudaEventElapsedTime(&ms, e0, e1));
-    CHECK_CUDA(cudaGraphExecDestroy(ge));
+    const double ms = GraphReplayMs(st, g);
     CHECK_CUDA(cudaGraphDestroy(g));
     return 1e3 * ms / reps;
   };

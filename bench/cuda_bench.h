@@ -45,3 +45,25 @@ double MsPerCall(F&& run, int reps, int warmups = 1) {
   CHECK_CUDA(cudaEventDestroy(e1));
   return static_cast<double>(ms) / reps;
 }
+
+// Milliseconds one replay of `graph` takes on stream `s`: instantiated, replayed once untimed,
+// then `reps` replays between two events.
+inline double GraphReplayMs(cudaStream_t s, cudaGraph_t graph, int reps = 1) {
+  cudaGraphExec_t exec;
+  CHECK_CUDA(cudaGraphInstantiate(&exec, graph, 0));
+  CHECK_CUDA(cudaGraphLaunch(exec, s));
+  CHECK_CUDA(cudaStreamSynchronize(s));
+  cudaEvent_t e0, e1;
+  CHECK_CUDA(cudaEventCreate(&e0));
+  CHECK_CUDA(cudaEventCreate(&e1));
+  CHECK_CUDA(cudaEventRecord(e0, s));
+  for (int r = 0; r < reps; ++r) CHECK_CUDA(cudaGraphLaunch(exec, s));
+  CHECK_CUDA(cudaEventRecord(e1, s));
+  CHECK_CUDA(cudaEventSynchronize(e1));
+  float ms = 0;
+  CHECK_CUDA(cudaEventElapsedTime(&ms, e0, e1));
+  CHECK_CUDA(cudaEventDestroy(e0));
+  CHECK_CUDA(cudaEventDestroy(e1));
+  CHECK_CUDA(cudaGraphExecDestroy(exec));
+  return static_cast<double>(ms) / reps;
+}
