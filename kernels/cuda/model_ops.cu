@@ -1432,7 +1432,9 @@ __global__ void __launch_bounds__(kBkThreads) ExpertGemmBulkKernel(ExpertGemmPar
     __shared__ float pair_s[kBkRows];
     if (g == 0) pair_s[row] = sum;
     __syncthreads();
-    if (tid < kBkRows / 2 && row0 + tid < I) p.y[slot * p.y_stride + row0 + tid] = SwiGluOf(pair_s[tid], pair_s[tid + 8]);
+    if (tid < kBkRows / 2 && row0 + tid < I) {
+      p.y[slot * p.y_stride + row0 + tid] = SwiGluOf(pair_s[tid], pair_s[tid + 8]);
+    }
   } else if (g == 0 && o_ok) {
     p.y[slot * p.y_stride + o] = sum;
   }
