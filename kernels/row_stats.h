@@ -123,8 +123,9 @@ LS_HD inline RowStats RowStatsI32(const int32_t* p, int64_t cols) {
   return a.Finish();
 }
 
-// The floats a bf16 and an FP8 E4M3 byte encode: traces::Bf16ToFloat and Fp8E4m3ToFloat's
-// values, bit for bit (E4M3 without any scale; its one NaN pattern per sign a quiet NaN).
+// The floats a bf16 and an FP8 E4M3 byte encode (E4M3 without any scale; its one NaN pattern
+// per sign a quiet NaN): kernels/cpu/numerics.h's values, bit for bit, on host and device; also
+// what traces::Bf16ToFloat and Fp8E4m3ToFloat return.
 LS_HD inline float Bf16Value(uint16_t bits) {
   const uint32_t u = static_cast<uint32_t>(bits) << 16;
   float f;

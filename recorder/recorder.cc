@@ -146,6 +146,14 @@ traces::DType ToTraceDType(engine::TapDType t) {
   return DType::kF32;
 }
 
+traces::SummaryRow Recorder::RowOf(const engine::TapRowSummary& s, int64_t request, int64_t position) const {
+  traces::SummaryRow r = ToSummaryRow(s);
+  r.position = position;
+  r.request = static_cast<int32_t>(request);
+  r.step = static_cast<int32_t>(steps_);
+  return r;
+}
+
 bool Recorder::WantsTapValues() const { return opts_.policy.mode == CapturePolicy::Mode::kFull; }
 bool Recorder::WantsKvTaps() const { return opts_.policy.mode != CapturePolicy::Mode::kNone && opts_.policy.kv; }
 
@@ -154,12 +162,7 @@ void Recorder::CaptureSummaries(const Tensor& t, int64_t request, int64_t positi
                                 const std::shared_ptr<const void>& owner) {
   summaries_.clear();
   for (int64_t i = 0; i < rows; ++i) {
-    if (!opts_.policy.WantsPosition(position + i)) continue;
-    traces::SummaryRow r = ToSummaryRow(in[i]);
-    r.position = position + i;
-    r.request = static_cast<int32_t>(request);
-    r.step = static_cast<int32_t>(steps_);
-    summaries_.push_back(r);
+    if (opts_.policy.WantsPosition(position + i)) summaries_.push_back(RowOf(in[i], request, position + i));
   }
   if (summaries_.empty()) return;
   Status s;
@@ -230,11 +233,7 @@ void Recorder::BatchSummaryRows(const TapEntry& entry, const engine::TapRowSumma
                                 int64_t position, int64_t rows) {
   for (int64_t r = 0; r < rows; ++r) {
     if (!opts_.policy.WantsPosition(position + r)) continue;
-    traces::SummaryRow row = ToSummaryRow(in[r]);
-    row.position = position + r;
-    row.request = static_cast<int32_t>(request);
-    row.step = static_cast<int32_t>(steps_);
-    batch_rows_.push_back(row);
+    batch_rows_.push_back(RowOf(in[r], request, position + r));
     batch_tensors_.push_back(entry.tensor->handle);
   }
 }
@@ -299,11 +298,7 @@ void Recorder::OnStepTaps(std::span<const engine::TapEvent> events, std::span<co
       int64_t row0 = 0;
       for (const engine::TapSegment& g : segments) {
         for (int64_t r = 0; r < g.rows; ++r) {
-          traces::SummaryRow row = ToSummaryRow(e.summaries[row0 + r]);
-          row.position = g.position + r;
-          row.request = static_cast<int32_t>(g.request_id);
-          row.step = static_cast<int32_t>(steps_);
-          summaries_.push_back(row);
+          summaries_.push_back(RowOf(e.summaries[row0 + r], g.request_id, g.position + r));
         }
         row0 += g.rows;
       }

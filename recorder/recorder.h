@@ -167,6 +167,8 @@ class Recorder : public engine::TapHook {
   std::unordered_map<const void*, TapEntry> by_address_;  // tap name's address → decision
   // The entry of a tap event by its name; null when its tensor cannot be defined (status_ set).
   const TapEntry* Resolve(const engine::TapEvent& e);
+  // A backend-made row summary as the trace's row of `request` at `position` in this step.
+  traces::SummaryRow RowOf(const engine::TapRowSummary& s, int64_t request, int64_t position) const;
   // OnTapSummaries / OnStepTaps: event i's entry (null when it cannot be defined); a tensor's
   // summary rows into the batch, by the position filter; the batch to the writer.
   const TapEntry* EntryOfBatch(size_t i, const engine::TapEvent& e);

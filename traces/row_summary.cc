@@ -14,24 +14,15 @@
 #include <limits>
 #include <vector>
 
+#include "kernels/row_stats.h"
+
 namespace lockstep::traces {
 
 uint64_t ContentHash(const void* data, size_t bytes) { return XXH3_64bits_withSeed(data, bytes, kHashSeed); }
 
-float Bf16ToFloat(uint16_t bits) {
-  const uint32_t u = static_cast<uint32_t>(bits) << 16;
-  float f;
-  std::memcpy(&f, &u, 4);
-  return f;
-}
-
-float Fp8E4m3ToFloat(uint8_t b) {
-  const int sign = b >> 7, exp = (b >> 3) & 0xF, man = b & 7;
-  if (exp == 0xF && man == 7) return std::numeric_limits<float>::quiet_NaN();
-  const float mag = exp == 0 ? std::ldexp(static_cast<float>(man), -9)  // subnormal: man/8 · 2^-6
-                             : std::ldexp(1.0f + man / 8.0f, exp - 7);
-  return sign ? -mag : mag;
-}
+// The device summaries' decoders (kernels/row_stats.h), so both sides read the same values.
+float Bf16ToFloat(uint16_t bits) { return kernels::Bf16Value(bits); }
+float Fp8E4m3ToFloat(uint8_t b) { return kernels::Fp8E4m3Value(b); }
 
 namespace {
 

@@ -15,6 +15,7 @@
 #define XXH_INLINE_ALL
 #include <xxhash.h>
 
+#include "kernels/cpu/numerics.h"
 #include "kernels/row_stats.h"
 #include "kernels/xxh3.h"
 #include "traces/row_summary.h"
@@ -80,13 +81,13 @@ TEST(RowStats, EqualsSummarizeOnInt32Rows) {
 }
 
 // bf16 and E4M3 rows (a device backend's summaries of the KV cache as stored): every E4M3 byte
-// decodes to Fp8E4m3ToFloat's float (NaN patterns to a NaN), every bf16 exponent/sign pattern
-// to Bf16ToFloat's, and rows — random, with NaN / ±Inf / signed zeros / subnormals, empty — give
+// decodes to the CPU engine's float (kernels/cpu/numerics.h; NaN patterns to a NaN), every bf16
+// exponent/sign pattern to its Bf16ToF32's, and rows — random, with NaN / ±Inf / signed zeros / subnormals, empty — give
 // Summarize's fields bit for bit, at the KV parts' widths (512-value latents, 64 rope values,
 // 128-value index keys, 576-value bf16 latents) and odd ones.
 TEST(RowStats, EqualsSummarizeOnBf16AndE4m3Rows) {
   for (int b = 0; b < 256; ++b) {
-    const float want = traces::Fp8E4m3ToFloat(static_cast<uint8_t>(b)), got = kernels::Fp8E4m3Value(static_cast<uint8_t>(b));
+    const float want = kernels::Fp8E4m3ToF32(static_cast<uint8_t>(b)), got = kernels::Fp8E4m3Value(static_cast<uint8_t>(b));
     if (std::isnan(want)) {
       EXPECT_TRUE(std::isnan(got)) << "e4m3 byte " << b;
     } else {
@@ -94,7 +95,7 @@ TEST(RowStats, EqualsSummarizeOnBf16AndE4m3Rows) {
     }
   }
   for (uint32_t h = 0; h < 65536; h += 7) {
-    const float want = traces::Bf16ToFloat(static_cast<uint16_t>(h)), got = kernels::Bf16Value(static_cast<uint16_t>(h));
+    const float want = kernels::Bf16ToF32(static_cast<uint16_t>(h)), got = kernels::Bf16Value(static_cast<uint16_t>(h));
     EXPECT_EQ(std::memcmp(&want, &got, 4), 0) << "bf16 bits " << h;
   }
   std::mt19937 rng(5);
