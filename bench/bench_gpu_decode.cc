@@ -9,7 +9,7 @@
 // latent cache — over the step time, against a device-to-device copy (read + write bytes).
 //
 //   bench_gpu_decode [--model DIR] [--batch 1,64] [--prompt-len 512] [--tokens 64]
-//                    [--kv-cache bf16] [--gemm bf16] [--profile] [--no-cuda-graphs] [--json]
+//                    [--kv-cache bf16] [--gemm bf16] [--kernel OP=V] [--profile] [--no-cuda-graphs] [--json]
 //                    [--no-side-stream] [--no-overlapped-launch] [--temperature T] [--top-p P]
 //                    [--host-sampler] [--timeline FILE.csv] [--help]
 //                    [--profiler-steps N]  (cudaProfilerStart/Stop around N decode steps after the
@@ -27,6 +27,7 @@
 #include "engine/engine.h"
 #include "kernels/cuda/ops.h"
 #include "kernels/cuda/runtime.h"
+#include "kernels/registry.h"
 #ifdef LOCKSTEP_HAVE_CUPTI
 #include "bench/gpu_timeline.h"
 #endif
@@ -84,6 +85,7 @@ void Check(const Status& s) {
 }
 
 int main(int argc, char** argv) {
+  kernels::KernelChoice overrides;  // --kernel OP=V
   std::string model_dir = "models/shapes/deepseek-v2-lite", kv = "bf16", gemm = "bf16", batches = "1,64";
   int64_t prompt_len = 512, tokens = 64, profiler_steps = 0;
   std::string timeline;
@@ -102,6 +104,8 @@ int main(int argc, char** argv) {
           "  --kv-cache F           fp32 | bf16 | fp8_e4m3 (default bf16)\n"
           "  --gemm V               fp32 | bf16 | bf16_dot | fp8_dot | w8a8_dot (default bf16: cuBLAS; fp8_dot: FP8\n"
           "                         weights with 128x128 block scales, random e4m3 bytes)\n"
+          "  --kernel OP=V          another kernel variant (repeatable; `lockstep kernels` lists them), e.g.\n"
+          "                         indexer=fp8_paged\n"
           "  --profile              GPU time per phase of a step, on stderr\n"
           "  --no-cuda-graphs       launch kernel by kernel\n"
           "  --no-side-stream       one stream for the whole step\n"
@@ -136,6 +140,13 @@ int main(int argc, char** argv) {
     else if (k == "--tokens") tokens = std::stoll(v);
     else if (k == "--kv-cache") kv = v;
     else if (k == "--gemm") gemm = v;
+    else if (k == "--kernel") {
+      const Status st = kernels::ParseKernelOverride(v, &overrides);
+      if (!st.ok()) {
+        std::fprintf(stderr, "bench_gpu_decode: %s\n", st.message().c_str());
+        return 2;
+      }
+    }
     else if (k == "--profiler-steps") profiler_steps = std::stoll(v);
     else if (k == "--timeline") timeline = v;
     else if (k == "--temperature") temperature = std::stod(v);
@@ -164,7 +175,7 @@ int main(int argc, char** argv) {
   }
   const engine::ModelConfig& c = (*model)->config();
   nlohmann::json report = {{"device", cu::DeviceDescription()}, {"model", model_dir}, {"kv_cache", kv},
-                           {"gemm", gemm}, {"prompt_len", prompt_len}, {"tokens", tokens},
+                           {"gemm", gemm}, {"kernels", overrides}, {"prompt_len", prompt_len}, {"tokens", tokens},
                            {"copy_GBps", copy}, {"cuda_graphs", graphs}, {"side_stream", side},
                            {"overlapped_launch", overlap}, {"device_sampler", device_sampler},
                            {"temperature", temperature}, {"top_p", top_p}, {"runs", nlohmann::json::array()}};
@@ -179,7 +190,8 @@ int main(int argc, char** argv) {
     o.backend = "cuda";
     o.max_batch = batch;
     o.kv_format = *engine::ParseKvFormat(kv);
-    o.kernels = {{"gemm", gemm}};
+    o.kernels = overrides;
+    o.kernels["gemm"] = gemm;
     o.device.cuda_graphs = graphs;
     o.device.side_stream = side;
     o.device.overlapped_launch = overlap;

@@ -655,8 +655,17 @@ Status Model::Forward(std::span<Segment> segs, PagedKvCache& cache, const kernel
             }
           } else {
             // Absorbed: q_lat = W_UKᵀ q_nope; scores over the latent; o = W_UV (Σ p_t c_t).
-            std::vector<float> ql(C, 0.0f), ol(C, 0.0f);
-            for (int64_t a = 0; a < dn; ++a) cpu::Axpy(qn[a], wkv + a * C, C, ql.data());
+            // gemm=bf16: both absorption products read bf16 activations (q_nope, then the
+            // attention's output), as every other product of the variant does — and as the
+            // CUDA backend's absorptions do.
+            std::vector<float> ql(C, 0.0f), ol(C, 0.0f), qnr;
+            const float* qa = qn;
+            if (gemm.bf16) {
+              qnr.resize(dn);
+              for (int64_t a = 0; a < dn; ++a) qnr[a] = kernels::Bf16ToF32(kernels::F32ToBf16(qn[a]));
+              qa = qnr.data();
+            }
+            for (int64_t a = 0; a < dn; ++a) cpu::Axpy(qa[a], wkv + a * C, C, ql.data());
             // Scores over the keys: blocked products, each element exactly Dot's.
             const int64_t K = static_cast<int64_t>(keys.size());
             std::vector<float> s_lat(K), s_rope(K);
@@ -673,6 +682,9 @@ Status Model::Forward(std::span<Segment> segs, PagedKvCache& cache, const kernel
             softmax(sc.data(), static_cast<int64_t>(sc.size()));
             for (size_t j = 0; j < keys.size(); ++j) cpu::Axpy(sc[j], &lat[keys[j] * C], C, ol.data());
             // o_h = W_UV ol: dv rows of kv_b_proj after the head's W_UK rows.
+            if (gemm.bf16) {
+              for (float& v : ol) v = kernels::Bf16ToF32(kernels::F32ToBf16(v));
+            }
             cpu::MatMulNT(ol.data(), 1, wkv + dn * C, dv, C, oh);
           }
         }

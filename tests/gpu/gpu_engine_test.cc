@@ -350,16 +350,18 @@ std::vector<float> PromptLogits(const std::shared_ptr<Model>& m, const EngineOpt
 // The fixture `name` under gemm=`gemm` on the GPU is the CPU engine's gemm=`gemm` within the
 // engine's tolerance, while the CPU's `gemm` moved the logits from its `baseline` far more (so
 // the comparison can tell the variant from the baseline).
-void ExpectGpuGemmIsTheCpus(const char* name, const char* gemm, const char* baseline) {
+void ExpectGpuGemmIsTheCpus(const char* name, const char* gemm, const char* baseline,
+                            const kernels::KernelChoice& cpu_kernels = {}) {
   auto model = Model::Load(testing::FixtureDir() / "models" / name);
   ASSERT_TRUE(model.ok()) << model.status().message();
   std::vector<int32_t> prompt;
   for (int j = 0; j < 24; ++j) prompt.push_back(static_cast<int32_t>((37 * j + 11) % (*model)->config().vocab_size));
   EngineOptions cpu;
   cpu.page_size = 16;
-  cpu.kernels = {{"gemm", gemm}};
+  cpu.kernels = cpu_kernels;
+  cpu.kernels["gemm"] = gemm;
   const auto want = PromptLogits(*model, cpu, prompt, 2);
-  cpu.kernels = {{"gemm", baseline}};
+  cpu.kernels["gemm"] = baseline;
   const auto base = PromptLogits(*model, cpu, prompt, 2);
   const auto got = PromptLogits(*model, Cuda(engine::KvFormat::kFp32, gemm), prompt, 2);
   ASSERT_EQ(got.size(), want.size());
@@ -396,6 +398,22 @@ TEST(GpuEngine, Fp8WeightsAreTheCpusFp8Weights) {
     std::printf("  [v3_fp8 / cuda fp8_dot] worst prefill max|Δ|/max|ref| vs transformers = %.3g\n", worst);
   }
   for (const char* name : {"v3_basic", "v2_lite_like", "v32_sparse"}) ExpectGpuGemmIsTheCpus(name, "fp8_dot", "fp32");
+}
+
+// gemm=bf16_dot on the GPU is the CPU's gemm=bf16_dot with the GPU's attention form (absorbed
+// prefill, the CUDA backend's only one): every product reads bf16 weights and bf16 activations,
+// the MLA absorptions' too. Within the engine's tolerance (on the H200: the same bits), while
+// bf16 moved the logits away from fp32 far more. Before the CPU rounded q_nope and the attention
+// output for its absorptions the two were 0.61 and 0.014 apart: as far as bf16 is from fp32.
+// Not v32_sparse: there the attention norm's last-bit differences (RmsNorm is within a bound of
+// the CPU's, not bitwise) meet bf16 roundings that amplify them — `lockstep diff --exact` of a GPU
+// trace and its CPU replay names layers.0.attn_norm first (rel L2 1.2e-7), then layers.0.ffn.out
+// (1.7e-3); its prompt logits are 0.005 apart, bf16 against fp32 0.0097.
+TEST(GpuEngine, Bf16DotIsTheCpusBf16Dot) {
+  LS_REQUIRE_GPU();
+  for (const char* name : {"v3_basic", "v2_lite_like"}) {
+    ExpectGpuGemmIsTheCpus(name, "bf16_dot", "fp32", {{"attn_prefill", "absorbed"}});
+  }
 }
 
 // gemm=w8a8_dot on the GPU is the CPU's: fp8_dot's weights with the linear layers' inputs
