@@ -185,10 +185,22 @@ Result<ReplayResult> Replay(const traces::TraceReader& trace, const ReplayOption
   const Overrides& ov = opt.overrides;
   if (ov.kv_cache) eo.kv_format = *ov.kv_cache;
   if (ov.backend && *ov.backend != eo.backend) {
+    // What ran carries over wherever the new backend has the same variant: the recording engine's
+    // resolved choices (meta.kernels, its defaults included — a GPU trace replays on the CPU in
+    // the absorbed prefill it ran, not the CPU's default expanded form), else what was asked for
+    // (traces without meta.kernels). The rest take the new backend's defaults.
     eo.backend = *ov.backend;
-    for (auto it = eo.kernels.begin(); it != eo.kernels.end();) {
-      it = kernels::Registry::Get().Find(it->first, it->second, eo.backend) == nullptr ? eo.kernels.erase(it)
-                                                                                       : std::next(it);
+    kernels::KernelChoice ran = eo.kernels;
+    const json resolved = json::parse(MetaOr(trace, "kernels"), nullptr, /*allow_exceptions=*/false);
+    if (resolved.is_object()) {
+      for (const auto& [op, v] : resolved.items()) {
+        if (v.is_string() && !ran.count(op)) ran[op] = v.get<std::string>();
+      }
+    }
+    eo.kernels.clear();
+    for (const auto& [op, v] : ran) {
+      const kernels::KernelVariant* k = kernels::Registry::Get().Find(op, v, eo.backend);
+      if (k != nullptr && !k->fault) eo.kernels[op] = v;
     }
   }
   for (const auto& [op, v] : ov.kernels) eo.kernels[op] = v;

@@ -10,6 +10,8 @@
 #include <numeric>
 #include <random>
 
+#include <nlohmann/json.hpp>
+
 #include "diff/trace_diff.h"
 #include "recorder/fingerprint.h"
 #include "recorder/record_session.h"
@@ -69,6 +71,7 @@ class ReplayTest : public ::testing::Test {
     auto fp = recorder::ModelFingerprint(model_dir);
     EXPECT_TRUE(fp.ok());
     so.meta = {{"model_dir", model_dir.string()}, {"model_fingerprint", *fp}, {"tokenizer_hash", "none"}};
+    for (const auto& [k, v] : extra_meta_) so.meta[k] = v;
     auto res = recorder::RecordRun(**eng, reqs, so);
     EXPECT_TRUE(res.ok()) << res.status().message();
     if (res.ok()) {  // the recorder's own engine-thread time: some, and within the run
@@ -98,6 +101,7 @@ class ReplayTest : public ::testing::Test {
 
   fs::path dir_;
   int counter_ = 0;
+  std::map<std::string, std::string> extra_meta_;  // meta keys Record writes over the recorder's
   recorder::CapturePolicy::Logits logits_ = recorder::CapturePolicy::Logits::kFull;  // for Record
   int64_t logits_topk_ = 32;
 };
@@ -221,6 +225,43 @@ TEST_F(ReplayTest, FreeReplayReportsWhereTheTextParts) {
   same.mode = replayer::ReplayMode::kFree;
   auto s = Replay(t, same);
   EXPECT_EQ(s.diff.requests[0].first_token_diff, -1) << s.verdict;
+}
+
+// A trace from another backend replays in the kernels that ran there wherever this backend has
+// them: the recording engine's resolved choices (meta.kernels), its defaults included. Here a
+// CPU recording whose meta says what a CUDA engine's would — backend cuda, nothing asked for,
+// attn_prefill=absorbed resolved (the CUDA backend's only form; the CPU's default is expanded)
+// and a softmax variant this backend lacks — replays on the CPU in the absorbed prefill, with
+// the CPU's own softmax.
+TEST_F(ReplayTest, AnotherBackendsTraceReplaysInTheKernelsThatRan) {
+  const engine::EngineOptions d;
+  const nlohmann::json cuda_options = {{"kv_cache", "fp32"},     {"page_size", d.page_size},
+                                       {"kv_cache_tokens", d.kv_cache_tokens}, {"max_batch", d.max_batch},
+                                       {"kernels", nlohmann::json::object()}, {"fault", ""},
+                                       {"backend", "cuda"},      {"max_prefill_tokens", 0}};
+  extra_meta_ = {{"backend", "cuda"},
+                 {"engine_options", cuda_options.dump()},
+                 {"kernels", nlohmann::json({{"attn_prefill", "absorbed"},
+                                             {"attn_decode", "absorbed"},
+                                             {"gemm", "fp32"},
+                                             {"softmax", "online_tiles_cuda_only"}})
+                                 .dump()}};
+  const fs::path trace = Record("v3_basic", "cuda_like.h5", {Prompt(9, 4)});
+  replayer::ReplayOptions o;
+  o.overrides.backend = "cpu";
+  o.mode = replayer::ReplayMode::kForced;
+  const replayer::ReplayResult r = Replay(trace, o);
+  EXPECT_EQ(r.engine_options.backend, "cpu");
+  EXPECT_EQ(r.engine_options.kernels.count("attn_prefill") ? r.engine_options.kernels.at("attn_prefill") : "",
+            "absorbed");
+  EXPECT_EQ(r.engine_options.kernels.count("gemm") ? r.engine_options.kernels.at("gemm") : "", "fp32");
+  EXPECT_EQ(r.engine_options.kernels.count("softmax"), 0u) << "a variant the CPU lacks must not carry over";
+
+  // A replay on the recording's own backend is what was asked for, defaults left to resolve.
+  extra_meta_.clear();
+  const fs::path cpu_trace = Record("v3_basic", "cpu.h5", {Prompt(9, 4)});
+  const replayer::ReplayResult same = Replay(cpu_trace, {});
+  EXPECT_EQ(same.engine_options.kernels.count("attn_prefill"), 0u);
 }
 
 TEST_F(ReplayTest, GraftingSeparatesLocalFromPropagatedError) {
