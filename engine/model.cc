@@ -397,6 +397,9 @@ Status Model::Forward(std::span<Segment> segs, PagedKvCache& cache, const kernel
   const ModelWeights& W = gemm.bf16                                       ? Bf16Weights()
                           : kernel("gemm") == "fp8_dot" || w8a8 ? Fp8Weights()
                                                                           : weights_;
+  // norm=lanes256: every RMSNorm in the CUDA kernels' order and precision (fp32 lanes), so a GPU
+  // trace's CPU replay gives its norms' bits; the default sums in fp64.
+  auto rmsnorm = kernel("norm") == "lanes256" ? cpu::RmsNormLanes256 : cpu::RmsNorm;
   // Fault zoo (docs/fault-zoo.md); all false unless --fault chose one.
   const bool fault_skip_partial = kernel("indexer") == "fault_skip_partial_page";
   const bool fault_neg1 = kernel("attn_sparse") == "fault_neg1_as_token0";
@@ -454,7 +457,7 @@ Status Model::Forward(std::span<Segment> segs, PagedKvCache& cache, const kernel
     const auto& names = tap_names_[l];
 
     // h = RMSNorm(x)                                       [R, H]
-    cpu::RmsNorm(x.data(), L.input_norm.ptr(), R, H, c.rms_norm_eps, h.data());
+    rmsnorm(x.data(), L.input_norm.ptr(), R, H, c.rms_norm_eps, h.data());
     if (tapping) tap.Emit(names[kTapAttnNorm], h.data(), H);
 
     // q = q_b(RMSNorm(q_a(h))) or q_proj(h)                 [R, nh, dn + dr]
@@ -463,7 +466,7 @@ Status Model::Forward(std::span<Segment> segs, PagedKvCache& cache, const kernel
       q_resid.resize(R * c.q_lora_rank);
       std::vector<float> qa(R * c.q_lora_rank);
       linear(h.data(), R, L.q_a_proj.ptr(), c.q_lora_rank, H, qa.data());
-      cpu::RmsNorm(qa.data(), L.q_a_norm.ptr(), R, c.q_lora_rank, 1e-6, q_resid.data());  // default eps, as HF
+      rmsnorm(qa.data(), L.q_a_norm.ptr(), R, c.q_lora_rank, 1e-6, q_resid.data());  // default eps, as HF
       linear(q_resid.data(), R, L.q_b_proj.ptr(), nh * dqk, c.q_lora_rank, q.data());
     } else {
       linear(h.data(), R, L.q_proj.ptr(), nh * dqk, H, q.data());
@@ -472,7 +475,7 @@ Status Model::Forward(std::span<Segment> segs, PagedKvCache& cache, const kernel
     // [c_kv | k_rope] = kv_a(h); latent = RMSNorm(c_kv)      [R, C], [R, dr]
     linear(h.data(), R, L.kv_a_proj.ptr(), C + dr, H, kv.data());
     for (int64_t r = 0; r < R; ++r) {
-      cpu::RmsNorm(&kv[r * (C + dr)], L.kv_a_norm.ptr(), 1, C, 1e-6, &latent[r * C]);
+      rmsnorm(&kv[r * (C + dr)], L.kv_a_norm.ptr(), 1, C, 1e-6, &latent[r * C]);
       std::memcpy(&krope[r * dr], &kv[r * (C + dr) + C], dr * sizeof(float));
     }
 
@@ -699,7 +702,7 @@ Status Model::Forward(std::span<Segment> segs, PagedKvCache& cache, const kernel
     if (tapping) tap.Emit(names[kTapResidMid], x.data(), H);
 
     // FFN on RMSNorm(x).
-    cpu::RmsNorm(x.data(), L.post_attn_norm.ptr(), R, H, c.rms_norm_eps, h.data());
+    rmsnorm(x.data(), L.post_attn_norm.ptr(), R, H, c.rms_norm_eps, h.data());
     if (tapping) tap.Emit(names[kTapFfnNorm], h.data(), H);
     if (c.layers[l].ffn == FfnKind::kDense) {
       Impl::Mlp(linear, L.mlp, h.data(), R, H, o.data());
@@ -750,7 +753,7 @@ Status Model::Forward(std::span<Segment> segs, PagedKvCache& cache, const kernel
   }
 
   // Final norm, then logits for the rows that need them.
-  cpu::RmsNorm(x.data(), W.final_norm.ptr(), R, H, c.rms_norm_eps, h.data());
+  rmsnorm(x.data(), W.final_norm.ptr(), R, H, c.rms_norm_eps, h.data());
   if (tapping) tap.Emit("final_norm", h.data(), H);
   out->logits.assign(segs.size(), {});
   for (size_t s = 0; s < segs.size(); ++s) {

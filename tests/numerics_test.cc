@@ -129,6 +129,46 @@ TEST(Ops, MatMulAgreesWithEigenInDoublePrecision) {
   }
 }
 
+// norm=lanes256 (the CUDA kernels' order, fp32 lanes) against the fp64 RmsNorm: within the bound
+// of its fp32 sums, (⌈n/256⌉/2 + 14)·u relative; a row alone as in a batch; NaN and ±Inf as the
+// fp64 norm has them. By hand: 1 and 2⁻¹² in one lane (n = 512) lose the 2⁻²⁴ of their squares'
+// sum to the fp32 tie, where fp64 keeps it — so the two norms are different functions.
+TEST(Ops, RmsNormLanes256IsWithinFp32OfTheFp64Norm) {
+  std::mt19937 rng(17);
+  std::normal_distribution<float> nd(0, 2);
+  for (const int64_t n : {1, 100, 256, 513, 2048, 7168}) {
+    const int64_t rows = 3;
+    std::vector<float> x(rows * n), w(n), a(rows * n), b(rows * n), one(n);
+    for (auto& v : x) v = nd(rng);
+    for (auto& v : w) v = nd(rng);
+    cpu::RmsNormLanes256(x.data(), w.data(), rows, n, 1e-6, a.data());
+    cpu::RmsNorm(x.data(), w.data(), rows, n, 1e-6, b.data());
+    const double u = std::ldexp(1.0, -24), tol = (static_cast<double>((n + 255) / 256) / 2 + 14) * u;
+    for (int64_t i = 0; i < rows * n; ++i) {
+      ASSERT_NEAR(a[i], b[i], tol * std::fabs(b[i]) + 1e-30) << "n " << n << " at " << i;
+    }
+    cpu::RmsNormLanes256(&x[n], w.data(), 1, n, 1e-6, one.data());
+    EXPECT_EQ(0, std::memcmp(one.data(), &a[n], n * sizeof(float))) << "n " << n << ": row 1 alone";
+  }
+  std::vector<float> x(3 * 4, 1.0f), w(4, 1.0f), a(12), b(12);
+  x[1] = NAN;
+  x[4 + 2] = INFINITY;
+  cpu::RmsNormLanes256(x.data(), w.data(), 3, 4, 1e-6, a.data());
+  cpu::RmsNorm(x.data(), w.data(), 3, 4, 1e-6, b.data());
+  for (int i = 0; i < 12; ++i) {
+    EXPECT_EQ(std::isnan(a[i]), std::isnan(b[i])) << i;
+    if (!std::isnan(b[i])) EXPECT_EQ(a[i], b[i]) << i;  // these rows' sums are exact either way
+  }
+  std::vector<float> h(512, 0.0f), hw(512, 1.0f), ha(512), hb(512);
+  h[0] = 1.0f;
+  h[256] = std::ldexp(1.0f, -12);
+  cpu::RmsNormLanes256(h.data(), hw.data(), 1, 512, 0.0, ha.data());
+  cpu::RmsNorm(h.data(), hw.data(), 1, 512, 0.0, hb.data());
+  const float inv32 = 1.0f / std::sqrt(1.0f / 512.0f);  // lane 0: fma(2⁻¹², 2⁻¹², 1) = 1 in fp32
+  EXPECT_EQ(ha[0], inv32);
+  EXPECT_EQ(hb[0], static_cast<float>(1.0 / std::sqrt((1.0 + std::ldexp(1.0, -24)) / 512.0)));
+}
+
 TEST(Ops, RmsNormSoftmaxAndRope) {
   std::vector<float> x = {1, 2, 3, 4}, w = {1, 1, 2, 0.5f}, y(4);
   cpu::RmsNorm(x.data(), w.data(), 1, 4, 0.0, y.data());

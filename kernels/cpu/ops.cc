@@ -108,6 +108,30 @@ void MatMulNT(const float* x, int64_t rows, const float* w, int64_t out, int64_t
   MatMulNTStrided(x, in, rows, w, in, out, in, y, out);
 }
 
+void RmsNormLanes256(const float* x, const float* weight, int64_t rows, int64_t n, double eps, float* y) {
+  constexpr int kLanes = 256, kWarp = 32;
+  const float epsf = static_cast<float>(eps);
+  for (int64_t r = 0; r < rows; ++r) {
+    const float* xr = x + r * n;
+    float lane[kLanes] = {};
+    for (int64_t i = 0; i < n; ++i) lane[i % kLanes] = std::fma(xr[i], xr[i], lane[i % kLanes]);
+    float warp[kLanes / kWarp];
+    for (int w = 0; w < kLanes / kWarp; ++w) {
+      float v[kWarp], t[kWarp];
+      std::memcpy(v, lane + w * kWarp, sizeof v);
+      for (int o = kWarp / 2; o >= 1; o /= 2) {  // every lane adds its partner's value (a butterfly)
+        for (int i = 0; i < kWarp; ++i) t[i] = v[i] + v[i ^ o];
+        std::memcpy(v, t, sizeof v);
+      }
+      warp[w] = v[0];
+    }
+    const float s = ((warp[0] + warp[1]) + (warp[2] + warp[3])) + ((warp[4] + warp[5]) + (warp[6] + warp[7]));
+    const float inv = 1.0f / std::sqrt(s / static_cast<float>(n) + epsf);
+    float* yr = y + r * n;
+    for (int64_t i = 0; i < n; ++i) yr[i] = weight[i] * (xr[i] * inv);
+  }
+}
+
 void RmsNorm(const float* x, const float* weight, int64_t rows, int64_t n, double eps, float* y) {
   for (int64_t r = 0; r < rows; ++r) {
     const float* xr = x + r * n;

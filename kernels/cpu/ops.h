@@ -29,6 +29,13 @@ void MatMulNTStrided(const float* x, int64_t ldx, int64_t rows, const float* w, 
 // y = x · rsqrt(mean(x²) + eps) · weight, per row of length n (sum of squares in fp64).
 void RmsNorm(const float* x, const float* weight, int64_t rows, int64_t n, double eps, float* y);
 
+// RmsNorm in the CUDA kernels' order (norm=lanes256): the sum of squares in fp32, lane t of 256
+// accumulating x[i]² by FMA for i ≡ t (mod 256) in ascending i; each 32 lanes folded by a
+// butterfly (offsets 16, 8, 4, 2, 1); the 8 sums as ((s0+s1)+(s2+s3))+((s4+s5)+(s6+s7)); then
+// inv = 1 / sqrt(s / n + eps) in fp32 (eps rounded to fp32) and y = weight · (x · inv) — the bits of
+// kernels/cuda's RmsNorm and of every kernel that normalises a row with it.
+void RmsNormLanes256(const float* x, const float* weight, int64_t rows, int64_t n, double eps, float* y);
+
 // LayerNorm with weight and bias (biased variance, fp64 statistics), per row of length n.
 void LayerNorm(const float* x, const float* weight, const float* bias, int64_t rows, int64_t n, double eps, float* y);
 

@@ -87,6 +87,21 @@ TEST(CudaRmsNorm, MatchesCpuWithinDerivedBound) {
   }
 }
 
+// The kernel is cpu::RmsNormLanes256 (norm=lanes256) bit for bit: rows held in registers
+// (n ≤ 4096) and not, a single value, partial lanes.
+TEST(CudaRmsNorm, IsCpuLanes256Bitwise) {
+  LS_REQUIRE_GPU();
+  for (auto [rows, n] : std::vector<std::pair<int64_t, int64_t>>{{37, 7168}, {5, 1}, {3, 513}, {64, 512}, {2, 2048}}) {
+    std::vector<float> x = RandomRows(rows, n, 300 + n), w = RandomRows(1, n, 400 + n);
+    std::vector<float> want(rows * n);
+    kernels::cpu::RmsNormLanes256(x.data(), w.data(), rows, n, 1e-6, want.data());
+    NormRun got = GpuRmsNorm(x, w, rows, n, 1e-6f);
+    LS_ASSERT_OK(got.status);
+    EXPECT_TRUE(BitwiseEqual(got.y, want, "rmsnorm vs cpu lanes256 rows=" + std::to_string(rows) + " n=" +
+                                              std::to_string(n)));
+  }
+}
+
 TEST(CudaRmsNorm, NanAndInfPositionsMatchCpu) {
   LS_REQUIRE_GPU();
   const int64_t rows = 6, n = 700;
