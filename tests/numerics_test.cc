@@ -2,6 +2,7 @@
 // OCP FP8 spec table and IEEE bf16), and kernels against naive double-precision loops.
 #include <gtest/gtest.h>
 
+#include <bit>
 #include <cmath>
 #include <random>
 
@@ -167,6 +168,28 @@ TEST(Ops, RmsNormLanes256IsWithinFp32OfTheFp64Norm) {
   const float inv32 = 1.0f / std::sqrt(1.0f / 512.0f);  // lane 0: fma(2⁻¹², 2⁻¹², 1) = 1 in fp32
   EXPECT_EQ(ha[0], inv32);
   EXPECT_EQ(hb[0], static_cast<float>(1.0 / std::sqrt((1.0 + std::ldexp(1.0, -24)) / 512.0)));
+}
+
+// SwiGlu's element is (g / (1 + e)) · u with e = exp(−g) correctly rounded to fp32 (the CUDA
+// kernels' value): bit for bit the same fp32 expression over long double expl rounded once, for
+// 100k random gates and the edges (exp overflow → −0, NaN, ±0, ±inf up).
+TEST(Ops, SwiGluRoundsExpOnce) {
+  std::mt19937 rng(23);
+  std::normal_distribution<float> nd(0, 6);
+  std::vector<float> g(100000), u(g.size());
+  for (size_t i = 0; i < g.size(); ++i) g[i] = nd(rng), u[i] = nd(rng);
+  g[0] = -100.0f, g[1] = 100.0f, g[2] = -0.0f, g[3] = 0.0f, u[4] = INFINITY, g[5] = NAN, g[6] = 88.7f, g[7] = -88.8f;
+  std::vector<float> got(g.size());
+  cpu::SwiGlu(g.data(), u.data(), static_cast<int64_t>(g.size()), got.data());
+  for (size_t i = 0; i < g.size(); ++i) {
+    const float e = static_cast<float>(std::exp(-static_cast<long double>(g[i])));
+    const float want = (g[i] / (1.0f + e)) * u[i];
+    if (std::isnan(want)) {
+      EXPECT_TRUE(std::isnan(got[i])) << i;
+    } else {
+      ASSERT_EQ(std::bit_cast<uint32_t>(got[i]), std::bit_cast<uint32_t>(want)) << "g " << g[i] << " u " << u[i];
+    }
+  }
 }
 
 TEST(Ops, RmsNormSoftmaxAndRope) {

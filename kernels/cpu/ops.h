@@ -43,7 +43,7 @@ void LayerNorm(const float* x, const float* weight, const float* bias, int64_t r
 void Softmax(float* x, int64_t n);
 
 
-// out[i] = silu(gate[i]) · up[i]
+// out[i] = silu(gate[i]) · up[i], silu(g) = g / (1 + exp(−g)) with exp correctly rounded to fp32
 void SwiGlu(const float* gate, const float* up, int64_t n, float* out);
 
 // RoPE over one vector of `dim` values at one position. cos/sin hold dim/2 entries (one per

@@ -412,11 +412,11 @@ class Gemm {
 // The rest of the forward pass (kernels/cuda/model_ops.cu): embedding, elementwise ops,
 // LayerNorm, MoE routing, the grouped expert GEMM and the MoE combine. Twins: engine/model.cc
 // and kernels/cpu/ops.h. "Bitwise" below means the CPU's exact fp32/fp64 operation sequence.
-// expf: the CPU calls glibc's expf, which is not correctly rounded (≈0.06 % of random inputs
-// are 1 ulp off the true rounding on glibc 2.36); the GPU rounds CUDA's double exp to fp32,
-// which is the correctly rounded value in practice. So SwiGlu and Route's softmax/sigmoid
-// scores agree with the CPU's bits except in those cases, where they differ by 1 ulp of the
-// exponential (bounds in tests/gpu/gpu_model_ops_test.cc).
+// exp: the GPU rounds CUDA's double exp to fp32, which is the correctly rounded value in
+// practice. The CPU's SwiGlu does the same with glibc's double exp (bitwise); Route's
+// softmax/sigmoid scores on the CPU call glibc's expf, which is not correctly rounded (≈0.06 %
+// of random inputs are 1 ulp off on glibc 2.36), so they agree with the CPU's bits except in
+// those cases (bounds in tests/gpu/gpu_model_ops_test.cc).
 
 // Embedding gather, bitwise: y[r, :] = table[ids[r], :]. An id outside [0, vocab) sets
 // kErrToken and fills the row with NaN. One CTA per row.
@@ -446,7 +446,7 @@ Status ToBf16(const float* x, int64_t x_stride, uint16_t* y, int64_t y_stride, i
               Stream stream = nullptr);
 
 // out[r, i] = silu(g[r, i]) · u[r, i] with silu(v) = v / (1 + exp(−v)) — cpu::SwiGlu's
-// expression order; the only possible difference is the expf rounding (see above).
+// expression order and exp (see above): its bits.
 // out may alias g or u (same strides).
 struct SwiGluParams {
   const float* g = nullptr;  // [rows, n], row stride g_stride

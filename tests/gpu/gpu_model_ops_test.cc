@@ -113,7 +113,9 @@ TEST(CudaElementwise, AddScaleToBf16Bitwise) {
 // 1 + e differs by ≤ 2u relative before each side's rounding (u each), the quotient and the
 // product add u each per side: |Δ| ≤ (2 + 2 + 2 + 2)u = 8u relative, plus an absolute
 // 2^-149 for results in the subnormal range.
-TEST(CudaSwiGlu, MatchesCpuWithinOneExpUlp) {
+// Bit for bit the CPU's (both round exp once from a double; until 2026-11-30 the CPU used
+// glibc's expf and 43 of 180k elements differed, all within 8u), NaN where it has NaN.
+TEST(CudaSwiGlu, BitwiseCpu) {
   LS_REQUIRE_GPU();
   for (auto [rows, n] : std::vector<std::pair<int64_t, int64_t>>{{1, 1408}, {64, 2816}, {3, 17}}) {
     std::vector<float> g = Randn(rows * n, 30 + n, 4.0f), u = Randn(rows * n, 40 + n);
@@ -144,8 +146,8 @@ TEST(CudaSwiGlu, MatchesCpuWithinOneExpUlp) {
     for (size_t i = 0; i < got.size(); ++i) differ += !std::isnan(want[i]) && std::memcmp(&got[i], &want[i], 4) != 0;
     std::printf("  [swiglu %s] %lld of %zu elements differ in bits\n", Shape(rows, n).c_str(),
                 static_cast<long long>(differ), got.size());
-    EXPECT_TRUE(AllClose(
-        got, want, [&](size_t i) { return 8 * kU32 * std::fabs(want[i]) + 1.4e-45; }, "swiglu " + Shape(rows, n)));
+    EXPECT_EQ(differ, 0) << "swiglu " << Shape(rows, n);
+    EXPECT_TRUE(SameBitsOrBothNan(got, want, "swiglu " + Shape(rows, n)));
   }
 }
 
