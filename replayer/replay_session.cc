@@ -7,6 +7,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "base/version.h"
 #include "engine/tokenizer.h"
 #include "recorder/fingerprint.h"
 
@@ -315,6 +316,15 @@ Result<ReplayResult> Replay(const traces::TraceReader& trace, const ReplayOption
         v << "NOT deterministic: the first difference is at " << where(d.first);
       } else {
         v << "NOT deterministic: generated tokens differ although no captured tensor does";
+      }
+      if (!res.deterministic) {
+        // Another build may define a kernel differently: say so when the trace names its own.
+        const std::string rev = MetaOr(trace, "git_revision");
+        if (!rev.empty() && rev != kGitRevision && rev != "unknown" && std::string(kGitRevision) != "unknown") {
+          v << " (recorded by lockstep " << rev << ", replayed by " << kGitRevision
+            << ": kernel definitions may differ between them — `git log " << rev << ".." << kGitRevision
+            << " -- kernels engine`)";
+        }
       }
       break;
     case ReplayMode::kForced:

@@ -195,6 +195,15 @@ TEST_F(ReplayTest, ExactReplayNamesTheFirstDifferingTensor) {
   EXPECT_EQ(r.diff.first.layer, 0);
   EXPECT_EQ(r.diff.first.tensor, "taps/layers.0.attn.heads");
   EXPECT_NE(r.verdict.find("NOT deterministic"), std::string::npos) << r.verdict;
+  EXPECT_EQ(r.verdict.find("recorded by lockstep"), std::string::npos) << "same build: " << r.verdict;
+
+  // A trace from another build says so: a kernel's definition may have moved between them.
+  extra_meta_ = {{"git_revision", "0123456789ab"}};
+  auto old = Record("v3_basic", "old.h5", {Prompt(12, 3)});
+  auto r2 = Replay(old, o);
+  EXPECT_FALSE(r2.deterministic);
+  EXPECT_NE(r2.verdict.find("recorded by lockstep 0123456789ab"), std::string::npos) << r2.verdict;
+  EXPECT_TRUE(Replay(old, {}).deterministic) << "the revision alone changes nothing";
 }
 
 TEST_F(ReplayTest, ForcedReplayFeedsTheRecordedTokens) {
