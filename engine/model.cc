@@ -298,7 +298,7 @@ void RouteExperts(const ModelConfig& c, const float* bias, const float* logits_i
   std::vector<bool> allowed(E, true);
   if (c.gate == GateKind::kSigmoidNoauxTc) {
     for (int64_t e = 0; e < E; ++e) {
-      scores[e] = 1.0f / (1.0f + std::exp(-logits[e]));
+      scores[e] = 1.0f / (1.0f + cpu::ExpF(-logits[e]));
       choice[e] = scores[e] + bias[e];
     }
   } else {

@@ -48,7 +48,7 @@ Registry::Registry() {
        true, true, false},
       {"attn_sparse", "reference", "cpu", "sparse attention reads exactly the indexer's selected keys", true, true,
        true},
-      {"softmax", "reference", "cpu", "attention softmax: max-subtracted, fp32 exp, fp64 sum", true, true, true},
+      {"softmax", "reference", "cpu", "attention softmax: max-subtracted, exp rounded once to fp32, fp64 sum", true, true, true},
       {"norm", "fp64", "cpu", "RMSNorm: the sum of squares in fp64, in order", true, true, true},
       {"norm", "lanes256", "cpu",
        "RMSNorm in the CUDA kernels' order: fp32 FMA sums in 256 interleaved lanes, butterflies, a fixed tree, "

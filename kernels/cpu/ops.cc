@@ -170,17 +170,14 @@ void Softmax(float* x, int64_t n) {
   }
   double s = 0;
   for (int64_t i = 0; i < n; ++i) {
-    x[i] = std::exp(x[i] - m);
+    x[i] = ExpF(x[i] - m);
     s += x[i];
   }
   const float inv = static_cast<float>(1.0 / s);
   for (int64_t i = 0; i < n; ++i) x[i] *= inv;
 }
 
-// exp(−x) correctly rounded to fp32 (the double exp, rounded once) — glibc's expf is 1 ulp away
-// in ~0.06 % of inputs — and the CUDA kernels' value (kernels/cuda/activation.cuh), so a GPU
-// trace's SwiGLU replays here bit for bit.
-static float Silu(float x) { return x / (1.0f + static_cast<float>(std::exp(-static_cast<double>(x)))); }
+static float Silu(float x) { return x / (1.0f + ExpF(-x)); }
 
 void SwiGlu(const float* gate, const float* up, int64_t n, float* out) {
   for (int64_t i = 0; i < n; ++i) out[i] = Silu(gate[i]) * up[i];

@@ -413,10 +413,9 @@ class Gemm {
 // LayerNorm, MoE routing, the grouped expert GEMM and the MoE combine. Twins: engine/model.cc
 // and kernels/cpu/ops.h. "Bitwise" below means the CPU's exact fp32/fp64 operation sequence.
 // exp: the GPU rounds CUDA's double exp to fp32, which is the correctly rounded value in
-// practice. The CPU's SwiGlu does the same with glibc's double exp (bitwise); Route's
-// softmax/sigmoid scores on the CPU call glibc's expf, which is not correctly rounded (≈0.06 %
-// of random inputs are 1 ulp off on glibc 2.36), so they agree with the CPU's bits except in
-// those cases (bounds in tests/gpu/gpu_model_ops_test.cc).
+// practice; the CPU does the same with glibc's double exp (cpu::ExpF), so SwiGlu and Route's
+// softmax/sigmoid scores are the CPU's bits (until 2026-11-30 the CPU called glibc's expf, 1 ulp
+// off in ≈0.06 % of inputs).
 
 // Embedding gather, bitwise: y[r, :] = table[ids[r], :]. An id outside [0, vocab) sets
 // kErrToken and fills the row with NaN. One CTA per row.
