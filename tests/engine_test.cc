@@ -2,12 +2,14 @@
 // on what it is batched with (issue 2 acceptance: batch 1 vs batch 8).
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <map>
 #include <random>
 
 #include "engine/engine.h"
+#include "kernels/cpu/ops.h"
 #include "test_util.h"
 
 namespace lockstep::engine {
@@ -135,6 +137,53 @@ TEST(Engine, DotGemmNamesAreTheCpuGemms) {
   ASSERT_EQ(b16.size(), b16_h.size());
   EXPECT_EQ(0, std::memcmp(b16.data(), b16_h.data(), b16.size() * 4));
   EXPECT_NE(0, std::memcmp(f32.data(), b16.data(), f32.size() * 4));
+}
+
+// norm=lanes256 reaches every RMSNorm of the forward: the attention norm's tap is
+// cpu::RmsNormLanes256 of the embedding row (bit for bit), and the logits move off the default
+// fp64 norm's bits by rounding only.
+TEST(Engine, NormLanes256IsTheForwardsNorm) {
+  auto m = Model::Load(testing::FixtureDir() / "models" / "v3_basic");
+  ASSERT_TRUE(m.ok());
+  struct Hook : TapHook {
+    std::vector<float> attn_norm;
+    void OnTap(const TapEvent& e) override {
+      if (e.name == "layers.0.attn_norm" && e.position == 0 && attn_norm.empty()) {  // the first row: token 5
+        const float* f = static_cast<const float*>(e.data);
+        attn_norm.assign(f, f + e.cols);
+      }
+    }
+  };
+  auto run = [&](const std::string& norm, Hook* hook) {
+    EngineOptions o;
+    o.kernels = {{"norm", norm}};
+    auto e = Engine::Create(*m, o);
+    EXPECT_TRUE(e.ok()) << norm << ": " << e.status().message();
+    (*e)->SetTapHook(hook);
+    Request r;
+    r.prompt = {5, 9, 13, 2, 7};
+    r.max_new_tokens = 3;
+    EXPECT_TRUE((*e)->AddRequest(r).ok());
+    EXPECT_TRUE((*e)->RunToCompletion().ok());
+    return (*e)->request(0).last_logits;
+  };
+  Hook lanes, fp64;
+  const std::vector<float> a = run("lanes256", &lanes), b = run("fp64", &fp64);
+  const ModelConfig& c = (*m)->config();
+  const std::vector<float> embed((*m)->weights().embed.row(5), (*m)->weights().embed.row(5) + c.hidden_size);
+  std::vector<float> want(c.hidden_size);
+  kernels::cpu::RmsNormLanes256(embed.data(), (*m)->weights().layers[0].input_norm.ptr(), 1, c.hidden_size,
+                                c.rms_norm_eps, want.data());
+  ASSERT_EQ(lanes.attn_norm.size(), want.size());
+  EXPECT_EQ(0, std::memcmp(lanes.attn_norm.data(), want.data(), want.size() * 4));
+  ASSERT_EQ(a.size(), b.size());
+  EXPECT_NE(0, std::memcmp(a.data(), b.data(), a.size() * 4)) << "norm=lanes256 changed nothing";
+  float scale = 0, worst = 0;
+  for (size_t i = 0; i < a.size(); ++i) {
+    scale = std::max(scale, std::fabs(b[i]));
+    worst = std::max(worst, std::fabs(a[i] - b[i]));
+  }
+  EXPECT_LT(worst, 1e-3f * scale);
 }
 
 // Fp8Blocks::Quantize by hand: per 128 × 128 block, scale = amax / 448, values rounded to

@@ -13,7 +13,7 @@
 namespace lockstep::kernels::cpu {
 
 // exp(v) correctly rounded to fp32 (in practice): the double exp rounded once. glibc's expf is 1
-// ulp off in ~0.06 % of inputs; this is the CUDA kernels' value (kernels/cuda/activation.cuh), so
+// ulp off in ~0.06 % of inputs; this is the CUDA kernels' value (kernels/cuda/model_ops.cu ExpF), so
 // SwiGLU and the routers' softmax and sigmoid give the same bits on either backend.
 inline float ExpF(float v) { return static_cast<float>(std::exp(static_cast<double>(v))); }
 
