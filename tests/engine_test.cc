@@ -111,21 +111,27 @@ INSTANTIATE_TEST_SUITE_P(Fixtures, BatchInvariance, ::testing::Values("v3_basic"
 // gemm=fp32_dot / bf16_dot name the GPU's CPU-order GEMMs, *_heuristic its unpinned cuBLAS
 // ones; on the CPU they are its own GEMMs (a GPU trace recorded with them replays on the CPU
 // under the same name, at its precision): same bits as fp32 / bf16, and bf16 is not fp32.
+// The last logits of prompt {5, 9, 13, 2, 7} and 3 tokens on `m` under `kernels` (taps to `hook`).
+std::vector<float> LastLogits(const std::shared_ptr<Model>& m, const kernels::KernelChoice& kernels,
+                              TapHook* hook = nullptr) {
+  EngineOptions o;
+  o.kernels = kernels;
+  auto e = Engine::Create(m, o);
+  EXPECT_TRUE(e.ok()) << e.status().message();
+  if (!e.ok()) return {};
+  (*e)->SetTapHook(hook);
+  Request r;
+  r.prompt = {5, 9, 13, 2, 7};
+  r.max_new_tokens = 3;
+  EXPECT_TRUE((*e)->AddRequest(r).ok());
+  EXPECT_TRUE((*e)->RunToCompletion().ok());
+  return (*e)->request(0).last_logits;
+}
+
 TEST(Engine, DotGemmNamesAreTheCpuGemms) {
   auto m = Model::Load(testing::FixtureDir() / "models" / "v3_basic");
   ASSERT_TRUE(m.ok());
-  auto run = [&](const std::string& gemm) {
-    EngineOptions o;
-    o.kernels = {{"gemm", gemm}};
-    auto e = Engine::Create(*m, o);
-    EXPECT_TRUE(e.ok()) << gemm << ": " << e.status().message();
-    Request r;
-    r.prompt = {5, 9, 13, 2, 7};
-    r.max_new_tokens = 3;
-    EXPECT_TRUE((*e)->AddRequest(r).ok());
-    EXPECT_TRUE((*e)->RunToCompletion().ok());
-    return (*e)->request(0).last_logits;
-  };
+  auto run = [&](const std::string& gemm) { return LastLogits(*m, {{"gemm", gemm}}); };
   const auto f32 = run("fp32"), f32_dot = run("fp32_dot"), b16 = run("bf16"), b16_dot = run("bf16_dot");
   const auto f32_h = run("fp32_heuristic"), b16_h = run("bf16_heuristic");
   ASSERT_EQ(f32.size(), f32_dot.size());
@@ -154,21 +160,9 @@ TEST(Engine, NormLanes256IsTheForwardsNorm) {
       }
     }
   };
-  auto run = [&](const std::string& norm, Hook* hook) {
-    EngineOptions o;
-    o.kernels = {{"norm", norm}};
-    auto e = Engine::Create(*m, o);
-    EXPECT_TRUE(e.ok()) << norm << ": " << e.status().message();
-    (*e)->SetTapHook(hook);
-    Request r;
-    r.prompt = {5, 9, 13, 2, 7};
-    r.max_new_tokens = 3;
-    EXPECT_TRUE((*e)->AddRequest(r).ok());
-    EXPECT_TRUE((*e)->RunToCompletion().ok());
-    return (*e)->request(0).last_logits;
-  };
   Hook lanes, fp64;
-  const std::vector<float> a = run("lanes256", &lanes), b = run("fp64", &fp64);
+  const std::vector<float> a = LastLogits(*m, {{"norm", "lanes256"}}, &lanes);
+  const std::vector<float> b = LastLogits(*m, {{"norm", "fp64"}}, &fp64);
   const ModelConfig& c = (*m)->config();
   const std::vector<float> embed((*m)->weights().embed.row(5), (*m)->weights().embed.row(5) + c.hidden_size);
   std::vector<float> want(c.hidden_size);
