@@ -3,7 +3,8 @@
 // Shapes: R = rows in this step (all segments' tokens concatenated), H = hidden, nh = heads,
 // dn = qk_nope_head_dim, dr = qk_rope_head_dim, dv = v_head_dim, C = kv_lora_rank.
 // Semantics follow transformers 5.17 (the oracle of tests/model_reference_test.cc); where the
-// engine differs in form (absorbed decode) it is equal in exact arithmetic.
+// engine differs in form (absorbed decode) it is equal in exact arithmetic; the absorbed form
+// adds in the CUDA kernels' order (cpu::MlaAttend), so the two backends share its bits.
 #include "engine/model.h"
 
 #include <algorithm>
@@ -591,6 +592,20 @@ Status Model::Forward(std::span<Segment> segs, PagedKvCache& cache, const kernel
       if (tapping) tap.EmitI32(names[kTapIndexerTopk], topk_tap.data(), topk);
     }
 
+    // The absorbed form's W_UKᵀ, per head [C, dn] (row c: column c of the head's W_UK rows):
+    // q_lat's elements are cpu::Dot over these rows, as the CUDA backend's absorption
+    // (ExpertGemm over w_ukt) forms them.
+    std::vector<float> wukt;
+    if (!decode_expanded || prefill_absorbed) {
+      wukt.resize(static_cast<size_t>(nh * C * dn));
+      for (int64_t hd = 0; hd < nh; ++hd) {
+        const float* wk = L.kv_b_proj.row(hd * (dn + dv));
+        float* wt = &wukt[hd * C * dn];
+        for (int64_t a = 0; a < dn; ++a) {
+          for (int64_t cc = 0; cc < C; ++cc) wt[cc * dn + a] = wk[a * C + cc];
+        }
+      }
+    }
     // Attention, per segment (each reads only its own request's cache).
     for (size_t s = 0; s < segs.size(); ++s) {
       const Segment& g = segs[s];
@@ -657,20 +672,25 @@ Status Model::Forward(std::span<Segment> segs, PagedKvCache& cache, const kernel
               cpu::Axpy(sc[j], &kvx[(keys[j] * nh + hd) * (dn + dv) + dn], dv, oh);
             }
           } else {
-            // Absorbed: q_lat = W_UKᵀ q_nope; scores over the latent; o = W_UV (Σ p_t c_t).
+            // Absorbed, in the CUDA kernels' order — each step their bits: q_lat = W_UKᵀ q_nope
+            // (cpu::Dot over W_UKᵀ's rows); the scores over the latent; cpu::MlaAttend's splits,
+            // tiles and online softmax over the keys — for sparse attention the top-k list as the
+            // GPU holds it, index_topk entries with the missing ones masked; o = W_UV ol.
             // gemm=bf16: both absorption products read bf16 activations (q_nope, then the
             // attention's output), as every other product of the variant does — and as the
             // CUDA backend's absorptions do.
-            std::vector<float> ql(C, 0.0f), ol(C, 0.0f), qnr;
+            std::vector<float> ql(C), ol(C), qnr;
             const float* qa = qn;
             if (gemm.bf16) {
               qnr.resize(dn);
               for (int64_t a = 0; a < dn; ++a) qnr[a] = kernels::Bf16ToF32(kernels::F32ToBf16(qn[a]));
               qa = qnr.data();
             }
-            for (int64_t a = 0; a < dn; ++a) cpu::Axpy(qa[a], wkv + a * C, C, ql.data());
+            const float* wt = &wukt[hd * C * dn];
+            for (int64_t cc = 0; cc < C; ++cc) ql[cc] = cpu::Dot(wt + cc * dn, qa, dn);
             // Scores over the keys: blocked products, each element exactly Dot's.
             const int64_t K = static_cast<int64_t>(keys.size());
+            const int64_t n_keys = sparse ? std::max<int64_t>(K, c.index_topk) : K;
             std::vector<float> s_lat(K), s_rope(K);
             if (contiguous) {
               cpu::MatMulNT(ql.data(), 1, lat.data(), K, C, s_lat.data());
@@ -681,9 +701,13 @@ Status Model::Forward(std::span<Segment> segs, PagedKvCache& cache, const kernel
                 s_rope[j] = cpu::Dot(qr, &kr[keys[j] * dr], dr);
               }
             }
-            for (int64_t j = 0; j < K; ++j) sc[j] = (s_lat[j] + s_rope[j]) * scale;
-            softmax(sc.data(), static_cast<int64_t>(sc.size()));
-            for (size_t j = 0; j < keys.size(); ++j) cpu::Axpy(sc[j], &lat[keys[j] * C], C, ol.data());
+            sc.assign(n_keys, -INFINITY);
+            std::vector<const float*> rows(n_keys, nullptr);
+            for (int64_t j = 0; j < K; ++j) {
+              sc[j] = (s_lat[j] + s_rope[j]) * scale;
+              rows[j] = &lat[keys[j] * C];
+            }
+            cpu::MlaAttend(sc.data(), rows.data(), n_keys, C, ol.data());
             // o_h = W_UV ol: dv rows of kv_b_proj after the head's W_UK rows.
             if (gemm.bf16) {
               for (float& v : ol) v = kernels::Bf16ToF32(kernels::F32ToBf16(v));

@@ -10,6 +10,7 @@
 
 #include "kernels/cpu/numerics.h"
 #include "kernels/cpu/ops.h"
+#include "kernels/mla_splits.h"
 
 namespace lockstep::kernels {
 namespace {
@@ -188,6 +189,81 @@ TEST(Ops, SwiGluRoundsExpOnce) {
       EXPECT_TRUE(std::isnan(got[i])) << i;
     } else {
       ASSERT_EQ(std::bit_cast<uint32_t>(got[i]), std::bit_cast<uint32_t>(want)) << "g " << g[i] << " u " << u[i];
+    }
+  }
+}
+
+// cpu::MlaAttend: the split rule's values, hand cases exact to the bit, masks, and the
+// softmax-weighted sum within the fp32 bound of an fp64 reference across split sizes.
+TEST(Ops, MlaAttendSplitsTilesAndMerges) {
+  EXPECT_EQ(kernels::MlaSplitKeysOf(1), 32);
+  EXPECT_EQ(kernels::MlaSplitKeysOf(2048), 32);
+  EXPECT_EQ(kernels::MlaNumSplits(2048), 64);
+  EXPECT_EQ(kernels::MlaSplitKeysOf(2049), 64);  // ⌈2049 / 64⌉ = 33, whole tiles: 64
+  EXPECT_EQ(kernels::MlaNumSplits(2049), 33);
+  EXPECT_EQ(kernels::MlaSplitKeysOf(20000), 320);
+  EXPECT_EQ(kernels::MlaNumSplits(20000), 63);
+  EXPECT_EQ(kernels::MlaNumSplits(0), 0);
+
+  // One key: its row, exactly (p = ExpF(0) = 1, l = 1, f = 1).
+  const float r0[3] = {1.5f, -2.25f, 1e-30f};
+  const float* one[1] = {r0};
+  const float s0[1] = {-7.0f};
+  float out[3];
+  float M = 0;
+  EXPECT_EQ(cpu::MlaAttend(s0, one, 1, 3, out, &M), 1.0f);
+  EXPECT_EQ(M, -7.0f);
+  for (int c = 0; c < 3; ++c) EXPECT_EQ(out[c], r0[c]);
+  // Two keys of one score in different splits (40 keys: splits 0–31 and 32–39), the rest
+  // masked: each split's l = 1 and o = its row, M = 0, L = 2 → (2 + 4) / 2 = 3.
+  const float two[1] = {2.0f}, four[1] = {4.0f};
+  std::vector<const float*> rows(40, nullptr);
+  std::vector<float> sc(40, 123.0f);  // masked keys' scores are never read
+  rows[0] = two;
+  rows[35] = four;
+  sc[0] = sc[35] = 0.0f;
+  EXPECT_EQ(cpu::MlaAttend(sc.data(), rows.data(), 40, 1, out), 2.0f);
+  EXPECT_EQ(out[0], 3.0f);
+  // No unmasked key: zeros, L = 0.
+  std::fill(rows.begin(), rows.end(), nullptr);
+  out[0] = NAN;
+  EXPECT_EQ(cpu::MlaAttend(sc.data(), rows.data(), 40, 1, out), 0.0f);
+  EXPECT_EQ(out[0], 0.0f);
+
+  // Random keys against fp64: |out − ref| ≤ (depth + 4·exps)·u · Σ p|row| per column, over one
+  // split, many splits of one tile, and wide splits; with a third of the keys masked.
+  std::mt19937 rng(5);
+  std::normal_distribution<float> nd(0, 1);
+  for (int64_t n : {5, 33, 700, 2049, 5000}) {
+    const int64_t C = 24;
+    std::vector<float> lat(n * C), s(n);
+    std::vector<const float*> r(n);
+    for (int64_t j = 0; j < n; ++j) {
+      s[j] = 2.5f * nd(rng);
+      for (int64_t c = 0; c < C; ++c) lat[j * C + c] = nd(rng);
+      r[j] = j % 3 == 1 ? nullptr : &lat[j * C];
+    }
+    std::vector<float> got(C);
+    cpu::MlaAttend(s.data(), r.data(), n, C, got.data());
+    double m = -INFINITY, z = 0;
+    for (int64_t j = 0; j < n; ++j) {
+      if (r[j] != nullptr) m = std::max(m, static_cast<double>(s[j]));
+    }
+    for (int64_t j = 0; j < n; ++j) {
+      if (r[j] != nullptr) z += std::exp(s[j] - m);
+    }
+    const int64_t split = kernels::MlaSplitKeysOf(n);
+    const double u = std::ldexp(1.0, -24);
+    const double bound = (split + split / 32 + kernels::MlaNumSplits(n) + 4 + 4.0 * (split / 32 + 2)) * 2 * u + u;
+    for (int64_t c = 0; c < C; ++c) {
+      double ref = 0, mass = 0;
+      for (int64_t j = 0; j < n; ++j) {
+        if (r[j] == nullptr) continue;
+        const double p = std::exp(s[j] - m) / z;
+        ref += p * lat[j * C + c];
+        mass += p * std::fabs(lat[j * C + c]);
+      }
+      EXPECT_LE(std::fabs(got[c] - ref), bound * mass) << "n " << n << " c " << c;
     }
   }
 }

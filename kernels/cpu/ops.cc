@@ -1,6 +1,8 @@
 // kernels/cpu/ops.cc — see ops.h for the determinism contract.
 #include "kernels/cpu/ops.h"
 
+#include "kernels/mla_splits.h"
+
 #if defined(__AVX2__) && defined(__FMA__)
 #include <immintrin.h>
 #endif
@@ -233,6 +235,72 @@ void Hadamard(float* x, int64_t n) {
 
 void Axpy(float a, const float* x, int64_t n, float* y) {
   for (int64_t i = 0; i < n; ++i) y[i] = std::fma(a, x[i], y[i]);
+}
+
+namespace {
+// A warp's butterfly over 32 lanes (xor 16, 8, 4, 2, 1), as dev::WarpMax / dev::WarpSum run
+// it; every lane ends with the same value (each step adds or maxes a pair both lanes share).
+template <typename Op>
+float Butterfly32(const float* v, Op op) {
+  float a[kMlaTileKeys], b[kMlaTileKeys];
+  std::copy(v, v + kMlaTileKeys, a);
+  for (int o = kMlaTileKeys / 2; o >= 1; o /= 2) {
+    for (int i = 0; i < kMlaTileKeys; ++i) b[i] = op(a[i], a[i ^ o]);
+    std::copy(b, b + kMlaTileKeys, a);
+  }
+  return a[0];
+}
+}  // namespace
+
+float MlaAttend(const float* scores, const float* const* rows, int64_t n, int64_t C, float* out, float* max_out) {
+  const int64_t split_keys = MlaSplitKeysOf(n), splits = MlaNumSplits(n);
+  std::vector<float> o_part(static_cast<size_t>(splits * C), 0.0f), m_part(splits), l_part(splits);
+  auto fmax = [](float a, float b) { return std::fmax(a, b); };
+  auto add = [](float a, float b) { return a + b; };
+  for (int64_t s = 0; s < splits; ++s) {
+    const int64_t begin = s * split_keys, end = std::min(n, begin + split_keys);
+    float m = -INFINITY, l = 0.0f;
+    float* o = &o_part[s * C];
+    for (int64_t t0 = begin; t0 < end; t0 += kMlaTileKeys) {
+      float sc[kMlaTileKeys], p[kMlaTileKeys];
+      for (int t = 0; t < kMlaTileKeys; ++t) {
+        const int64_t key = t0 + t;
+        sc[t] = key < end && rows[key] != nullptr ? scores[key] : -INFINITY;
+      }
+      const float m_new = std::fmax(m, Butterfly32(sc, fmax));
+      for (int t = 0; t < kMlaTileKeys; ++t) p[t] = sc[t] == -INFINITY ? 0.0f : ExpF(sc[t] - m_new);
+      const float alpha = m == -INFINITY ? 0.0f : ExpF(m - m_new);
+      l = l * alpha + Butterfly32(p, add);
+      m = m_new;
+      for (int64_t c = 0; c < C; ++c) o[c] *= alpha;
+      for (int t = 0; t < kMlaTileKeys; ++t) {
+        const int64_t key = t0 + t;
+        const float* row = key < end ? rows[key] : nullptr;
+        if (row != nullptr) {
+          for (int64_t c = 0; c < C; ++c) o[c] = std::fma(p[t], row[c], o[c]);
+        } else {  // fma(0, 0, o): o, with −0 made +0
+          for (int64_t c = 0; c < C; ++c) o[c] += 0.0f;
+        }
+      }
+    }
+    m_part[s] = m;
+    l_part[s] = l;
+  }
+  float M = -INFINITY;
+  for (int64_t s = 0; s < splits; ++s) M = std::fmax(M, m_part[s]);
+  std::vector<float> f(splits);
+  float L = 0.0f;
+  for (int64_t s = 0; s < splits; ++s) {
+    f[s] = m_part[s] == -INFINITY ? 0.0f : ExpF(m_part[s] - M);
+    L = L + l_part[s] * f[s];
+  }
+  for (int64_t c = 0; c < C; ++c) {
+    float acc = 0.0f;
+    for (int64_t s = 0; s < splits; ++s) acc = std::fma(o_part[s * C + c], f[s], acc);
+    out[c] = L == 0.0f ? 0.0f : acc / L;
+  }
+  if (max_out != nullptr) *max_out = M;
+  return L;
 }
 
 }  // namespace lockstep::kernels::cpu

@@ -13,8 +13,8 @@
 namespace lockstep::kernels::cpu {
 
 // exp(v) correctly rounded to fp32 (in practice): the double exp rounded once. glibc's expf is 1
-// ulp off in ~0.06 % of inputs; this is the CUDA kernels' value (kernels/cuda/model_ops.cu ExpF), so
-// SwiGLU and the routers' softmax and sigmoid give the same bits on either backend.
+// ulp off in ~0.06 % of inputs; this is the CUDA kernels' value (kernels/cuda/device_math.cuh ExpF), so
+// SwiGLU, the routers' softmax and sigmoid and MLA's softmax give the same bits on either backend.
 inline float ExpF(float v) { return static_cast<float>(std::exp(static_cast<double>(v))); }
 
 // Work (multiply-adds) below which a kernel stays on one thread (see MatMulNT).
@@ -64,5 +64,21 @@ void Hadamard(float* x, int64_t n);
 
 // y += a · x over n values (fixed order).
 void Axpy(float a, const float* x, int64_t n, float* y);
+
+// One head's MLA attention over n keys in the CUDA kernels' order (kernels/mla_splits.h;
+// kernels/cuda/mla_decode.cu and mla_combine.cuh compute the same bits): out[C] = Σ_j
+// softmax(scores)_j · rows[j], where key j is masked when rows[j] is null (its score unread).
+// The keys are cut into MlaNumSplits(n) splits of MlaSplitKeysOf(n); each split walks its
+// keys in tiles of 32 with an online softmax —
+//   m' = max(m, the tile's max), p_t = ExpF(s_t − m'), α = ExpF(m − m') (0 from m = −∞),
+//   l = l·α + Σ_t p_t (a 32-lane butterfly: lanes i and i ⊕ 16, then ⊕ 8, … ⊕ 1),
+//   o = o·α, then o = fma(p_t, row_t, o) for t ascending
+// (a masked key, or one past the split's end in its last tile, is p = 0 against a row of
+// zeros; each operation rounded once) — and the splits are merged in ascending order:
+// M = max m_s, f_s = ExpF(m_s − M), L = Σ_s l_s·f_s, out = (Σ_s fma o_s·f_s) / L, 0 where
+// L = 0 (no unmasked key). The online form's o is the softmax's numerator; its one division
+// comes last. Returns L (and *max_out = M when set).
+float MlaAttend(const float* scores, const float* const* rows, int64_t n, int64_t C, float* out,
+                float* max_out = nullptr);
 
 }  // namespace lockstep::kernels::cpu

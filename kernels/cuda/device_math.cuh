@@ -14,6 +14,13 @@
 
 namespace lockstep::kernels::cuda::dev {
 
+// --- exp (kernels/cpu/ops.h ExpF) --------------------------------------------------------
+// expf as the correctly rounded value: CUDA's double exp (≤ 1 double ulp) rounded once to
+// fp32 — cpu::ExpF's bits (the double exps of glibc and CUDA round to one float unless they
+// straddle a rounding boundary, about once in 2^29). glibc's expf is 1 ulp off in ≈0.06 % of
+// inputs and CUDA's own expf (≤ 2 ulp) more often: neither is shared by the two backends.
+__device__ __forceinline__ float ExpF(float v) { return __double2float_rn(exp(static_cast<double>(v))); }
+
 // --- bf16 (kernels/cpu/numerics.h Bf16ToF32 / F32ToBf16) ---------------------------------
 __device__ __forceinline__ float Bf16ToF32(uint16_t h) { return __uint_as_float(static_cast<uint32_t>(h) << 16); }
 

@@ -8,23 +8,18 @@
 
 #include <cstdint>
 
+#include "kernels/cuda/device_math.cuh"
 #include "kernels/cuda/ops.h"
+#include "kernels/mla_splits.h"
 
 namespace lockstep::kernels::cuda::dev {
 
-constexpr int kMlaTileKeys = 32;      // keys a split's tile holds (= warp width)
-constexpr int kMlaMaxSplits = 64;
-constexpr int kMlaBaseSplitKeys = 32;  // one tile per split up to 2048 keys: a batch-1 decode still spreads
-
-// Keys per split for a request with n keys (MlaSplitKeys) and the splits that makes.
-__host__ __device__ inline int64_t MlaSplitKeysOf(int64_t n) {
-  if (n <= int64_t{kMlaBaseSplitKeys} * kMlaMaxSplits) return kMlaBaseSplitKeys;
-  const int64_t per = (n + kMlaMaxSplits - 1) / kMlaMaxSplits;
-  return (per + kMlaTileKeys - 1) / kMlaTileKeys * kMlaTileKeys;
-}
-__host__ __device__ inline int64_t MlaNumSplits(int64_t n) {
-  return n <= 0 ? 0 : (n + MlaSplitKeysOf(n) - 1) / MlaSplitKeysOf(n);
-}
+// The split rule (kernels/mla_splits.h, shared with the CPU reference's cpu::MlaAttend).
+using kernels::kMlaBaseSplitKeys;
+using kernels::kMlaMaxSplits;
+using kernels::kMlaTileKeys;
+using kernels::MlaNumSplits;
+using kernels::MlaSplitKeysOf;
 
 // Splits a grid (and a workspace) must cover for any n ≤ max_keys (MlaNumSplits is not monotone
 // above 2048 keys).
@@ -40,7 +35,8 @@ __device__ __forceinline__ int64_t MlaPartialsKeys(const MlaPartials& q, int64_t
   return n < 0 || n > q.max_seq_len || n > q.key_capacity ? 0 : n;
 }
 
-// Request b, head h: its splits merged in ascending order — M = max m_s, f_s = exp(m_s − M),
+// Request b, head h: its splits merged in ascending order — M = max m_s, f_s = exp(m_s − M)
+// (ExpF: the CPU's cpu::ExpF bits),
 // L = Σ l_s f_s, o_c = (Σ_s o_s,c f_s) / L (0 where L = 0) — and put(c, o_c) for every column
 // c < kv_lora. Every thread of the CTA calls it (block barriers); `threads` = blockDim.x;
 // `scratch`: kMlaCombineScratch floats of shared memory. Each column's sums run over s in one
@@ -66,7 +62,7 @@ __device__ float MlaCombineSplits(const MlaPartials& q, int64_t b, int64_t h, in
   for (int s = 0; s < S; ++s) M = fmaxf(M, m_s[s]);
   for (int s = tid; s < S; s += threads) {
     const float m = m_s[s];
-    f_s[s] = m == -INFINITY ? 0.0f : expf(__fsub_rn(m, M));
+    f_s[s] = m == -INFINITY ? 0.0f : ExpF(__fsub_rn(m, M));
   }
   __syncthreads();
   float L = 0.0f;

@@ -454,8 +454,8 @@ __global__ void __launch_bounds__(kThreads) MlaSplitKernel(MlaDecodeParams p, in
       // (Dot(q_lat, c) + Dot(q_rope, k_rope)) · scale — engine/model.cc's expression.
       const float s = valid ? __fmul_rn(__fadd_rn(dot_l[i], dot_r[i]), p.softmax_scale) : -INFINITY;
       const float m_new = fmaxf(m_run[i], dev::WarpMax(s));
-      const float pr = s == -INFINITY ? 0.0f : expf(__fsub_rn(s, m_new));
-      const float alpha = m_run[i] == -INFINITY ? 0.0f : expf(__fsub_rn(m_run[i], m_new));
+      const float pr = s == -INFINITY ? 0.0f : dev::ExpF(__fsub_rn(s, m_new));
+      const float alpha = m_run[i] == -INFINITY ? 0.0f : dev::ExpF(__fsub_rn(m_run[i], m_new));
       l_run[i] = __fadd_rn(__fmul_rn(l_run[i], alpha), dev::WarpSum(pr));
       m_run[i] = m_new;
       p_s[sh[i] * kTileKeys + lane] = pr;
@@ -623,8 +623,8 @@ __global__ void __launch_bounds__(kThreads) MlaSplitHeadKernel(MlaDecodeParams p
     if (warp == 0) {  // MlaSplitKernel's per-head update, lane = key
       const float sc = s_s[lane];
       const float m_new = fmaxf(m_run, dev::WarpMax(sc));
-      const float pr = sc == -INFINITY ? 0.0f : expf(__fsub_rn(sc, m_new));
-      const float alpha = m_run == -INFINITY ? 0.0f : expf(__fsub_rn(m_run, m_new));
+      const float pr = sc == -INFINITY ? 0.0f : dev::ExpF(__fsub_rn(sc, m_new));
+      const float alpha = m_run == -INFINITY ? 0.0f : dev::ExpF(__fsub_rn(m_run, m_new));
       l_run = __fadd_rn(__fmul_rn(l_run, alpha), dev::WarpSum(pr));
       m_run = m_new;
       p_s[lane] = pr;

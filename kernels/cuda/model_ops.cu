@@ -24,11 +24,6 @@ constexpr int kElemThreads = 256;
 
 __device__ __forceinline__ float QuietNan() { return __uint_as_float(0x7fc00000u); }
 
-// expf as the correctly rounded value: CUDA's double exp (≤ 1 double ulp) rounded once to
-// fp32. glibc's expf agrees with this in ≈99.94 % of random inputs and is 1 ulp away in the
-// rest (ops.h); CUDA's own expf (≤ 2 ulp) would agree less often.
-__device__ __forceinline__ float ExpF(float v) { return __double2float_rn(exp(static_cast<double>(v))); }
-
 // Grid over [rows, n]: x covers columns in blocks of 256, y covers rows; both loop so any
 // shape fits the grid limits.
 dim3 ElementGrid(int64_t rows, int64_t n) {
@@ -79,7 +74,7 @@ __global__ void ToBf16Kernel(const float* x, int64_t xs, uint16_t* y, int64_t ys
 
 // cpu::SwiGlu's element: (g / (1 + exp(−g))) · u (also ExpertGemm's swiglu epilogue).
 __device__ __forceinline__ float SwiGluOf(float g, float u) {
-  return __fmul_rn(__fdiv_rn(g, __fadd_rn(1.0f, ExpF(-g))), u);
+  return __fmul_rn(__fdiv_rn(g, __fadd_rn(1.0f, dev::ExpF(-g))), u);
 }
 __global__ void SwiGluKernel(SwiGluParams p) {
   dev::GridDependencySync();
@@ -199,7 +194,7 @@ __device__ void RouteWarp(const RouteParams& p, const float* lg, unsigned char* 
 
   if (p.gate == GateKind::kSigmoidNoauxTc) {
     for (int e = lane; e < E; e += 32) {
-      const float s = __fdiv_rn(1.0f, __fadd_rn(1.0f, ExpF(-lg[e])));
+      const float s = __fdiv_rn(1.0f, __fadd_rn(1.0f, dev::ExpF(-lg[e])));
       sc[e] = s;
       ch[e] = p.bias != nullptr ? __fadd_rn(s, p.bias[e]) : s;
     }
@@ -211,7 +206,7 @@ __device__ void RouteWarp(const RouteParams& p, const float* lg, unsigned char* 
     if (isinf(m) && m < 0.0f) {
       for (int e = lane; e < E; e += 32) sc[e] = 0.0f;
     } else {
-      for (int e = lane; e < E; e += 32) sc[e] = ExpF(__fsub_rn(lg[e], m));
+      for (int e = lane; e < E; e += 32) sc[e] = dev::ExpF(__fsub_rn(lg[e], m));
       __syncwarp();
       float inv = 0.0f;
       if (lane == 0) {

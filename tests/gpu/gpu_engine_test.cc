@@ -11,6 +11,7 @@
 // Skips (not passes) without a GPU.
 #include <gtest/gtest.h>
 
+#include <bit>
 #include <cstring>
 #include <fstream>
 #include <functional>
@@ -406,15 +407,50 @@ TEST(GpuEngine, Fp8WeightsAreTheCpusFp8Weights) {
 // CPU's own norm and with the GPU's (norm=lanes256), while bf16 moved the logits away from fp32
 // far more. Before the CPU rounded q_nope and the attention output for its absorptions the two
 // were 0.61 and 0.014 apart: as far as bf16 is from fp32.
-// Not v32_sparse (0.005 apart; bf16 against fp32 0.0093): `lockstep diff --exact` of a GPU trace
-// and its CPU replay names layers.0.attn_norm first under the CPU's fp64 norm (rel L2 1.2e-7),
-// and under norm=lanes256 layers.0.attn.heads at position 17 (4.3e-4) — the sparse attention's
-// output, within a bound of the CPU's, which the bf16 rounding before W_UV takes to a bf16 ulp.
+// (SameVariantsGiveTheCpusBits below asks for the same bits, v32_sparse too.)
 TEST(GpuEngine, Bf16DotIsTheCpusBf16Dot) {
   LS_REQUIRE_GPU();
   for (const char* name : {"v3_basic", "v2_lite_like"}) {
     ExpectGpuGemmIsTheCpus(name, "bf16_dot", "fp32", {{"attn_prefill", "absorbed"}});
     ExpectGpuGemmIsTheCpus(name, "bf16_dot", "fp32", {{"attn_prefill", "absorbed"}, {"norm", "lanes256"}});
+  }
+}
+
+// Under the same variants a GPU run is the CPU reference's run bit for bit: with the GPU's
+// attention form and order named on the CPU too (absorbed prefill; the absorbed attention is
+// cpu::MlaAttend, the kernels' splits, tiles and online softmax, and both exponentiate with
+// ExpF) and its norm (norm=lanes256), every prompt logit of 70 prompt tokens (three tiles of
+// keys, three splits) and the generated tokens are the same — dense and sparse attention, bf16
+// and FP8 weights, an fp32 and an FP8 latent cache.
+TEST(GpuEngine, SameVariantsGiveTheCpusBits) {
+  LS_REQUIRE_GPU();
+  for (const char* name : {"v3_basic", "v2_lite_like", "v32_sparse"}) {
+    auto model = Model::Load(testing::FixtureDir() / "models" / name);
+    ASSERT_TRUE(model.ok()) << model.status().message();
+    std::vector<int32_t> prompt;
+    for (int j = 0; j < 70; ++j) prompt.push_back(static_cast<int32_t>((37 * j + 11) % (*model)->config().vocab_size));
+    for (const char* gemm : {"bf16_dot", "fp8_dot"}) {
+      for (engine::KvFormat f : {engine::KvFormat::kFp32, engine::KvFormat::kFp8E4m3}) {
+        EngineOptions cpu;
+        cpu.page_size = 16;
+        cpu.kv_format = f;
+        cpu.kernels = {{"gemm", gemm}, {"attn_prefill", "absorbed"}, {"norm", "lanes256"}};
+        std::vector<int32_t> want_tokens, got_tokens;
+        const auto want = PromptLogits(*model, cpu, prompt, 3, &want_tokens);
+        const auto got = PromptLogits(*model, Cuda(f, gemm), prompt, 3, &got_tokens);
+        ASSERT_EQ(got.size(), want.size());
+        size_t differ = 0, first = 0;
+        for (size_t i = 0; i < want.size(); ++i) {
+          if (std::bit_cast<uint32_t>(got[i]) != std::bit_cast<uint32_t>(want[i]) && differ++ == 0) first = i;
+        }
+        const std::string what = std::string(name) + " gemm=" + gemm + " cache " + std::string(engine::KvFormatName(f));
+        EXPECT_EQ(differ, 0u) << what << ": " << differ << " of " << want.size() << " prompt logits differ, first "
+                              << first << " (GPU " << got[first] << ", CPU " << want[first]
+                              << "), rel max err " << testing::RelMaxErr(got.data(), want.data(), got.size());
+        EXPECT_EQ(got_tokens, want_tokens) << what;
+        std::printf("  [%s] %zu of %zu prompt logits differ in bits\n", what.c_str(), differ, want.size());
+      }
+    }
   }
 }
 

@@ -9,6 +9,7 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <bit>
 #include <cmath>
 #include <cstring>
 #include <memory>
@@ -170,10 +171,18 @@ Reference CpuReference(const World& w, const Queries& q, const std::vector<std::
           mass[i] += pj * std::fabs(lat[j * C + i]);
         }
       }
-      // The engine's fp32 path, as in engine/model.cc.
-      cpu::Softmax(sc.data(), n);
-      float* o32 = &ref.o32[(b * H + h) * C];
-      for (int64_t j = 0; j < n; ++j) cpu::Axpy(sc[j], &lat[j * C], C, o32);
+      // The engine's fp32 path (engine/model.cc's absorbed attention): cpu::MlaAttend over the
+      // key list as the kernels hold it (n = its length, −1 entries masked) — their bits.
+      const int64_t n_list = static_cast<int64_t>(keys[b].size());
+      std::vector<float> sc_list(n_list, -INFINITY);
+      std::vector<const float*> rows(n_list, nullptr);
+      for (int64_t j = 0, at = 0; j < n_list; ++j) {
+        if (keys[b][j] < 0) continue;
+        sc_list[j] = sc[at];
+        rows[j] = &lat[at * C];
+        ++at;
+      }
+      cpu::MlaAttend(sc_list.data(), rows.data(), n_list, C, &ref.o32[(b * H + h) * C]);
     }
   }
   return ref;
@@ -182,7 +191,7 @@ Reference CpuReference(const World& w, const Queries& q, const std::vector<std::
 // Error bound of the GPU result against the fp64 reference, relative to mass = Σ p_t|c_t|:
 // along any path the GPU forms at most `depth` fp32 roundings of sums/products — split_keys
 // FMAs into o (and into l), one rescale per 32-key tile, S split combinations, the final
-// division — each ≤ u; and `exps` expf evaluations (≤ 2 ulp = 4u each: the key's own, the
+// division — each ≤ u; and `exps` exp evaluations (ExpF ≤ 1 ulp; 4u each is loose: the key's own, the
 // tile rescales, the split factor). Numerator and denominator each carry it: ×2. Another
 // u·mass for the reference's rounding to fp32 when compared.
 struct MlaTolerance {
@@ -378,6 +387,15 @@ void Check(const GpuResult& got, const Reference& ref, const std::vector<int64_t
       got.lse, want_lse,
       [&](size_t i) { return Tolerance(n_keys[i / H]).lse + 4 * kU32 * std::fabs(ref.lse64[i]); }, what + " lse",
       [&](size_t i) { return "(b " + std::to_string(i / H) + ", h " + std::to_string(i % H) + ")"; }));
+  // The CPU engine's own result (cpu::MlaAttend, the kernels' splits, tiles and exp), bit for bit.
+  size_t differ = 0, first = 0;
+  for (size_t i = 0; i < ref.o32.size(); ++i) {
+    const bool same = std::bit_cast<uint32_t>(got.o[i]) == std::bit_cast<uint32_t>(ref.o32[i]) ||
+                      (std::isnan(got.o[i]) && std::isnan(ref.o32[i]));
+    if (!same && differ++ == 0) first = i;
+  }
+  EXPECT_EQ(differ, 0u) << what << ": o_latent is not cpu::MlaAttend's bits; first at " << where(first) << ": GPU "
+                        << got.o[first] << ", CPU " << ref.o32[first];
   // Context for the report: how far is the CPU engine itself from the fp64 reference?
   double cpu_worst = 0, gpu_worst = 0;
   for (size_t i = 0; i < ref.o64.size(); ++i) {

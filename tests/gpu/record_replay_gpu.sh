@@ -2,7 +2,8 @@
 # tests/gpu/record_replay_gpu.sh — CTest gpu_record_replay (label gpu): the issue-6 workflow
 # end to end with the CLI. Record on the GPU (full capture, sampled at T 0.8), replay exactly
 # on the GPU (bit-identical: exit 0), then replay teacher-forced on the CPU reference and
-# check the two backends agree to fp32 rounding (same tokens, every tensor within rel L2 1e-3).
+# check the two backends agree to fp32 rounding (same tokens, every tensor within rel L2 1e-3);
+# and a gemm=bf16_dot GPU trace replayed exactly on the CPU: bit-identical.
 # Then the same generation with summary capture, whose tap summaries the GPU computes where the
 # tensors live (no values copied out): every summary field of every tap row must equal the
 # full capture's (h5py) — computed on the host from the values for prefill rows, on the GPU
@@ -40,6 +41,19 @@ for r in j["requests"]:
     assert r["first_token_diff"] == -1 and r["tokens_a"] == r["tokens_b"], r
 assert worst <= 1e-3, worst
 PY
+# Under the GPU's variants the CPU reference replays a GPU trace exactly: gemm=bf16_dot on the
+# GPU; the teacher-forced replay on the CPU carries the resolved kernels (bf16_dot, the
+# absorbed prefill, norm=lanes256), and `diff --exact` of the two traces must find every tap,
+# cache row and token bit-identical (exit 0; 3 names the first differing tensor).
+"$bin" record --backend cuda --kernel gemm=bf16_dot --prompt "The history of the printing press" -n 24 \
+  --temperature 0.8 --seed 3 --capture full -o "$dir/gpu_bf16.h5" -q || { echo "FAIL: record gemm=bf16_dot"; exit 1; }
+"$bin" replay "$dir/gpu_bf16.h5" --backend cpu --mode forced -o "$dir/cpu_bf16.h5" -q > "$dir/cpu_bf16.txt" 2>&1
+rc=$?
+[ $rc -eq 0 ] || [ $rc -eq 3 ] || { cat "$dir/cpu_bf16.txt"; echo "FAIL: replay of the bf16_dot trace on the CPU exited $rc"; exit 1; }
+"$bin" diff "$dir/gpu_bf16.h5" "$dir/cpu_bf16.h5" --exact > "$dir/diff_bf16.txt" 2>&1
+rc=$?
+head -4 "$dir/diff_bf16.txt"
+[ $rc -eq 0 ] || { cat "$dir/diff_bf16.txt"; echo "FAIL: a gemm=bf16_dot GPU trace and its CPU replay are not bit-identical (diff exit $rc)"; exit 1; }
 "$bin" record --backend cuda --prompt "The history of the printing press" -n 24 --temperature 0.8 --seed 3 \
   --capture summary -o "$dir/gpu_summary.h5" -q || { echo "FAIL: record --capture summary"; exit 1; }
 python3 - "$dir/gpu.h5" "$dir/gpu_summary.h5" <<'PY' || exit 1
