@@ -101,6 +101,7 @@ void RegisterReplay(CLI::App& app, SetAction set_action) {
       "Examples:\n"
       "  lockstep replay run.h5                                   # is the run reproducible?\n"
       "  lockstep replay run.h5 --mode forced --kv-cache bf16     # does the FP8 cache explain it?\n"
+      "  lockstep replay gpu.h5 --mode forced --backend cpu       # on the CPU: bit for bit if gemm=*_dot\n"
       "  lockstep replay run.h5 --mode forced --kernel attn_decode=expanded --graft --html report.html\n"
       "  lockstep replay run.h5 --mode free --temperature 0.6");
   cmd->add_option("trace", a->trace, "The recorded trace")->required();

@@ -50,7 +50,10 @@ Registry::Registry() {
        true, true, false},
       {"attn_sparse", "reference", "cpu", "sparse attention reads exactly the indexer's selected keys", true, true,
        true},
-      {"softmax", "reference", "cpu", "attention softmax: max-subtracted, exp rounded once to fp32, fp64 sum", true, true, true},
+      {"softmax", "reference", "cpu",
+       "attention softmax: the expanded form's max-subtracted row, exp rounded once to fp32, fp64 sum; the "
+       "absorbed form's online softmax over 32-key tiles and splits (cpu::MlaAttend, the CUDA kernels' bits)",
+       true, true, true},
       {"norm", "fp64", "cpu", "RMSNorm: the sum of squares in fp64, in order", true, true, true},
       {"norm", "lanes256", "cpu",
        "RMSNorm in the CUDA kernels' order: fp32 FMA sums in 256 interleaved lanes, butterflies, a fixed tree, "
@@ -63,56 +66,56 @@ Registry::Registry() {
       // The CUDA backend (engine/cuda_backend.cc, kernels/cuda/). Same op names as the CPU's so
       // a kernel choice carries across a --backend override where both have the variant.
       {"attn_prefill", "absorbed", "cuda",
-       "MLA prefill as one absorbed decode query per row over its causal prefix (MlaDecode)", true, true, true},
+       "MLA prefill as one absorbed decode query per row over its causal prefix (MlaDecode)", true, true, true, false, true},
       {"attn_decode", "absorbed", "cuda",
        "MLA absorbed decode over the paged latent cache: fixed splits per key count, CPU-bitwise scores", true, true,
-       true},
+       true, false, true},
       {"attn_sparse", "reference", "cuda",
        "sparse MLA decode over the indexer's top-k slots, FP8 dequantised in the kernel (MlaSparseDecode)", true,
-       true, true},
+       true, true, false, true},
       {"indexer", "reference", "cuda",
        "V3.2 indexer: one thread per key, CPU-bitwise scores, exact radix top-k (ties: lowest position)", true, true,
-       true},
+       true, false, true},
       {"indexer", "fp8_paged", "cuda",
        "V3.2 indexer, the official FP8 path: Hadamard, q and keys as FP8 rows (keys quantised on write, 132 bytes), "
        "exact dot products on fp64 tensor cores (bitwise the CPU's), 64-key tiles past a request's end exit at once",
-       true, true, false},
+       true, true, false, false, true},
       {"indexer", "hadamard", "cuda",
        "V3.2 indexer with the official Hadamard rotation of q and k after RoPE (Hadamard kernel: the CPU's "
        "butterflies, bitwise)",
-       true, true, false},
+       true, true, false, false, true},
       {"gemm", "fp32", "cuda",
        "cuBLASLt fp32 (COMPUTE_32F_PEDANTIC, no TF32), algorithm pinned per shape without split-K", true, true,
-       true},
+       true, false, false},
       {"gemm", "bf16", "cuda", "cuBLASLt bf16 inputs, fp32 accumulation, algorithm pinned per shape", true, true,
-       false},
+       false, false, false},
       {"gemm", "fp32_dot", "cuda",
        "fp32 on CUDA cores in cpu::Dot's order (ExpertGemm): bitwise the CPU's gemm=fp32 for any rows", true, true,
-       false},
+       false, false, true},
       {"gemm", "bf16_dot", "cuda",
        "bf16 weights and activations, fp32 in cpu::Dot's order (ExpertGemm): bitwise the CPU's gemm=bf16",
-       true, true, false},
+       true, true, false, false, true},
       {"gemm", "fp8_dot", "cuda",
        "FP8 e4m3 weights with 128x128 block scales, dequantised in the kernel (one fp32 rounding), fp32 "
        "activations, cpu::Dot's order: bitwise the CPU's gemm=fp8_dot; half of bf16's weight bytes",
-       true, true, false},
+       true, true, false, false, true},
       {"gemm", "w8a8_dot", "cuda",
        "fp8_dot with each linear layer's input through FP8 per 128 values first (Fp8RoundTrip kernel): bitwise "
        "the CPU's gemm=w8a8_dot",
-       true, true, false},
+       true, true, false, false, true},
       {"gemm", "fp32_heuristic", "cuda",
        "cuBLASLt fp32 with its per-shape heuristic: deterministic, NOT batch-invariant (split-K varies with rows)",
-       true, false, false},
+       true, false, false, false, false},
       {"gemm", "bf16_heuristic", "cuda",
-       "cuBLASLt bf16 with its per-shape heuristic: deterministic, NOT batch-invariant", true, false, false},
+       "cuBLASLt bf16 with its per-shape heuristic: deterministic, NOT batch-invariant", true, false, false, false, false},
       {"norm", "lanes256", "cuda",
        "RMSNorm, a CTA of 256 threads a row: fp32 FMA lanes, butterflies, a fixed tree (cpu: norm=lanes256)", true,
-       true, true},
+       true, true, false, true},
       {"softmax", "reference", "cuda", "online softmax over 32-key tiles in ascending order, splits merged in order",
-       true, true, true},
-      {"rope", "reference", "cuda", "RoPE in the model's own layout, CPU-bitwise", true, true, true},
-      {"page_table", "reference", "cuda", "attention reads the request's own pages", true, true, true},
-      {"kv_quant", "reference", "cuda", "FP8 cache writes byte-identical to the CPU cache's", true, true, true},
+       true, true, true, false, true},
+      {"rope", "reference", "cuda", "RoPE in the model's own layout, CPU-bitwise", true, true, true, false, true},
+      {"page_table", "reference", "cuda", "attention reads the request's own pages", true, true, true, false, true},
+      {"kv_quant", "reference", "cuda", "FP8 cache writes byte-identical to the CPU cache's", true, true, true, false, true},
       // The fault zoo (docs/fault-zoo.md): wrong on purpose, reachable only through --fault.
       {"indexer", "fault_skip_partial_page", "cpu",
        "FAULT: indexer early-exit never scores keys in the request's last, partial page", true, true, false, true},
@@ -142,6 +145,21 @@ const KernelVariant* Registry::Find(std::string_view op, std::string_view name, 
     if (v.op == op && v.name == name && v.backend == backend) return &v;
   }
   return nullptr;
+}
+
+std::vector<std::string> BitsApartAcross(const KernelChoice& ran, std::string_view from, std::string_view to) {
+  std::vector<std::string> apart;
+  if (from == to) return apart;
+  const Registry& reg = Registry::Get();
+  for (const auto& [op, name] : ran) {
+    const KernelVariant* a = reg.Find(op, name, from);
+    const KernelVariant* b = reg.Find(op, name, to);
+    const KernelVariant* gpu = from == "cuda" ? a : to == "cuda" ? b : nullptr;
+    if (a == nullptr || b == nullptr || a->fault || b->fault || (gpu != nullptr && !gpu->cpu_bits)) {
+      apart.push_back(op + "=" + name);
+    }
+  }
+  return apart;
 }
 
 std::string Registry::Default(std::string_view op, std::string_view backend) const {

@@ -25,6 +25,11 @@ struct KernelVariant {
   bool batch_invariant = true;
   bool is_default = false;
   bool fault = false;
+  // (cuda variants) The CPU's variant of the same name gives the same bits for the same inputs,
+  // so a trace replayed across the two backends under it can be bit-identical
+  // (tests/gpu/gpu_engine_test.cc SameVariantsGiveTheCpusBits); false where the order is
+  // another library's (cuBLAS).
+  bool cpu_bits = false;
 };
 
 // The chosen variant per op, e.g. {"attn_decode": "absorbed", …}. Missing ops take the default.
@@ -45,6 +50,11 @@ class Registry {
   Registry();
   std::vector<KernelVariant> variants_;
 };
+
+// The ops of `ran` (a resolved choice on `from`) whose bits a run on `to` cannot reproduce:
+// their variant is missing there, or it is a CUDA variant without the CPU's bits (cpu_bits).
+// "op=variant" each, in op order; empty when from == to.
+std::vector<std::string> BitsApartAcross(const KernelChoice& ran, std::string_view from, std::string_view to);
 
 // Parses "op=variant" (from --kernel).
 Status ParseKernelOverride(std::string_view spec, KernelChoice* into);

@@ -185,11 +185,14 @@ Result<ReplayResult> Replay(const traces::TraceReader& trace, const ReplayOption
   LS_ASSIGN_OR_RETURN(engine::EngineOptions eo, RecordedEngineOptions(trace));
   const Overrides& ov = opt.overrides;
   if (ov.kv_cache) eo.kv_format = *ov.kv_cache;
+  std::string from_backend;           // the recording's backend when --backend changes it
+  kernels::KernelChoice ran_kernels;  // what it ran (resolved, defaults included)
   if (ov.backend && *ov.backend != eo.backend) {
     // What ran carries over wherever the new backend has the same variant: the recording engine's
     // resolved choices (meta.kernels, its defaults included — a GPU trace replays on the CPU in
     // the absorbed prefill it ran, not the CPU's default expanded form), else what was asked for
     // (traces without meta.kernels). The rest take the new backend's defaults.
+    from_backend = eo.backend;
     eo.backend = *ov.backend;
     kernels::KernelChoice ran = eo.kernels;
     const json resolved = json::parse(MetaOr(trace, "kernels"), nullptr, /*allow_exceptions=*/false);
@@ -198,6 +201,7 @@ Result<ReplayResult> Replay(const traces::TraceReader& trace, const ReplayOption
         if (v.is_string() && !ran.count(op)) ran[op] = v.get<std::string>();
       }
     }
+    ran_kernels = ran;
     eo.kernels.clear();
     for (const auto& [op, v] : ran) {
       const kernels::KernelVariant* k = kernels::Registry::Get().Find(op, v, eo.backend);
@@ -347,6 +351,26 @@ Result<ReplayResult> Replay(const traces::TraceReader& trace, const ReplayOption
       if (!any) v << "with " << ov.Describe() << ", every request generated the recorded tokens";
       if (d.has_divergence) v << (any ? "the " : "; the ") << "first numeric divergence is at " << where(d.first);
       break;
+    }
+  }
+  // Across backends with nothing else changed (batching changes no bit): say whether equal bits
+  // were to be expected, so that a difference reads as rounding or as a finding.
+  Overrides rest = ov;
+  rest.backend.reset();
+  rest.max_batch.reset();
+  if (!from_backend.empty() && rest.empty() && !opt.graft) {
+    const std::vector<std::string> apart = kernels::BitsApartAcross(ran_kernels, from_backend, eo.backend);
+    if (d.identical && !d.has_divergence) {
+      v << "; every captured row is bit-identical across the two backends";
+    } else if (!apart.empty()) {
+      std::string list;
+      for (const auto& a : apart) list += (list.empty() ? "" : ", ") + a;
+      v << ". Not bit-identical, as expected: " << list << " ran on " << from_backend
+        << " in an order " << eo.backend << " does not share (the cuBLAS GEMMs: gemm=fp32, bf16); record with "
+        << "--kernel gemm=fp32_dot (or bf16_dot, fp8_dot) for runs the two backends give bit for bit";
+    } else {
+      v << ". Not bit-identical, although every kernel that ran computes the same bits on both backends: "
+        << "not rounding — `lockstep diff <recording> <replay> --exact` names the first differing row";
     }
   }
   res.verdict = v.str();

@@ -10,6 +10,7 @@
 
 #include "engine/engine.h"
 #include "kernels/cpu/ops.h"
+#include "kernels/registry.h"
 #include "test_util.h"
 
 namespace lockstep::engine {
@@ -126,6 +127,26 @@ std::vector<float> LastLogits(const std::shared_ptr<Model>& m, const kernels::Ke
   EXPECT_TRUE((*e)->AddRequest(r).ok());
   EXPECT_TRUE((*e)->RunToCompletion().ok());
   return (*e)->request(0).last_logits;
+}
+
+// Which of a run's kernel choices another backend cannot reproduce bit for bit: cuBLAS GEMMs
+// and variants it lacks; none across one backend.
+TEST(Kernels, BitsApartAcrossBackends) {
+  using V = std::vector<std::string>;
+  const kernels::KernelChoice gpu_shared = {{"gemm", "bf16_dot"},    {"attn_prefill", "absorbed"},
+                                            {"attn_decode", "absorbed"}, {"norm", "lanes256"},
+                                            {"indexer", "fp8_paged"},  {"kv_quant", "reference"}};
+  EXPECT_EQ(kernels::BitsApartAcross(gpu_shared, "cuda", "cpu"), V{});
+  EXPECT_EQ(kernels::BitsApartAcross(gpu_shared, "cpu", "cuda"), V{});
+  kernels::KernelChoice cublas = gpu_shared;
+  cublas["gemm"] = "fp32";
+  EXPECT_EQ(kernels::BitsApartAcross(cublas, "cuda", "cpu"), V{"gemm=fp32"});
+  cublas["gemm"] = "bf16_heuristic";
+  EXPECT_EQ(kernels::BitsApartAcross(cublas, "cpu", "cuda"), V{"gemm=bf16_heuristic"});
+  // The CPU's expanded prefill has no CUDA kernel; a name neither has is apart too.
+  const kernels::KernelChoice cpu_default = {{"attn_prefill", "expanded"}, {"gemm", "fp32_dot"}, {"rope", "nope"}};
+  EXPECT_EQ(kernels::BitsApartAcross(cpu_default, "cpu", "cuda"), (V{"attn_prefill=expanded", "rope=nope"}));
+  EXPECT_EQ(kernels::BitsApartAcross(cpu_default, "cpu", "cpu"), V{});
 }
 
 TEST(Engine, DotGemmNamesAreTheCpuGemms) {

@@ -265,12 +265,52 @@ TEST_F(ReplayTest, AnotherBackendsTraceReplaysInTheKernelsThatRan) {
             "absorbed");
   EXPECT_EQ(r.engine_options.kernels.count("gemm") ? r.engine_options.kernels.at("gemm") : "", "fp32");
   EXPECT_EQ(r.engine_options.kernels.count("softmax"), 0u) << "a variant the CPU lacks must not carry over";
+  // cuBLAS (the GPU's gemm=fp32) and a variant the CPU lacks: differing bits are expected, and
+  // the verdict says which kernels make them so.
+  EXPECT_NE(r.verdict.find("Not bit-identical, as expected: gemm=fp32, softmax=online_tiles_cuda_only ran on cuda"),
+            std::string::npos)
+      << r.verdict;
 
   // A replay on the recording's own backend is what was asked for, defaults left to resolve.
   extra_meta_.clear();
   const fs::path cpu_trace = Record("v3_basic", "cpu.h5", {Prompt(9, 4)});
   const replayer::ReplayResult same = Replay(cpu_trace, {});
   EXPECT_EQ(same.engine_options.kernels.count("attn_prefill"), 0u);
+}
+
+// Across backends with nothing else changed, the verdict says whether equal bits were to be
+// expected: a "GPU" trace (recorded here under variants whose CUDA twins share the CPU's bits,
+// its meta claiming cuda) replays bit-identical and says so; when the recording's own kernels
+// were other than its meta names, the difference is flagged as not rounding.
+TEST_F(ReplayTest, AcrossBackendsTheVerdictSaysWhetherBitsShouldMatch) {
+  const nlohmann::json shared = {{"gemm", "bf16_dot"}, {"attn_prefill", "absorbed"}, {"attn_decode", "absorbed"},
+                                 {"norm", "lanes256"}};
+  const engine::EngineOptions d;
+  const nlohmann::json cuda_options = {{"kv_cache", "fp32"},     {"page_size", d.page_size},
+                                       {"kv_cache_tokens", d.kv_cache_tokens}, {"max_batch", d.max_batch},
+                                       {"kernels", shared}, {"fault", ""},
+                                       {"backend", "cuda"},      {"max_prefill_tokens", 0}};
+  extra_meta_ = {{"backend", "cuda"}, {"engine_options", cuda_options.dump()}, {"kernels", shared.dump()}};
+  engine::EngineOptions same;
+  for (const auto& [op, v] : shared.items()) same.kernels[op] = v.get<std::string>();
+  replayer::ReplayOptions o;
+  o.overrides.backend = "cpu";
+  o.mode = replayer::ReplayMode::kForced;
+  const replayer::ReplayResult r = Replay(Record("v3_basic", "shared.h5", {Prompt(40, 3)}, same), o);
+  EXPECT_TRUE(r.diff.identical) << r.verdict;
+  EXPECT_NE(r.verdict.find("every captured row is bit-identical across the two backends"), std::string::npos)
+      << r.verdict;
+  // The same claim over a recording that really ran gemm=fp32: the kernels named share their
+  // bits, so the difference is a finding.
+  const replayer::ReplayResult f = Replay(Record("v3_basic", "claims.h5", {Prompt(40, 3)}), o);
+  EXPECT_FALSE(f.diff.identical);
+  EXPECT_NE(f.verdict.find("although every kernel that ran computes the same bits on both backends"),
+            std::string::npos)
+      << f.verdict;
+  // Another override besides the backend: no such claim either way.
+  o.overrides.kv_cache = engine::KvFormat::kBf16;
+  const replayer::ReplayResult k = Replay(Record("v3_basic", "kv.h5", {Prompt(40, 3)}, same), o);
+  EXPECT_EQ(k.verdict.find("bit-identical"), std::string::npos) << k.verdict;
 }
 
 TEST_F(ReplayTest, GraftingSeparatesLocalFromPropagatedError) {

@@ -40,6 +40,8 @@ print("cpu vs gpu:", j["verdict"], "| worst rel L2 over", len(j["tensors"]), "te
 for r in j["requests"]:
     assert r["first_token_diff"] == -1 and r["tokens_a"] == r["tokens_b"], r
 assert worst <= 1e-3, worst
+# The default gemm=fp32 is cuBLAS on the GPU: the verdict says the bits differ as expected, and why.
+assert "as expected: gemm=fp32" in j["verdict"], j["verdict"]
 PY
 # Under the GPU's variants the CPU reference replays a GPU trace exactly: gemm=bf16_dot on the
 # GPU; the teacher-forced replay on the CPU carries the resolved kernels (bf16_dot, the
@@ -50,6 +52,8 @@ PY
 "$bin" replay "$dir/gpu_bf16.h5" --backend cpu --mode forced -o "$dir/cpu_bf16.h5" -q > "$dir/cpu_bf16.txt" 2>&1
 rc=$?
 [ $rc -eq 0 ] || [ $rc -eq 3 ] || { cat "$dir/cpu_bf16.txt"; echo "FAIL: replay of the bf16_dot trace on the CPU exited $rc"; exit 1; }
+grep -q "every captured row is bit-identical across the two backends" "$dir/cpu_bf16.txt" ||
+  { cat "$dir/cpu_bf16.txt"; echo "FAIL: the replay's verdict does not report the bits as identical"; exit 1; }
 "$bin" diff "$dir/gpu_bf16.h5" "$dir/cpu_bf16.h5" --exact > "$dir/diff_bf16.txt" 2>&1
 rc=$?
 head -4 "$dir/diff_bf16.txt"
