@@ -193,6 +193,26 @@ TEST(Ops, SwiGluRoundsExpOnce) {
   }
 }
 
+// n random keys of C values each and their scores (× score_scale); key j is masked (a null row)
+// when j % mask_every == mask_at.
+struct RandomKeys {
+  std::vector<float> lat, scores;
+  std::vector<const float*> rows;
+};
+RandomKeys MakeKeys(int64_t n, int64_t C, float score_scale, int64_t mask_every, int64_t mask_at, std::mt19937& rng) {
+  std::normal_distribution<float> nd(0, 1);
+  RandomKeys k;
+  k.lat.resize(n * C);
+  k.scores.resize(n);
+  k.rows.resize(n);
+  for (int64_t j = 0; j < n; ++j) {
+    k.scores[j] = score_scale * nd(rng);
+    for (int64_t c = 0; c < C; ++c) k.lat[j * C + c] = nd(rng);
+    k.rows[j] = j % mask_every == mask_at ? nullptr : &k.lat[j * C];
+  }
+  return k;
+}
+
 // cpu::MlaAttend: the split rule's values, hand cases exact to the bit, masks, and the
 // softmax-weighted sum within the fp32 bound of an fp64 reference across split sizes.
 TEST(Ops, MlaAttendSplitsTilesAndMerges) {
@@ -233,16 +253,12 @@ TEST(Ops, MlaAttendSplitsTilesAndMerges) {
   // Random keys against fp64: |out − ref| ≤ (depth + 4·exps)·u · Σ p|row| per column, over one
   // split, many splits of one tile, and wide splits; with a third of the keys masked.
   std::mt19937 rng(5);
-  std::normal_distribution<float> nd(0, 1);
   for (int64_t n : {5, 33, 700, 2049, 5000}) {
     const int64_t C = 24;
-    std::vector<float> lat(n * C), s(n);
-    std::vector<const float*> r(n);
-    for (int64_t j = 0; j < n; ++j) {
-      s[j] = 2.5f * nd(rng);
-      for (int64_t c = 0; c < C; ++c) lat[j * C + c] = nd(rng);
-      r[j] = j % 3 == 1 ? nullptr : &lat[j * C];
-    }
+    const RandomKeys keys = MakeKeys(n, C, 2.5f, 3, 1, rng);
+    const std::vector<float>& lat = keys.lat;
+    const std::vector<float>& s = keys.scores;
+    const std::vector<const float*>& r = keys.rows;
     std::vector<float> got(C);
     cpu::MlaAttend(s.data(), r.data(), n, C, got.data());
     double m = -INFINITY, z = 0;
@@ -264,6 +280,87 @@ TEST(Ops, MlaAttendSplitsTilesAndMerges) {
         mass += p * std::fabs(lat[j * C + c]);
       }
       EXPECT_LE(std::fabs(got[c] - ref), bound * mass) << "n " << n << " c " << c;
+    }
+  }
+}
+
+// cpu::MlaAttend is the CUDA split kernel's arithmetic: a lane-by-lane emulation of
+// kernels/cuda/mla_decode.cu (32 lanes each holding its key's score and its own running max and
+// sum, the xor butterflies of dev::WarpMax / WarpSum on all 32 lanes, P·V per column in key
+// order) and of mla_combine.cuh's merge gives the same bits.
+TEST(Ops, MlaAttendIsTheKernelsLaneByLaneArithmetic) {
+  auto emulate = [](const std::vector<float>& sc, const std::vector<const float*>& rows, int64_t C) {
+    const int64_t n = static_cast<int64_t>(sc.size());
+    const int64_t sk = kernels::MlaSplitKeysOf(n), S = kernels::MlaNumSplits(n);
+    std::vector<std::vector<float>> o(S, std::vector<float>(C, 0.0f));
+    std::vector<float> ms(S), ls(S);
+    for (int64_t s = 0; s < S; ++s) {
+      float m_run[32], l_run[32];
+      std::fill(m_run, m_run + 32, -INFINITY);
+      std::fill(l_run, l_run + 32, 0.0f);
+      const int64_t end = std::min(n, (s + 1) * sk);
+      for (int64_t t0 = s * sk; t0 < end; t0 += 32) {
+        float v[32], p[32], alpha[32];
+        for (int lane = 0; lane < 32; ++lane) {
+          const int64_t key = t0 + lane;
+          v[lane] = key < end && rows[key] != nullptr ? sc[key] : -INFINITY;
+        }
+        float mx[32], sm[32];
+        std::copy(v, v + 32, mx);
+        for (int w = 16; w >= 1; w /= 2) {
+          float nx[32];
+          for (int i = 0; i < 32; ++i) nx[i] = std::fmax(mx[i], mx[i ^ w]);
+          std::copy(nx, nx + 32, mx);
+        }
+        for (int lane = 0; lane < 32; ++lane) {
+          const float m_new = std::fmax(m_run[lane], mx[lane]);
+          p[lane] = v[lane] == -INFINITY ? 0.0f : cpu::ExpF(v[lane] - m_new);
+          alpha[lane] = m_run[lane] == -INFINITY ? 0.0f : cpu::ExpF(m_run[lane] - m_new);
+          m_run[lane] = m_new;
+        }
+        std::copy(p, p + 32, sm);
+        for (int w = 16; w >= 1; w /= 2) {
+          float nx[32];
+          for (int i = 0; i < 32; ++i) nx[i] = sm[i] + sm[i ^ w];
+          std::copy(nx, nx + 32, sm);
+        }
+        for (int lane = 0; lane < 32; ++lane) l_run[lane] = l_run[lane] * alpha[lane] + sm[lane];
+        for (int64_t c = 0; c < C; ++c) {
+          float acc = o[s][c] * alpha[0];  // (lane 0's alpha is the one published)
+          for (int t = 0; t < 32; ++t) {
+            const int64_t key = t0 + t;
+            const float kv = key < end && rows[key] != nullptr ? rows[key][c] : 0.0f;
+            acc = std::fma(p[t], kv, acc);
+          }
+          o[s][c] = acc;
+        }
+      }
+      ms[s] = m_run[0];
+      ls[s] = l_run[0];
+    }
+    float M = -INFINITY;
+    for (int64_t s = 0; s < S; ++s) M = std::fmax(M, ms[s]);
+    std::vector<float> f(S);
+    for (int64_t s = 0; s < S; ++s) f[s] = ms[s] == -INFINITY ? 0.0f : cpu::ExpF(ms[s] - M);
+    float L = 0.0f;
+    for (int64_t s = 0; s < S; ++s) L = L + ls[s] * f[s];
+    std::vector<float> out(C);
+    for (int64_t c = 0; c < C; ++c) {
+      float acc = 0.0f;
+      for (int64_t s = 0; s < S; ++s) acc = std::fma(o[s][c], f[s], acc);
+      out[c] = L == 0.0f ? 0.0f : acc / L;
+    }
+    return out;
+  };
+  std::mt19937 rng(17);
+  for (int64_t n : {1, 31, 33, 64, 100, 2049, 3000}) {
+    const int64_t C = 20;
+    const RandomKeys keys = MakeKeys(n, C, 3.0f, 7, 3, rng);
+    const std::vector<float> want = emulate(keys.scores, keys.rows, C);
+    std::vector<float> got(C);
+    cpu::MlaAttend(keys.scores.data(), keys.rows.data(), n, C, got.data());
+    for (int64_t c = 0; c < C; ++c) {
+      ASSERT_EQ(std::bit_cast<uint32_t>(got[c]), std::bit_cast<uint32_t>(want[c])) << "n " << n << " c " << c;
     }
   }
 }

@@ -238,15 +238,15 @@ void Axpy(float a, const float* x, int64_t n, float* y) {
 }
 
 namespace {
-// A warp's butterfly over 32 lanes (xor 16, 8, 4, 2, 1), as dev::WarpMax / dev::WarpSum run
-// it; every lane ends with the same value (each step adds or maxes a pair both lanes share).
+// A warp's butterfly over 32 lanes (xor 16, 8, 4, 2, 1), as dev::WarpMax / dev::WarpSum run it:
+// every lane ends with the same value (each step combines a pair both lanes share), so lane 0's
+// half of the tree is the whole answer — op(v[i], v[i + w]) for i < w, w = 16, 8, 4, 2, 1.
 template <typename Op>
 float Butterfly32(const float* v, Op op) {
-  float a[kMlaTileKeys], b[kMlaTileKeys];
-  std::copy(v, v + kMlaTileKeys, a);
-  for (int o = kMlaTileKeys / 2; o >= 1; o /= 2) {
-    for (int i = 0; i < kMlaTileKeys; ++i) b[i] = op(a[i], a[i ^ o]);
-    std::copy(b, b + kMlaTileKeys, a);
+  float a[kMlaTileKeys / 2];
+  for (int i = 0; i < kMlaTileKeys / 2; ++i) a[i] = op(v[i], v[i + kMlaTileKeys / 2]);
+  for (int w = kMlaTileKeys / 4; w >= 1; w /= 2) {
+    for (int i = 0; i < w; ++i) a[i] = op(a[i], a[i + w]);
   }
   return a[0];
 }
@@ -254,7 +254,13 @@ float Butterfly32(const float* v, Op op) {
 
 float MlaAttend(const float* scores, const float* const* rows, int64_t n, int64_t C, float* out, float* max_out) {
   const int64_t split_keys = MlaSplitKeysOf(n), splits = MlaNumSplits(n);
-  std::vector<float> o_part(static_cast<size_t>(splits * C), 0.0f), m_part(splits), l_part(splits);
+  // Per-thread scratch (callers run heads in parallel): the splits' o, m, l and merge factors.
+  thread_local std::vector<float> scratch;
+  scratch.assign(static_cast<size_t>(splits * (C + 3)), 0.0f);
+  float* const o_part = scratch.data();
+  float* const m_part = o_part + splits * C;
+  float* const l_part = m_part + splits;
+  float* const f = l_part + splits;
   auto fmax = [](float a, float b) { return std::fmax(a, b); };
   auto add = [](float a, float b) { return a + b; };
   for (int64_t s = 0; s < splits; ++s) {
@@ -288,17 +294,18 @@ float MlaAttend(const float* scores, const float* const* rows, int64_t n, int64_
   }
   float M = -INFINITY;
   for (int64_t s = 0; s < splits; ++s) M = std::fmax(M, m_part[s]);
-  std::vector<float> f(splits);
   float L = 0.0f;
   for (int64_t s = 0; s < splits; ++s) {
     f[s] = m_part[s] == -INFINITY ? 0.0f : ExpF(m_part[s] - M);
     L = L + l_part[s] * f[s];
   }
-  for (int64_t c = 0; c < C; ++c) {
-    float acc = 0.0f;
-    for (int64_t s = 0; s < splits; ++s) acc = std::fma(o_part[s * C + c], f[s], acc);
-    out[c] = L == 0.0f ? 0.0f : acc / L;
+  // Each column's sum over the splits in ascending order (split-major loops, the same order).
+  std::fill(out, out + C, 0.0f);
+  for (int64_t s = 0; s < splits; ++s) {
+    const float* o = &o_part[s * C];
+    for (int64_t c = 0; c < C; ++c) out[c] = std::fma(o[c], f[s], out[c]);
   }
+  for (int64_t c = 0; c < C; ++c) out[c] = L == 0.0f ? 0.0f : out[c] / L;
   if (max_out != nullptr) *max_out = M;
   return L;
 }
