@@ -66,7 +66,8 @@ Registry::Registry() {
       // The CUDA backend (engine/cuda_backend.cc, kernels/cuda/). Same op names as the CPU's so
       // a kernel choice carries across a --backend override where both have the variant.
       {"attn_prefill", "absorbed", "cuda",
-       "MLA prefill as one absorbed decode query per row over its causal prefix (MlaDecode)", true, true, true, false, true},
+       "MLA prefill as one absorbed decode query per row over its causal prefix (MlaDecode)", true, true, true, false,
+       true},
       {"attn_decode", "absorbed", "cuda",
        "MLA absorbed decode over the paged latent cache: fixed splits per key count, CPU-bitwise scores", true, true,
        true, false, true},
@@ -107,7 +108,8 @@ Registry::Registry() {
        "cuBLASLt fp32 with its per-shape heuristic: deterministic, NOT batch-invariant (split-K varies with rows)",
        true, false, false, false, false},
       {"gemm", "bf16_heuristic", "cuda",
-       "cuBLASLt bf16 with its per-shape heuristic: deterministic, NOT batch-invariant", true, false, false, false, false},
+       "cuBLASLt bf16 with its per-shape heuristic: deterministic, NOT batch-invariant", true, false, false, false,
+       false},
       {"norm", "lanes256", "cuda",
        "RMSNorm, a CTA of 256 threads a row: fp32 FMA lanes, butterflies, a fixed tree (cpu: norm=lanes256)", true,
        true, true, false, true},
@@ -115,7 +117,8 @@ Registry::Registry() {
        true, true, true, false, true},
       {"rope", "reference", "cuda", "RoPE in the model's own layout, CPU-bitwise", true, true, true, false, true},
       {"page_table", "reference", "cuda", "attention reads the request's own pages", true, true, true, false, true},
-      {"kv_quant", "reference", "cuda", "FP8 cache writes byte-identical to the CPU cache's", true, true, true, false, true},
+      {"kv_quant", "reference", "cuda", "FP8 cache writes byte-identical to the CPU cache's", true, true, true, false,
+       true},
       // The fault zoo (docs/fault-zoo.md): wrong on purpose, reachable only through --fault.
       {"indexer", "fault_skip_partial_page", "cpu",
        "FAULT: indexer early-exit never scores keys in the request's last, partial page", true, true, false, true},

@@ -17,11 +17,7 @@
 #include <cstdint>
 #include <cstring>
 
-#if defined(__CUDACC__)
-#define LS_HD __host__ __device__
-#else
-#define LS_HD
-#endif
+#include "kernels/host_device.h"
 
 namespace lockstep::kernels {
 
