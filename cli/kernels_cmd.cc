@@ -12,6 +12,11 @@ void RegisterKernels(CLI::App& app, SetAction set_action) {
   auto json = std::make_shared<bool>(false);
   auto faults = std::make_shared<bool>(false);
   CLI::App* cmd = app.add_subcommand("kernels", "List kernel variants (choose one with --kernel op=variant)");
+  cmd->footer(
+      "[default]: the backend's choice when --kernel names none.\n"
+      "[cpu bits]: a CUDA variant whose CPU namesake computes the same bits; a GPU run under such variants\n"
+      "replays on the CPU bit for bit (lockstep replay gpu.h5 --backend cpu --mode forced). The cuBLAS GEMMs\n"
+      "(gemm=fp32, bf16, *_heuristic) have none: use gemm=fp32_dot, bf16_dot or fp8_dot for that.");
   cmd->add_flag("--json", *json, "Machine-readable output");
   cmd->add_flag("--faults", *faults, "List the fault zoo instead (deliberately wrong variants, for --fault)");
   cmd->callback([json, faults, set_action] {
@@ -21,17 +26,27 @@ void RegisterKernels(CLI::App& app, SetAction set_action) {
         nlohmann::json j = nlohmann::json::array();
         for (const auto& v : vs) {
           if (v.fault != *faults) continue;
-          j.push_back({{"op", v.op}, {"variant", v.name}, {"backend", v.backend}, {"default", v.is_default},
-                       {"deterministic", v.deterministic}, {"batch_invariant", v.batch_invariant},
-                       {"summary", v.summary}});
+          nlohmann::json row = {{"op", v.op},
+                                {"variant", v.name},
+                                {"backend", v.backend},
+                                {"default", v.is_default},
+                                {"deterministic", v.deterministic},
+                                {"batch_invariant", v.batch_invariant},
+                                {"summary", v.summary}};
+          // Whether a trace run under it replays on the CPU bit for bit (cuda variants).
+          if (v.backend != "cpu") row["cpu_bits"] = v.cpu_bits;
+          j.push_back(std::move(row));
         }
         std::cout << j.dump(2) << "\n";
         return Status::Ok();
       }
       for (const auto& v : vs) {
         if (v.fault != *faults) continue;
-        std::printf("%-13s %-10s %-5s %s%s\n", v.op.c_str(), v.name.c_str(), v.backend.c_str(),
-                    v.is_default ? "[default] " : "", v.summary.c_str());
+        // [cpu bits]: the CPU's variant of the same name gives the same bits (a GPU trace run
+        // under it replays on the CPU bit for bit).
+        std::printf("%-13s %-10s %-5s %s%s%s\n", v.op.c_str(), v.name.c_str(), v.backend.c_str(),
+                    v.is_default ? "[default] " : "", v.backend != "cpu" && v.cpu_bits ? "[cpu bits] " : "",
+                    v.summary.c_str());
       }
       return Status::Ok();
     });

@@ -60,6 +60,14 @@ n=$(printf '%s\n' "$out" | grep -c '"completion_tokens":5')
 if [ "$n" -ne 2 ]; then echo "FAIL json output: $out"; fail=1; else echo "ok   --json gives one object per request"; fi
 "$LS" model info "$FIX/v32_sparse" --json | grep -q '"topk": 16' && echo "ok   model info --json" || { echo "FAIL model info --json"; fail=1; }
 "$LS" kernels | grep -q "attn_decode" && echo "ok   kernels" || { echo "FAIL kernels"; fail=1; }
+# Which CUDA variants replay on the CPU bit for bit: the *_dot GEMMs do, cuBLAS does not.
+"$LS" kernels --json | python3 -c '
+import json, sys
+v = {(r["op"], r["variant"], r["backend"]): r for r in json.load(sys.stdin)}
+assert v[("gemm", "bf16_dot", "cuda")]["cpu_bits"] is True, v[("gemm", "bf16_dot", "cuda")]
+assert v[("gemm", "fp32", "cuda")]["cpu_bits"] is False
+assert "cpu_bits" not in v[("gemm", "fp32", "cpu")]
+' && echo "ok   kernels --json cpu_bits" || { echo "FAIL kernels --json cpu_bits"; fail=1; }
 "$LS" generate --help | grep -q -- "--kv-cache" && echo "ok   generate --help" || { echo "FAIL help"; fail=1; }
 # degen on the embedded model: greedy on the HTML prompt loops (docs/models.md), and the JSON
 # report carries one entry per setting with per-sample verdicts.
