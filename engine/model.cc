@@ -182,6 +182,25 @@ const ModelWeights& Model::Bf16Weights() {
   return *bf16_weights_;
 }
 
+const std::vector<std::vector<float>>& Model::AbsorbedWukT(const ModelWeights& w) {
+  std::lock_guard<std::mutex> lock(lazy_mu_);
+  auto [it, made] = wukt_.try_emplace(&w);
+  if (!made) return it->second;
+  const ModelConfig& c = config_;
+  const int64_t nh = c.num_attention_heads, dn = c.qk_nope_head_dim, dv = c.v_head_dim, C = c.kv_lora_rank;
+  for (const LayerWeights& L : w.layers) {
+    std::vector<float>& wukt = it->second.emplace_back(static_cast<size_t>(nh * C * dn));
+    for (int64_t hd = 0; hd < nh; ++hd) {
+      const float* wk = L.kv_b_proj.row(hd * (dn + dv));
+      float* wt = &wukt[hd * C * dn];
+      for (int64_t a = 0; a < dn; ++a) {
+        for (int64_t cc = 0; cc < C; ++cc) wt[cc * dn + a] = wk[a * C + cc];
+      }
+    }
+  }
+  return it->second;
+}
+
 const ModelWeights& Model::Fp8Weights() {
   if (weights_.fp8_tensors > 0) return weights_;
   std::lock_guard<std::mutex> lock(lazy_mu_);
@@ -398,6 +417,8 @@ Status Model::Forward(std::span<Segment> segs, PagedKvCache& cache, const kernel
   const ModelWeights& W = gemm.bf16                                       ? Bf16Weights()
                           : kernel("gemm") == "fp8_dot" || w8a8 ? Fp8Weights()
                                                                           : weights_;
+  const std::vector<std::vector<float>>* wukt_all =
+      !decode_expanded || prefill_absorbed ? &AbsorbedWukT(W) : nullptr;
   // norm=lanes256: every RMSNorm in the CUDA kernels' order and precision (fp32 lanes), so a GPU
   // trace's CPU replay gives its norms' bits; the default sums in fp64.
   auto rmsnorm = kernel("norm") == "lanes256" ? cpu::RmsNormLanes256 : cpu::RmsNorm;
@@ -592,20 +613,8 @@ Status Model::Forward(std::span<Segment> segs, PagedKvCache& cache, const kernel
       if (tapping) tap.EmitI32(names[kTapIndexerTopk], topk_tap.data(), topk);
     }
 
-    // The absorbed form's W_UKᵀ, per head [C, dn] (row c: column c of the head's W_UK rows):
-    // q_lat's elements are cpu::Dot over these rows, as the CUDA backend's absorption
-    // (ExpertGemm over w_ukt) forms them.
-    std::vector<float> wukt;
-    if (!decode_expanded || prefill_absorbed) {
-      wukt.resize(static_cast<size_t>(nh * C * dn));
-      for (int64_t hd = 0; hd < nh; ++hd) {
-        const float* wk = L.kv_b_proj.row(hd * (dn + dv));
-        float* wt = &wukt[hd * C * dn];
-        for (int64_t a = 0; a < dn; ++a) {
-          for (int64_t cc = 0; cc < C; ++cc) wt[cc * dn + a] = wk[a * C + cc];
-        }
-      }
-    }
+    // The absorbed form's W_UKᵀ (AbsorbedWukT).
+    const float* wukt = wukt_all != nullptr ? (*wukt_all)[l].data() : nullptr;
     // Attention, per segment (each reads only its own request's cache).
     for (size_t s = 0; s < segs.size(); ++s) {
       const Segment& g = segs[s];

@@ -14,6 +14,7 @@
 
 #include <cstdint>
 #include <filesystem>
+#include <map>
 #include <memory>
 #include <mutex>
 #include <optional>
@@ -114,6 +115,12 @@ class Model {
   const ModelWeights& Bf16Weights();
   std::unique_ptr<ModelWeights> bf16_weights_;  // made once under lazy_mu_, then read-only
   std::unique_ptr<ModelWeights> fp8_weights_;   // likewise (unset for an FP8 checkpoint)
+  // The absorbed attention's W_UKᵀ of every layer of a weight set (Forward's weights_,
+  // bf16_weights_ or fp8_weights_): per head [C, dn], row c the head's W_UK column c, so that
+  // q_lat's elements are cpu::Dot over its rows as the CUDA backend's absorption forms them.
+  // Made once per set under lazy_mu_, then read-only.
+  const std::vector<std::vector<float>>& AbsorbedWukT(const ModelWeights& w);
+  std::map<const ModelWeights*, std::vector<std::vector<float>>> wukt_;
   std::mutex lazy_mu_;
   // Forward reads the RoPE tables under a shared lock; EnsureRope grows them under an
   // exclusive one (rarely: the tables double).

@@ -208,7 +208,9 @@ Status WriteLatentPath(const RmsNormParams& norm, const RopeParams& rope, const 
 // request's own key count only (MlaSplitKeys); a CTA runs one split for 16 heads with an
 // online softmax over 32-key tiles in ascending order; a combine kernel merges the splits in
 // ascending order. Nothing depends on the batch or on the hardware, hence batch-invariant.
-// fp32 throughout (exp via expf); limits: kv_lora ≤ 512, rope_dim ≤ 64.
+// fp32 throughout, exp by dev::ExpF: the output is cpu::MlaAttend's bits (the CPU's absorbed
+// attention; kernels/mla_splits.h holds the split rule both follow). Limits: kv_lora ≤ 512,
+// rope_dim ≤ 64.
 struct MlaDecodeParams {
   int64_t batch = 0, heads = 0, kv_lora = 0, rope_dim = 0;
   LatentFormat format = LatentFormat::kFp8E4m3;

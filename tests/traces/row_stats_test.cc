@@ -82,9 +82,9 @@ TEST(RowStats, EqualsSummarizeOnInt32Rows) {
 
 // bf16 and E4M3 rows (a device backend's summaries of the KV cache as stored): every E4M3 byte
 // decodes to the CPU engine's float (kernels/cpu/numerics.h; NaN patterns to a NaN), every bf16
-// exponent/sign pattern to its Bf16ToF32's, and rows — random, with NaN / ±Inf / signed zeros / subnormals, empty — give
-// Summarize's fields bit for bit, at the KV parts' widths (512-value latents, 64 rope values,
-// 128-value index keys, 576-value bf16 latents) and odd ones.
+// exponent/sign pattern to its Bf16ToF32's, and rows — random, with NaN / ±Inf / signed zeros /
+// subnormals, empty — give Summarize's fields bit for bit, at the KV parts' widths (512-value
+// latents, 64 rope values, 128-value index keys, 576-value bf16 latents) and odd ones.
 TEST(RowStats, EqualsSummarizeOnBf16AndE4m3Rows) {
   for (int b = 0; b < 256; ++b) {
     const float want = kernels::Fp8E4m3ToF32(static_cast<uint8_t>(b)), got = kernels::Fp8E4m3Value(static_cast<uint8_t>(b));
