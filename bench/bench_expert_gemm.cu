@@ -26,6 +26,7 @@
 #include <vector>
 
 #include "bench/cuda_bench.h"
+#include "bench/cuda_fill.cuh"
 #include "kernels/cuda/ops.h"
 #include "kernels/cuda/runtime.h"
 
@@ -45,17 +46,6 @@ struct Shape {
   bool heads;  // ids are 0..k-1 in every row (heads as experts)
   int64_t copies = 1;  // dense shapes: copies of the weights, rotated per call
 };
-
-__global__ void FillBf16(uint16_t* w, int64_t n) {
-  const int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
-  if (i >= n) return;
-  uint32_t h = static_cast<uint32_t>(i) * 0x9E3779B1u;
-  h ^= h >> 15;
-  h *= 0x85EBCA6Bu;
-  h ^= h >> 13;
-  // Small values around ±0.05: exponent 0x3d, random sign and mantissa.
-  w[i] = static_cast<uint16_t>(((h & 1u) << 15) | (0x3d << 7) | ((h >> 8) & 0x7fu));
-}
 
 double CopyBandwidth(int reps) {
   auto bw = cu::MeasureCopyBandwidth(reps);
@@ -186,7 +176,7 @@ int main(int argc, char** argv) {
     const int64_t w_elems = sh.experts * sh.w_expert_stride * sh.copies;
     uint16_t* w = nullptr;
     CHECK_CUDA(cudaMalloc(&w, w_elems * 2));
-    FillBf16<<<static_cast<unsigned>((w_elems + 255) / 256), 256>>>(w, w_elems);
+    FillBf16(w, w_elems, 0, 0x3d);  // values around ±0.05
     CHECK_CUDA(cudaGetLastError());
     const std::vector<int64_t> row_counts =
         sh.heads  ? std::vector<int64_t>{1, 8, 64, 256}

@@ -38,6 +38,7 @@
 #include <vector>
 
 #include "bench/cuda_bench.h"
+#include "bench/cuda_fill.cuh"
 #include "kernels/cuda/async_copy.cuh"
 #include "kernels/cuda/ops.h"
 #include "kernels/cuda/runtime.h"
@@ -191,16 +192,6 @@ __global__ void ReadAll(const uint4* p, int64_t n16, unsigned* sink) {
   if (acc == 0x9e3779b9u) *sink = acc;
 }
 
-__global__ void FillBf16(uint16_t* w, int64_t n, uint32_t seed, int exponent) {
-  const int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
-  if (i >= n) return;
-  uint32_t h = (static_cast<uint32_t>(i) ^ seed) * 0x9E3779B1u;
-  h ^= h >> 15;
-  h *= 0x85EBCA6Bu;
-  h ^= h >> 13;
-  w[i] = static_cast<uint16_t>(((h & 1u) << 15) | (static_cast<uint32_t>(exponent) << 7) | ((h >> 8) & 0x7fu));
-}
-
 std::vector<int> ParseDims(const std::string& s) {
   std::vector<int> v;
   size_t at = 0;
@@ -320,7 +311,7 @@ int main(int argc, char** argv) {
     // |w| in [2^-e, 2^-e+1) with 2^-2e · in ≈ 1/2 … 1: the vectors keep their scale along the chain.
     const int e = static_cast<int>(std::ceil(0.5 * std::log2(static_cast<double>(dims[s]))));
     const int64_t n = w_off[s + 1] - w_off[s];
-    FillBf16<<<static_cast<unsigned>((n + 255) / 256), 256>>>(w + w_off[s], n, 0x1234u + s, 127 - e);
+    FillBf16(w + w_off[s], n, 0x1234u + s, static_cast<uint32_t>(127 - e));
   }
   CHECK_CUDA(cudaGetLastError());
   std::vector<float> x0(dims[0]);
