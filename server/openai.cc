@@ -50,16 +50,40 @@ constexpr const char* kEmbeddedTemplate =
     "{% elif message['role'] == 'assistant' %}<｜Assistant｜>{{ message['content'] }}<｜end▁of▁sentence｜>{% else %}"
     "{{ message['content'] }}{% endif %}{% endfor %}{% if add_generation_prompt %}<｜Assistant｜>{% endif %}";
 
-// A message's text: a string, or the text parts of an array; null → "".
+// o[key] when it is a string, else "" (for fields already checked, or optional ones).
+std::string StringAt(const nlohmann::json& o, const char* key) {
+  return o.is_object() && o.contains(key) && o[key].is_string() ? o[key].get<std::string>() : std::string();
+}
+
+// What Apply renders of a message: an object with a string role, and content absent, null, a
+// string, or an array of text parts {"type": "text", "text": "…"} — an image or other part is
+// refused rather than dropped, which would change what the user asked.
+Status CheckMessage(const nlohmann::json& m) {
+  if (!m.is_object() || !m.contains("role") || !m["role"].is_string()) {
+    return Status::InvalidArgument("each message needs a string 'role'");
+  }
+  if (!m.contains("content") || m["content"].is_null() || m["content"].is_string()) return Status::Ok();
+  if (!m["content"].is_array()) {
+    return Status::InvalidArgument("a message's 'content' must be a string or an array of text parts");
+  }
+  for (const auto& part : m["content"]) {
+    if (!part.is_object() || StringAt(part, "type") != "text" || !part.contains("text") || !part["text"].is_string()) {
+      return Status::InvalidArgument(
+          "message content parts must be text parts ({\"type\": \"text\", \"text\": \"…\"}); this server "
+          "takes no images, audio or files");
+    }
+  }
+  return Status::Ok();
+}
+
+// A message's text (CheckMessage has passed): the string, or its text parts joined; null → "".
 std::string Content(const nlohmann::json& m) {
   std::string content;
   if (!m.contains("content")) return content;
   const auto& c = m["content"];
   if (c.is_string()) return c.get<std::string>();
-  if (c.is_array()) {  // [{type:"text", text:…}]
-    for (const auto& part : c) {
-      if (part.is_object() && part.value("type", "") == "text") content += part.value("text", "");
-    }
+  if (c.is_array()) {
+    for (const auto& part : c) content += StringAt(part, "text");
   }
   return content;
 }
@@ -110,7 +134,7 @@ Result<ChatTemplate> ChatTemplate::Choose(const nlohmann::json& config, const st
       tmpl = c.get<std::string>();
     } else if (c.is_array()) {  // [{"name": "default", "template": …}, …]
       for (const auto& e : c) {
-        if (e.is_object() && e.value("name", "") == "default" && e.contains("template") && e["template"].is_string()) {
+        if (StringAt(e, "name") == "default" && e.contains("template") && e["template"].is_string()) {
           tmpl = e["template"].get<std::string>();
         }
       }
@@ -145,8 +169,10 @@ Result<std::string> ChatTemplate::Apply(const json& messages) const {
     return Status::InvalidArgument(
         "this model has no chat template: use /v1/completions, or start the server with --chat-template");
   }
+  if (!messages.is_array()) return Status::InvalidArgument("'messages' must be an array");
   for (const auto& m : messages) {
-    const std::string role = m.value("role", "");
+    LS_RETURN_IF_ERROR(CheckMessage(m));
+    const std::string role = StringAt(m, "role");
     if (m.contains("tool_calls") && !m["tool_calls"].is_null()) {
       return Status::InvalidArgument("tool calls are not supported by this server's chat format");
     }
@@ -159,7 +185,7 @@ Result<std::string> ChatTemplate::Apply(const json& messages) const {
   switch (style) {
     case ChatStyle::kV2:  // roles other than these three render nothing, as in the template
       for (const auto& m : messages) {
-        const std::string role = m.value("role", "");
+        const std::string role = StringAt(m, "role");
         if (role == "user") s += "User: " + Content(m) + "\n\n";
         else if (role == "assistant") s += "Assistant: " + Content(m) + eos;
         else if (role == "system") s += Content(m) + "\n\n";
@@ -168,12 +194,12 @@ Result<std::string> ChatTemplate::Apply(const json& messages) const {
     case ChatStyle::kV3: {
       bool first = true;
       for (const auto& m : messages) {  // every system prompt, joined, right after bos
-        if (m.value("role", "") != "system") continue;
+        if (StringAt(m, "role") != "system") continue;
         s += (first ? "" : "\n\n") + Content(m);
         first = false;
       }
       for (const auto& m : messages) {
-        const std::string role = m.value("role", "");
+        const std::string role = StringAt(m, "role");
         if (role == "user") s += "<｜User｜>" + Content(m);
         else if (role == "assistant") s += "<｜Assistant｜>" + Content(m) + "<｜end▁of▁sentence｜>";
       }
@@ -181,7 +207,7 @@ Result<std::string> ChatTemplate::Apply(const json& messages) const {
     }
     case ChatStyle::kV32:  // chat (non-thinking) mode; the user turn opens the assistant's
       for (const auto& m : messages) {
-        const std::string role = m.value("role", "");
+        const std::string role = StringAt(m, "role");
         if (role == "system") s += Content(m);
         else if (role == "user") s += "<｜User｜>" + Content(m) + "<｜Assistant｜></think>";
         else if (role == "assistant") s += Content(m) + "<｜end▁of▁sentence｜>";
@@ -189,7 +215,7 @@ Result<std::string> ChatTemplate::Apply(const json& messages) const {
       return s;
     case ChatStyle::kEmbedded:
       for (const auto& m : messages) {
-        const std::string role = m.value("role", "");
+        const std::string role = StringAt(m, "role");
         if (role == "user") s += "<｜User｜>" + Content(m);
         else if (role == "assistant") s += "<｜Assistant｜>" + Content(m) + "<｜end▁of▁sentence｜>";
         else s += Content(m);
@@ -237,7 +263,10 @@ std::optional<ApiError> ParseGenerationRequest(const std::string& body, bool cha
   if (!j.is_object()) return Bad("the request body must be a JSON object");
   GenerationRequest& r = *out;
   r.chat = chat;
-  r.model = j.value("model", "");
+  if (j.contains("model") && !j["model"].is_null()) {
+    if (!j["model"].is_string()) return Bad("'model' must be a string", "model");
+    r.model = j["model"].get<std::string>();
+  }
   if (chat) {
     if (!j.contains("messages") || !j["messages"].is_array() || j["messages"].empty()) {
       return Bad("'messages' must be a non-empty array", "messages");
@@ -308,7 +337,7 @@ std::optional<ApiError> ParseGenerationRequest(const std::string& body, bool cha
     if (j.contains("logprobs") && !j["logprobs"].is_null() && !j["logprobs"].is_boolean()) {
       return Bad("'logprobs' must be a boolean", "logprobs");
     }
-    if (j.value("logprobs", false)) {
+    if (j.contains("logprobs") && j["logprobs"].is_boolean() && j["logprobs"].get<bool>()) {
       r.top_logprobs = 0;
       if (auto e = Number(j, "top_logprobs", &r.top_logprobs, 0, 20)) return e;
     } else if (j.contains("top_logprobs") && !j["top_logprobs"].is_null()) {
@@ -320,11 +349,21 @@ std::optional<ApiError> ParseGenerationRequest(const std::string& body, bool cha
   if (j.contains("stream") && !j["stream"].is_null() && !j["stream"].is_boolean()) {
     return Bad("'stream' must be a boolean", "stream");
   }
-  r.stream = j.value("stream", false);
-  if (j.contains("stream_options") && j["stream_options"].is_object()) {
-    r.include_usage = j["stream_options"].value("include_usage", false);
+  r.stream = j.contains("stream") && j["stream"].is_boolean() && j["stream"].get<bool>();
+  if (j.contains("stream_options") && !j["stream_options"].is_null()) {
+    const json& so = j["stream_options"];
+    if (!so.is_object()) return Bad("'stream_options' must be an object", "stream_options");
+    if (so.contains("include_usage") && !so["include_usage"].is_null()) {
+      if (!so["include_usage"].is_boolean()) {
+        return Bad("'stream_options.include_usage' must be a boolean", "stream_options");
+      }
+      r.include_usage = so["include_usage"].get<bool>();
+    }
   }
-  if (j.contains("ignore_eos") && j["ignore_eos"].is_boolean()) r.ignore_eos = j["ignore_eos"].get<bool>();
+  if (j.contains("ignore_eos") && !j["ignore_eos"].is_null()) {
+    if (!j["ignore_eos"].is_boolean()) return Bad("'ignore_eos' must be a boolean", "ignore_eos");
+    r.ignore_eos = j["ignore_eos"].get<bool>();
+  }
   r.capture = capture_header;
   if (j.contains("lockstep")) {
     const json& l = j["lockstep"];

@@ -2,6 +2,18 @@
 pkg_check_modules(HTTPLIB_TEST REQUIRED IMPORTED_TARGET cpp-httplib)
 lockstep_test(server_test server/server_test.cc)
 lockstep_test(chat_template_test server/chat_template_test.cc)
+lockstep_test(openai_request_test server/openai_request_test.cc)
+target_link_libraries(openai_request_test PRIVATE lockstep_server nlohmann_json::nlohmann_json)
+# The request parser on arbitrary bytes (fuzz/fuzz_openai_request.cc; the seeds, *.req, begin
+# with the byte that picks the endpoint and the capture header, then the JSON body).
+lockstep_fuzz(fuzz_openai_request)
+target_link_libraries(fuzz_openai_request PRIVATE lockstep_server)
+target_compile_definitions(fuzz_openai_request PRIVATE LOCKSTEP_SOURCE_DIR="${CMAKE_SOURCE_DIR}")
+if(NOT LOCKSTEP_FUZZ)
+  file(GLOB _openai_seeds ${CMAKE_SOURCE_DIR}/tests/fuzz/seeds/openai/*.req)
+  list(SORT _openai_seeds)
+  add_test(NAME fuzz_openai_request_replay COMMAND fuzz_openai_request --mutations 50000 ${_openai_seeds})
+endif()
 target_link_libraries(chat_template_test PRIVATE lockstep_server nlohmann_json::nlohmann_json)
 target_link_libraries(server_test PRIVATE lockstep_server lockstep_replayer lockstep_traces PkgConfig::HTTPLIB_TEST
                       nlohmann_json::nlohmann_json)
