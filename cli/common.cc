@@ -134,8 +134,9 @@ std::string EngineFlags::ApplyGenerationConfig(const std::filesystem::path& mode
   if (!in) return "";
   nlohmann::json j = nlohmann::json::parse(in, nullptr, /*allow_exceptions=*/false);
   if (!j.is_object()) return "";
-  // Sampling applies only when the model's authors ask for it (do_sample); otherwise greedy.
-  const bool sample = j.value("do_sample", false);
+  // Sampling applies only when the model's authors ask for it (do_sample true); otherwise —
+  // absent, null, or not a boolean at all — greedy.
+  const bool sample = j.contains("do_sample") && j["do_sample"].is_boolean() && j["do_sample"].get<bool>();
   std::string note;
   auto take = [&](CLI::Option* opt, const char* key, auto* dst) {
     if (opt->count() > 0 || !j.contains(key) || !j[key].is_number()) return;

@@ -48,6 +48,15 @@ head -c 1000 "$FIX/v3_basic/model.safetensors" >"$TMP/m/model.safetensors"
 expect_error "truncated safetensors" "model.safetensors" "$LS" model info "$TMP/m"
 sed 's/deepseek_v3/mixtral/' "$FIX/v3_basic/config.json" >"$TMP/m/config.json"
 expect_error "unknown model_type" "model_type" "$LS" model info "$TMP/m"
+# generation_config.json with fields of other types: greedy defaults, no crash.
+mkdir -p "$TMP/g"
+ln -s "$FIX/v3_basic/config.json" "$FIX/v3_basic/model.safetensors" "$TMP/g/"
+for gc in '{"do_sample": null, "temperature": 0.6}' '{"do_sample": "yes", "temperature": "hot"}' '[1, 2]'; do
+  printf '%s' "$gc" >"$TMP/g/generation_config.json"
+  if "$LS" generate -m "$TMP/g" --prompt-ids 5,6 -n 2 -q >/dev/null 2>"$TMP/err"; then
+    echo "ok   generation_config.json $gc"
+  else echo "FAIL generation_config.json $gc:"; cat "$TMP/err"; fail=1; fi
+done
 expect_error "unknown subcommand" "" "$LS" frobnicate
 expect_error "unknown backend" "--backend" "$LS" generate -m "$FIX/v3_basic" --prompt-ids 1 --backend tpu -q
 expect_error "negative prefill budget" "--max-prefill-tokens" "$LS" generate -m "$FIX/v3_basic" --prompt-ids 1 --max-prefill-tokens -1 -q
