@@ -6,6 +6,7 @@
 #include "recorder/fingerprint.h"
 
 #include <chrono>
+#include <cmath>
 #include <fstream>
 #include <iostream>
 
@@ -129,28 +130,38 @@ void EngineFlags::Register(CLI::App* app) {
                   "--faults` lists them)");
 }
 
-std::string EngineFlags::ApplyGenerationConfig(const std::filesystem::path& model_dir) {
-  std::ifstream in(model_dir / "generation_config.json");
-  if (!in) return "";
+Result<std::string> EngineFlags::ApplyGenerationConfig(const std::filesystem::path& model_dir) {
+  const std::filesystem::path path = model_dir / "generation_config.json";
+  std::ifstream in(path);
+  if (!in) return std::string();
   nlohmann::json j = nlohmann::json::parse(in, nullptr, /*allow_exceptions=*/false);
-  if (!j.is_object()) return "";
+  if (!j.is_object()) return std::string();
   // Sampling applies only when the model's authors ask for it (do_sample true); otherwise —
   // absent, null, or not a boolean at all — greedy.
   const bool sample = j.contains("do_sample") && j["do_sample"].is_boolean() && j["do_sample"].get<bool>();
+  if (!sample) return std::string();
   std::string note;
-  auto take = [&](CLI::Option* opt, const char* key, auto* dst) {
-    if (opt->count() > 0 || !j.contains(key) || !j[key].is_number()) return;
+  // A number in [lo, hi] (an integer where the flag takes one) becomes the flag's default; one
+  // outside is an error naming the file, the field and the flag that overrides it.
+  auto take = [&](CLI::Option* opt, const char* key, auto* dst, double lo, double hi, const char* range) -> Status {
+    if (opt->count() > 0 || !j.contains(key) || !j[key].is_number()) return Status::Ok();
     using T = std::remove_reference_t<decltype(*dst)>;
+    const double v = j[key].get<double>();
+    const bool integral_ok = !std::is_integral_v<T> || v == std::floor(v);
+    if (!(v >= lo && v <= hi) || !integral_ok) {
+      return Status::InvalidArgument(path.string() + ": field '" + key + "' is " + j[key].dump() + ", not " + range +
+                                     " (override it with " + opt->get_name() + ")");
+    }
     *dst = j[key].get<T>();
     note += std::string(note.empty() ? "" : ", ") + key + " " + j[key].dump();
+    return Status::Ok();
   };
-  if (sample) {
-    take(sampling_options_[0], "temperature", &temperature);
-    take(sampling_options_[1], "top_p", &top_p);
-    take(sampling_options_[2], "top_k", &top_k);
-    take(sampling_options_[3], "min_p", &min_p);
-  }
-  return note.empty() ? "" : "sampling defaults from generation_config.json: " + note;
+  constexpr double kMax = 1e300;
+  LS_RETURN_IF_ERROR(take(sampling_options_[0], "temperature", &temperature, 0, kMax, "a number ≥ 0"));
+  LS_RETURN_IF_ERROR(take(sampling_options_[1], "top_p", &top_p, std::nextafter(0.0, 1.0), 1, "in (0, 1]"));
+  LS_RETURN_IF_ERROR(take(sampling_options_[2], "top_k", &top_k, 0, 1e15, "an integer ≥ 0"));
+  LS_RETURN_IF_ERROR(take(sampling_options_[3], "min_p", &min_p, 0, 1, "in [0, 1]"));
+  return note.empty() ? std::string() : "sampling defaults from generation_config.json: " + note;
 }
 
 Result<engine::EngineOptions> EngineFlags::ToOptions() const {

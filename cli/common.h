@@ -62,8 +62,9 @@ struct EngineFlags {
 
   void Register(CLI::App* app);
   // Takes temperature / top_p / top_k / min_p from the model's generation_config.json where the
-  // user gave no flag (as transformers and vLLM do); returns a note for stderr, or "".
-  std::string ApplyGenerationConfig(const std::filesystem::path& model_dir);
+  // user gave no flag (as transformers and vLLM do); returns a note for stderr, or "" — or an
+  // error naming the file and field when a value is outside the flag's range.
+  Result<std::string> ApplyGenerationConfig(const std::filesystem::path& model_dir);
   Result<engine::EngineOptions> ToOptions() const;
   engine::SamplingParams Sampling() const;
 };

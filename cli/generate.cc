@@ -30,7 +30,7 @@ struct GenerateArgs {
 Status RunGenerate(GenerateArgs& a) {
   LS_ASSIGN_OR_RETURN(LoadedModel m, LoadModel(a.model.empty() ? DefaultModelDir() : std::filesystem::path(a.model), a.quiet || a.json,
                                                 a.random_weights));
-  const std::string note = a.flags.ApplyGenerationConfig(m.dir);
+  LS_ASSIGN_OR_RETURN(const std::string note, a.flags.ApplyGenerationConfig(m.dir));
   if (!note.empty() && !a.quiet && !a.json) std::cerr << "lockstep: " << note << "\n";
   LS_ASSIGN_OR_RETURN(std::vector<PromptSpec> specs, CollectPrompts(a.prompts_file, a.prompt, a.prompt_ids));
   LS_ASSIGN_OR_RETURN(engine::EngineOptions opts, a.flags.ToOptions());

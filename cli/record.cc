@@ -89,7 +89,7 @@ Status RunRecord(RecordArgs& a) {
   policy.logits_topk = a.logits_topk;
 
   LS_ASSIGN_OR_RETURN(LoadedModel m, LoadModel(a.model.empty() ? DefaultModelDir() : std::filesystem::path(a.model), a.quiet));
-  const std::string note = a.flags.ApplyGenerationConfig(m.dir);
+  LS_ASSIGN_OR_RETURN(const std::string note, a.flags.ApplyGenerationConfig(m.dir));
   if (!note.empty() && !a.quiet) std::cerr << "lockstep: " << note << "\n";
   LS_ASSIGN_OR_RETURN(std::vector<PromptSpec> specs, CollectPrompts(a.prompts_file, a.prompt, a.prompt_ids));
   LS_ASSIGN_OR_RETURN(engine::EngineOptions opts, a.flags.ToOptions());

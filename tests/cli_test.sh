@@ -57,6 +57,15 @@ for gc in '{"do_sample": null, "temperature": 0.6}' '{"do_sample": "yes", "tempe
     echo "ok   generation_config.json $gc"
   else echo "FAIL generation_config.json $gc:"; cat "$TMP/err"; fail=1; fi
 done
+printf '{"do_sample": true, "temperature": -1}' >"$TMP/g/generation_config.json"
+expect_error "generation_config.json temperature < 0" "generation_config.json: field 'temperature'" \
+  "$LS" generate -m "$TMP/g" --prompt-ids 5,6 -n 2 -q
+printf '{"do_sample": true, "top_k": 1e30}' >"$TMP/g/generation_config.json"
+expect_error "generation_config.json top_k 1e30" "field 'top_k'" "$LS" record -m "$TMP/g" --prompt-ids 5,6 -n 2 -q \
+  -o "$TMP/g.h5"
+if "$LS" generate -m "$TMP/g" --prompt-ids 5,6 -n 2 -q --top-k 3 >/dev/null 2>&1; then
+  echo "ok   --top-k overrides a bad generation_config.json top_k"
+else echo "FAIL --top-k did not override generation_config.json"; fail=1; fi
 expect_error "unknown subcommand" "" "$LS" frobnicate
 expect_error "unknown backend" "--backend" "$LS" generate -m "$FIX/v3_basic" --prompt-ids 1 --backend tpu -q
 expect_error "negative prefill budget" "--max-prefill-tokens" "$LS" generate -m "$FIX/v3_basic" --prompt-ids 1 --max-prefill-tokens -1 -q
