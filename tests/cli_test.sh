@@ -40,6 +40,13 @@ expect_error "bad kv cache" "kv-cache" "$LS" generate -m "$FIX/v3_basic" --promp
 expect_error "too long" "max_position_embeddings" "$LS" generate -m "$FIX/v3_basic" --prompt-ids 1 -n 100000 -q
 printf '{"prompt_ids":[1,2]}\n{"prompt": 7}\n' >"$TMP/p.jsonl"
 expect_error "bad jsonl field" "p.jsonl:2: field 'prompt'" "$LS" generate -m "$FIX/v3_basic" --prompts "$TMP/p.jsonl" -q
+for bad in '"max_tokens": -5' '"max_tokens": 1e30' '"temperature": -3' '"top_p": 0' '"seed": -3' '"top_k": 2.5'; do
+  printf '{"prompt_ids": [1, 2], %s}\n' "$bad" >"$TMP/r.jsonl"
+  expect_error "jsonl $bad" "r.jsonl:1: field '$(printf '%s' "$bad" | cut -d'"' -f2)'" \
+    "$LS" generate -m "$FIX/v3_basic" --prompts "$TMP/r.jsonl" -q
+done
+printf '{"prompt_ids": [1, 2], "seed": 18446744073709551615, "temperature": 0.5, "max_tokens": 2}\n' >"$TMP/r.jsonl"
+"$LS" generate -m "$FIX/v3_basic" --prompts "$TMP/r.jsonl" -q >/dev/null 2>&1 && echo "ok   jsonl seed 2^64-1" || { echo "FAIL jsonl seed 2^64-1"; fail=1; }
 printf 'not json\n' >"$TMP/q.jsonl"
 expect_error "bad jsonl line" "q.jsonl:1" "$LS" generate -m "$FIX/v3_basic" --prompts "$TMP/q.jsonl" -q
 mkdir -p "$TMP/m"
