@@ -72,8 +72,9 @@ Result<std::map<std::string, std::string>> ModelMeta(const LoadedModel& m) {
                                             {"tokenizer_hash", tok_hash}};
 }
 
-// CLI11's NonNegativeNumber names its range as 0 to 1.797e308 when it refuses; this says it plainly.
-const CLI::Validator kNonNegative(
+// CLI11's NonNegativeNumber and PositiveNumber name their range as 0 to 1.797e308 when they
+// refuse; these say it plainly.
+extern const CLI::Validator kNonNegative(
     [](std::string& in) -> std::string {
       char* end = nullptr;
       const double v = std::strtod(in.c_str(), &end);
@@ -81,6 +82,14 @@ const CLI::Validator kNonNegative(
       return v >= 0 ? std::string() : "must be ≥ 0 (got " + in + ")";
     },
     "≥ 0", "non-negative");
+extern const CLI::Validator kPositive(
+    [](std::string& in) -> std::string {
+      char* end = nullptr;
+      const double v = std::strtod(in.c_str(), &end);
+      if (end == in.c_str() || *end != '\0') return "not a number: " + in;
+      return v > 0 ? std::string() : "must be > 0 (got " + in + ")";
+    },
+    "> 0", "positive");
 
 void EngineFlags::Register(CLI::App* app) {
   app->add_option("--max-tokens,-n", max_tokens, "Tokens to generate per prompt")->check(kNonNegative);
@@ -98,13 +107,13 @@ void EngineFlags::Register(CLI::App* app) {
   app->add_option("--kv-cache", kv_cache, "Latent KV cache storage: fp32 | bf16 | fp8_e4m3")
       ->check(CLI::IsMember({"fp32", "bf16", "fp8_e4m3"}));
   app->add_option("--kernel", kernels, "Kernel variant override op=variant (repeatable; `lockstep kernels` lists them)");
-  app->add_option("--max-batch", max_batch, "Requests run together per step")->check(CLI::PositiveNumber);
+  app->add_option("--max-batch", max_batch, "Requests run together per step")->check(kPositive);
   app->add_option("--max-prefill-tokens", max_prefill_tokens,
                   "Chunked prefill: prompt tokens per step across requests (0 = whole prompts); numbers do not change")
       ->check(kNonNegative);
-  app->add_option("--page-size", page_size, "Tokens per KV-cache page")->check(CLI::PositiveNumber);
+  app->add_option("--page-size", page_size, "Tokens per KV-cache page")->check(kPositive);
   app->add_option("--kv-cache-tokens", kv_cache_tokens, "KV-cache capacity in tokens, across all requests")
-      ->check(CLI::PositiveNumber);
+      ->check(kPositive);
   app->add_flag("--ignore-eos", ignore_eos, "Keep generating past the end-of-sequence token");
   app->add_flag("--no-special-tokens", no_special_tokens,
                 "Encode prompts without the tokenizer's template (no BOS); by default it is applied, as transformers does");

@@ -18,6 +18,10 @@
 
 namespace lockstep::cli {
 
+// Flag checks that name the range they want in plain words (CLI11's print 0 to 1.797e308).
+extern const CLI::Validator kNonNegative;  // ≥ 0
+extern const CLI::Validator kPositive;     // > 0
+
 // The model used when --model is not given: the trained tiny model shipped in models/.
 std::filesystem::path DefaultModelDir();
 

@@ -161,14 +161,14 @@ void RegisterRecord(CLI::App& app, SetAction set_action) {
   cmd->add_option("--taps", args->taps, "Capture only taps matching this glob (repeatable), e.g. 'layers.*.attn.out'");
   cmd->add_option("--layers", args->layers, "Capture only layers A:B (inclusive; 'A:' = A to the last)");
   cmd->add_option("--positions", args->positions, "Capture only positions A:B (inclusive)");
-  cmd->add_option("--stride", args->stride, "Capture every N-th position of the range")->check(CLI::PositiveNumber);
+  cmd->add_option("--stride", args->stride, "Capture every N-th position of the range")->check(kPositive);
   cmd->add_flag("--no-kv", args->no_kv, "Do not capture the KV cache");
   cmd->add_option("--logits", args->logits, "auto (all when vocab ≤ 4096, else top-k) | full | topk")
       ->check(CLI::IsMember({"auto", "full", "topk"}));
   cmd->add_option("--logits-topk", args->logits_topk, "k for top-k logits")->check(CLI::Range(1, 65536));
   cmd->add_option("--flush-interval", args->flush_interval,
                   "Seconds between flushes (what survives a crash); 0 = after every step")
-      ->check(CLI::NonNegativeNumber);
+      ->check(kNonNegative);
   cmd->add_option("--zstd-level", args->zstd_level,
                   "Zstandard level 1..22 (default: 1 for full capture, whose activations compress ~1.1:1 at any "
                   "level; 3 otherwise)")
