@@ -72,11 +72,6 @@ struct ChainArgs {
                 // (the ring's throughput alone); results wrong in each
 };
 
-__device__ __forceinline__ unsigned LoadAcquire(const unsigned* p) {
-  unsigned v;
-  asm volatile("ld.acquire.gpu.global.u32 %0, [%1];\n" : "=r"(v) : "l"(p) : "memory");
-  return v;
-}
 __device__ __forceinline__ void RedRelease(unsigned* p, unsigned v) {
   asm volatile("red.release.gpu.global.add.u32 [%0], %1;\n" ::"l"(p), "r"(v) : "memory");
 }
@@ -313,7 +308,6 @@ int main(int argc, char** argv) {
     const int64_t n = w_off[s + 1] - w_off[s];
     FillBf16(w + w_off[s], n, 0x1234u + s, static_cast<uint32_t>(127 - e));
   }
-  CHECK_CUDA(cudaGetLastError());
   std::vector<float> x0(dims[0]);
   std::mt19937 rng(7);
   std::normal_distribution<float> nd(0.0f, 1.0f);

@@ -43,11 +43,6 @@ const char* ModeName(Mode m) {
   return m == Mode::kSerial ? "serial" : m == Mode::kPdl ? "pdl" : m == Mode::kFlag ? "flag" : "flag-early";
 }
 
-__device__ __forceinline__ unsigned LoadAcquire(const unsigned* p) {
-  unsigned v;
-  asm volatile("ld.acquire.gpu.global.u32 %0, [%1];\n" : "=r"(v) : "l"(p) : "memory");
-  return v;
-}
 
 template <Mode kMode>
 __global__ void __launch_bounds__(kThreads)

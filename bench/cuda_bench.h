@@ -1,5 +1,6 @@
 // bench/cuda_bench.h — what the CUDA benchmarks share: exit-on-error checks for CUDA calls and
-// lockstep Status values (a benchmark has nothing to recover to), and event timing.
+// lockstep Status values (a benchmark has nothing to recover to), event timing, and (in CUDA
+// sources) an acquire load for the benchmarks that spin on a flag.
 #pragma once
 
 #include <cuda_runtime.h>
@@ -67,3 +68,13 @@ inline double GraphReplayMs(cudaStream_t s, cudaGraph_t graph, int reps = 1) {
   CHECK_CUDA(cudaGraphExecDestroy(exec));
   return static_cast<double>(ms) / reps;
 }
+
+#ifdef __CUDACC__
+// A counter another CTA bumps, read with acquire semantics at GPU scope (the flag and grid
+// barrier benchmarks' spin).
+__device__ __forceinline__ unsigned LoadAcquire(const unsigned* p) {
+  unsigned v;
+  asm volatile("ld.acquire.gpu.global.u32 %0, [%1];\n" : "=r"(v) : "l"(p) : "memory");
+  return v;
+}
+#endif

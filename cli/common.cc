@@ -91,6 +91,13 @@ extern const CLI::Validator kPositive(
     },
     "> 0", "positive");
 
+bool InRange(const nlohmann::json& v, const FieldRange& r) {
+  if (!v.is_number()) return false;
+  const double x = v.get<double>();
+  if (!(x >= r.lo && x <= r.hi)) return false;
+  return !r.integral || (x == std::floor(x) && (v.is_number_integer() || x < 9.2e18));
+}
+
 void EngineFlags::Register(CLI::App* app) {
   app->add_option("--max-tokens,-n", max_tokens, "Tokens to generate per prompt")->check(kNonNegative);
   sampling_options_ = {
@@ -150,26 +157,22 @@ Result<std::string> EngineFlags::ApplyGenerationConfig(const std::filesystem::pa
   const bool sample = j.contains("do_sample") && j["do_sample"].is_boolean() && j["do_sample"].get<bool>();
   if (!sample) return std::string();
   std::string note;
-  // A number in [lo, hi] (an integer where the flag takes one) becomes the flag's default; one
-  // outside is an error naming the file, the field and the flag that overrides it.
-  auto take = [&](CLI::Option* opt, const char* key, auto* dst, double lo, double hi, const char* range) -> Status {
+  // A number in its range becomes the flag's default; one outside is an error naming the file,
+  // the field and the flag that overrides it.
+  auto take = [&](CLI::Option* opt, const char* key, auto* dst, const FieldRange& r) -> Status {
     if (opt->count() > 0 || !j.contains(key) || !j[key].is_number()) return Status::Ok();
-    using T = std::remove_reference_t<decltype(*dst)>;
-    const double v = j[key].get<double>();
-    const bool integral_ok = !std::is_integral_v<T> || v == std::floor(v);
-    if (!(v >= lo && v <= hi) || !integral_ok) {
-      return Status::InvalidArgument(path.string() + ": field '" + key + "' is " + j[key].dump() + ", not " + range +
+    if (!InRange(j[key], r)) {
+      return Status::InvalidArgument(path.string() + ": field '" + key + "' is " + j[key].dump() + ", not " + r.text +
                                      " (override it with " + opt->get_name() + ")");
     }
-    *dst = j[key].get<T>();
+    *dst = j[key].get<std::remove_reference_t<decltype(*dst)>>();
     note += std::string(note.empty() ? "" : ", ") + key + " " + j[key].dump();
     return Status::Ok();
   };
-  constexpr double kMax = 1e300;
-  LS_RETURN_IF_ERROR(take(sampling_options_[0], "temperature", &temperature, 0, kMax, "a number ≥ 0"));
-  LS_RETURN_IF_ERROR(take(sampling_options_[1], "top_p", &top_p, std::nextafter(0.0, 1.0), 1, "in (0, 1]"));
-  LS_RETURN_IF_ERROR(take(sampling_options_[2], "top_k", &top_k, 0, 1e15, "an integer ≥ 0"));
-  LS_RETURN_IF_ERROR(take(sampling_options_[3], "min_p", &min_p, 0, 1, "in [0, 1]"));
+  LS_RETURN_IF_ERROR(take(sampling_options_[0], "temperature", &temperature, kTemperatureRange));
+  LS_RETURN_IF_ERROR(take(sampling_options_[1], "top_p", &top_p, kTopPRange));
+  LS_RETURN_IF_ERROR(take(sampling_options_[2], "top_k", &top_k, kTopKRange));
+  LS_RETURN_IF_ERROR(take(sampling_options_[3], "min_p", &min_p, kMinPRange));
   return note.empty() ? std::string() : "sampling defaults from generation_config.json: " + note;
 }
 

@@ -5,11 +5,14 @@
 #include <CLI/CLI.hpp>
 
 #include <filesystem>
+#include <limits>
 #include <map>
 #include <memory>
 #include <optional>
 #include <string>
 #include <vector>
+
+#include <nlohmann/json.hpp>
 
 #include "base/status.h"
 #include "engine/engine.h"
@@ -21,6 +24,22 @@ namespace lockstep::cli {
 // Flag checks that name the range they want in plain words (CLI11's print 0 to 1.797e308).
 extern const CLI::Validator kNonNegative;  // ≥ 0
 extern const CLI::Validator kPositive;     // > 0
+
+// The range a numeric field of a JSON file (--prompts, generation_config.json) must be in, and
+// how an error names it.
+struct FieldRange {
+  double lo, hi;
+  bool integral;
+  const char* text;  // "a number ≥ 0", …
+};
+// The sampling fields', as the engine checks them (engine::SamplingParams).
+inline constexpr FieldRange kTemperatureRange{0, 1e300, false, "a number ≥ 0"};
+inline constexpr FieldRange kTopPRange{std::numeric_limits<double>::denorm_min(), 1, false, "a number in (0, 1]"};
+inline constexpr FieldRange kTopKRange{0, 1e15, true, "an integer ≥ 0"};
+inline constexpr FieldRange kMinPRange{0, 1, false, "a number in [0, 1]"};
+// Whether v is a number in r: whole when r.integral, and past 2^63 only when written as an
+// integer (a float there has no exact integer value).
+bool InRange(const nlohmann::json& v, const FieldRange& r);
 
 // The model used when --model is not given: the trained tiny model shipped in models/.
 std::filesystem::path DefaultModelDir();

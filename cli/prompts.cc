@@ -1,7 +1,6 @@
 // cli/prompts.cc — see prompts.h.
 #include "cli/prompts.h"
 
-#include <cmath>
 #include <fstream>
 #include <sstream>
 
@@ -59,24 +58,21 @@ Result<std::vector<PromptSpec>> ReadPromptsFile(const std::string& path) {
     } else {
       return Status::InvalidArgument(where + ": needs a 'prompt' or 'prompt_ids' field");
     }
-    // A number in [lo, hi] (an integer for integer fields), else an error naming the field.
-    auto num = [&](const char* k, auto* dst, double lo, double hi, const char* range) -> Status {
+    // A number in its range, else an error naming the field.
+    auto num = [&](const char* k, auto* dst, const FieldRange& r) -> Status {
       if (!field(k)) return Status::Ok();
-      using T = typename std::remove_reference_t<decltype(*dst)>::value_type;
-      const double v = j[k].is_number() ? j[k].get<double>() : NAN;
-      bool ok = v >= lo && v <= hi;
-      // Integers: whole, and written as integers past 2^63 (a float there has no exact integer).
-      if constexpr (std::is_integral_v<T>) ok = ok && v == std::floor(v) && (j[k].is_number_integer() || v < 9.2e18);
-      if (!ok) return Status::InvalidArgument(where + ": field '" + k + "' must be " + range + ", not " + j[k].dump());
-      *dst = j[k].get<T>();
+      if (!InRange(j[k], r)) {
+        return Status::InvalidArgument(where + ": field '" + k + "' must be " + r.text + ", not " + j[k].dump());
+      }
+      *dst = j[k].get<typename std::remove_reference_t<decltype(*dst)>::value_type>();
       return Status::Ok();
     };
-    LS_RETURN_IF_ERROR(num("max_tokens", &p.max_tokens, 0, 2147483647.0, "an integer in [0, 2^31)"));
-    LS_RETURN_IF_ERROR(num("temperature", &p.temperature, 0, 1e300, "a number ≥ 0"));
-    LS_RETURN_IF_ERROR(num("top_p", &p.top_p, std::nextafter(0.0, 1.0), 1, "a number in (0, 1]"));
-    LS_RETURN_IF_ERROR(num("min_p", &p.min_p, 0, 1, "a number in [0, 1]"));
-    LS_RETURN_IF_ERROR(num("top_k", &p.top_k, 0, 1e15, "an integer ≥ 0"));
-    LS_RETURN_IF_ERROR(num("seed", &p.seed, 0, 18446744073709551615.0, "an integer in [0, 2^64)"));
+    LS_RETURN_IF_ERROR(num("max_tokens", &p.max_tokens, FieldRange{0, 2147483647.0, true, "an integer in [0, 2^31)"}));
+    LS_RETURN_IF_ERROR(num("temperature", &p.temperature, kTemperatureRange));
+    LS_RETURN_IF_ERROR(num("top_p", &p.top_p, kTopPRange));
+    LS_RETURN_IF_ERROR(num("min_p", &p.min_p, kMinPRange));
+    LS_RETURN_IF_ERROR(num("top_k", &p.top_k, kTopKRange));
+    LS_RETURN_IF_ERROR(num("seed", &p.seed, FieldRange{0, 18446744073709551615.0, true, "an integer in [0, 2^64)"}));
     out.push_back(std::move(p));
   }
   if (out.empty()) return Status::InvalidArgument(path + ": no prompts");

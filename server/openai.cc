@@ -253,6 +253,15 @@ std::optional<ApiError> Number(const json& j, const char* key, T* dst, double lo
   return std::nullopt;
 }
 
+// Reads an optional boolean field into `dst` (absent or null: `dst` unchanged); another type is
+// a 400 naming `param`. `name` is how the message names the field.
+std::optional<ApiError> Bool(const json& j, const char* key, bool* dst, const std::string& name, const char* param) {
+  if (!j.contains(key) || j[key].is_null()) return std::nullopt;
+  if (!j[key].is_boolean()) return Bad("'" + name + "' must be a boolean", param);
+  *dst = j[key].get<bool>();
+  return std::nullopt;
+}
+
 }  // namespace
 
 std::optional<ApiError> ParseGenerationRequest(const std::string& body, bool chat, const std::string& capture_header,
@@ -271,12 +280,7 @@ std::optional<ApiError> ParseGenerationRequest(const std::string& body, bool cha
     if (!j.contains("messages") || !j["messages"].is_array() || j["messages"].empty()) {
       return Bad("'messages' must be a non-empty array", "messages");
     }
-    for (const auto& m : j["messages"]) {
-      if (!m.is_object() || !m.contains("role") || !m["role"].is_string()) {
-        return Bad("each message needs a string 'role'", "messages");
-      }
-    }
-    auto text = tmpl.Apply(j["messages"]);
+    auto text = tmpl.Apply(j["messages"]);  // (which checks each message's role and content)
     if (!text.ok()) return Bad(text.status().message(), "messages");
     r.prompt_text = std::move(*text);
     r.prompt = tok.Encode(r.prompt_text, /*add_special_tokens=*/false);  // the template has the bos
@@ -334,10 +338,9 @@ std::optional<ApiError> ParseGenerationRequest(const std::string& body, bool cha
     }
   }
   if (chat) {
-    if (j.contains("logprobs") && !j["logprobs"].is_null() && !j["logprobs"].is_boolean()) {
-      return Bad("'logprobs' must be a boolean", "logprobs");
-    }
-    if (j.contains("logprobs") && j["logprobs"].is_boolean() && j["logprobs"].get<bool>()) {
+    bool logprobs = false;
+    if (auto e = Bool(j, "logprobs", &logprobs, "logprobs", "logprobs")) return e;
+    if (logprobs) {
       r.top_logprobs = 0;
       if (auto e = Number(j, "top_logprobs", &r.top_logprobs, 0, 20)) return e;
     } else if (j.contains("top_logprobs") && !j["top_logprobs"].is_null()) {
@@ -346,24 +349,15 @@ std::optional<ApiError> ParseGenerationRequest(const std::string& body, bool cha
   } else if (j.contains("logprobs") && !j["logprobs"].is_null()) {
     if (auto e = Number(j, "logprobs", &r.top_logprobs, 0, 20)) return e;
   }
-  if (j.contains("stream") && !j["stream"].is_null() && !j["stream"].is_boolean()) {
-    return Bad("'stream' must be a boolean", "stream");
-  }
-  r.stream = j.contains("stream") && j["stream"].is_boolean() && j["stream"].get<bool>();
+  if (auto e = Bool(j, "stream", &r.stream, "stream", "stream")) return e;
   if (j.contains("stream_options") && !j["stream_options"].is_null()) {
     const json& so = j["stream_options"];
     if (!so.is_object()) return Bad("'stream_options' must be an object", "stream_options");
-    if (so.contains("include_usage") && !so["include_usage"].is_null()) {
-      if (!so["include_usage"].is_boolean()) {
-        return Bad("'stream_options.include_usage' must be a boolean", "stream_options");
-      }
-      r.include_usage = so["include_usage"].get<bool>();
+    if (auto e = Bool(so, "include_usage", &r.include_usage, "stream_options.include_usage", "stream_options")) {
+      return e;
     }
   }
-  if (j.contains("ignore_eos") && !j["ignore_eos"].is_null()) {
-    if (!j["ignore_eos"].is_boolean()) return Bad("'ignore_eos' must be a boolean", "ignore_eos");
-    r.ignore_eos = j["ignore_eos"].get<bool>();
-  }
+  if (auto e = Bool(j, "ignore_eos", &r.ignore_eos, "ignore_eos", "ignore_eos")) return e;
   r.capture = capture_header;
   if (j.contains("lockstep")) {
     const json& l = j["lockstep"];
