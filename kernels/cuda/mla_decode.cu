@@ -200,9 +200,16 @@ __device__ __forceinline__ void DequantRow16(LatentFormat format, const uint8_t*
   for (int c = lane; c < C / 8; c += 32) {
     const uint2 v = v8[c];
     const float sc = scales[8 * c / static_cast<int>(kFp8TileValues)];
-    auto f = [&](uint32_t word, int byte) { return __fmul_rn(dev::Fp8E4m3ToF32((word >> (8 * byte)) & 0xffu), sc); };
-    d4[2 * c] = make_float4(f(v.x, 0), f(v.x, 1), f(v.x, 2), f(v.x, 3));
-    d4[2 * c + 1] = make_float4(f(v.y, 0), f(v.y, 1), f(v.y, 2), f(v.y, 3));
+    // Two e4m3 values a conversion instruction (Fp8x2ToF32: Fp8E4m3ToF32's values, NaN as a
+    // NaN), then the scale: the product is Fp8E4m3ToF32's path's bits, NaN included (a product
+    // with a NaN factor is the canonical NaN either way).
+    auto f2 = [&](uint32_t word, int half) {
+      const float2 v2 = dev::Fp8x2ToF32(static_cast<uint16_t>(word >> (16 * half)));
+      return make_float2(__fmul_rn(v2.x, sc), __fmul_rn(v2.y, sc));
+    };
+    const float2 a = f2(v.x, 0), b = f2(v.x, 1), cc = f2(v.y, 0), d = f2(v.y, 1);
+    d4[2 * c] = make_float4(a.x, a.y, b.x, b.y);
+    d4[2 * c + 1] = make_float4(cc.x, cc.y, d.x, d.y);
   }
   const uint4* rope = reinterpret_cast<const uint4*>(
       src + C + 4 * ((C + static_cast<int>(kFp8TileValues) - 1) / static_cast<int>(kFp8TileValues)));
@@ -356,9 +363,13 @@ struct KeyTiles {
 
 // kHpc heads per CTA: 16 (two per warp) normally; 8 (one per warp: half the per-warp work, twice
 // the CTAs reading each key) when the grid would be too small to fill the GPU (batch-1 decode).
+// The sparse kernels are held to two CTAs an SM (≤ 128 registers: 16 heads took 168 once the
+// FP8 dequantisation converted pairs, and ran 1.5× slower at one CTA an SM; H200, 2026-12-01);
+// the dense ones keep the compiler's choice (min blocks 0: unspecified; 1 would let the 8-head
+// kernel grow from 79 registers to 154).
 template <bool kSparse, int kHpc>
-__global__ void __launch_bounds__(kThreads) MlaSplitKernel(MlaDecodeParams p, int64_t bytes_per_token, bool staged,
-                                                           Workspace ws) {
+__global__ void __launch_bounds__(kThreads, kSparse ? 2 : 0)
+    MlaSplitKernel(MlaDecodeParams p, int64_t bytes_per_token, bool staged, Workspace ws) {
   dev::GridDependencySync();
   constexpr int kHeadsPerCta = kHpc;
   constexpr int kHeadsPerWarp = kHpc / kWarps;
