@@ -207,11 +207,12 @@ void PagedKvCache::ReadLatent(int64_t layer, const SeqCache& seq, int64_t pos, f
     case KvFormat::kFp8E4m3: {
       const int64_t tiles = (kv_lora_ + kFp8Tile - 1) / kFp8Tile;
       const uint8_t* scales = b + kv_lora_;
+      const float* fp8 = kernels::Fp8E4m3Table();
       for (int64_t t = 0; t < tiles; ++t) {
         float s;
         std::memcpy(&s, scales + 4 * t, 4);
         const int64_t lo = t * kFp8Tile, n = std::min(kFp8Tile, kv_lora_ - lo);
-        for (int64_t i = 0; i < n; ++i) latent[lo + i] = kernels::Fp8E4m3ToF32(b[lo + i]) * s;
+        for (int64_t i = 0; i < n; ++i) latent[lo + i] = fp8[b[lo + i]] * s;
       }
       const uint8_t* r = scales + 4 * tiles;
       for (int64_t i = 0; i < rope_; ++i) {
@@ -239,10 +240,11 @@ void PagedKvCache::ReadIndexKey(int64_t layer, const SeqCache& seq, int64_t pos,
     std::memcpy(key, b, index_dim_ * 4);
     return;
   }
+  const float* fp8 = kernels::Fp8E4m3Table();
   for (int64_t i = 0; i < index_dim_; ++i) {
     float s;
     std::memcpy(&s, b + index_dim_ + 4 * (i / kFp8Tile), 4);
-    key[i] = kernels::Fp8E4m3ToF32(b[i]) * s;
+    key[i] = fp8[b[i]] * s;
   }
 }
 
@@ -266,12 +268,13 @@ void Fp8RoundTrip(const float* x, int64_t n, float* y) {
 }
 
 double Fp8RowDot(const uint8_t* a, const uint8_t* b, int64_t n) {
+  const float* fp8 = kernels::Fp8E4m3Table();
   double total = 0;
   for (int64_t t = 0; t * kFp8Tile < n; ++t) {
     const int64_t lo = t * kFp8Tile, m = std::min(kFp8Tile, n - lo);
     double sum = 0;  // exact: see kv_cache.h
     for (int64_t i = lo; i < lo + m; ++i) {
-      sum += static_cast<double>(kernels::Fp8E4m3ToF32(a[i])) * static_cast<double>(kernels::Fp8E4m3ToF32(b[i]));
+      sum += static_cast<double>(fp8[a[i]]) * static_cast<double>(fp8[b[i]]);
     }
     float sa, sb;
     std::memcpy(&sa, a + n + 4 * t, 4);

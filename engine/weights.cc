@@ -121,7 +121,7 @@ class Loader {
 
 }  // namespace
 
-float Fp8Blocks::value(int64_t r, int64_t c) const { return kernels::Fp8E4m3ToF32(values[r * cols + c]) * scale(r, c); }
+float Fp8Blocks::value(int64_t r, int64_t c) const { return kernels::Fp8E4m3Table()[values[r * cols + c]] * scale(r, c); }
 
 void Fp8Blocks::Dequantize(float* dst) const {
   for (int64_t r = 0; r < rows; ++r) {

@@ -46,6 +46,24 @@ TEST(Fp8E4m3, DecodesTheSpecTable) {
   EXPECT_TRUE(std::isnan(Fp8E4m3ToF32(0xff)));
 }
 
+// The lookup table the KV-cache and weight loops use: the decoder's bits for every byte, and
+// the OCP definition computed independently in double precision.
+TEST(Fp8E4m3, TableIsTheDecoderForEveryByte) {
+  const float* table = Fp8E4m3Table();
+  for (int b = 0; b < 256; ++b) {
+    const float t = table[b], f = Fp8E4m3ToF32(static_cast<uint8_t>(b));
+    EXPECT_EQ(std::bit_cast<uint32_t>(t), std::bit_cast<uint32_t>(f)) << "byte " << b;
+    const int exp = (b >> 3) & 0xf, man = b & 7;
+    if (exp == 0xf && man == 7) {
+      EXPECT_TRUE(std::isnan(t)) << "byte " << b;
+      continue;
+    }
+    const double mag = exp == 0 ? man / 8.0 * std::ldexp(1.0, -6) : (1.0 + man / 8.0) * std::ldexp(1.0, exp - 7);
+    EXPECT_EQ(static_cast<double>(t), (b & 0x80) ? -mag : mag) << "byte " << b;
+    EXPECT_EQ(std::signbit(t), (b & 0x80) != 0) << "byte " << b;  // −0 for 0x80
+  }
+}
+
 TEST(Fp8E4m3, EncodesEveryValueBackToItself) {
   for (int b = 0; b < 256; ++b) {
     if ((b & 0x7f) == 0x7f) continue;  // NaN

@@ -6,6 +6,7 @@
 // the GPU path can reproduce the CPU's cache bytes bit for bit. docs/kv-cache.md states it.
 #pragma once
 
+#include <array>
 #include <bit>
 #include <cmath>
 #include <cstdint>
@@ -51,6 +52,18 @@ inline float Fp8E4m3ToF32(uint8_t b) {
     v = std::ldexp(1.0f + static_cast<float>(man) / 8.0f, static_cast<int>(exp) - 7);
   }
   return sign ? -v : v;
+}
+
+// Every e4m3 byte's value: Fp8E4m3ToF32 of it, bit for bit (NaN included), for the loops that
+// dequantise a KV cache or weights element by element (a lookup instead of ldexp). Take the
+// pointer once outside the loop.
+inline const float* Fp8E4m3Table() {
+  static const std::array<float, 256> table = [] {
+    std::array<float, 256> t{};
+    for (int i = 0; i < 256; ++i) t[i] = Fp8E4m3ToF32(static_cast<uint8_t>(i));
+    return t;
+  }();
+  return table.data();
 }
 
 inline constexpr float kFp8E4m3Max = 448.0f;
