@@ -28,8 +28,12 @@ class GpuTimeline {
 };
 
 // `spans` as CSV (name, stream, start µs from the first, duration µs, gap µs since the previous
-// kernel on the GPU ended, grid, block) and a digest on `digest`: per kernel name the count,
-// busy time and mean; the GPU's busy time (the union of spans) against the wall span.
+// kernel on the GPU ended, grid, block, critical µs) and a digest on `digest`: per kernel name
+// its share of the critical path, busy time, count and mean, largest share first; the GPU's
+// busy time (the union of spans) against the wall span. A kernel's critical share is how far it
+// moved the latest end of the kernels before it (taken in the order they end; idle time before
+// it included): the shares add up to the wall span, and a kernel launched ahead of its
+// predecessor's end is charged from that end, not from its early start (bench/timeline_write.cc).
 Status WriteTimeline(const std::vector<KernelSpan>& spans, const std::string& csv_path, int64_t steps,
                      std::string* digest);
 
