@@ -6,7 +6,7 @@
 // (active params × 4 bytes × tokens/s) over the copy bandwidth measured here (memcpy of a
 // buffer far larger than the caches, read + write bytes counted).
 //
-//   bench_decode [--model DIR] [--prompt-len N] [--tokens N] [--batch B] [--kv-cache fp32|bf16|fp8_e4m3]
+//   bench_decode [--model DIR] [--prompt-len N] [--tokens N] [--batch B] [--kv-cache fp32|bf16|fp8_e4m3] [--help]
 #include <chrono>
 #include <cstdio>
 #include <cstring>
@@ -14,6 +14,7 @@
 #include <string>
 #include <vector>
 
+#include "bench/bench_args.h"
 #include "engine/engine.h"
 
 using namespace lockstep;
@@ -35,17 +36,41 @@ static double CopyBandwidthGBs() {
 int main(int argc, char** argv) {
   std::string model_dir = LOCKSTEP_DEFAULT_MODEL_DIR, kv = "fp32";
   int64_t prompt_len = 64, tokens = 128, batch = 1;
-  for (int i = 1; i + 1 < argc; i += 2) {
-    std::string k = argv[i], v = argv[i + 1];
-    if (k == "--model") model_dir = v;
-    else if (k == "--prompt-len") prompt_len = std::stoll(v);
-    else if (k == "--tokens") tokens = std::stoll(v);
-    else if (k == "--batch") batch = std::stoll(v);
-    else if (k == "--kv-cache") kv = v;
-    else {
-      std::fprintf(stderr, "bench_decode: unknown flag %s\n", k.c_str());
+  for (int i = 1; i < argc; ++i) {
+    const std::string k = argv[i];
+    if (k == "--help" || k == "-h") {
+      std::printf(
+          "bench_decode: decode tokens/s of the CPU reference engine, and the weight bandwidth that makes,\n"
+          "against a memcpy measured in the same run (docs/performance.md). One JSON line on stdout.\n\n"
+          "  --model DIR        a model folder (default: the embedded model)\n"
+          "  --prompt-len N     random prompt tokens per request (default 64)\n"
+          "  --tokens N         tokens generated per request; the steps after the prefill are timed (default 128)\n"
+          "  --batch B          requests decoded together (default 1)\n"
+          "  --kv-cache F       fp32 | bf16 | fp8_e4m3 (default fp32)\n"
+          "OMP_NUM_THREADS sets the threads (the figures in docs/performance.md use 1).\n");
+      return 0;
+    }
+    if (i + 1 >= argc) {
+      std::fprintf(stderr, "bench_decode: %s needs a value (--help lists the flags)\n", k.c_str());
       return 2;
     }
+    const std::string v = argv[++i];
+    bool ok = true;
+    if (k == "--model") model_dir = v;
+    else if (k == "--prompt-len") ok = bench::ParseInt("bench_decode", k, v, 1, int64_t{1} << 24, &prompt_len);
+    else if (k == "--tokens") ok = bench::ParseInt("bench_decode", k, v, 2, int64_t{1} << 24, &tokens);
+    else if (k == "--batch") ok = bench::ParseInt("bench_decode", k, v, 1, 4096, &batch);
+    else if (k == "--kv-cache") kv = v;
+    else {
+      std::fprintf(stderr, "bench_decode: unknown flag %s (--help lists them)\n", k.c_str());
+      return 2;
+    }
+    if (!ok) return 2;
+  }
+  auto format = engine::ParseKvFormat(kv);
+  if (!format.ok()) {
+    std::fprintf(stderr, "bench_decode: %s\n", format.status().message().c_str());
+    return 2;
   }
   auto model = engine::Model::Load(model_dir);
   if (!model.ok()) {
@@ -54,24 +79,32 @@ int main(int argc, char** argv) {
   }
   engine::EngineOptions o;
   o.max_batch = batch;
-  o.kv_format = *engine::ParseKvFormat(kv);
+  o.kv_format = *format;
   auto eng = engine::Engine::Create(*model, o);
+  if (!eng.ok()) {
+    std::fprintf(stderr, "bench_decode: %s\n", eng.status().message().c_str());
+    return 1;
+  }
+  auto fail = [](const Status& s) {
+    std::fprintf(stderr, "bench_decode: %s\n", s.message().c_str());
+    return 1;
+  };
   std::mt19937 rng(1);
   const int64_t V = (*model)->config().vocab_size;
   for (int64_t b = 0; b < batch; ++b) {
     engine::Request r;
     for (int64_t i = 0; i < prompt_len; ++i) r.prompt.push_back(static_cast<int32_t>(rng() % V));
     r.max_new_tokens = tokens;
-    if (!(*eng)->AddRequest(r).ok()) return 1;
+    if (auto id = (*eng)->AddRequest(r); !id.ok()) return fail(id.status());
   }
   // Step 0 is the prefill; time the decode steps after it.
   auto t0 = std::chrono::steady_clock::now();
-  if (!(*eng)->Step().ok()) return 1;
+  if (auto first = (*eng)->Step(); !first.ok()) return fail(first.status());
   auto t1 = std::chrono::steady_clock::now();
   int64_t steps = 0;
   while (true) {
     auto more = (*eng)->Step();
-    if (!more.ok()) return 1;
+    if (!more.ok()) return fail(more.status());
     if (!*more) break;
     ++steps;
   }

@@ -28,6 +28,7 @@
 #include "kernels/cuda/ops.h"
 #include "kernels/cuda/runtime.h"
 #include "kernels/registry.h"
+#include "bench/bench_args.h"
 #ifdef LOCKSTEP_HAVE_CUPTI
 #include "bench/gpu_timeline.h"
 #endif
@@ -134,10 +135,12 @@ int main(int argc, char** argv) {
       return 2;
     }
     std::string v = argv[++i];
+    constexpr const char* kMe = "bench_gpu_decode";
+    bool ok = true;
     if (k == "--model") model_dir = v;
     else if (k == "--batch") batches = v;
-    else if (k == "--prompt-len") prompt_len = std::stoll(v);
-    else if (k == "--tokens") tokens = std::stoll(v);
+    else if (k == "--prompt-len") ok = bench::ParseInt(kMe, k, v, 1, int64_t{1} << 24, &prompt_len);
+    else if (k == "--tokens") ok = bench::ParseInt(kMe, k, v, 2, int64_t{1} << 24, &tokens);
     else if (k == "--kv-cache") kv = v;
     else if (k == "--gemm") gemm = v;
     else if (k == "--kernel") {
@@ -147,12 +150,32 @@ int main(int argc, char** argv) {
         return 2;
       }
     }
-    else if (k == "--profiler-steps") profiler_steps = std::stoll(v);
+    else if (k == "--profiler-steps") ok = bench::ParseInt(kMe, k, v, 0, int64_t{1} << 24, &profiler_steps);
     else if (k == "--timeline") timeline = v;
-    else if (k == "--temperature") temperature = std::stod(v);
-    else if (k == "--top-p") top_p = std::stod(v);
+    else if (k == "--temperature") ok = bench::ParseNumber(kMe, k, v, 0.0, 100.0, &temperature);
+    else if (k == "--top-p") ok = bench::ParseNumber(kMe, k, v, 1e-6, 1.0, &top_p);
     else {
-      std::fprintf(stderr, "bench_gpu_decode: unknown flag %s\n", k.c_str());
+      std::fprintf(stderr, "bench_gpu_decode: unknown flag %s (--help lists them)\n", k.c_str());
+      return 2;
+    }
+    if (!ok) return 2;
+  }
+  // The batch list and the cache format, checked before the model is made.
+  std::vector<int64_t> batch_list;
+  {
+    std::stringstream bs(batches);
+    for (std::string item; std::getline(bs, item, ',');) {
+      int64_t b = 0;
+      if (!bench::ParseInt("bench_gpu_decode", "--batch", item, 1, 4096, &b)) return 2;
+      batch_list.push_back(b);
+    }
+    if (batch_list.empty()) {
+      std::fprintf(stderr, "bench_gpu_decode: --batch: expected B[,B...], got '%s'\n", batches.c_str());
+      return 2;
+    }
+    const auto format = engine::ParseKvFormat(kv);
+    if (!format.ok()) {
+      std::fprintf(stderr, "bench_gpu_decode: %s\n", format.status().message().c_str());
       return 2;
     }
   }
@@ -181,11 +204,8 @@ int main(int argc, char** argv) {
                            {"temperature", temperature}, {"top_p", top_p}, {"runs", nlohmann::json::array()}};
   std::printf("device: %s\ncopy bandwidth (device→device, read+write): %.0f GB/s\n", cu::DeviceDescription().c_str(),
               copy);
-  std::stringstream bs(batches);
-  std::string item;
   std::unique_ptr<engine::Engine> eng;
-  while (std::getline(bs, item, ',')) {
-    const int64_t batch = std::stoll(item);
+  for (const int64_t batch : batch_list) {
     engine::EngineOptions o;
     o.backend = "cuda";
     o.max_batch = batch;
