@@ -27,6 +27,7 @@
 #include <thread>
 #include <vector>
 
+#include "bench/bench_args.h"
 #include "bench/out_dir.h"
 #include "engine/engine.h"
 #include "recorder/recorder.h"
@@ -127,32 +128,35 @@ int main(int argc, char** argv) {
   }
   for (int i = 1; i + 1 < argc; i += 2) {
     std::string k = argv[i], v = argv[i + 1];
+    constexpr const char* kMe = "bench_record";
+    bool ok = true;
+    auto int_flag = [&](int64_t lo, int64_t hi, int* dst) {  // an int-valued flag in [lo, hi]
+      int64_t n = 0;
+      if (!bench::ParseInt(kMe, k, v, lo, hi, &n)) return false;
+      *dst = static_cast<int>(n);
+      return true;
+    };
     if (k == "--model") model_dir = v;
-    else if (k == "--prompt-len") prompt_len = std::stoll(v);
-    else if (k == "--tokens") tokens = std::stoll(v);
-    else if (k == "--batch") batch = std::stoll(v);
+    else if (k == "--prompt-len") ok = bench::ParseInt(kMe, k, v, 1, int64_t{1} << 24, &prompt_len);
+    else if (k == "--tokens") ok = bench::ParseInt(kMe, k, v, 2, int64_t{1} << 24, &tokens);
+    else if (k == "--batch") ok = bench::ParseInt(kMe, k, v, 1, 4096, &batch);
     else if (k == "--kv-cache") kv = v;
-    else if (k == "--flush-interval") flush_interval = std::stod(v);
+    else if (k == "--flush-interval") ok = bench::ParseNumber(kMe, k, v, 0.001, 3600.0, &flush_interval);
     else if (k == "--out") out_dir = v;
     else if (k == "--modes") modes = v;
-    else if (k == "--repeat") repeat = std::stoi(v);
+    else if (k == "--repeat") ok = int_flag(1, 1000, &repeat);
     else if (k == "--backend") backend = v;
     else if (k == "--random-weights") random_weights = v == "1";
     else if (k == "--gpu-profile") gpu_profile = v == "1";
-    else if (k == "--compression-threads") compression_threads = std::stoi(v);
-    else if (k == "--zstd-level") zstd_level = std::stoi(v);
-    else if (k == "--chunk-kb") {
-      chunk_kb = std::stoll(v);
-      if (chunk_kb < 1 || chunk_kb > (1 << 20)) {
-        std::fprintf(stderr, "bench_record: --chunk-kb %s: want 1 to 1048576\n", v.c_str());
-        return 2;
-      }
-    }
+    else if (k == "--compression-threads") ok = int_flag(0, 256, &compression_threads);
+    else if (k == "--zstd-level") ok = int_flag(1, 22, &zstd_level);
+    else if (k == "--chunk-kb") ok = bench::ParseInt(kMe, k, v, 1, 1 << 20, &chunk_kb);
     else if (k == "--gemm") gemm = v;
     else {
-      std::fprintf(stderr, "bench_record: unknown flag %s\n", k.c_str());
+      std::fprintf(stderr, "bench_record: unknown flag %s (see --help)\n", k.c_str());
       return 2;
     }
+    if (!ok) return 2;
   }
   if (!bench::MakeOutDir("bench_record", out_dir)) return 2;
   auto model = random_weights ? engine::Model::RandomWeights(model_dir, 0) : engine::Model::Load(model_dir);

@@ -12,14 +12,30 @@
 #include <string>
 #include <vector>
 
+#include "bench/bench_args.h"
 #include "engine/sampler.h"
 
 using namespace lockstep;
 
 int main(int argc, char** argv) {
   int iters = 50;
-  for (int i = 1; i + 1 < argc; i += 2) {
-    if (std::string(argv[i]) == "--iters") iters = std::stoi(argv[i + 1]);
+  for (int i = 1; i < argc; ++i) {
+    const std::string k = argv[i];
+    if (k == "--help" || k == "-h") {
+      std::printf(
+          "bench_sampler: the host sampler's time per token at DeepSeek vocabulary sizes (greedy, top-p,\n"
+          "top-k), against a plain comparison sort of the same logits in the same run (docs/performance.md).\n\n"
+          "  --iters N   samples timed per figure (default 50)\n");
+      return 0;
+    }
+    int64_t n = 0;
+    if (k != "--iters" || i + 1 >= argc) {
+      std::fprintf(stderr, "bench_sampler: %s\n",
+                   k == "--iters" ? "--iters needs a value" : ("unknown flag " + k + " (see --help)").c_str());
+      return 2;
+    }
+    if (!bench::ParseInt("bench_sampler", k, argv[++i], 1, 1000000, &n)) return 2;
+    iters = static_cast<int>(n);
   }
   std::printf("| vocab | sampling | Sampler::Sample µs | comparison sort alone µs | ratio |\n|---|---|---|---|---|\n");
   for (int64_t n : {6144, 102400, 129280}) {

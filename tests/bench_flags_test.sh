@@ -1,10 +1,12 @@
 #!/usr/bin/env bash
-# tests/bench_flags_test.sh BENCH_DECODE — the CPU benchmark's flags: --help teaches, and each
-# bad value is one line on stderr naming the flag, exit 2, before any model is loaded.
+# tests/bench_flags_test.sh BENCH_DIR — the CPU benchmarks' flags (bench_decode, bench_record,
+# bench_sampler): --help teaches, and each bad value is one line on stderr naming the flag,
+# exit 2, before any model is loaded.
 set -u
-bin=$1
+dir=$1
 fail=0
-expect() {  # expect RC PATTERN ARGS...
+bin=
+expect() {  # expect RC PATTERN ARGS... (runs $bin)
   local rc=$1 pattern=$2
   shift 2
   local err out got
@@ -12,14 +14,15 @@ expect() {  # expect RC PATTERN ARGS...
   out=$("$bin" "$@" 2>"$err")
   got=$?
   if [ "$got" != "$rc" ] || ! grep -q -- "$pattern" "$err" <(echo "$out"); then
-    echo "FAIL: bench_decode $* -> rc $got (want $rc), stderr: $(cat "$err")"
+    echo "FAIL: $(basename "$bin") $* -> rc $got (want $rc), stderr: $(cat "$err")"
     fail=1
   elif [ "$rc" = 2 ] && [ "$(wc -l <"$err")" != 1 ]; then
-    echo "FAIL: bench_decode $*: $(wc -l <"$err") lines on stderr (want one)"
+    echo "FAIL: $(basename "$bin") $*: $(wc -l <"$err") lines on stderr (want one)"
     fail=1
   fi
   rm -f "$err"
 }
+bin=$dir/bench_decode
 expect 0 "--prompt-len N" --help
 expect 2 "--tokens needs a value" --tokens
 expect 2 "--tokens: expected a whole number in \[2, 16777216\], got 'abc'" --tokens abc
@@ -28,5 +31,15 @@ expect 2 "--prompt-len: expected a whole number" --prompt-len 12x
 expect 2 "'fp4' is not one of fp32, bf16, fp8_e4m3" --kv-cache fp4
 expect 2 "unknown flag --nope" --nope 1
 expect 1 "exceeds max_position_embeddings" --prompt-len 2048 --tokens 256
+bin=$dir/bench_record
+expect 0 "--zstd-level N" --help
+expect 2 "--tokens: expected a whole number in \[2, 16777216\], got 'abc'" --tokens abc
+expect 2 "--zstd-level: expected a whole number in \[1, 22\], got '99'" --zstd-level 99
+expect 2 "--flush-interval: expected a number" --flush-interval soon
+expect 2 "--repeat: expected a whole number in \[1, 1000\], got '0'" --repeat 0
+bin=$dir/bench_sampler
+expect 0 "--iters N" --help
+expect 2 "--iters: expected a whole number in \[1, 1000000\], got 'x'" --iters x
+expect 2 "unknown flag --foo" --foo
 [ $fail = 0 ] && echo "bench_flags_test: PASS"
 exit $fail
