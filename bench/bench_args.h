@@ -1,5 +1,6 @@
-// bench/bench_args.h — what the benchmarks' flag parsing shares: a whole number read from a
-// flag's value, or a one-line error naming the benchmark and the flag (no exception escapes).
+// bench/bench_args.h — what the benchmarks' flag parsing shares: a whole number or a number read
+// from a flag's value within a range, or a one-line error naming the benchmark, the flag and the
+// range (no exception escapes).
 #pragma once
 
 #include <cerrno>

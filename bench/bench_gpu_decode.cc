@@ -86,6 +86,7 @@ void Check(const Status& s) {
 }
 
 int main(int argc, char** argv) {
+  constexpr const char* kMe = "bench_gpu_decode";  // (in its flag errors)
   kernels::KernelChoice overrides;  // --kernel OP=V
   std::string model_dir = "models/shapes/deepseek-v2-lite", kv = "bf16", gemm = "bf16", batches = "1,64";
   int64_t prompt_len = 512, tokens = 64, profiler_steps = 0;
@@ -116,7 +117,8 @@ int main(int argc, char** argv) {
           "  --host-sampler         sample on the host instead of the GPU\n"
           "  --profiler-steps N     cudaProfilerStart/Stop around N steps (ncu --profile-from-start off)\n"
           "  --timeline FILE.csv    every kernel's GPU start and end over the profiled steps (CUPTI; 4 steps\n"
-          "                         unless --profiler-steps says), and a digest: time per kernel, GPU idle\n"
+          "                         unless --profiler-steps says), and a digest: each kernel's share of the\n"
+          "                         critical path (how far it moved the step's latest end), busy time, GPU idle\n"
           "  --json                 the report as JSON on stdout\n");
       return 0;
     }
@@ -135,7 +137,6 @@ int main(int argc, char** argv) {
       return 2;
     }
     std::string v = argv[++i];
-    constexpr const char* kMe = "bench_gpu_decode";
     bool ok = true;
     if (k == "--model") model_dir = v;
     else if (k == "--batch") batches = v;
@@ -166,7 +167,7 @@ int main(int argc, char** argv) {
     std::stringstream bs(batches);
     for (std::string item; std::getline(bs, item, ',');) {
       int64_t b = 0;
-      if (!bench::ParseInt("bench_gpu_decode", "--batch", item, 1, 4096, &b)) return 2;
+      if (!bench::ParseInt(kMe, "--batch", item, 1, 4096, &b)) return 2;
       batch_list.push_back(b);
     }
     if (batch_list.empty()) {
