@@ -11,7 +11,7 @@
 //   bench_gpu_decode [--model DIR] [--batch 1,64] [--prompt-len 512] [--tokens 64]
 //                    [--kv-cache bf16] [--gemm bf16] [--kernel OP=V] [--profile] [--no-cuda-graphs] [--json]
 //                    [--no-side-stream] [--no-overlapped-launch] [--temperature T] [--top-p P]
-//                    [--host-sampler] [--timeline FILE.csv] [--help]
+//                    [--host-sampler] [--keep-logits] [--timeline FILE.csv] [--help]
 //                    [--profiler-steps N]  (cudaProfilerStart/Stop around N decode steps after the
 //                    warm-up, for `ncu --profile-from-start off`)
 #include <chrono>
@@ -92,6 +92,7 @@ int main(int argc, char** argv) {
   int64_t prompt_len = 512, tokens = 64, profiler_steps = 0;
   std::string timeline;
   bool json_out = false, profile = false, graphs = true, side = true, overlap = true, device_sampler = true;
+  bool keep_logits = false;
   double temperature = 0.0, top_p = 1.0;
   for (int i = 1; i < argc; ++i) {
     std::string k = argv[i];
@@ -115,6 +116,8 @@ int main(int argc, char** argv) {
           "  --temperature T        sample at T (default 0: greedy)\n"
           "  --top-p P              nucleus sampling (default 1: off)\n"
           "  --host-sampler         sample on the host instead of the GPU\n"
+          "  --keep-logits          copy each step's logits rows to the host although the device sampled them\n"
+          "                         (Request::keep_logits: what logprobs, entropies and logits hashes need)\n"
           "  --profiler-steps N     cudaProfilerStart/Stop around N steps (ncu --profile-from-start off)\n"
           "  --timeline FILE.csv    every kernel's GPU start and end over the profiled steps (CUPTI; 4 steps\n"
           "                         unless --profiler-steps says), and a digest: each kernel's share of the\n"
@@ -123,8 +126,9 @@ int main(int argc, char** argv) {
       return 0;
     }
     if (k == "--json" || k == "--profile" || k == "--no-cuda-graphs" || k == "--no-side-stream" ||
-        k == "--no-overlapped-launch" || k == "--host-sampler") {
+        k == "--no-overlapped-launch" || k == "--host-sampler" || k == "--keep-logits") {
       device_sampler &= k != "--host-sampler";
+      keep_logits |= k == "--keep-logits";
       json_out |= k == "--json";
       profile |= k == "--profile";
       graphs &= k != "--no-cuda-graphs";
@@ -202,6 +206,7 @@ int main(int argc, char** argv) {
                            {"gemm", gemm}, {"kernels", overrides}, {"prompt_len", prompt_len}, {"tokens", tokens},
                            {"copy_GBps", copy}, {"cuda_graphs", graphs}, {"side_stream", side},
                            {"overlapped_launch", overlap}, {"device_sampler", device_sampler},
+                           {"keep_logits", keep_logits},
                            {"temperature", temperature}, {"top_p", top_p}, {"runs", nlohmann::json::array()}};
   std::printf("device: %s\ncopy bandwidth (device→device, read+write): %.0f GB/s\n", cu::DeviceDescription().c_str(),
               copy);
@@ -236,6 +241,7 @@ int main(int argc, char** argv) {
       r.sampling.temperature = temperature;
       r.sampling.top_p = top_p;
       r.sampling.seed = static_cast<uint64_t>(b) + 1;
+      r.keep_logits = keep_logits;
       if (!eng->AddRequest(r).ok()) return 1;
     }
     auto t0 = std::chrono::steady_clock::now();

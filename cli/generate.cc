@@ -38,6 +38,7 @@ Status RunGenerate(GenerateArgs& a) {
   int64_t prompt_tokens = 0;
   for (size_t i = 0; i < specs.size(); ++i) {
     LS_ASSIGN_OR_RETURN(engine::Request r, MakeRequest(specs[i], i, a.flags, m));
+    r.keep_logits = false;  // only tokens are printed: the device sampler's rows stay on the GPU
     prompt_tokens += static_cast<int64_t>(r.prompt.size());
     LS_RETURN_IF_ERROR(eng->AddRequest(std::move(r)).status());
   }

@@ -304,6 +304,7 @@ class CudaBackend final : public Backend {
   int64_t sample_generation_ = 0;  // sample_dev_ is never captured: its moves matter to no graph
   Scratch sample_dev_{cu::DeviceBuffer(), &sample_generation_};
   cu::PinnedBuffer sample_host_;
+  cu::PinnedBuffer flag_host_;  // the kernels' error flag, read back each step (pinned: an async copy)
   std::vector<size_t> sampled_;  // the step's sampled segments
   bool capturing_ = false;
 

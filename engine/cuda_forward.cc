@@ -895,17 +895,47 @@ LS_RETURN_IF_ERROR(Mark("start"));
     }
   }
   LS_RETURN_IF_ERROR(SampleOnDevice(segs, V, s));
-  LS_RETURN_IF_ERROR(cu::CopyAsync(logits_host_->data(), logits_dev_.buf.data(), static_cast<size_t>(RL * V) * 4, s));
+  // The logits rows someone reads (the segment's caller, the tap hook, the host sampler), in
+  // runs of adjacent rows: a decode step whose tokens the device sampled copies none.
+  std::vector<bool> copied(segs.size());
+  {
+    size_t next = 0;  // sampled_ is ascending
+    for (size_t i = 0; i < segs.size(); ++i) {
+      const bool on_device = next < sampled_.size() && sampled_[next] == i;
+      next += on_device ? 1 : 0;
+      copied[i] = segs[i].want_logits || hook != nullptr || !on_device;
+    }
+    int64_t lr = 0, run0 = 0, run_rows = 0;
+    for (size_t i = 0; i <= segs.size(); ++i) {
+      const int64_t rows = i == segs.size() ? 0 : segs[i].all_logits ? static_cast<int64_t>(segs[i].tokens.size()) : 1;
+      if (i == segs.size() || !copied[i]) {
+        if (run_rows > 0) {
+          const size_t off = static_cast<size_t>(run0 * V) * 4;
+          LS_RETURN_IF_ERROR(cu::CopyAsync(logits_host_->as<char>() + off, logits_dev_.as<char>() + off,
+                                           static_cast<size_t>(run_rows * V) * 4, s));
+        }
+        run0 = lr + rows;
+        run_rows = 0;
+      } else {
+        run_rows += rows;
+      }
+      lr += rows;
+    }
+  }
 
   if (mirror_ && !kv_events_) {
     LS_RETURN_IF_ERROR(cu::CopyAsync(mirror_host_.data(), mirror_dev_.buf.data(), mirror_bytes, s));
   }
 
   // One synchronisation: taps, logits, cache rows and the kernels' error flag.
-  int32_t flag = 0;
-  LS_RETURN_IF_ERROR(cu::CopyAsync(&flag, err, 4, s));
+  // (Into pinned memory: a copy into pageable memory would hold the host until the step ends.)
+  if (flag_host_.size() < 4) {
+    LS_ASSIGN_OR_RETURN(flag_host_, cu::PinnedBuffer::Allocate(256));
+  }
+  LS_RETURN_IF_ERROR(cu::CopyAsync(flag_host_.data(), err, 4, s));
   LS_RETURN_IF_ERROR(FlushTaps());
   LS_RETURN_IF_ERROR(stream_->Synchronize());
+  const int32_t flag = *flag_host_.as<int32_t>();
   if (flag != 0) {
     LS_RETURN_IF_ERROR(error_flag_.Fill(0));
     return Status::Internal("cuda backend: a kernel reported bad device arguments (KernelError bits " +
@@ -939,7 +969,7 @@ LS_RETURN_IF_ERROR(Mark("start"));
     const int64_t n = static_cast<int64_t>(segs[i].tokens.size());
     const int64_t first = segs[i].all_logits ? 0 : n - 1;
     const int64_t rows = n - first;
-    out->logits[i].assign(lg + lr * V, lg + (lr + rows) * V);
+    if (copied[i]) out->logits[i].assign(lg + lr * V, lg + (lr + rows) * V);
     lr += rows;
     if (hook != nullptr) {
       TapEvent e;

@@ -119,6 +119,7 @@ Result<bool> Engine::Step() {
       g.sampling = &r.request.sampling;
     }
     g.sample_step = static_cast<uint64_t>(r.generated.size());
+    g.want_logits = r.request.keep_logits || g.all_logits;
     segs.push_back(g);
     seg_owner.push_back(i);
   }
@@ -139,17 +140,23 @@ Result<bool> Engine::Step() {
       if (r.cache.length < static_cast<int64_t>(r.request.prompt.size())) continue;
       r.prefilled = true;
     }
+    const bool on_device = k < out.samples.size() && out.samples[k].has_value();
     if (static_cast<int64_t>(lg.size()) == V) {
       r.last_logits.swap(lg);  // one row (decode): take it, no copy
-    } else {
+    } else if (static_cast<int64_t>(lg.size()) > V) {
       r.last_logits.assign(lg.end() - V, lg.end());
+    } else if (lg.empty() && on_device && !r.request.keep_logits) {
+      r.last_logits.clear();  // sampled on the device; nobody reads the row
+    } else {
+      return Status::Internal("engine: the " + std::string(backend_->name()) + " backend gave " +
+                              std::to_string(lg.size()) + " logits for request " + std::to_string(r.id) +
+                              " (vocabulary " + std::to_string(V) + ")");
     }
     StepEvent ev;
     ev.request_id = r.id;
     ev.step = step_;
     ev.token_index = static_cast<int64_t>(r.generated.size());
     // Sampled on the device when the backend did (the same algorithm and Philox stream), else here.
-    const bool on_device = k < out.samples.size() && out.samples[k].has_value();
     ev.sample = on_device ? *out.samples[k]
                           : Sampler::Sample(r.last_logits, r.request.sampling, static_cast<uint64_t>(ev.token_index));
     ev.sampled_on_device = on_device;

@@ -50,6 +50,11 @@ struct Request {
   // Teacher forcing (replay --mode forced): generated token i is forced_tokens[i] while there
   // is one; the sampler still runs, and its own choice is reported in StepEvent::sample.
   std::vector<int32_t> forced_tokens;
+  // Keep the logits row that chose each token in RequestState::last_logits. Off, a device
+  // backend that samples on the device copies no logits to the host for this request
+  // (last_logits stays empty): 400 KB a token at a 102400-token vocabulary, 26 MB a step at
+  // batch 64. Consumers of last_logits (logprobs, entropies, logits hashes) need it on.
+  bool keep_logits = true;
 };
 
 // What the engine did for one request in one step.
@@ -76,7 +81,7 @@ struct RequestState {
   SeqCache cache;
   std::vector<int32_t> generated;
   std::vector<float> prompt_logits;  // [prompt, vocab] when all_prompt_logits
-  std::vector<float> last_logits;    // logits that chose the last token
+  std::vector<float> last_logits;    // logits that chose the last token (empty without keep_logits)
   bool prefilled = false;
   std::vector<int64_t> prompt_chunks;  // start position of each prefill chunk
   bool finished = false;

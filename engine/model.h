@@ -48,6 +48,10 @@ struct Segment {
   // the result in ForwardOutput::samples; otherwise the engine samples on the host.
   const SamplingParams* sampling = nullptr;
   uint64_t sample_step = 0;
+  // Whether the caller reads the segment's logits rows (ForwardOutput::logits). A device
+  // backend that sampled the segment on the device copies nothing back for it when false (its
+  // ForwardOutput::logits entry is then empty); with a tap hook every row is copied anyway.
+  bool want_logits = true;
 };
 
 // A step's segments checked (each continues its request's cache, none empty, every token in
@@ -60,7 +64,8 @@ struct SegmentLayout {
 Result<SegmentLayout> LayOutSegments(std::span<const Segment> segs, const ModelConfig& c);
 
 struct ForwardOutput {
-  // Per segment: its logits rows ([rows, vocab], rows = tokens or 1).
+  // Per segment: its logits rows ([rows, vocab], rows = tokens or 1); empty for a segment
+  // whose logits nobody asked for (Segment::want_logits) and the device sampled.
   std::vector<std::vector<float>> logits;
   // Per segment, when the backend sampled it on the device (Segment::sampling): the result
   // Sampler::Sample gives for the same row and parameters. Empty when it samples nothing.

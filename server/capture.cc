@@ -166,6 +166,7 @@ Result<CaptureResult> CaptureRequest(const std::shared_ptr<engine::Model>& model
   // gone) is re-run to the length it had, which the stateless sampler makes equivalent.
   recorder::RecordedRequest rr;
   rr.request = live.request;
+  rr.request.keep_logits = true;  // each step's logits hash is checked against the live one's
   rr.request.name = live.id;
   rr.request.max_new_tokens = static_cast<int64_t>(live.steps.size());
   rr.prompt_text = o.redact ? "" : live.prompt_text;

@@ -118,6 +118,9 @@ void Scheduler::Loop() {
         engine::Request req = sub.choices[i];
         const std::string rid = sub.choices.size() == 1 ? sub.id : sub.id + "-" + std::to_string(i);
         req.name = rid;
+        // The step's logits row comes to the host only for what reads it: the live record's
+        // hash, the logprobs.
+        req.keep_logits = options_.record || sub.top_logprobs >= 0;
         auto id = engine_->AddRequest(req);
         if (!id.ok()) {
           TokenEvent ev;

@@ -522,6 +522,66 @@ TEST(GpuEngine, DeviceSamplerPicksTheHostSamplersTokens) {
   EXPECT_EQ(events, 80);
 }
 
+// Request::keep_logits off: a row the device sampled stays on the GPU (last_logits empty at
+// every step but an all_prompt_logits prefill's), the other requests' rows in the same steps are the bits of a
+// run that copies every row, and the tokens do not change. The host sampler still gets its rows.
+TEST(GpuEngine, LogitsNobodyReadsStayOnTheDevice) {
+  LS_REQUIRE_GPU();
+  struct Run {
+    std::map<int64_t, std::vector<std::vector<float>>> logits;
+    std::vector<std::vector<int32_t>> tokens;
+    std::vector<float> prompt_logits;  // request 3's (all_prompt_logits)
+  };
+  auto kept = [](int i) { return i % 3 == 0; };
+  auto run = [&](bool device, bool all_kept) {
+    EngineOptions o = Cuda(engine::KvFormat::kFp8E4m3, "bf16");
+    o.device.device_sampler = device;
+    o.max_batch = 8;
+    o.max_prefill_tokens = 16;  // prompt chunks beside decodes: runs of kept rows with gaps
+    auto eng = Engine::Create(Tiny(), o);
+    EXPECT_TRUE(eng.ok()) << eng.status().message();
+    Run out;
+    (*eng)->SetStepCallback(
+        [&](const engine::StepEvent& ev) { out.logits[ev.request_id].push_back((*eng)->request(ev.request_id).last_logits); });
+    for (int i = 0; i < 8; ++i) {
+      engine::Request r;
+      for (int j = 0; j < 9 + 11 * i; ++j) r.prompt.push_back(static_cast<int32_t>((131 * i + 17 * j) % 6000 + 3));
+      r.max_new_tokens = 10;
+      r.sampling = {0.8, 0, 0.95, 0.0, static_cast<uint64_t>(40 + i)};
+      r.all_prompt_logits = i == 4;
+      r.keep_logits = all_kept || kept(i);
+      EXPECT_TRUE((*eng)->AddRequest(r).ok());
+    }
+    const Status st = (*eng)->RunToCompletion();
+    EXPECT_TRUE(st.ok()) << st.message();
+    for (int64_t i = 0; i < (*eng)->num_requests(); ++i) out.tokens.push_back((*eng)->request(i).generated);
+    out.prompt_logits = (*eng)->request(4).prompt_logits;
+    return out;
+  };
+  const Run all = run(true, true), some = run(true, false), host = run(false, false);
+  const int64_t V = Tiny()->config().vocab_size;
+  EXPECT_EQ(some.tokens, all.tokens);
+  EXPECT_EQ(host.tokens, all.tokens);
+  ASSERT_EQ(all.logits.size(), 8u);
+  for (const auto& [id, want] : all.logits) {
+    SCOPED_TRACE("request " + std::to_string(id));
+    const auto& got = some.logits.at(id);
+    ASSERT_EQ(got.size(), want.size());
+    for (size_t s = 0; s < want.size(); ++s) {
+      ASSERT_EQ(static_cast<int64_t>(want[s].size()), V);
+      // Request 4's first token comes from its all_prompt_logits prefill: every row copied.
+      if (kept(static_cast<int>(id)) || (id == 4 && s == 0)) {
+        EXPECT_TRUE(Bitwise(got[s], want[s])) << "token " << s;
+      } else {
+        EXPECT_TRUE(got[s].empty()) << "token " << s << ": " << got[s].size() << " logits came back";
+      }
+      EXPECT_TRUE(Bitwise(host.logits.at(id)[s], want[s])) << "host sampler, token " << s;
+    }
+  }
+  ASSERT_FALSE(all.prompt_logits.empty());
+  EXPECT_TRUE(Bitwise(some.prompt_logits, all.prompt_logits));
+}
+
 // Chunked prefill on the GPU: prompts fed 5 tokens per step beside running decodes give the
 // bits of whole-prompt prefill (every row is its own absorbed query, whatever the chunking).
 TEST(GpuEngine, ChunkedPrefillChangesNoBits) {
