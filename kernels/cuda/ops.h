@@ -331,8 +331,7 @@ Status TopK(const TopKParams& p, Stream stream = nullptr);
 // Sampler: engine/sampler.cc's algorithm (docs/sampling.md) on the GPU, one CTA per request.
 // Greedy rows: argmax, lowest id on ties, NaN = −∞. Other rows: ids sorted by (logit desc,
 // id asc) with a stable segmented radix sort; fp64 weights exp((l − l0)/T); the fp64 running
-// sums of the CPU taken by one thread in the CPU's left-to-right order (so every prefix sum
-// is bitwise the CPU's); top-p / min-p / inverse-CDF cut points found as "first index
+// sums of the CPU's left-to-right order, bitwise (SequentialPrefixSums' passes); top-p / min-p / inverse-CDF cut points found as "first index
 // satisfying", exactly the CPU loops' answers; the draw is kernels/philox.h's PhiloxUniform.
 // The only possible divergence is CUDA's double exp vs glibc's (≤ 1 ulp), which can change
 // a token only when u·S lies within ~1e-16 relative of a cumulative boundary.
@@ -366,6 +365,12 @@ struct SamplerParams {
 };
 size_t SamplerWorkspaceBytes(int64_t batch, int64_t vocab);
 Status Sample(const SamplerParams& p, Stream stream = nullptr);
+// The sampler's running sums on their own (for their test): pre[i] = the fp64 sum of w[0..i]
+// added left to right, up to *settled = the first i whose addition leaves the sum unchanged
+// (n if none), the sum before it from there on. w [n]: finite, ≥ 0, w[0] > 0, every running
+// sum finite, as the sampler's weights are (device pointers; one CTA, in parallel, bitwise the
+// serial chain).
+Status SequentialPrefixSums(const double* w, int64_t n, double* pre, int32_t* settled, Stream stream = nullptr);
 
 // ---------------------------------------------------------------------------------------
 // GEMM through cuBLASLt: y[rows, out] = x[rows, in] · w[out, in]ᵀ (row-major, fp32 out).

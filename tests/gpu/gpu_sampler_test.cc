@@ -4,9 +4,12 @@
 // combination, ties, NaN and −∞ logits; plus determinism and batch invariance.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <functional>
 #include <random>
+#include <string>
 #include <span>
 #include <vector>
 
@@ -144,8 +147,9 @@ TEST(CudaSampler, ChoosesTheCpuSamplersTokens) {
 // declaration gets token −1, never a token from unsorted keys.
 TEST(CudaSampler, AllGreedyBatchesSkipTheSort) {
   LS_REQUIRE_GPU();
-  for (int64_t vocab : {int64_t{3}, int64_t{32000}, int64_t{129280}}) {
-    Batch b = MakeBatch(vocab > 100000 ? 8 : 200, vocab, 500 + vocab);
+  // (Vocabularies about the argmax's 4096-logit parts: one part, a part and one logit, many.)
+  for (int64_t vocab : {int64_t{3}, int64_t{4096}, int64_t{4097}, int64_t{32000}, int64_t{102400}, int64_t{129280}}) {
+    Batch b = MakeBatch(vocab > 100000 ? 40 : 200, vocab, 500 + vocab);
     for (auto& q : b.reqs) q.temperature = 0.0;
     const auto got = RunGpu(b, /*all_greedy=*/true);
     EXPECT_EQ(Compare(b, got, "all greedy, vocab " + std::to_string(vocab)), 0);
@@ -154,6 +158,100 @@ TEST(CudaSampler, AllGreedyBatchesSkipTheSort) {
     EXPECT_EQ(broken[1].token, -1);
     EXPECT_EQ(std::memcmp(&broken[0], &got[0], sizeof(cu::SampleOutput)), 0);
   }
+}
+
+// The sampler's running sums, formed in parallel passes (one per 4096 weights, binade the
+// sum crosses and rounding tie), against the serial fp64 chain on the host, bit for bit: the
+// sums, where they settle, and the settled tail. The weights draw the cases the passes treat
+// apart: exact ties (few-bit dyadic weights), sums crossing many binades (all ones), a sum
+// that settles inside and at the edges of a pass, zeros, subnormal sums, unsorted weights.
+TEST(CudaSampler, RunningSumsAreTheSerialChainsBits) {
+  LS_REQUIRE_GPU();
+  auto chain = [](const std::vector<double>& w, int32_t* settled) {
+    std::vector<double> pre(w.size());
+    double s = 0;
+    size_t i = 0;
+    for (; i < w.size(); ++i) {
+      if (s + w[i] == s) break;
+      s += w[i];
+      pre[i] = s;
+    }
+    *settled = static_cast<int32_t>(i);
+    for (; i < w.size(); ++i) pre[i] = s;
+    return pre;
+  };
+  std::mt19937_64 rng(77);
+  std::vector<std::pair<std::string, std::vector<double>>> cases;
+  auto sorted_desc = [](std::vector<double> w) {
+    std::sort(w.begin(), w.end(), std::greater<double>());
+    return w;
+  };
+  cases.push_back({"one weight", {1.0}});
+  cases.push_back({"two", {1.0, 0.3}});
+  cases.push_back({"zeros after three", {1.0, 0.5, 0.25, 0.0, 0.0, 0.0}});
+  cases.push_back({"all ones", std::vector<double>(100000, 1.0)});
+  for (int64_t n : {4095, 4096, 4097, 8193, 102400, 129280}) {
+    for (double sigma : {0.05, 1.0, 4.0, 30.0}) {  // flat (nothing settles) … peaked (settles early)
+      std::normal_distribution<double> g(0.0, sigma);
+      std::vector<double> l(static_cast<size_t>(n));
+      for (double& v : l) v = static_cast<float>(g(rng));
+      std::sort(l.begin(), l.end(), std::greater<double>());
+      std::vector<double> w(l.size());
+      for (size_t i = 0; i < l.size(); ++i) w[i] = std::exp((l[i] - l[0]) / 0.8);
+      cases.push_back({"exp weights n=" + std::to_string(n) + " sigma=" + std::to_string(sigma), w});
+    }
+  }
+  {
+    // Four significant bits over 2^0 … 2^-60: against the running sum's ulp many end in
+    // exactly .5 (ties to even) and the sum crosses binades repeatedly.
+    std::vector<double> w(60000);
+    for (double& v : w) v = std::ldexp(1.0 + static_cast<double>(rng() % 8) / 8.0, -static_cast<int>(rng() % 61));
+    w[0] = 2.0;
+    cases.push_back({"dyadic ties", sorted_desc(w)});
+    std::vector<double> h(20000);
+    for (double& v : h) v = std::ldexp(static_cast<double>(rng() % 4 + 1), -54);  // 2^-54 … 2^-52: ties at 1
+    h[0] = 1.0;
+    cases.push_back({"half-ulp steps at 1", sorted_desc(h)});
+  }
+  {
+    std::vector<double> w(5000);
+    for (double& v : w) v = std::ldexp(static_cast<double>(rng() % 64), -1074);  // subnormal steps
+    w[0] = std::ldexp(1.0, -1070);
+    cases.push_back({"subnormal sums", sorted_desc(w)});
+  }
+  {
+    std::vector<double> w(30000);
+    std::uniform_real_distribution<double> u01(0.0, 1.0);
+    for (double& v : w) v = u01(rng);
+    w[0] = 1.0;
+    cases.push_back({"unsorted", w});  // the rule is the chain's: the first addition that changes nothing
+  }
+  int64_t weights = 0;
+  for (const auto& [name, w] : cases) {
+    SCOPED_TRACE(name);
+    int32_t want_settled = -1;
+    const std::vector<double> want = chain(w, &want_settled);
+    auto dw = Upload(w);
+    auto dpre = Zeros<double>(w.size());
+    auto dset = Zeros<int32_t>(1);
+    Status s = cu::SequentialPrefixSums(dw.as<double>(), static_cast<int64_t>(w.size()), dpre.as<double>(),
+                                        dset.as<int32_t>());
+    ASSERT_TRUE(s.ok()) << s.message();
+    ASSERT_TRUE(cu::Synchronize().ok());
+    const std::vector<double> got = Download<double>(dpre, w.size());
+    EXPECT_EQ(Download<int32_t>(dset, 1)[0], want_settled);
+    size_t bad = 0;
+    for (size_t i = 0; i < w.size(); ++i) {
+      if (std::memcmp(&got[i], &want[i], 8) != 0 && bad++ < 3) {
+        ADD_FAILURE() << "sum " << i << ": " << std::hexfloat << got[i] << " against the chain's " << want[i];
+      }
+    }
+    EXPECT_EQ(bad, 0u);
+    weights += static_cast<int64_t>(w.size());
+  }
+  EXPECT_FALSE(cu::SequentialPrefixSums(nullptr, 0, nullptr, nullptr).ok());
+  std::printf("  [sampler] %zu weight lists, %lld running sums compared\n", cases.size(),
+              static_cast<long long>(weights));
 }
 
 TEST(CudaSampler, DeterministicAndBatchInvariant) {
