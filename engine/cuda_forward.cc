@@ -736,6 +736,10 @@ LS_RETURN_IF_ERROR(Mark("start"));
         ge.y = gu;
         ge.y_stride = 2 * I;
         ge.error_flag = err;
+        // gemm=bf16 (cuBLAS's bf16 GEMMs for the dense products): the routed experts on tensor
+        // cores too — their own fixed order, batch-invariant; bf16_dot keeps cpu::Dot's.
+        const bool experts_tc = !dot_ && bf16_;
+        ge.tensor_cores = experts_tc && cu::ExpertGemmTcFits(ge);
         LS_RETURN_IF_ERROR(cu::ExpertGemm(ge, s));
         LS_RETURN_IF_ERROR(Mark("experts_gate_up"));
         cu::SwiGluParams sp;
@@ -757,6 +761,7 @@ LS_RETURN_IF_ERROR(Mark("start"));
         ge.x_per_slot = true;
         ge.y = ey;
         ge.y_stride = H;
+        ge.tensor_cores = experts_tc && cu::ExpertGemmTcFits(ge);
         LS_RETURN_IF_ERROR(cu::ExpertGemm(ge, s));
         LS_RETURN_IF_ERROR(Mark("experts_down"));
         if (shared_side) {

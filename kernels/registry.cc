@@ -88,8 +88,10 @@ Registry::Registry() {
       {"gemm", "fp32", "cuda",
        "cuBLASLt fp32 (COMPUTE_32F_PEDANTIC, no TF32), algorithm pinned per shape without split-K", true, true,
        true, false, false},
-      {"gemm", "bf16", "cuda", "cuBLASLt bf16 inputs, fp32 accumulation, algorithm pinned per shape", true, true,
-       false, false, false},
+      {"gemm", "bf16", "cuda",
+       "cuBLASLt bf16 inputs, fp32 accumulation, algorithm pinned per shape; the routed experts on tensor cores "
+       "(mma.m16n8k16, one fixed K order: batch-invariant)",
+       true, true, false, false, false},
       {"gemm", "fp32_dot", "cuda",
        "fp32 on CUDA cores in cpu::Dot's order (ExpertGemm): bitwise the CPU's gemm=fp32 for any rows", true, true,
        false, false, true},

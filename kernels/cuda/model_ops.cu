@@ -10,6 +10,7 @@
 #include "kernels/cuda/async_copy.cuh"
 #include "kernels/cuda/check.cuh"
 #include "kernels/cuda/device_math.cuh"
+#include "kernels/cuda/expert_tc.h"
 #include "kernels/cuda/launch.cuh"
 #include "kernels/cuda/mla_combine.cuh"
 #include "kernels/cuda/norm_row.cuh"
@@ -1773,6 +1774,12 @@ Status ExpertGemm(const ExpertGemmParams& p, Stream stream) {
     LS_CHECK_ARG(p.w_scale_row_stride >= chunks, op, "w_scale_row_stride", p.w_scale_row_stride);
     LS_CHECK_ARG(p.w_scale_expert_stride >= (p.out - 1) * p.w_scale_row_stride + chunks, op, "w_scale_expert_stride",
                  p.w_scale_expert_stride);
+  }
+  if (p.tensor_cores) {
+    LS_CHECK_ARG(ExpertGemmTcFits(p), op,
+                 "tensor_cores (needs bf16 weights, round_x_bf16, plain x, in % 32 = 0, 16-byte aligned rows)",
+                 p.in);
+    return p.rows == 0 ? Status::Ok() : LaunchExpertGemmTc(p, stream);
   }
   if (p.rows == 0) return Status::Ok();
   using L = ExpertGemmParams::Launch;

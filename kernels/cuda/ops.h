@@ -593,8 +593,16 @@ struct ExpertGemmParams {
     kBulkBySlot,   // kStreamBySlot's split with bulk copies on mbarriers (sm_90)
   };
   Launch launch = Launch::kAuto;
+  // On tensor cores instead (kernels/cuda/expert_tc.cu; `launch` is then unused): bf16 x and
+  // W, mma.m16n8k16 with fp32 accumulation over 32-column blocks in ascending order — one fixed
+  // order of its own, deterministic and independent of rows, k and the routing (batch-invariant),
+  // but not cpu::Dot's bits. gemm=bf16's routed experts. Needs ExpertGemmTcFits (an error otherwise).
+  bool tensor_cores = false;
 };
 Status ExpertGemm(const ExpertGemmParams& p, Stream stream = nullptr);
+// Whether p can run on tensor cores: bf16 weights, round_x_bf16, plain x (no x_partials, no
+// SwiGLU epilogue), in % 32 = 0, 16-byte aligned W and x rows.
+bool ExpertGemmTcFits(const ExpertGemmParams& p);
 // Whether ExpertGemm runs p with the SwiGLU epilogue (p.swiglu_inter > 0, out = 2·swiglu_inter,
 // no x_partials): p's launch — its own, or kAuto's pick — is the bulk-copy shape. Callers
 // fall back to the product and SwiGlu when not.

@@ -478,7 +478,7 @@ struct GemmRun {
 
 GemmRun GpuExpertGemm(const GemmData& d, const std::vector<int32_t>& ids, int64_t rows, const float* x_host,
                       cu::ExpertGemmParams::Launch launch = cu::ExpertGemmParams::Launch::kAuto,
-                      int64_t swiglu_inter = 0) {
+                      int64_t swiglu_inter = 0, bool tensor_cores = false) {
   const GemmCase& g = d.g;
   cu::DeviceBuffer dw = g.w_fp8 ? Upload(d.w8) : g.w_bf16 ? Upload(d.w16) : Upload(d.w);
   cu::DeviceBuffer dscale = Upload(g.w_fp8 ? d.scales : std::vector<float>(1, 0.0f));
@@ -513,6 +513,7 @@ GemmRun GpuExpertGemm(const GemmData& d, const std::vector<int32_t>& ids, int64_
   p.error_flag = flag.as<int32_t>();
   p.launch = launch;
   p.swiglu_inter = swiglu_inter;
+  p.tensor_cores = tensor_cores;
   GemmRun run;
   const Status s = cu::ExpertGemm(p);
   EXPECT_TRUE(s.ok()) << s.message();
@@ -824,6 +825,124 @@ TEST(CudaExpertGemm, BadExpertIdGivesNanRowAndFlag) {
       }
     }
   }
+}
+
+// The tensor-core shape (gemm=bf16's routed experts): not cpu::Dot's order, so checked against
+// the fp64 product of the same bf16 operands — within 2·(in + 1)·u·Σ|w·x| (the MMA's internal
+// fp32 additions need not round to nearest: twice the textbook bound) — and for what the
+// variant promises: the same bits run to run and for a row alone as in its batch. Shapes: V2-
+// Lite's gate_up and down at 1 and 64 tokens, experts with more than 32 slots (several
+// passes), a partial row tile and a partial K chunk.
+TEST(CudaExpertGemm, TensorCoresAreDeterministicBatchInvariantAndWithinBound) {
+  LS_REQUIRE_GPU();
+  const GemmCase cases[] = {
+      // (8 experts, not V2-Lite's 64: the shapes that matter are out and in, and the host's
+      // random weights for 64 took seconds; 64 rows then put ~48 slots on each expert.)
+      {1, 6, 8, 2816, 2048, true, false, true, 0},    // decode gate_up
+      {64, 6, 8, 2816, 2048, true, false, true, 0},   // batch 64 gate_up: passes of 32 slots
+      {64, 6, 8, 2048, 1408, true, true, true, 0},    // batch 64 down, per-slot x, in = 5.5 chunks
+      {50, 2, 4, 200, 320, true, false, true, 8},     // partial row tile and K chunk, padded rows
+      {7, 1, 1, 64, 32, true, true, true, 0},         // one 32-column block
+  };
+  uint64_t seed = 4000;
+  for (const GemmCase& g : cases) {
+    GemmData d = MakeGemm(g, seed += 10);
+    d.xs = g.in + 4;  // 16-byte x rows
+    d.x = Randn(d.xrows * d.xs, seed + 1, 1.0f);
+    if (g.experts == 4) {  // expert 0 in every row: 50 slots, two passes of ≤ 32
+      for (int64_t r = 0; r < g.rows; ++r) {
+        d.ids[r * g.k] = 0;
+        d.ids[r * g.k + 1] = 1 + static_cast<int32_t>(r % 3);
+      }
+    }
+    cu::ExpertGemmParams probe;
+    probe.w_bf16 = true;
+    probe.round_x_bf16 = true;
+    probe.x = reinterpret_cast<const float*>(uintptr_t{256});
+    probe.w = reinterpret_cast<const void*>(uintptr_t{256});
+    probe.in = g.in;
+    probe.w_row_stride = d.rs;
+    probe.w_expert_stride = d.es;
+    probe.x_stride = d.xs;
+    ASSERT_TRUE(cu::ExpertGemmTcFits(probe)) << Name(g);
+    const auto kAuto = cu::ExpertGemmParams::Launch::kAuto;
+    GemmRun got = GpuExpertGemm(d, d.ids, g.rows, d.x.data(), kAuto, 0, true);
+    EXPECT_EQ(got.flag, 0) << Name(g);
+    double worst = 0;
+    int64_t bad = 0;
+    std::vector<float> xr(g.in);
+    // (The fp64 reference over every 7th output row and the last: the batch-64 cases' full
+    // products take the host minutes; the bitwise checks below cover every element.)
+    for (int64_t slot = 0; slot < g.rows * g.k; ++slot) {
+      const int64_t e = d.ids[slot];
+      const float* xrow = &d.x[(g.x_per_slot ? slot : slot / g.k) * d.xs];
+      for (int64_t i = 0; i < g.in; ++i) xr[i] = kernels::Bf16ToF32(kernels::F32ToBf16(xrow[i]));
+      for (int64_t o = 0; o < g.out; o = o == g.out - 1 ? g.out : std::min(o + 7, g.out - 1)) {
+        double s = 0, a = 0;
+        const float* wr = &d.w[e * d.es + o * d.rs];
+        for (int64_t i = 0; i < g.in; ++i) {
+          s += static_cast<double>(wr[i]) * xr[i];
+          a += std::fabs(static_cast<double>(wr[i]) * xr[i]);
+        }
+        const double y = got.y[slot * d.ys + o], bound = 2.0 * (g.in + 1) * kU32 * a;
+        if (!(std::fabs(y - s) <= bound)) {  // NaN fails
+          if (bad++ < 3) ADD_FAILURE() << Name(g) << " slot " << slot << " row " << o << ": " << y << " vs " << s;
+        } else if (bound > 0) {
+          worst = std::max(worst, std::fabs(y - s) / bound);
+        }
+      }
+    }
+    EXPECT_EQ(bad, 0) << Name(g);
+    GemmRun again = GpuExpertGemm(d, d.ids, g.rows, d.x.data(), kAuto, 0, true);
+    EXPECT_TRUE(BitwiseEqual(again.y, got.y, "tensor cores run to run " + Name(g)));
+    for (int64_t r : {int64_t{0}, g.rows - 1}) {
+      const std::vector<int32_t> one(d.ids.begin() + r * g.k, d.ids.begin() + (r + 1) * g.k);
+      const float* x_one = &d.x[(g.x_per_slot ? r * g.k : r) * d.xs];
+      GemmRun alone = GpuExpertGemm(d, one, 1, x_one, kAuto, 0, true);
+      EXPECT_TRUE(BitwiseEqual(alone.y,
+                               std::vector<float>(got.y.begin() + r * g.k * d.ys, got.y.begin() + (r + 1) * g.k * d.ys),
+                               "tensor cores: row " + std::to_string(r) + " alone vs batch " + Name(g)));
+    }
+    std::printf("  [expert gemm tensor cores %s] worst |y − fp64| / (2·(in+1)·u·Σ|w·x|) = %.3g\n", Name(g).c_str(),
+                worst);
+  }
+  // A bad id: its row NaN and the flag, as the other shapes.
+  const GemmCase g{20, 2, 4, 100, 64, true, false, true, 0};
+  GemmData d = MakeGemm(g, 91);
+  d.xs = g.in + 4;
+  d.x = Randn(d.xrows * d.xs, 92, 1.0f);
+  std::vector<int32_t> ids = d.ids;
+  ids[1] = 4;
+  ids[4] = -1;
+  GemmRun got = GpuExpertGemm(d, ids, g.rows, d.x.data(), cu::ExpertGemmParams::Launch::kAuto, 0, true);
+  EXPECT_EQ(got.flag, cu::kErrExpert);
+  for (int64_t slot = 0; slot < g.rows * g.k; ++slot) {
+    for (int64_t o = 0; o < g.out; ++o) {
+      ASSERT_EQ(std::isnan(got.y[slot * d.ys + o]), slot == 1 || slot == 4) << "slot " << slot << " col " << o;
+    }
+  }
+  // A shape the MMA blocks do not tile: refused, naming the field (nothing is launched).
+  cu::ExpertGemmParams p;
+  p.rows = 1;
+  p.k = 1;
+  p.experts = 1;
+  p.out = 64;
+  p.in = 48;  // not a multiple of 32
+  p.w = reinterpret_cast<const void*>(uintptr_t{256});
+  p.w_bf16 = true;
+  p.w_row_stride = 48;
+  p.w_expert_stride = 64 * 48;
+  p.x = reinterpret_cast<const float*>(uintptr_t{256});
+  p.x_stride = 48;
+  p.round_x_bf16 = true;
+  p.ids = reinterpret_cast<const int32_t*>(uintptr_t{256});
+  p.y = reinterpret_cast<float*>(uintptr_t{256});
+  p.y_stride = 64;
+  p.tensor_cores = true;
+  EXPECT_FALSE(cu::ExpertGemmTcFits(p));
+  const Status st = cu::ExpertGemm(p);
+  EXPECT_FALSE(st.ok());
+  EXPECT_NE(st.message().find("tensor_cores"), std::string::npos) << st.message();
 }
 
 // --- MoeCombine -----------------------------------------------------------------------------

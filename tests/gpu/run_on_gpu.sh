@@ -40,7 +40,7 @@ tmp=$(mktemp)
 for t in "$BIN"/gpu_*_test; do
   name=$(basename "$t")
   t0=$SECONDS
-  timeout 60 "$t" --gtest_color=no >"$tmp" 2>&1
+  timeout 120 "$t" --gtest_color=no >"$tmp" 2>&1
   rc=$?
   cat "$tmp" >>"$log"
   counts=$(grep -E "^\[  (PASSED|FAILED|SKIPPED) *\] [0-9]+ test" "$tmp" | sed 's/, listed below://' | tr -s ' ' | paste -sd ' ')
