@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
-# tests/bench_flags_test.sh BENCH_DIR — the CPU benchmarks' flags (bench_decode, bench_record,
-# bench_sampler): --help teaches, and each bad value is one line on stderr naming the flag,
-# exit 2, before any model is loaded.
+# tests/bench_flags_test.sh BENCH_DIR — the benchmarks' flags (bench_decode, bench_record,
+# bench_sampler; bench_gpu_sampler where CUDA was built): --help teaches, and each bad value is
+# one line on stderr naming the flag, exit 2, before any model is loaded or GPU looked for.
 set -u
 dir=$1
 fail=0
@@ -41,5 +41,12 @@ bin=$dir/bench_sampler
 expect 0 "--iters N" --help
 expect 2 "--iters: expected a whole number in \[1, 1000000\], got 'x'" --iters x
 expect 2 "unknown flag --foo" --foo
+if [ -x "$dir/bench_gpu_sampler" ]; then  # CUDA builds: its flags are read before it looks for a GPU
+  bin=$dir/bench_gpu_sampler
+  expect 0 "--vocab N" --help
+  expect 2 "--reps: expected a whole number in \[1, 100000\], got '0'" --reps 0
+  expect 2 "--vocab needs a value" --vocab
+  expect 2 "unknown flag --foo" --foo 1
+fi
 [ $fail = 0 ] && echo "bench_flags_test: PASS"
 exit $fail
