@@ -137,8 +137,6 @@ __global__ void __launch_bounds__(kPrepThreads) ArgmaxPartKernel(SamplerParams p
   }
 }
 
-__device__ __forceinline__ int BlockMin(int v, int* slot);  // (below)
-
 // --- The CPU's running sums, in parallel ------------------------------------------------------
 //
 // pre[i] = (…(w[0] ⊕ w[1]) ⊕ …) ⊕ w[i], ⊕ fp64 addition (round to nearest even), left to
@@ -304,9 +302,8 @@ __global__ void __launch_bounds__(kSampleThreads) SequentialPrefixKernel(const d
   if (threadIdx.x == 0) *settled = s;
 }
 
-// Block-wide minimum of per-thread candidates (INT_MAX = none), by all kSampleThreads threads;
-// `slot` holds a value a warp. (Was one shared atomicMin a candidate: a pass whose sums cross a
-// binade has hundreds, serialised.)
+// Block-wide minimum of per-thread candidates (INT_MAX = none), by all kSampleThreads threads:
+// each warp's minimum, then the warps' (`slot` holds a value a warp); order-independent.
 __device__ __forceinline__ int BlockMin(int v, int* slot) {
   const int m = __reduce_min_sync(0xffffffffu, v);
   if ((threadIdx.x & 31) == 0) slot[threadIdx.x / 32] = m;
