@@ -22,8 +22,10 @@ uint32_t OrderedBits(float f) {
   return (u & 0x80000000u) ? ~u : (u | 0x80000000u);
 }
 
-// Ascending sort of unique keys: LSD radix (4 passes of 16 bits) for large vocabularies
-// (129k: a few times faster than a comparison sort), std::sort below that.
+// Ascending sort of unique keys: LSD radix for large vocabularies (129k: a few times faster
+// than a comparison sort), std::sort below that. The keys arrive in id order (their low half),
+// so the radix passes over the low half would leave them as they are: two stable passes over
+// the logit half give the whole keys' order.
 void SortKeys(std::vector<uint64_t>* keys) {
   const size_t n = keys->size();
   if (n < (size_t{1} << 15)) {
@@ -34,7 +36,7 @@ void SortKeys(std::vector<uint64_t>* keys) {
   std::vector<uint32_t> count(size_t{1} << 16);
   uint64_t* src = keys->data();
   uint64_t* dst = tmp.data();
-  for (int pass = 0; pass < 4; ++pass) {
+  for (int pass = 2; pass < 4; ++pass) {
     const int shift = 16 * pass;
     std::fill(count.begin(), count.end(), 0u);
     for (size_t i = 0; i < n; ++i) ++count[(src[i] >> shift) & 0xffffu];
@@ -47,7 +49,7 @@ void SortKeys(std::vector<uint64_t>* keys) {
     for (size_t i = 0; i < n; ++i) dst[count[(src[i] >> shift) & 0xffffu]++] = src[i];
     std::swap(src, dst);
   }
-  // Four passes: the sorted keys are back in *keys.
+  // Two passes: the sorted keys are back in *keys.
 }
 
 }  // namespace
