@@ -14,6 +14,7 @@
 #include <chrono>
 #include <cmath>
 #include <cstdio>
+#include <functional>
 #include <random>
 #include <span>
 #include <string>
@@ -103,16 +104,17 @@ int main(int argc, char** argv) {
       SamplingParams p;
     };
     for (const Mode& m : {Mode{"greedy", {0.0, 0, 1.0, 0.0, 1}}, Mode{"T 0.8 top-p 0.95", {0.8, 0, 0.95, 0.0, 1}}}) {
-      // The running sums' length and their part alone, from row 0's sorted weights.
-      int64_t settled = 1;
-      double prefix_us = 0;
+      // The running sums' length and their part alone, from row 0's sorted weights ("–" for greedy).
+      std::string settled_s = "–", prefix_s = "–";
       if (m.p.temperature > 0) {
         std::vector<float> l0(logits.begin(), logits.begin() + vocab);
         std::sort(l0.begin(), l0.end(), std::greater<float>());
         std::vector<double> w(static_cast<size_t>(vocab));
         for (int64_t i = 0; i < vocab; ++i) w[i] = std::exp((static_cast<double>(l0[i]) - l0[0]) / m.p.temperature);
         double s = 0;
-        for (settled = 0; settled < vocab && s + w[settled] != s; ++settled) s += w[settled];
+        int64_t settled = 0;
+        for (; settled < vocab && s + w[settled] != s; ++settled) s += w[settled];
+        settled_s = std::to_string(settled);
         CHECK_CUDA(cudaMemcpy(dw->data(), w.data(), w.size() * 8, cudaMemcpyHostToDevice));
         std::vector<double> t;
         for (int k = 0; k < 5; ++k) {
@@ -123,7 +125,9 @@ int main(int argc, char** argv) {
                                 },
                                 static_cast<int>(reps)));
         }
-        prefix_us = Median5(t);
+        char buf[32];
+        std::snprintf(buf, sizeof buf, "%.1f", Median5(t));
+        prefix_s = buf;
       }
       for (int64_t batch : {int64_t{1}, max_batch}) {
         std::vector<cu::SampleRequest> reqs(static_cast<size_t>(batch));
@@ -162,10 +166,9 @@ int main(int argc, char** argv) {
         }
         const double host_us =
             1e6 * std::chrono::duration<double>(std::chrono::steady_clock::now() - h0).count() / host_reps;
-        std::printf("| %s | %lld | %s | %lld | %.1f | %s | %.0f | %.0f× |%s\n", shape, static_cast<long long>(batch),
-                    m.name, static_cast<long long>(settled), gpu_us,
-                    m.p.temperature > 0 ? std::to_string(prefix_us).substr(0, 6).c_str() : "–", host_us,
-                    host_us / gpu_us, mismatches ? " TOKENS DIFFER" : "");
+        std::printf("| %s | %lld | %s | %s | %.1f | %s | %.0f | %.0f× |%s\n", shape, static_cast<long long>(batch),
+                    m.name, settled_s.c_str(), gpu_us, prefix_s.c_str(), host_us, host_us / gpu_us,
+                    mismatches ? " TOKENS DIFFER" : "");
       }
     }
   }

@@ -15,7 +15,6 @@
 // k16 steps); A and B take the same permutation, so each product pairs the right operands.
 #include <cuda_runtime.h>
 
-#include <climits>
 #include <cstdint>
 
 #include "kernels/cuda/check.cuh"
@@ -29,7 +28,7 @@ namespace {
 constexpr int kTcWarps = 4;
 constexpr int kTcRows = 16 * kTcWarps;  // output rows a CTA
 constexpr int kTcTokens = 32;           // slots a pass (4 MMA column tiles)
-constexpr int kTcChunk = 256;           // K columns staged a pass
+constexpr int kTcChunk = 256;           // K columns a chunk (weights in flight, x staged)
 constexpr int kTcBlocks = kTcChunk / 32;
 constexpr int kTcXStride = kTcChunk + 8;  // bf16s a staged x row: +16 bytes spread the quads' banks
 

@@ -328,11 +328,12 @@ struct TopKParams {
 Status TopK(const TopKParams& p, Stream stream = nullptr);
 
 // ---------------------------------------------------------------------------------------
-// Sampler: engine/sampler.cc's algorithm (docs/sampling.md) on the GPU, one CTA per request.
-// Greedy rows: argmax, lowest id on ties, NaN = −∞. Other rows: ids sorted by (logit desc,
-// id asc) with a stable segmented radix sort; fp64 weights exp((l − l0)/T); the fp64 running
-// sums of the CPU's left-to-right order, bitwise (SequentialPrefixSums' passes); top-p / min-p / inverse-CDF cut points found as "first index
-// satisfying", exactly the CPU loops' answers; the draw is kernels/philox.h's PhiloxUniform.
+// Sampler: engine/sampler.cc's algorithm (docs/sampling.md) on the GPU. Greedy rows: argmax,
+// lowest id on ties, NaN = −∞. Other rows: ids sorted by (logit desc, id asc) with a stable
+// radix sort; fp64 weights exp((l − l0)/T); the CPU's left-to-right fp64 running sums, bitwise
+// (SequentialPrefixSums' passes, one CTA a request); top-p / min-p / inverse-CDF cut points
+// found as "first index satisfying", exactly the CPU loops' answers; the draw is
+// kernels/philox.h's PhiloxUniform.
 // The only possible divergence is CUDA's double exp vs glibc's (≤ 1 ulp), which can change
 // a token only when u·S lies within ~1e-16 relative of a cumulative boundary.
 struct SampleRequest {  // mirrors engine::SamplingParams plus the step

@@ -87,14 +87,17 @@ __global__ void __launch_bounds__(kPrepThreads) PrepKernel(SamplerParams p, uint
   keys[b * p.vocab + i] = (static_cast<uint64_t>(~ord) << 32) | static_cast<uint32_t>(i);
 }
 
+// A row's part for the kernels that spread one row over many CTAs (the greedy argmax, the
+// weights): kRowPart = 4096 logits.
+constexpr int kRowPartPerThread = 16;
+constexpr int kRowPart = kRowPartPerThread * kPrepThreads;
+
 // Greedy rows (SamplerParams::all_greedy): the argmax in two launches, many CTAs a row. CTA
-// (part, b) reduces logits [part·kArgmaxChunk, +kArgmaxChunk) of row b to one key,
+// (part, b) reduces logits [part·kRowPart, +kRowPart) of row b to one key,
 // (OrderedKey(value) << 32) | ~index, whose maximum is the first index of the largest value
 // (NaN = −∞; −0 = +0) — the CPU's `if (val(i) > val(best))` scan, in any reduction order;
 // every key is > 0. The sample kernel then takes the maximum over the row's parts. (One CTA
 // scanning a 102400-logit row took ~20 µs of a batch-1 step, H200.)
-constexpr int kArgmaxPerThread = 16;
-constexpr int kArgmaxChunk = kArgmaxPerThread * kPrepThreads;
 
 __device__ __forceinline__ uint64_t ArgmaxKey(float v, int i) {
   return (static_cast<uint64_t>(dev::OrderedKey(Val(v))) << 32) | (0xffffffffu - static_cast<uint32_t>(i));
@@ -113,16 +116,16 @@ __global__ void __launch_bounds__(kPrepThreads) ArgmaxPartKernel(SamplerParams p
   __shared__ uint64_t warp_best[kPrepThreads / 32];
   const int64_t b = blockIdx.y;
   const float* lg = p.logits + b * p.logits_stride;
-  const int V = static_cast<int>(p.vocab), i0 = static_cast<int>(blockIdx.x) * kArgmaxChunk;
-  float v[kArgmaxPerThread];
+  const int V = static_cast<int>(p.vocab), i0 = static_cast<int>(blockIdx.x) * kRowPart;
+  float v[kRowPartPerThread];
 #pragma unroll
-  for (int u = 0; u < kArgmaxPerThread; ++u) {  // every load issued before any compare
+  for (int u = 0; u < kRowPartPerThread; ++u) {  // every load issued before any compare
     const int i = i0 + u * kPrepThreads + static_cast<int>(threadIdx.x);
     v[u] = i < V ? lg[i] : 0.0f;
   }
   uint64_t best = 0;
 #pragma unroll
-  for (int u = 0; u < kArgmaxPerThread; ++u) {
+  for (int u = 0; u < kRowPartPerThread; ++u) {
     const int i = i0 + u * kPrepThreads + static_cast<int>(threadIdx.x);
     const uint64_t key = i < V ? ArgmaxKey(v[u], i) : 0;
     best = key > best ? key : best;
@@ -338,7 +341,7 @@ __device__ int FirstTrue(int n, Pred pred, int* slot) {
 }
 
 // Step 2's weights, w_i = exp((l_i − l_max) / T) in fp64 for the row's sorted candidates i < k,
-// by many CTAs a row: CTA (c, b) takes candidates [c·kArgmaxChunk, +kArgmaxChunk) of row b.
+// by many CTAs a row: CTA (c, b) takes candidates [c·kRowPart, +kRowPart) of row b.
 // (One CTA a row took ~30 µs for 102400 of them: the fp64 division and exp.)
 __global__ void __launch_bounds__(kPrepThreads) WeightsKernel(SamplerParams p, const uint64_t* sorted, double* W) {
   dev::GridDependencySync();
@@ -352,8 +355,8 @@ __global__ void __launch_bounds__(kPrepThreads) WeightsKernel(SamplerParams p, c
   double* w = W + b * p.vocab;
   auto id_at = [&](int i) { return static_cast<int>(static_cast<uint32_t>(keys[i])); };
   const double lmax = static_cast<double>(Val(lg[id_at(0)]));
-  const int i0 = static_cast<int>(blockIdx.x) * kArgmaxChunk;
-  const int i1 = k < i0 + kArgmaxChunk ? k : i0 + kArgmaxChunk;
+  const int i0 = static_cast<int>(blockIdx.x) * kRowPart;
+  const int i1 = k < i0 + kRowPart ? k : i0 + kRowPart;
   for (int i = i0 + static_cast<int>(threadIdx.x); i < i1; i += kPrepThreads) {
     w[i] = exp(__ddiv_rn(__dsub_rn(static_cast<double>(Val(lg[id_at(i)])), lmax), req.temperature));
   }
@@ -376,7 +379,7 @@ __global__ void __launch_bounds__(kSampleThreads) SampleKernel(SamplerParams p, 
 
   if (req.temperature <= 0.0 && p.all_greedy) {  // ArgmaxPartKernel's parts of the row, in `sorted`
     if (tid < 32) {
-      const int nparts = (V + kArgmaxChunk - 1) / kArgmaxChunk;
+      const int nparts = (V + kRowPart - 1) / kRowPart;
       uint64_t best = 0;
       for (int i = tid; i < nparts; i += 32) best = sorted[b * nparts + i] > best ? sorted[b * nparts + i] : best;
       best = WarpMaxU64(best);
@@ -565,7 +568,7 @@ Status Sample(const SamplerParams& p, Stream stream) {
   const dim3 prep_grid(static_cast<unsigned>((p.vocab + kPrepThreads - 1) / kPrepThreads),
                        static_cast<unsigned>(p.batch));
   if (p.all_greedy) {  // greedy rows need no order: the argmax's parts go where the keys would
-    const dim3 grid(static_cast<unsigned>((p.vocab + kArgmaxChunk - 1) / kArgmaxChunk), static_cast<unsigned>(p.batch));
+    const dim3 grid(static_cast<unsigned>((p.vocab + kRowPart - 1) / kRowPart), static_cast<unsigned>(p.batch));
     LS_CUDA_RETURN_IF_ERROR(LaunchKernel(ArgmaxPartKernel, grid, kPrepThreads, 0, stream, p, keys_out));
     LS_CUDA_LAUNCH_CHECK();
   } else {
@@ -585,7 +588,7 @@ Status Sample(const SamplerParams& p, Stream stream) {
     }
   }
   if (!p.all_greedy) {
-    const dim3 grid(static_cast<unsigned>((p.vocab + kArgmaxChunk - 1) / kArgmaxChunk), static_cast<unsigned>(p.batch));
+    const dim3 grid(static_cast<unsigned>((p.vocab + kRowPart - 1) / kRowPart), static_cast<unsigned>(p.batch));
     LS_CUDA_RETURN_IF_ERROR(LaunchKernel(WeightsKernel, grid, kPrepThreads, 0, stream, p, keys_out, W));
     LS_CUDA_LAUNCH_CHECK();
   }

@@ -523,14 +523,15 @@ TEST(GpuEngine, DeviceSamplerPicksTheHostSamplersTokens) {
 }
 
 // Request::keep_logits off: a row the device sampled stays on the GPU (last_logits empty at
-// every step but an all_prompt_logits prefill's), the other requests' rows in the same steps are the bits of a
-// run that copies every row, and the tokens do not change. The host sampler still gets its rows.
+// every step but an all_prompt_logits prefill's), the other requests' rows in the same steps
+// are the bits of a run that copies every row, and the tokens do not change. The host sampler
+// still gets its rows.
 TEST(GpuEngine, LogitsNobodyReadsStayOnTheDevice) {
   LS_REQUIRE_GPU();
   struct Run {
     std::map<int64_t, std::vector<std::vector<float>>> logits;
     std::vector<std::vector<int32_t>> tokens;
-    std::vector<float> prompt_logits;  // request 3's (all_prompt_logits)
+    std::vector<float> prompt_logits;  // request 4's (all_prompt_logits)
   };
   auto kept = [](int i) { return i % 3 == 0; };
   auto run = [&](bool device, bool all_kept) {

@@ -9,8 +9,8 @@
 #include <cstring>
 #include <functional>
 #include <random>
-#include <string>
 #include <span>
+#include <string>
 #include <vector>
 
 #include "engine/sampler.h"
