@@ -4,9 +4,11 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <limits>
 #include <set>
 #include <tuple>
 
+#include "base/natural_order.h"
 #include "traces/row_summary.h"
 
 namespace lockstep::diff {
@@ -82,6 +84,43 @@ char* Fmt(char* buf, size_t n, const char* f, double v) {
   std::snprintf(buf, n, f, v);
   return buf;
 }
+
+// One logit row on its own: its argmax (lowest id on ties, as CompareLogits) and the entropy
+// of its softmax at temperature 1, in nats (NaN when a logit is NaN).
+struct LogitRowStats {
+  int32_t top1 = -1;
+  double entropy = NAN;
+};
+LogitRowStats RowStats(const std::vector<float>& l) {
+  LogitRowStats s;
+  if (l.empty()) return s;
+  double mx = -INFINITY;
+  int32_t best = 0;
+  for (size_t i = 0; i < l.size(); ++i) {
+    if (std::isnan(l[i])) return s;
+    if (l[i] > l[best]) best = static_cast<int32_t>(i);
+    mx = std::max<double>(mx, l[i]);
+  }
+  s.top1 = best;
+  if (!std::isfinite(mx)) return s;
+  double z = 0, ez = 0;  // Σ e^(x−mx), Σ (x−mx)·e^(x−mx)
+  for (float x : l) {
+    const double d = x - mx, e = std::exp(d);
+    z += e;
+    if (e > 0) ez += d * e;
+  }
+  s.entropy = std::max(0.0, std::log(z) - ez / z);  // H = log Z − E[x − mx]
+  return s;
+}
+
+// A layer tap's row, compact, for the per-request details (curves per tap, heatmaps).
+struct LayerCell {
+  int32_t request;
+  int64_t position;
+  int64_t layer;
+  size_t tap;  // index into the tap-suffix list
+  double e;    // as RequestDetail::heatmap: 0 identical, > 0 rel L2, −2 summary only
+};
 
 }  // namespace
 
@@ -168,6 +207,8 @@ Result<TraceDiffReport> CompareTraces(const traces::TraceReader& a, const traces
   const Thresholds& th = opt.thresholds;
   std::map<int32_t, std::vector<RowDiff>> resid_rows;  // per request: layers.*.resid_out rows
   std::map<int32_t, std::vector<RowDiff>> logit_rows;
+  std::vector<LayerCell> layer_cells;      // float layer taps of every request
+  std::vector<std::string> tap_suffixes;   // LayerCell::tap → "attn.out", …
   bool kv_format_noted = false;
 
   for (const auto& ta : a.tensors()) {
@@ -208,6 +249,15 @@ Result<TraceDiffReport> CompareTraces(const traces::TraceReader& a, const traces
     const size_t row_bytes = esize * ta.cols;
     TensorReport tr;
     tr.tensor = ta.path;
+    const int64_t tensor_layer = LayerOfTensor(ta.path);
+    size_t tap_index = 0;
+    const bool layer_tap = tensor_layer >= 0 && ta.path.rfind("taps/", 0) == 0 && ta.dtype != DType::kI32;
+    if (layer_tap) {
+      const std::string name = NameOf(ta.path);
+      const std::string suffix = name.substr(std::min(name.size(), name.find('.', 7) + 1));
+      tap_index = std::find(tap_suffixes.begin(), tap_suffixes.end(), suffix) - tap_suffixes.begin();
+      if (tap_index == tap_suffixes.size()) tap_suffixes.push_back(suffix);
+    }
     for (size_t i = 0; i < sa.size(); ++i) {
       auto jt = index_b.find({sa[i].request, sa[i].position});
       if (jt == index_b.end()) continue;
@@ -240,6 +290,8 @@ Result<TraceDiffReport> CompareTraces(const traces::TraceReader& a, const traces
             if (gi >= 0 && gi < static_cast<int64_t>(rq->second->tokens_a.size())) chosen = rq->second->tokens_a[gi];
           }
           d.logits = CompareLogits(fb, fa, chosen);
+          d.entropy_a = RowStats(fa).entropy;
+          d.entropy_b = RowStats(fb).entropy;
           d.diverges = Diverges(d.logits, th);
           std::snprintf(buf, sizeof buf, "KL %.3g, top-1 %s", d.logits.kl, d.logits.top1_agree ? "agrees" : "differs");
           d.how = buf;
@@ -263,6 +315,17 @@ Result<TraceDiffReport> CompareTraces(const traces::TraceReader& a, const traces
       } else if (!d.hash_equal) {
         d.diverges = th.exact ? true : StatsDiverge(sa[i], sb[j], th.rel_l2, &d.how);
         if (th.exact) d.how = "content hash differs";
+      } else if (values && is_logits) {
+        // Bit-identical logits: KL 0 and the same top-1; the report still wants both.
+        const LogitRowStats st = RowStats(RowAsFloat(ta.dtype, va.data() + i * row_bytes, ta.cols));
+        d.logits.top1_ref = d.logits.top1_cand = st.top1;
+        d.entropy_a = d.entropy_b = st.entropy;
+      }
+      if (layer_tap) {
+        double e = -2;
+        if (d.hash_equal) e = 0;
+        else if (d.compared_values) e = d.values.rel_l2 > 0 ? d.values.rel_l2 : std::numeric_limits<double>::denorm_min();
+        layer_cells.push_back({d.request, d.position, d.layer, tap_index, e});
       }
       if (d.diverges) {
         tr.diverging_rows++;
@@ -336,13 +399,18 @@ Result<TraceDiffReport> CompareTraces(const traces::TraceReader& a, const traces
         qb[i32(idb, j * k + c)] = f32(vdb, j * k + c) - lse_b;
         kth_b = std::min<double>(kth_b, f32(vdb, j * k + c) - lse_b);
       }
-      double kl = 0;
+      double kl = 0, ent_a = 0, ent_b = 0;
       for (int64_t c = 0; c < k; ++c) {
         const double lp = f32(vda, i * k + c) - lse_a;
         auto q = qb.find(i32(ida, i * k + c));
         const double lq = q != qb.end() ? q->second : kth_b;
         kl += std::exp(lp) * (lp - lq);
+        ent_a -= std::exp(lp) * lp;  // −Σ p log p over the top-k: a lower bound on the entropy
+        const double lb_ = f32(vdb, j * k + c) - lse_b;
+        ent_b -= std::exp(lb_) * lb_;
       }
+      d.entropy_a = std::isfinite(ent_a) ? ent_a : NAN;
+      d.entropy_b = std::isfinite(ent_b) ? ent_b : NAN;
       d.logits.kl = std::isfinite(kl) ? std::max(0.0, kl) : INFINITY;  // NaN logits: infinitely far
       d.logits.top1_ref = i32(ida, i * k);
       d.logits.top1_cand = i32(idb, j * k);
@@ -425,6 +493,67 @@ Result<TraceDiffReport> CompareTraces(const traces::TraceReader& a, const traces
   }
   rep.logits = logit_rows[hr];
   std::sort(rep.logits.begin(), rep.logits.end(), [](const RowDiff& x, const RowDiff& y) { return x.position < y.position; });
+
+  // Every request's details, for reports.
+  rep.thresholds = th;
+  {
+    auto it = b.meta().find("replay_graft");
+    rep.grafted = it != b.meta().end() && it->second == "1";
+  }
+  for (const auto& c : layer_cells) rep.num_layers = std::max(rep.num_layers, c.layer + 1);
+  std::map<int32_t, size_t> detail_of;
+  for (const auto& q : rep.requests) {
+    detail_of[q.id] = rep.details.size();
+    RequestDetail det;
+    det.request = q.id;
+    det.logits = logit_rows[q.id];
+    std::sort(det.logits.begin(), det.logits.end(), [](const RowDiff& x, const RowDiff& y) { return x.position < y.position; });
+    rep.details.push_back(std::move(det));
+  }
+  const size_t resid_tap = std::find(tap_suffixes.begin(), tap_suffixes.end(), "resid_out") - tap_suffixes.begin();
+  std::vector<int64_t> positions_of(rep.details.size(), 0);
+  for (const auto& c : layer_cells) {
+    auto it = detail_of.find(c.request);
+    if (it != detail_of.end() && c.tap == resid_tap) positions_of[it->second] = std::max(positions_of[it->second], c.position + 1);
+  }
+  // [detail][tap][layer] → the rel L2 values at or after the request's first divergence.
+  std::vector<std::vector<std::vector<std::vector<double>>>> growth(
+      rep.details.size(), std::vector<std::vector<std::vector<double>>>(tap_suffixes.size(),
+                                                                          std::vector<std::vector<double>>(rep.num_layers)));
+  for (size_t k = 0; k < rep.details.size(); ++k) {
+    rep.details[k].heatmap.assign(positions_of[k] > 0 ? rep.num_layers : 0, std::vector<double>(positions_of[k], -1.0));
+  }
+  for (const auto& c : layer_cells) {
+    auto it = detail_of.find(c.request);
+    if (it == detail_of.end()) continue;
+    const size_t k = it->second;
+    const RequestReport& q = rep.requests[k];
+    if (c.tap == resid_tap) rep.details[k].heatmap[c.layer][c.position] = c.e;
+    if (c.e >= 0 && (!q.has_divergence || c.position >= q.first.position)) growth[k][c.tap][c.layer].push_back(c.e);
+  }
+  for (size_t k = 0; k < rep.details.size(); ++k) {
+    for (size_t t = 0; t < tap_suffixes.size(); ++t) {
+      RequestDetail::TapGrowth g;
+      g.median.assign(rep.num_layers, -1.0);
+      g.max.assign(rep.num_layers, -1.0);
+      bool any = false;
+      for (int64_t l = 0; l < rep.num_layers; ++l) {
+        auto& v = growth[k][t][l];
+        if (v.empty()) continue;
+        any = true;
+        g.max[l] = *std::max_element(v.begin(), v.end());
+        std::nth_element(v.begin(), v.begin() + v.size() / 2, v.end());
+        g.median[l] = v[v.size() / 2];
+      }
+      if (any) rep.details[k].tap_growth[tap_suffixes[t]] = std::move(g);
+    }
+  }
+
+  // Listings in natural order: layers.2 before layers.10.
+  std::stable_sort(rep.tensors.begin(), rep.tensors.end(),
+                   [](const TensorReport& x, const TensorReport& y) { return NaturalLess{}(x.tensor, y.tensor); });
+  std::sort(rep.only_in_a.begin(), rep.only_in_a.end(), NaturalLess{});
+  std::sort(rep.only_in_b.begin(), rep.only_in_b.end(), NaturalLess{});
   return rep;
 }
 

@@ -9,6 +9,7 @@
 // counts as divergence (docs/diff.md).
 #pragma once
 
+#include <cmath>
 #include <cstdint>
 #include <map>
 #include <string>
@@ -37,6 +38,11 @@ struct RowDiff {
   TensorDiff values;     // when compared_values
   LogitDiff logits;      // for taps/logits rows
   bool is_logits = false;
+  // Logits rows: the next-token entropy (nats, softmax at temperature 1) of each side; over
+  // the top-k tokens only (a lower bound) where only the top-k were stored; NaN when unknown
+  // (summary-only rows, NaN logits). Hash-equal rows with values carry both sides' top-1
+  // (equal) and entropy too, so a report can show them at every position.
+  double entropy_a = NAN, entropy_b = NAN;
   bool diverges = false;
   std::string how;       // one phrase: "rel L2 3.1e-2", "hash differs (summary only)", "NaN appears", …
 };
@@ -60,6 +66,24 @@ struct RequestReport {
   RowDiff first;                  // first divergent row of this request, in causal order
 };
 
+// One request's data for reports: what `heatmap`, `logits` and `layer_growth` hold for the
+// first divergent request, for every request.
+struct RequestDetail {
+  int32_t request = 0;
+  // rel L2 of layers.L.resid_out, [layer][position]: 0 bit-identical (hash equal), > 0 the
+  // rel L2 (a row whose bits differ but whose rel L2 is 0, e.g. −0 vs +0, is stored as the
+  // smallest positive double), −1 not captured in both, −2 differs but only summaries stored.
+  std::vector<std::vector<double>> heatmap;
+  std::vector<RowDiff> logits;  // every compared logits row of this request, by position
+  // Per layer tap ("attn.out", "ffn.out", "resid_out", …: the part of the name after
+  // "layers.L."), per layer: the median and the max rel L2 over this request's rows at or
+  // after its first divergent position (every row when it has none); −1: no data.
+  struct TapGrowth {
+    std::vector<double> median, max;
+  };
+  std::map<std::string, TapGrowth> tap_growth;
+};
+
 struct TraceDiffReport {
   std::string path_a, path_b;
   bool identical = true;                   // every common row hash-equal and tokens equal
@@ -79,6 +103,11 @@ struct TraceDiffReport {
   // Mean KL(a ‖ b) of the logits over every row both traces hold (full or top-k); 0 when
   // identical, −1 when no logits were captured.
   double mean_logit_kl = -1;
+  // For reports; none of the fields above changes meaning.
+  std::vector<RequestDetail> details;      // one per entry of `requests`, in the same order
+  Thresholds thresholds;                   // the thresholds this report was made with
+  bool grafted = false;                    // b is a `replay --graft`: per-layer errors are local
+  int64_t num_layers = 0;                  // layers seen in layer taps (max index + 1)
 };
 
 // Fails (with the mismatch named) when the traces are of different models or tokenizers,
