@@ -3,6 +3,7 @@
 
 #include <sstream>
 
+#include "kernels/registry.h"
 #include "recorder/fingerprint.h"
 
 #include <chrono>
@@ -101,15 +102,18 @@ bool InRange(const nlohmann::json& v, const FieldRange& r) {
 void EngineFlags::Register(CLI::App* app) {
   app->add_option("--max-tokens,-n", max_tokens, "Tokens to generate per prompt")->check(kNonNegative);
   sampling_options_ = {
-      app->add_option("--temperature,-t", temperature,
-                      "Sampling temperature; 0 = greedy (argmax). Default: the model's generation_config.json, else 0")
-          ->check(kNonNegative),
-      app->add_option("--top-p", top_p, "Nucleus sampling mass in (0, 1]; 1 = off (default: generation_config.json)")
-          ->check(CLI::Range(0.0, 1.0)),
-      app->add_option("--top-k", top_k, "Keep the k most likely tokens; 0 = off (default: generation_config.json)")
-          ->check(kNonNegative),
+      app->add_option("--temperature,-t", temperature, "Sampling temperature; 0 = greedy (argmax)")
+          ->check(kNonNegative)
+          ->default_str("the model's generation_config.json, else 0"),
+      app->add_option("--top-p", top_p, "Nucleus sampling mass in (0, 1]; 1 = off")
+          ->check(CLI::Range(0.0, 1.0))
+          ->default_str("generation_config.json, else 1"),
+      app->add_option("--top-k", top_k, "Keep the k most likely tokens; 0 = off")
+          ->check(kNonNegative)
+          ->default_str("generation_config.json, else 0"),
       app->add_option("--min-p", min_p, "Drop tokens below min_p × the top probability; 0 = off")
-          ->check(CLI::Range(0.0, 1.0))};
+          ->check(CLI::Range(0.0, 1.0))
+          ->default_str("generation_config.json, else 0")};
   app->add_option("--seed", seed, "Per-request sampling seed (Philox key); request i of --prompts uses seed + i");
   app->add_option("--kv-cache", kv_cache, "Latent KV cache storage: fp32 | bf16 | fp8_e4m3")
       ->check(CLI::IsMember({"fp32", "bf16", "fp8_e4m3"}));
@@ -192,6 +196,11 @@ Result<engine::EngineOptions> EngineFlags::ToOptions() const {
   o.page_size = page_size;
   o.kv_cache_tokens = kv_cache_tokens;
   return o;
+}
+
+Status EngineFlags::Validate() const {
+  LS_ASSIGN_OR_RETURN(engine::EngineOptions o, ToOptions());
+  return kernels::Registry::Get().Resolve(o.kernels, o.backend, o.fault).status();
 }
 
 engine::SamplingParams EngineFlags::Sampling() const {

@@ -89,6 +89,9 @@ struct EngineFlags {
   // error naming the file and field when a value is outside the flag's range.
   Result<std::string> ApplyGenerationConfig(const std::filesystem::path& model_dir);
   Result<engine::EngineOptions> ToOptions() const;
+  // The checks that need no model — the KV format, every --kernel op=variant and --fault named in
+  // the registry for the backend — so a typo fails at once, not after a minutes-long load.
+  Status Validate() const;
   engine::SamplingParams Sampling() const;
 };
 

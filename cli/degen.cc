@@ -1,11 +1,10 @@
 // cli/degen.cc — `lockstep degen`: how often does generation degenerate, per setting?
 //
-// For each temperature, N samples per prompt (seeds --seed, --seed+1, …) run batched; each is
+// For each temperature, N samples per prompt (seeds --seed, --seed+1, …; one at temperature 0,
+// where every seed gives the same tokens) run batched; each is
 // judged by diff/degeneration.h: the repeated-suffix loop and distinct-n-gram collapse of the
 // documented detector (docs/models.md), zstd compressibility of the text, and entropy collapse
 // of the model's distribution over the tail. A table of rates per setting, or --json.
-#include <unistd.h>
-
 #include <cstdio>
 #include <iostream>
 #include <sstream>
@@ -14,7 +13,9 @@
 
 #include "cli/commands.h"
 #include "cli/common.h"
+#include "cli/progress.h"
 #include "cli/prompts.h"
+#include "cli/table.h"
 #include "diff/degeneration.h"
 #include "recorder/record_session.h"
 
@@ -65,11 +66,17 @@ Result<std::vector<double>> ParseTemperatures(const std::string& s) {
 }
 
 Status RunDegen(DegenArgs& a) {
-  LS_ASSIGN_OR_RETURN(LoadedModel m, LoadModel(a.model.empty() ? DefaultModelDir() : std::filesystem::path(a.model),
-                                               a.quiet || a.json));
+  // Everything that needs no model first: a typo must not wait for a load.
   LS_ASSIGN_OR_RETURN(std::vector<double> temps, ParseTemperatures(a.temperatures));
   LS_ASSIGN_OR_RETURN(std::vector<PromptSpec> specs, CollectPrompts(a.prompts_file, a.prompt, a.prompt_ids));
   if (a.samples <= 0) return Status::InvalidArgument("--samples: must be > 0");
+  LS_RETURN_IF_ERROR(a.flags.Validate());
+  if (!a.record_failures.empty() && std::filesystem::exists(a.record_failures) &&
+      !std::filesystem::is_directory(a.record_failures)) {
+    return Status::InvalidArgument("--record-failures: " + a.record_failures + " exists and is not a directory");
+  }
+  LS_ASSIGN_OR_RETURN(LoadedModel m, LoadModel(a.model.empty() ? DefaultModelDir() : std::filesystem::path(a.model),
+                                               a.quiet || a.json));
   LS_ASSIGN_OR_RETURN(engine::EngineOptions opts, a.flags.ToOptions());
   auto decode = [&](const std::vector<int32_t>& ids) {
     if (m.tokenizer) return m.tokenizer->Decode(ids);
@@ -79,18 +86,22 @@ Status RunDegen(DegenArgs& a) {
   };
 
   json report = json::array();
-  if (!a.json) {
-    std::printf("%-8s %7s %10s %6s %8s %6s %8s %14s %12s\n", "setting", "samples", "degenerate", "loop", "collapse",
-                "zstd", "entropy", "mean distinct4", "mean H(tail)");
-  }
+  Table table({"setting", "samples", "degenerate", "loop", "collapse", "zstd", "entropy", "mean distinct4",
+               "mean H(tail)"},
+              {false, true, true, true, true, true, true, true, true});
+  const bool show = !a.quiet && !a.json;
+  Progress progress(show, "", 0);
   for (double temp : temps) {
     LS_ASSIGN_OR_RETURN(auto eng, engine::Engine::Create(m.model, opts));
     std::vector<Judged> judged;
+    // Greedy decoding is a function of the prompt alone: every seed gives the same tokens, so
+    // one sample is the whole distribution (N copies would only weigh it N times).
+    const int64_t samples = temp == 0 ? 1 : a.samples;
     for (size_t p = 0; p < specs.size(); ++p) {
-      for (int64_t s = 0; s < a.samples; ++s) {
+      for (int64_t s = 0; s < samples; ++s) {
         LS_ASSIGN_OR_RETURN(engine::Request r, MakeRequest(specs[p], p, a.flags, m));
         r.sampling.temperature = temp;
-        r.sampling.seed = a.flags.seed + static_cast<uint64_t>(p * a.samples + s);
+        r.sampling.seed = a.flags.seed + static_cast<uint64_t>(p * samples + s);
         Judged j;
         j.prompt_name = specs[p].name;
         j.prompt_index = p;
@@ -107,18 +118,18 @@ Status RunDegen(DegenArgs& a) {
       ++done_tokens;
     });
     const int64_t total = static_cast<int64_t>(judged.size()) * a.flags.max_tokens;  // at most
+    progress.Restart(Format("T=%g, %lld sample%s", temp, static_cast<long long>(judged.size()),
+                            judged.size() == 1 ? "" : "s"),
+                     total);
     while (true) {
       LS_ASSIGN_OR_RETURN(bool more, eng->Step());
       if (!more) break;
-      if (!a.quiet && !a.json && isatty(2)) {
-        std::fprintf(stderr, "\rT=%g: %lld/%lld tokens ", temp, static_cast<long long>(done_tokens),
-                     static_cast<long long>(total));
-      }
+      progress.Update(done_tokens);
     }
-    if (!a.quiet && !a.json && isatty(2)) std::fprintf(stderr, "\r%60s\r", "");
+    progress.Done();
     int64_t n_deg = 0, n_loop = 0, n_col = 0, n_z = 0, n_ent = 0;
     double sum_distinct = 0, sum_h = 0;
-    json samples = json::array();
+    json per_sample = json::array();
     for (size_t i = 0; i < judged.size(); ++i) {
       Judged& j = judged[i];
       const auto& st = eng->request(static_cast<int64_t>(i));
@@ -135,7 +146,7 @@ Status RunDegen(DegenArgs& a) {
       n_ent += j.sig.entropy_collapse;
       sum_distinct += j.det.distinct;
       sum_h += j.sig.tail_entropy;
-      samples.push_back({{"prompt", j.prompt_name}, {"sample", j.sample}, {"seed", j.seed},
+      per_sample.push_back({{"prompt", j.prompt_name}, {"sample", j.sample}, {"seed", j.seed},
                          {"degenerate", j.degenerate}, {"loop", j.det.loop}, {"period", j.det.period},
                          {"periodic_len", j.det.periodic_len}, {"collapse", j.det.collapse},
                          {"distinct4", j.det.distinct}, {"zstd_ratio", j.sig.zstd_ratio},
@@ -146,6 +157,7 @@ Status RunDegen(DegenArgs& a) {
     const double n = static_cast<double>(judged.size());
     json setting = {{"temperature", temp},
                     {"samples", judged.size()},
+                    {"greedy", temp == 0},
                     {"degenerate_rate", n_deg / n},
                     {"loop_rate", n_loop / n},
                     {"collapse_rate", n_col / n},
@@ -155,16 +167,20 @@ Status RunDegen(DegenArgs& a) {
                     {"mean_tail_entropy", sum_h / n},
                     {"kv_cache", a.flags.kv_cache},
                     {"kernels", eng->kernels()},
-                    {"per_sample", samples}};
+                    {"per_sample", per_sample}};
     // Traces of the degenerate samples: each is re-run alone with a recorder. Runs are
     // batch-invariant and sampling is a pure function of (seed, step), so the re-run must
     // reproduce the sample; a mismatch is reported, never silently kept.
     if (!a.record_failures.empty()) {
       std::filesystem::create_directories(a.record_failures);
       json files = json::array();
+      int64_t to_record = 0, recorded_n = 0;
+      for (const Judged& j : judged) to_record += j.degenerate;
+      Progress rerun(show, Format("T=%g: recording the degenerate samples", temp), to_record, "traces");
       for (size_t i = 0; i < judged.size(); ++i) {
         const Judged& j = judged[i];
         if (!j.degenerate) continue;
+        rerun.Update(recorded_n, "", /*force=*/true);
         LS_ASSIGN_OR_RETURN(auto reng, engine::Engine::Create(m.model, opts));
         engine::Request r = eng->request(static_cast<int64_t>(i)).request;
         recorder::RecordSessionOptions so;
@@ -181,7 +197,9 @@ Status RunDegen(DegenArgs& a) {
           std::fprintf(stderr, "lockstep: WARNING: the re-run of %s did not reproduce the sample's tokens\n", name);
         }
         files.push_back({{"file", so.output.string()}, {"reproduced", same}});
+        ++recorded_n;
       }
+      rerun.Done();
       setting["recorded_failures"] = files;
       if (!a.json && !files.empty()) {
         std::fprintf(stderr, "lockstep: wrote %zu trace(s) of degenerate samples at T=%g to %s\n", files.size(), temp,
@@ -189,12 +207,20 @@ Status RunDegen(DegenArgs& a) {
       }
     }
     report.push_back(setting);
-    if (!a.json) {
-      std::printf("T=%-6g %7lld %9.1f%% %5.1f%% %7.1f%% %5.1f%% %7.1f%% %14.3f %12.3f\n", temp,
-                  static_cast<long long>(judged.size()), 100 * n_deg / n, 100 * n_loop / n, 100 * n_col / n,
-                  100 * n_z / n, 100 * n_ent / n, sum_distinct / n, sum_h / n);
-      std::fflush(stdout);
-    }
+    table.Add({Format("T=%g", temp), std::to_string(judged.size()) + (temp == 0 ? " (greedy)" : ""),
+               Format("%.1f%%", 100 * n_deg / n), Format("%.1f%%", 100 * n_loop / n),
+               Format("%.1f%%", 100 * n_col / n), Format("%.1f%%", 100 * n_z / n), Format("%.1f%%", 100 * n_ent / n),
+               Format("%.3f", sum_distinct / n), Format("%.3f", sum_h / n)});
+  }
+  if (!a.json) {
+    table.Print();
+    std::printf(
+        "\n"
+        "degenerate: the share of samples where any of the four signals fired; loop, collapse, zstd and\n"
+        "entropy: each signal's share (`lockstep degen --help` defines them). mean distinct4: distinct\n"
+        "4-grams / all 4-grams of the tail (1 = no repeats); mean H(tail): the model's mean next-token\n"
+        "entropy over the tail, nats. At temperature 0 every seed gives the same tokens: one greedy run\n"
+        "per prompt.\n");
   }
   if (a.json) std::cout << json{{"model", m.dir.string()}, {"settings", report}}.dump(2) << "\n";
   return Status::Ok();
@@ -217,7 +243,7 @@ void RegisterDegen(CLI::App& app, SetAction set_action) {
   cmd->add_option("--prompt,-p", args->prompt, "Prompt text");
   cmd->add_option("--prompts", args->prompts_file, "JSONL file of prompts (see `lockstep generate --help`)");
   cmd->add_option("--prompt-ids", args->prompt_ids, "Prompt as comma-separated token ids");
-  cmd->add_option("--samples", args->samples, "Samples per prompt and temperature")->check(kPositive);
+  cmd->add_option("--samples", args->samples, "Samples per prompt and temperature (one at temperature 0: greedy runs are all alike)")->check(kPositive);
   cmd->add_option("--temperatures", args->temperatures, "Comma-separated temperatures to compare");
   cmd->add_flag("--json", args->json, "Machine-readable report with every sample");
   cmd->add_flag("--quiet,-q", args->quiet, "No progress on stderr");

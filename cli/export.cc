@@ -128,7 +128,7 @@ void RegisterExport(CLI::App& app, SetAction set_action) {
   CLI::App* cmd = app.add_subcommand("export", "Write one request's rows of one tensor as a NumPy .npy file");
   cmd->add_option("trace", args->trace, "Trace file (.h5)")->required();
   cmd->add_option("--request,-r", args->request, "Request id or name")->required();
-  cmd->add_option("--tap,-t", args->tap, "Tensor: a tap name (layers.0.attn.out) or a path (kv/layers.0.latent)")
+  cmd->add_option("--tap", args->tap, "Tensor: a tap name (layers.0.attn.out) or a path (kv/layers.0.latent)")
       ->required();
   cmd->add_option("--output,-o", args->output, "Output .npy file")->required();
   cmd->add_option("--positions-out", args->positions_out, "Also write the rows' positions (.npy, int64)");

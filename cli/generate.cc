@@ -28,11 +28,13 @@ struct GenerateArgs {
 };
 
 Status RunGenerate(GenerateArgs& a) {
+  // Everything that needs no model first: a typo must not wait for a load.
+  LS_RETURN_IF_ERROR(a.flags.Validate());
+  LS_ASSIGN_OR_RETURN(std::vector<PromptSpec> specs, CollectPrompts(a.prompts_file, a.prompt, a.prompt_ids));
   LS_ASSIGN_OR_RETURN(LoadedModel m, LoadModel(a.model.empty() ? DefaultModelDir() : std::filesystem::path(a.model), a.quiet || a.json,
                                                 a.random_weights));
   LS_ASSIGN_OR_RETURN(const std::string note, a.flags.ApplyGenerationConfig(m.dir));
   if (!note.empty() && !a.quiet && !a.json) std::cerr << "lockstep: " << note << "\n";
-  LS_ASSIGN_OR_RETURN(std::vector<PromptSpec> specs, CollectPrompts(a.prompts_file, a.prompt, a.prompt_ids));
   LS_ASSIGN_OR_RETURN(engine::EngineOptions opts, a.flags.ToOptions());
   LS_ASSIGN_OR_RETURN(auto eng, engine::Engine::Create(m.model, opts));
   int64_t prompt_tokens = 0;

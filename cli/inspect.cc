@@ -1,13 +1,17 @@
 // cli/inspect.cc — `lockstep inspect run.h5`: what a trace holds (requests and their text,
 // tensors with shapes, dtypes and compression ratios, the capture policy, meta), as text or
 // --json; --verify recomputes every stored row's content hash against its summary.
+#include <algorithm>
 #include <cstdio>
 #include <iostream>
+#include <limits>
 
 #include <nlohmann/json.hpp>
 
+#include "base/natural_order.h"
 #include "cli/commands.h"
 #include "cli/common.h"
+#include "cli/table.h"
 #include "traces/row_summary.h"
 #include "traces/trace_reader.h"
 
@@ -41,6 +45,53 @@ std::string OneLine(const std::string& s, size_t n) {
 }
 
 double Ratio(int64_t raw, int64_t stored) { return stored > 0 ? static_cast<double>(raw) / stored : 0.0; }
+
+// The capture policy as stored (recorder::CapturePolicy::ToJson) with the open end of a range
+// (INT64_MAX: "to the last") as null, for --json.
+json PolicyJson(const std::string& text) {
+  json j = json::parse(text, nullptr, false);
+  if (j.is_discarded()) return json(text);
+  for (const char* k : {"layers", "positions"}) {
+    if (j.contains(k) && j[k].is_array() && j[k].size() == 2 && j[k][1].is_number_integer() &&
+        j[k][1].get<int64_t>() == std::numeric_limits<int64_t>::max()) {
+      j[k][1] = nullptr;
+    }
+  }
+  return j;
+}
+
+// The capture policy in words: "full; layers all, positions 0-63 every 2nd; KV cache; logits top-32".
+std::string DescribePolicy(const std::string& text) {
+  const json j = json::parse(text, nullptr, false);
+  if (!j.is_object()) return text;
+  auto range = [&](const char* k) -> std::string {
+    if (!j.contains(k) || !j[k].is_array() || j[k].size() != 2 || !j[k][0].is_number_integer() ||
+        !j[k][1].is_number_integer()) {
+      return "?";
+    }
+    const int64_t a = j[k][0].get<int64_t>(), b = j[k][1].get<int64_t>();
+    const bool open = b == std::numeric_limits<int64_t>::max();
+    if (a == 0 && open) return "all";
+    return std::to_string(a) + (open ? " to the last" : "-" + std::to_string(b));
+  };
+  std::string s = j.value("mode", std::string("?"));
+  s += "; layers " + range("layers") + ", positions " + range("positions");
+  const int64_t stride = j.value("position_stride", int64_t{1});
+  if (stride > 1) s += " every " + std::to_string(stride) + "th";
+  if (j.contains("taps") && j["taps"].is_array() && !j["taps"].empty()) {
+    std::string t;
+    for (const auto& x : j["taps"]) t += (t.empty() ? "" : ", ") + (x.is_string() ? x.get<std::string>() : x.dump());
+    s += "; taps " + t;
+  }
+  s += j.value("kv", true) ? "; KV cache" : "; no KV cache";
+  const std::string logits = j.value("logits", std::string("auto"));
+  const int64_t k = j.value("logits_topk", int64_t{0});
+  if (logits == "full") s += "; logits full";
+  else if (logits == "topk") s += "; logits top-" + std::to_string(k);
+  else s += "; logits full when vocab <= " + std::to_string(j.value("full_logits_max_vocab", int64_t{0})) +
+            ", else top-" + std::to_string(k);
+  return s;
+}
 
 // Rereads every stored value row and checks XXH3-64 of its bytes against its summary.
 Status Verify(const traces::TraceReader& r, int64_t* rows_checked) {
@@ -97,8 +148,7 @@ Status RunInspect(const InspectArgs& a) {
     j["writer"] = r.writer();
     j["file_bytes"] = r.file_bytes();
     j["meta"] = r.meta();
-    json pj = json::parse(policy, nullptr, false);
-    j["capture_policy"] = pj.is_discarded() ? json(policy) : pj;
+    j["capture_policy"] = PolicyJson(policy);
     j["steps"] = steps.size();
     j["sampled_tokens"] = sampling.size();
     j["engine_seconds"] = wall_ns / 1e9;
@@ -120,7 +170,10 @@ Status RunInspect(const InspectArgs& a) {
                                {"min_p", q.min_p}});
     }
     j["tensors"] = json::array();
-    for (const auto& t : r.tensors()) {
+    std::vector<traces::TensorInfo> by_name = r.tensors();  // natural order, as the text
+    std::stable_sort(by_name.begin(), by_name.end(),
+                     [](const auto& x, const auto& y) { return NaturalLess{}(x.path, y.path); });
+    for (const auto& t : by_name) {
       j["tensors"].push_back({{"path", t.path},
                               {"dtype", traces::DTypeName(t.dtype)},
                               {"rows", t.rows},
@@ -148,12 +201,14 @@ Status RunInspect(const InspectArgs& a) {
                                  .c_str(),
               r.file_bytes() / 1e6, r.writer().c_str());
   for (const auto& n : r.notes()) std::printf("note: %s\n", n.c_str());
-  std::printf("capture: %s\n", policy.empty() ? "(not recorded)" : policy.c_str());
+  std::printf("capture: %s\n", policy.empty() ? "(not recorded)" : DescribePolicy(policy).c_str());
   std::printf("meta:\n");
+  Table meta({"", ""});
   for (const auto& [k, v] : r.meta()) {
     if (k == "capture_policy") continue;
-    std::printf("  %-18s %s\n", k.c_str(), a.all_meta ? v.c_str() : OneLine(v, 100).c_str());
+    meta.Add({k, a.all_meta ? v : OneLine(v, 100)});
   }
+  meta.Print(2, /*header=*/false);
   std::printf("run: %zu steps, %zu sampled tokens, %.3f s in the engine, %.3f s stalled on the trace\n",
               steps.size(), sampling.size(), wall_ns / 1e9, stall_ns / 1e9);
   std::printf("requests (%zu):\n", r.requests().size());
@@ -163,13 +218,19 @@ Status RunInspect(const InspectArgs& a) {
                 q.generated.size(), q.finish_reason.empty() ? "unfinished" : q.finish_reason.c_str(),
                 q.generated_text.empty() ? "" : " ", q.generated_text.empty() ? "" : ("\"" + OneLine(q.generated_text, 60) + "\"").c_str());
   }
+  // Tensors in natural order: layers.2 before layers.10.
+  std::vector<const traces::TensorInfo*> sorted;
+  for (const auto& t : r.tensors()) sorted.push_back(&t);
+  std::stable_sort(sorted.begin(), sorted.end(),
+                   [](const auto* x, const auto* y) { return NaturalLess{}(x->path, y->path); });
   std::printf("tensors (%zu):\n", r.tensors().size());
-  std::printf("  %-36s %-9s %12s %8s %10s %7s\n", "name", "dtype", "rows x cols", "stored", "MB", "ratio");
-  for (const auto& t : r.tensors()) {
-    const std::string shape = std::to_string(t.rows) + " x " + std::to_string(t.cols);
-    std::printf("  %-36s %-9s %12s %8s %10.3f %7.2f\n", t.path.c_str(), traces::DTypeName(t.dtype), shape.c_str(),
-                t.has_values ? "values" : "summary", t.stored_bytes / 1e6, Ratio(t.raw_bytes, t.stored_bytes));
+  Table tensors({"name", "dtype", "rows x cols", "stored", "MB", "ratio"}, {false, false, true, false, true, true});
+  for (const auto* t : sorted) {
+    tensors.Add({t->path, traces::DTypeName(t->dtype), std::to_string(t->rows) + " x " + std::to_string(t->cols),
+                 t->has_values ? "values" : "summary", Format("%.3f", t->stored_bytes / 1e6),
+                 Format("%.2f", Ratio(t->raw_bytes, t->stored_bytes))});
   }
+  tensors.Print(2);
   std::printf("total: %.2f MB of tensors stored as %.2f MB (ratio %.2f)\n", raw / 1e6, stored / 1e6, Ratio(raw, stored));
   if (verified >= 0) std::printf("verify: %lld stored rows match their content hashes\n", static_cast<long long>(verified));
   return Status::Ok();

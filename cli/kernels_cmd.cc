@@ -4,6 +4,7 @@
 #include <nlohmann/json.hpp>
 
 #include "cli/commands.h"
+#include "cli/table.h"
 #include "kernels/registry.h"
 
 namespace lockstep::cli {
@@ -40,14 +41,16 @@ void RegisterKernels(CLI::App& app, SetAction set_action) {
         std::cout << j.dump(2) << "\n";
         return Status::Ok();
       }
+      Table t({"op", "variant", "backend", "summary"});
       for (const auto& v : vs) {
         if (v.fault != *faults) continue;
         // [cpu bits]: the CPU's variant of the same name gives the same bits (a GPU trace run
         // under it replays on the CPU bit for bit).
-        std::printf("%-13s %-10s %-5s %s%s%s\n", v.op.c_str(), v.name.c_str(), v.backend.c_str(),
-                    v.is_default ? "[default] " : "", v.backend != "cpu" && v.cpu_bits ? "[cpu bits] " : "",
-                    v.summary.c_str());
+        t.Add({v.op, v.name, v.backend,
+               std::string(v.is_default ? "[default] " : "") + (v.backend != "cpu" && v.cpu_bits ? "[cpu bits] " : "") +
+                   v.summary});
       }
+      t.Print();
       return Status::Ok();
     });
   });

@@ -6,6 +6,7 @@
 #include "base/version.h"
 #include "cli/commands.h"
 #include "cli/common.h"
+#include "cli/help_format.h"
 
 namespace lockstep::cli {
 int& ExitCode() {
@@ -20,6 +21,9 @@ int main(int argc, char** argv) {
       "lockstep — a record-and-replay numerics debugger for LLM inference.\n"
       "Runs DeepSeek-family checkpoints (V2, V3, V3.2) on the CPU in fp32 as the reference."};
   app.require_subcommand(1);
+  // Every option's --help line shows its default ("[64]"): sub-commands inherit this.
+  app.option_defaults()->always_capture_default();
+  app.formatter(std::make_shared<cli::HelpFormatter>());
   app.set_version_flag("--version", std::string(kVersion) + " (" + kGitRevision + ", " + kBuildType + ")");
   std::function<Status()> action;
   auto set_action = [&](std::function<Status()> f) { action = std::move(f); };

@@ -15,6 +15,7 @@
 #include "base/version.h"
 #include "cli/commands.h"
 #include "cli/common.h"
+#include "cli/progress.h"
 #include "cli/prompts.h"
 #include "recorder/fingerprint.h"
 #include "recorder/record_session.h"
@@ -44,32 +45,6 @@ struct RecordArgs {
   EngineFlags flags;
 };
 
-// One line on stderr, redrawn at most 10 times a second, when stderr is a terminal.
-class Progress {
- public:
-  Progress(bool on, int64_t total) : on_(on && isatty(2)), total_(std::max<int64_t>(total, 1)) {}
-  void Update(int64_t tokens, int64_t bytes_in, bool force = false) {
-    if (!on_) return;
-    const auto now = Clock::now();
-    if (!force && now - last_ < std::chrono::milliseconds(100)) return;
-    last_ = now;
-    const double s = std::chrono::duration<double>(now - t0_).count();
-    const int width = 30;
-    const int fill = static_cast<int>(width * std::min<int64_t>(tokens, total_) / total_);
-    std::fprintf(stderr, "\r[%s%s] %lld/%lld tokens  %.1f tok/s  %.1f MB captured ", std::string(fill, '#').c_str(),
-                 std::string(width - fill, '.').c_str(), static_cast<long long>(tokens),
-                 static_cast<long long>(total_), s > 0 ? tokens / s : 0.0, bytes_in / 1e6);
-  }
-  void Done() {
-    if (on_) std::fprintf(stderr, "\n");
-  }
-
- private:
-  bool on_;
-  int64_t total_;
-  Clock::time_point t0_ = Clock::now(), last_{};
-};
-
 Status RunRecord(RecordArgs& a) {
   recorder::CapturePolicy policy;
   LS_ASSIGN_OR_RETURN(policy.mode, recorder::CapturePolicy::ParseMode(a.capture));
@@ -87,11 +62,13 @@ Status RunRecord(RecordArgs& a) {
                   : a.logits == "topk" ? recorder::CapturePolicy::Logits::kTopK
                                        : recorder::CapturePolicy::Logits::kAuto;
   policy.logits_topk = a.logits_topk;
+  // Everything that needs no model first: a typo must not wait for a load.
+  LS_RETURN_IF_ERROR(a.flags.Validate());
+  LS_ASSIGN_OR_RETURN(std::vector<PromptSpec> specs, CollectPrompts(a.prompts_file, a.prompt, a.prompt_ids));
 
   LS_ASSIGN_OR_RETURN(LoadedModel m, LoadModel(a.model.empty() ? DefaultModelDir() : std::filesystem::path(a.model), a.quiet));
   LS_ASSIGN_OR_RETURN(const std::string note, a.flags.ApplyGenerationConfig(m.dir));
   if (!note.empty() && !a.quiet) std::cerr << "lockstep: " << note << "\n";
-  LS_ASSIGN_OR_RETURN(std::vector<PromptSpec> specs, CollectPrompts(a.prompts_file, a.prompt, a.prompt_ids));
   LS_ASSIGN_OR_RETURN(engine::EngineOptions opts, a.flags.ToOptions());
   LS_ASSIGN_OR_RETURN(auto eng, engine::Engine::Create(m.model, opts));
   std::vector<engine::Request> requests;
@@ -117,9 +94,28 @@ Status RunRecord(RecordArgs& a) {
   LS_ASSIGN_OR_RETURN(so.meta, ModelMeta(m));
   std::vector<recorder::RecordedRequest> recorded;
   for (size_t i = 0; i < requests.size(); ++i) recorded.push_back({requests[i], specs[i].text});
-  Progress progress(!a.quiet, budget);
+  int64_t prompt_positions = 0;
+  for (const auto& r : requests) prompt_positions += static_cast<int64_t>(r.prompt.size());
+  Progress progress(!a.quiet, "recording", budget);
+  bool estimated = false;
   so.on_step = [&](const recorder::Recorder& rec, const traces::TraceWriter& w) {
-    progress.Update(rec.tokens(), w.bytes_in());
+    // After the first step that produced a token (the prefill), what a position costs is known:
+    // say what the whole run will write before it is written.
+    if (!estimated && !a.quiet && rec.tokens() > 0 && w.bytes_in() > 0) {
+      estimated = true;
+      const double per_position = static_cast<double>(w.bytes_in()) / std::max<int64_t>(prompt_positions, 1);
+      const double total = per_position * static_cast<double>(prompt_positions + budget);
+      progress.Done();
+      std::fprintf(stderr,
+                   "lockstep: this capture takes ~%s a position before compression (measured on the prompt): up "
+                   "to ~%s for %lld positions%s\n",
+                   HumanBytes(per_position).c_str(), HumanBytes(total).c_str(),
+                   static_cast<long long>(prompt_positions + budget),
+                   total > 1e9 && policy.mode == recorder::CapturePolicy::Mode::kFull
+                       ? "; --capture summary, --taps, --layers or --stride capture less"
+                       : "");
+    }
+    progress.Update(rec.tokens(), HumanBytes(static_cast<double>(w.bytes_in())) + " captured");
   };
   auto res = recorder::RecordRun(*eng, recorded, so);
   progress.Done();
@@ -170,13 +166,14 @@ void RegisterRecord(CLI::App& app, SetAction set_action) {
                   "Seconds between flushes (what survives a crash); 0 = after every step")
       ->check(kNonNegative);
   cmd->add_option("--zstd-level", args->zstd_level,
-                  "Zstandard level 1..22 (default: 1 for full capture, whose activations compress ~1.1:1 at any "
-                  "level; 3 otherwise)")
-      ->check(CLI::Range(1, 22));
+                  "Zstandard level 1..22 (full capture's activations compress ~1.1:1 at any level)")
+      ->check(CLI::Range(1, 22))
+      ->default_str("1 for full capture, else 3");
   cmd->add_option("--compression-threads", args->compression_threads,
-                  "zstd workers beside the writer thread (0: the writer compresses; default: for full capture half "
-                  "the cores, at most 8 — a large model at batch > 1 needs several; otherwise 1)")
-      ->check(CLI::Range(0, 64));
+                  "zstd workers beside the writer thread (0: the writer compresses; a large model at batch > 1 "
+                  "needs several)")
+      ->check(CLI::Range(0, 64))
+      ->default_str("full capture: half the cores, at most 8; else 1");
   cmd->add_option("--queue-mb", args->queue_mb, "Capture queue bound; the engine waits (and the trace says how long) when full")
       ->check(CLI::Range(1, 1 << 20));
   cmd->add_flag("--quiet,-q", args->quiet, "No progress or statistics on stderr");

@@ -1,6 +1,4 @@
 // cli/replay.cc — `lockstep replay run.h5`: rerun a trace exactly or with one thing changed.
-#include <unistd.h>
-
 #include <cstdio>
 #include <fstream>
 #include <iostream>
@@ -8,6 +6,7 @@
 #include "cli/commands.h"
 #include "cli/common.h"
 #include "cli/diff_report.h"
+#include "cli/progress.h"
 #include "replayer/replay_session.h"
 
 namespace lockstep::cli {
@@ -49,16 +48,16 @@ Status RunReplay(const ReplayArgs& a) {
   o.thresholds.rel_l2 = a.rel_l2;
   o.thresholds.kl = a.kl;
   o.output = a.output.empty() ? std::filesystem::path(a.trace).replace_extension(".replay.h5") : std::filesystem::path(a.output);
-  const bool bar = !a.quiet && !a.json && isatty(2);
-  if (bar) {
-    o.progress = [](int64_t done, int64_t total) {
-      const int w = 30, fill = static_cast<int>(w * std::min(done, total) / std::max<int64_t>(total, 1));
-      std::fprintf(stderr, "\rreplaying [%s%s] %lld/%lld tokens ", std::string(fill, '#').c_str(),
-                   std::string(w - fill, '.').c_str(), static_cast<long long>(done), static_cast<long long>(total));
+  Progress bar(!a.quiet && !a.json, "replaying (" + a.mode + ")", 0);
+  if (bar.enabled()) {
+    o.progress = [&bar, started = false, label = "replaying (" + a.mode + ")"](int64_t done, int64_t total) mutable {
+      if (!started) bar.Restart(label, total);  // the total is known once the trace is read
+      started = true;
+      bar.Update(done);
     };
   }
   LS_ASSIGN_OR_RETURN(replayer::ReplayResult r, replayer::Replay(*trace, o));
-  if (bar) std::fprintf(stderr, "\n");
+  bar.Done();
   const Detokenize detok = TokenizerFromTrace(trace->meta());
   if (a.json) {
     nlohmann::json j = DiffJson(r.diff, detok);
