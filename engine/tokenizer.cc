@@ -577,6 +577,7 @@ struct Tokenizer::Impl {
   Status ParsePreTokenizer(const Parser& ps, const Json& p, const std::string& path, int depth);
   Status ParsePostProcessor(const Parser& ps, const Json& p, const std::string& path, int depth);
   Status ParseDecoder(const Parser& ps, const Json& d, const std::string& path, int depth);
+  Status ApplyConfig(const Parser& cs, const Json& config);
   void Finish();
 
   // ------------------------------------------------------------------ encoding
@@ -870,6 +871,53 @@ Status Tokenizer::Impl::ParsePostProcessor(const Parser& ps, const Json& p, cons
     return Status::Ok();
   }
   return ps.Unsupported(path + ".type", "post-processor " + Quote(type) + " is not supported");
+}
+
+// tokenizer_config.json's add_bos_token / add_eos_token. transformers' LlamaTokenizerFast (the
+// class DeepSeek's files name; add_bos_token defaults to true there, add_eos_token to false)
+// and transformers 5's TokenizersBackend, given either flag, replace tokenizer.json's
+// post-processor with TemplateProcessing "[bos] $A [eos]" (update_post_processor). DeepSeek-V3's
+// tokenizer.json has a ByteLevel post-processor and no BOS of its own: without this step a
+// prompt starts without the <｜begin▁of▁sentence｜> that vLLM and sglang put first.
+Status Tokenizer::Impl::ApplyConfig(const Parser& cs, const Json& config) {
+  if (!config.is_object()) return cs.Bad("(top level)", "expected an object, got " + TypeName(config));
+  std::string cls;
+  if (const Json* c = Parser::Get(config, "tokenizer_class"); c != nullptr && c->is_string()) cls = c->get<std::string>();
+  const bool llama = cls == "LlamaTokenizerFast" || cls == "LlamaTokenizer";
+  const Json* bos_flag = Parser::Get(config, "add_bos_token");
+  const Json* eos_flag = Parser::Get(config, "add_eos_token");
+  if (!llama && bos_flag == nullptr && eos_flag == nullptr) return Status::Ok();  // tokenizer.json decides
+  LS_ASSIGN_OR_RETURN(const bool add_bos, cs.Bool(config, "(top level)", "add_bos_token", llama));
+  LS_ASSIGN_OR_RETURN(const bool add_eos, cs.Bool(config, "(top level)", "add_eos_token", false));
+  // bos_token / eos_token: a string, or an AddedToken object {"content": …}.
+  auto token_id = [&](const char* key, const char* flag) -> Result<int32_t> {
+    const Json* v = Parser::Get(config, key);
+    std::string content;
+    if (v != nullptr && v->is_string()) {
+      content = v->get<std::string>();
+    } else if (v != nullptr && v->is_object() && Parser::Get(*v, "content") && (*v)["content"].is_string()) {
+      content = (*v)["content"].get<std::string>();
+    } else {
+      return cs.Bad(key, std::string(flag) + " is true but " + key + " is " +
+                             (v == nullptr ? "missing" : "neither a string nor {\"content\": …}"));
+    }
+    if (auto a = added_by_content.find(content); a != added_by_content.end()) return a->second;
+    if (auto it = vocab.find(content); it != vocab.end()) return it->second;
+    return cs.Bad(key, Quote(content) + " is not a token of tokenizer.json");
+  };
+  std::vector<TemplateItem> single;
+  if (add_bos) {
+    LS_ASSIGN_OR_RETURN(int32_t id, token_id("bos_token", "add_bos_token"));
+    single.push_back(TemplateItem{false, {id}});
+  }
+  single.push_back(TemplateItem{true, {}});
+  if (add_eos) {
+    LS_ASSIGN_OR_RETURN(int32_t id, token_id("eos_token", "add_eos_token"));
+    single.push_back(TemplateItem{false, {id}});
+  }
+  post_steps.clear();
+  post_steps.push_back(std::move(single));
+  return Status::Ok();
 }
 
 Status Tokenizer::Impl::ParseDecoder(const Parser& ps, const Json& d, const std::string& path, int depth) {
@@ -1275,10 +1323,23 @@ Result<std::shared_ptr<const Tokenizer>> Tokenizer::Load(const std::filesystem::
   std::ostringstream buf;
   buf << in.rdbuf();
   if (in.bad()) return Status::IoError(path.string() + ": read failed");
-  return FromJson(buf.str(), path.string());
+  // transformers reads tokenizer_config.json beside tokenizer.json; so do we (only the flags
+  // that change the ids, see ApplyConfig).
+  const std::filesystem::path config_path = path.parent_path() / "tokenizer_config.json";
+  std::ifstream cin(config_path, std::ios::binary);
+  if (!cin) return FromJson(buf.str(), path.string());
+  std::ostringstream config;
+  config << cin.rdbuf();
+  if (cin.bad()) return Status::IoError(config_path.string() + ": read failed");
+  return FromJson(buf.str(), path.string(), config.str(), config_path.string());
 }
 
 Result<std::shared_ptr<const Tokenizer>> Tokenizer::FromJson(std::string_view json, std::string origin) {
+  return FromJson(json, std::move(origin), std::string_view(), std::string());
+}
+
+Result<std::shared_ptr<const Tokenizer>> Tokenizer::FromJson(std::string_view json, std::string origin,
+                                                              std::string_view config_json, std::string config_origin) {
   Parser ps(std::move(origin));
   Json root;
   try {
@@ -1312,6 +1373,16 @@ Result<std::shared_ptr<const Tokenizer>> Tokenizer::FromJson(std::string_view js
   } catch (const std::exception& e) {
     // nlohmann throws on type mismatches we did not foresee; keep them one-line errors.
     return Status::Corruption(ps.origin() + ": unexpected JSON shape: " + e.what());
+  }
+  if (!config_json.empty()) {
+    const Parser cs(std::move(config_origin));
+    const Json config = Json::parse(config_json.begin(), config_json.end(), nullptr, /*allow_exceptions=*/false);
+    if (config.is_discarded()) return Status::Corruption(cs.origin() + ": (JSON) malformed");
+    try {
+      LS_RETURN_IF_ERROR(impl->ApplyConfig(cs, config));
+    } catch (const std::exception& e) {
+      return Status::Corruption(cs.origin() + ": unexpected JSON shape: " + e.what());
+    }
   }
   impl->Finish();
   return std::shared_ptr<const Tokenizer>(new Tokenizer(std::move(impl)));

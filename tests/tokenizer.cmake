@@ -7,8 +7,11 @@ get_filename_component(LOCKSTEP_TOKENIZER_ROOT "${CMAKE_CURRENT_LIST_DIR}/.." AB
 find_package(GTest REQUIRED)
 include(GoogleTest)
 
+# libzstd: the real DeepSeek-V3 tokenizer.json fixture is stored compressed (7.8 MB → 1.5 MB).
+find_package(PkgConfig REQUIRED)
+pkg_check_modules(LOCKSTEP_TOKENIZER_ZSTD REQUIRED IMPORTED_TARGET libzstd)
 add_executable(tokenizer_test ${CMAKE_CURRENT_LIST_DIR}/tokenizer_test.cc)
-target_link_libraries(tokenizer_test PRIVATE lockstep_engine GTest::gtest_main)
+target_link_libraries(tokenizer_test PRIVATE lockstep_engine GTest::gtest_main PkgConfig::LOCKSTEP_TOKENIZER_ZSTD)
 target_compile_definitions(tokenizer_test PRIVATE LOCKSTEP_SOURCE_DIR="${LOCKSTEP_TOKENIZER_ROOT}")
 gtest_discover_tests(tokenizer_test WORKING_DIRECTORY ${LOCKSTEP_TOKENIZER_ROOT} DISCOVERY_TIMEOUT 60)
 

