@@ -16,16 +16,32 @@ Degeneration DetectDegeneration(std::span<const int32_t> all, const Degeneration
   const size_t w = static_cast<size_t>(std::max<int64_t>(p.window, 0));
   std::span<const int32_t> tail = all.size() > w ? all.subspan(all.size() - w) : all;
   const int64_t N = static_cast<int64_t>(tail.size());
-  // Longest n-periodic suffix, n ≤ max_period, of length ≥ 2n (ties: the smaller n).
+  // Per period n ≤ max_period, the longest n-periodic suffix L_n (≥ 2n to count). Reported:
+  // the longest suffix among those that fire a rule, else the longest of all (ties: the
+  // smaller n).
+  const double dN = static_cast<double>(N);
+  int64_t best_len = 0, best_n = 0;
   for (int64_t n = 1; n <= p.max_period && 2 * n <= N; ++n) {
     int64_t L = n;
     while (L < N && tail[N - 1 - L] == tail[N - 1 - L + n]) ++L;
-    if (L >= 2 * n && L > d.periodic_len) {
+    if (L < 2 * n) continue;
+    const double dL = static_cast<double>(L);
+    const bool fires = dL >= p.cover * dN || (p.repeats > 0 && L >= p.repeats * n && dL >= p.repeat_cover * dN);
+    if (fires && (!d.loop || L > d.periodic_len)) {
+      d.loop = true;
       d.period = n;
       d.periodic_len = L;
     }
+    if (L > best_len) {
+      best_len = L;
+      best_n = n;
+    }
   }
-  d.loop = N > 0 && static_cast<double>(d.periodic_len) >= p.cover * static_cast<double>(N);
+  if (!d.loop) {
+    d.period = best_n;
+    d.periodic_len = best_len;
+  }
+  d.repeats = d.period > 0 ? static_cast<double>(d.periodic_len) / static_cast<double>(d.period) : 0.0;
   const int64_t g = N - p.ngram + 1;
   if (g > 0 && p.ngram > 0) {
     std::set<std::vector<int32_t>> grams;

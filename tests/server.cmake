@@ -3,6 +3,10 @@ pkg_check_modules(HTTPLIB_TEST REQUIRED IMPORTED_TARGET cpp-httplib)
 lockstep_test(server_test server/server_test.cc)
 lockstep_test(chat_template_test server/chat_template_test.cc)
 lockstep_test(openai_request_test server/openai_request_test.cc)
+# The degeneration detector (diff/degeneration.h) on the embedded model's tokens: real greedy
+# output, hand-built loops of real lines, natural text (tests/server/degeneration/).
+lockstep_test(degeneration_test server/degeneration_test.cc)
+target_link_libraries(degeneration_test PRIVATE lockstep_diff)
 target_link_libraries(openai_request_test PRIVATE lockstep_server nlohmann_json::nlohmann_json)
 # The request parser on arbitrary bytes (fuzz/fuzz_openai_request.cc; the seeds, *.req, begin
 # with the byte that picks the endpoint and the capture header, then the JSON body).

@@ -390,9 +390,11 @@ def round_to_bf16_(model):
 # ----------------------------------------------------------------------------------------
 # degeneration detector (documented in docs/models.md; to be reimplemented in C++)
 # ----------------------------------------------------------------------------------------
-def periodic_suffix(ids, max_n=32):
-    """(n, L): longest suffix of ids that is n-periodic (ids[i] == ids[i+n]) over n <= max_n."""
-    best = (0, 0)
+def periodic_suffix(ids, max_n=32, cover=0.5, repeats=4, repeat_cover=0.25):
+    """(n, L, loop): per n <= max_n the longest n-periodic suffix (ids[i] == ids[i+n]) of
+    length L >= 2n; a loop when L >= cover * len(ids), or L >= repeats * n and L >=
+    repeat_cover * len(ids). Reported: the longest that fires, else the longest (ties: smaller n)."""
+    best, fired = (0, 0), None
     N = len(ids)
     for n in range(1, max_n + 1):
         if N < 2 * n:
@@ -400,17 +402,21 @@ def periodic_suffix(ids, max_n=32):
         L = n
         while L < N and ids[N - 1 - L] == ids[N - 1 - L + n]:
             L += 1
-        if L >= 2 * n and L > best[1]:
+        if L < 2 * n:
+            continue
+        if L >= cover * N or (repeats > 0 and L >= repeats * n and L >= repeat_cover * N):
+            if fired is None or L > fired[1]:
+                fired = (n, L)
+        if L > best[1]:
             best = (n, L)
-    return best
+    return (fired[0], fired[1], True) if fired else (best[0], best[1], False)
 
 
-def degeneration(ids, window=128, max_n=32, cover=0.5, ngram=4, distinct_min=0.3):
+def degeneration(ids, window=128, max_n=32, cover=0.5, ngram=4, distinct_min=0.3, repeats=4, repeat_cover=0.25):
     tail = list(ids[-window:])
-    n, L = periodic_suffix(tail, max_n)
+    n, L, loop = periodic_suffix(tail, max_n, cover, repeats, repeat_cover)
     grams = [tuple(tail[i:i + ngram]) for i in range(len(tail) - ngram + 1)]
     distinct = len(set(grams)) / max(1, len(grams))
-    loop = L >= cover * len(tail)
     collapse = distinct < distinct_min
     return {"period": n, "periodic_len": L, "loop": loop, "distinct4": round(distinct, 4),
             "collapse": collapse, "degenerate": loop or collapse}
