@@ -1,11 +1,13 @@
 // cli/diff_report.cc — see diff_report.h.
 #include "cli/diff_report.h"
 
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <filesystem>
 #include <sstream>
 
+#include "base/natural_order.h"
 #include "engine/tokenizer.h"
 
 namespace lockstep::cli {
@@ -20,20 +22,12 @@ std::string TokenText(const Detokenize& detok, int32_t id) {
   return detok({id});
 }
 
-std::string HtmlEscape(const std::string& s) {
-  std::string o;
-  for (char c : s) {
-    switch (c) {
-      case '<': o += "&lt;"; break;
-      case '>': o += "&gt;"; break;
-      case '&': o += "&amp;"; break;
-      case '"': o += "&quot;"; break;
-      case '\n': o += "↵"; break;
-      case '\t': o += "⇥"; break;
-      default: o += c;
-    }
-  }
-  return o;
+// The tensors in natural order (layers.2 before layers.10), whatever order the report has.
+std::vector<const diff::TensorReport*> NaturalTensors(const diff::TraceDiffReport& r) {
+  std::vector<const diff::TensorReport*> v;
+  for (const auto& t : r.tensors) v.push_back(&t);
+  std::stable_sort(v.begin(), v.end(), [](const auto* x, const auto* y) { return NaturalLess{}(x->tensor, y->tensor); });
+  return v;
 }
 
 // The request of the first divergence (or the heatmap's).
@@ -67,7 +61,8 @@ void PrintDiffText(const diff::TraceDiffReport& r, const Detokenize& detok, bool
     return;
   }
   std::printf("\n%-40s %8s %8s %10s %12s %10s\n", "tensor", "rows", "equal", "diverging", "worst relL2", "max KL");
-  for (const auto& t : r.tensors) {
+  for (const auto* tp : NaturalTensors(r)) {
+    const auto& t = *tp;
     if (!verbose && t.equal_rows == t.rows) continue;
     std::printf("%-40s %8lld %8lld %10lld %12.3g %10.3g\n", Short(t.tensor).c_str(), static_cast<long long>(t.rows),
                 static_cast<long long>(t.equal_rows), static_cast<long long>(t.diverging_rows), t.worst_rel_l2, t.max_kl);
@@ -137,7 +132,8 @@ json DiffJson(const diff::TraceDiffReport& r, const Detokenize& detok) {
   j["first_divergence"] = r.has_divergence ? row(r.first) : json(nullptr);
   j["layer_growth"] = r.layer_growth;
   json tensors = json::array();
-  for (const auto& t : r.tensors) {
+  for (const auto* tp : NaturalTensors(r)) {
+    const auto& t = *tp;
     tensors.push_back({{"tensor", t.tensor}, {"rows", t.rows}, {"equal_rows", t.equal_rows},
                        {"diverging_rows", t.diverging_rows}, {"worst_rel_l2", t.worst_rel_l2},
                        {"worst_position", t.worst_position}, {"max_kl", t.max_kl}});
@@ -159,97 +155,6 @@ json DiffJson(const diff::TraceDiffReport& r, const Detokenize& detok) {
   for (const auto& d : r.logits) lg.push_back(row(d));
   j["logits"] = lg;
   return j;
-}
-
-std::string DiffHtml(const diff::TraceDiffReport& r, const Detokenize& detok, const std::string& title) {
-  std::ostringstream h;
-  h << "<!DOCTYPE html>\n<html><head><meta charset=\"utf-8\"><title>" << HtmlEscape(title) << "</title>\n<style>"
-    << "body{font:14px system-ui,sans-serif;margin:24px;color:#222}h1{font-size:20px}"
-    << "table.hm{border-collapse:collapse}table.hm td{width:9px;height:16px;padding:0}"
-    << "table.hm th{font-weight:normal;font-size:11px;padding-right:6px;text-align:right}"
-    << ".tok{display:inline-block;padding:2px 3px;margin:1px;border:1px solid #ddd;border-radius:3px;font-family:monospace;white-space:pre}"
-    << ".gen{background:#eef6ff}.div{background:#ffd6d6;border-color:#d00;font-weight:bold}"
-    << ".after{background:#fff0e0}.verdict{padding:12px;background:#f6f6f6;border-left:4px solid #d00}"
-    << ".ok{border-left-color:#090}td.num{text-align:right;padding:2px 8px}"
-    << "</style></head><body>\n<h1>" << HtmlEscape(title) << "</h1>\n";
-  h << "<p>a: <code>" << HtmlEscape(r.path_a) << "</code><br>b: <code>" << HtmlEscape(r.path_b) << "</code></p>\n";
-  const bool ident = r.identical && !r.has_divergence;
-  h << "<div class=\"verdict" << (ident ? " ok" : "") << "\" id=\"verdict\">";
-  if (ident) {
-    h << "Identical: every common row has the same content hash and every token matches.";
-  } else if (r.has_divergence) {
-    h << "First divergence: request " << r.first.request << ", position " << r.first.position << ", layer "
-      << r.first.layer << ", <b>" << HtmlEscape(Short(r.first.tensor)) << "</b> — " << HtmlEscape(r.first.how);
-  } else {
-    h << "Tokens differ, but no captured tensor diverges above the thresholds.";
-  }
-  h << "</div>\n";
-  for (const auto& n : r.notes) h << "<p>note: " << HtmlEscape(n) << "</p>\n";
-
-  // Heatmap: rel L2 of layers.L.resid_out, layer × position (log colour scale).
-  h << "<h2>Error by layer × position (rel L2 of resid_out, request " << r.heatmap_request << ")</h2>\n";
-  if (r.heatmap.empty()) {
-    h << "<p>No resid_out values captured in both traces.</p>\n";
-  } else {
-    h << "<table class=\"hm\" id=\"heatmap\">\n";
-    for (size_t l = 0; l < r.heatmap.size(); ++l) {
-      h << "<tr><th>layer " << l << "</th>";
-      for (size_t p = 0; p < r.heatmap[l].size(); ++p) {
-        const double e = r.heatmap[l][p];
-        std::string colour = "#eeeeee";  // not captured
-        if (e == 0) {
-          colour = "#ffffff";
-        } else if (e > 0) {
-          // 1e-7 → pale yellow … 1 → dark red.
-          const double t = std::clamp((std::log10(e) + 7.0) / 7.0, 0.0, 1.0);
-          char buf[16];
-          std::snprintf(buf, sizeof buf, "#%02x%02x%02x", 255, static_cast<int>(240 * (1 - t)), static_cast<int>(200 * (1 - t)));
-          colour = buf;
-        }
-        char title_buf[96];
-        std::snprintf(title_buf, sizeof title_buf, "layer %zu, position %zu: %.3g", l, p, e);
-        h << "<td style=\"background:" << colour << "\" title=\"" << title_buf << "\"></td>";
-      }
-      h << "</tr>\n";
-    }
-    h << "</table>\n<p>white: bit-identical; yellow→red: rel L2 from 1e-7 to 1; grey: not captured.</p>\n";
-  }
-
-  // Token strip with the divergence marked.
-  if (const auto* q = FocusRequest(r)) {
-    h << "<h2>Tokens (request " << q->id << ")</h2>\n<div id=\"tokens\">";
-    std::vector<int32_t> seq = q->prompt;
-    seq.insert(seq.end(), q->tokens_a.begin(), q->tokens_a.end());
-    for (size_t p = 0; p < seq.size(); ++p) {
-      std::string cls = "tok";
-      if (p >= q->prompt.size()) cls += " gen";
-      if (r.has_divergence && static_cast<int64_t>(p) == r.first.position && r.first.request == q->id) cls += " div";
-      else if (r.has_divergence && static_cast<int64_t>(p) > r.first.position && r.first.request == q->id) cls += " after";
-      h << "<span class=\"" << cls << "\" title=\"position " << p << "\">" << HtmlEscape(TokenText(detok, seq[p]))
-        << "</span>";
-    }
-    h << "</div>\n";
-    if (q->first_token_diff >= 0) {
-      h << "<p>The generated tokens first differ at generated token " << q->first_token_diff << ".</p>\n";
-    }
-  }
-  h << "<h2>Error growth by layer</h2>\n<table>";
-  for (size_t l = 0; l < r.layer_growth.size(); ++l) {
-    h << "<tr><td>layer " << l << "</td><td class=\"num\">" << (r.layer_growth[l] < 0 ? std::string("–") : [&] {
-      char b[32];
-      std::snprintf(b, sizeof b, "%.3g", r.layer_growth[l]);
-      return std::string(b);
-    }()) << "</td></tr>";
-  }
-  h << "</table>\n<h2>Tensors</h2>\n<table><tr><th>tensor</th><th>rows</th><th>equal</th><th>diverging</th><th>worst rel L2</th></tr>\n";
-  for (const auto& t : r.tensors) {
-    char b[32];
-    std::snprintf(b, sizeof b, "%.3g", t.worst_rel_l2);
-    h << "<tr><td>" << HtmlEscape(Short(t.tensor)) << "</td><td class=\"num\">" << t.rows << "</td><td class=\"num\">"
-      << t.equal_rows << "</td><td class=\"num\">" << t.diverging_rows << "</td><td class=\"num\">" << b << "</td></tr>\n";
-  }
-  h << "</table>\n</body></html>\n";
-  return h.str();
 }
 
 }  // namespace lockstep::cli

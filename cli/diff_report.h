@@ -1,6 +1,8 @@
 // cli/diff_report.h — how a diff::TraceDiffReport is shown: a terminal table, JSON, or a
-// self-contained HTML page (heatmap of error by layer × position, the token strip with the
-// divergence marked). Shared by `diff`, `replay` and `bisect`.
+// self-contained HTML page (cli/report_html.cc: the verdict, per request KL/top-1 and entropy
+// per position, both traces' tokens aligned, a layer × position heatmap with a log colour
+// bar, error per layer as curves). Shared by `diff`, `replay` and `bisect`. Tensors are
+// listed in natural order (layers.2 before layers.10).
 #pragma once
 
 #include <functional>
@@ -17,6 +19,8 @@ using Detokenize = std::function<std::string(const std::vector<int32_t>&)>;  // 
 
 void PrintDiffText(const diff::TraceDiffReport& r, const Detokenize& detok, bool verbose);
 nlohmann::json DiffJson(const diff::TraceDiffReport& r, const Detokenize& detok);
+// One self-contained page (inline CSS, SVG and script; no network): every request of the
+// report selectable by a tab, or by #request-ID in the URL.
 std::string DiffHtml(const diff::TraceDiffReport& r, const Detokenize& detok, const std::string& title);
 
 // The model's tokenizer, from a trace's meta.model_dir, when it is there.

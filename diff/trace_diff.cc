@@ -506,8 +506,23 @@ Result<TraceDiffReport> CompareTraces(const traces::TraceReader& a, const traces
     detail_of[q.id] = rep.details.size();
     RequestDetail det;
     det.request = q.id;
-    det.logits = logit_rows[q.id];
-    std::sort(det.logits.begin(), det.logits.end(), [](const RowDiff& x, const RowDiff& y) { return x.position < y.position; });
+    // One row per position, the most informative: full logits compared, else bit-identical
+    // with values, else the top-k comparison, else bit-identical summaries (KL 0, top-1
+    // unknown). A summary-only row whose hash differs says nothing about KL: left out.
+    auto rank = [](const RowDiff& d) {
+      if (d.compared_values) return 0;
+      if (d.hash_equal && d.logits.top1_ref >= 0) return 1;
+      if (d.logits.top1_ref >= 0) return 2;
+      return d.hash_equal ? 3 : 4;
+    };
+    std::vector<RowDiff> rows = logit_rows[q.id];
+    std::stable_sort(rows.begin(), rows.end(), [&](const RowDiff& x, const RowDiff& y) {
+      return std::make_pair(x.position, rank(x)) < std::make_pair(y.position, rank(y));
+    });
+    for (auto& d : rows) {
+      if (rank(d) == 4 || (!det.logits.empty() && det.logits.back().position == d.position)) continue;
+      det.logits.push_back(std::move(d));
+    }
     rep.details.push_back(std::move(det));
   }
   const size_t resid_tap = std::find(tap_suffixes.begin(), tap_suffixes.end(), "resid_out") - tap_suffixes.begin();

@@ -74,7 +74,10 @@ struct RequestDetail {
   // rel L2 (a row whose bits differ but whose rel L2 is 0, e.g. −0 vs +0, is stored as the
   // smallest positive double), −1 not captured in both, −2 differs but only summaries stored.
   std::vector<std::vector<double>> heatmap;
-  std::vector<RowDiff> logits;  // every compared logits row of this request, by position
+  // This request's logits, one row a position, by position: the full-logits comparison where
+  // both stored values, else the top-k one; positions where only differing summaries were
+  // stored (nothing to say about KL) are left out.
+  std::vector<RowDiff> logits;
   // Per layer tap ("attn.out", "ffn.out", "resid_out", …: the part of the name after
   // "layers.L."), per layer: the median and the max rel L2 over this request's rows at or
   // after its first divergent position (every row when it has none); −1: no data.
