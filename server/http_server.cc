@@ -7,6 +7,8 @@
 
 #include <algorithm>
 #include <array>
+#include <cctype>
+#include <cstdlib>
 #include <memory>
 #include <chrono>
 #include <future>
@@ -85,6 +87,50 @@ struct ChoiceText {
     return delta;
   }
 };
+
+// HTTP/1.1 (RFC 9112 §6.3): a request with neither Content-Length nor Transfer-Encoding has
+// no body. cpp-httplib 0.11 instead reads such a POST's body to the end of the connection,
+// before any route: `curl -X POST …/admin/capture/ID` (no -d) waited for the 30 s read timeout
+// and got a bare 400, which hid the route's own 401 (bad token) and 404 (unknown id). So every
+// POST route takes a content-reader handler, which the library calls before it reads
+// anything, and reads a body only when the request announces one.
+using BodyHandler = std::function<void(const httplib::Request&, httplib::Response&, const std::string& body)>;
+
+bool AnnouncesBody(const httplib::Request& req) {
+  std::string te = req.get_header_value("Transfer-Encoding");
+  std::transform(te.begin(), te.end(), te.begin(), [](unsigned char c) { return std::tolower(c); });
+  if (te.find("chunked") != std::string::npos) return true;
+  // The library reads Content-Length with strtoull as well: what it reads as 0 has no body.
+  return std::strtoull(req.get_header_value("Content-Length").c_str(), nullptr, 10) > 0;
+}
+
+httplib::Server::HandlerWithContentReader WithBody(BodyHandler handler) {
+  return [handler = std::move(handler)](const httplib::Request& req, httplib::Response& res,
+                                        const httplib::ContentReader& read) {
+    std::string body;
+    if (AnnouncesBody(req)) {
+      bool ok = false;
+      const bool multipart = req.is_multipart_form_data();
+      if (multipart) {  // read (and drop) it, so that the connection stays in step
+        ok = read([](const httplib::MultipartFormData&) { return true; }, [](const char*, size_t) { return true; });
+      } else {
+        ok = read([&body](const char* data, size_t n) {
+          body.append(data, n);
+          return true;
+        });
+      }
+      if (!ok) {  // the library set 413 (over --max-body-kb) or 400
+        const bool big = res.status == 413;
+        return SendError(res, Err(big ? 413 : 400,
+                                  big ? "the request body is larger than the server's limit (--max-body-kb)"
+                                      : "the request body could not be read",
+                                  "invalid_request_error"));
+      }
+      if (multipart) return SendError(res, Err(400, "the request body must be JSON, not multipart/form-data", "invalid_request_error"));
+    }
+    handler(req, res, body);
+  };
+}
 
 std::string NewRequestId(uint64_t salt, uint64_t n) {
   char buf[40];
@@ -347,11 +393,11 @@ void Server::Routes() {
   });
 
   auto generate = [this, with_id](bool chat) {
-    return [this, with_id, chat](const httplib::Request& req, httplib::Response& res) {
+    return [this, with_id, chat](const httplib::Request& req, httplib::Response& res, const std::string& body) {
       const std::string rid = with_id(req, res);
       const auto t_arrive = Clock::now();
       GenerationRequest g;
-      if (auto e = ParseGenerationRequest(req.body, chat, req.get_header_value("X-Lockstep-Capture"), *opts_.tokenizer,
+      if (auto e = ParseGenerationRequest(body, chat, req.get_header_value("X-Lockstep-Capture"), *opts_.tokenizer,
                                           opts_.chat_template, opts_.limits, &g)) {
         return SendError(res, *e);
       }
@@ -573,14 +619,16 @@ void Server::Routes() {
           });
     };
   };
-  api_->Post("/v1/completions", generate(false));
-  api_->Post("/v1/chat/completions", generate(true));
+  api_->Post("/v1/completions", WithBody(generate(false)));
+  api_->Post("/v1/chat/completions", WithBody(generate(true)));
 
   admin_->Get("/metrics", [this](const httplib::Request&, httplib::Response& res) {
     res.set_content(metrics_.Render(scheduler_->running(), scheduler_->waiting(), scheduler_->kv_cache_usage()),
                     "text/plain; version=0.0.4; charset=utf-8");
   });
-  admin_->Post(R"(/admin/capture/([A-Za-z0-9._-]+))", [this, with_id](const httplib::Request& req, httplib::Response& res) {
+  // The body, if any, is ignored: `curl -X POST` with no -d is the documented call.
+  admin_->Post(R"(/admin/capture/([A-Za-z0-9._-]+))", WithBody([this, with_id](const httplib::Request& req,
+                                                                                httplib::Response& res, const std::string&) {
     with_id(req, res);
     if (!Authorized(req.get_header_value("Authorization"), req.get_header_value("X-Lockstep-Token"))) {
       return SendError(res, Err(401, opts_.admin_token.empty() ? "admin calls are off: start the server with --admin-token"
@@ -601,7 +649,20 @@ void Server::Routes() {
       return SendError(res, Err(nf ? 404 : 400, r.status().message(), nf ? "not_found_error" : "invalid_request_error"));
     }
     res.set_content(CaptureJson(r).dump(), "application/json");
-  });
+  }));
+
+  // Any other POST/PUT/PATCH/DELETE: 404 at once, body or not (registered last: the library
+  // tries content-reader routes in order, before it would read a body for the others).
+  for (auto* srv : {api_.get(), admin_.get()}) {
+    auto not_found = WithBody([with_id](const httplib::Request& req, httplib::Response& res, const std::string&) {
+      with_id(req, res);
+      SendError(res, Err(404, "no such endpoint: " + req.method + " " + req.path, "not_found_error"));
+    });
+    srv->Post(".*", not_found);
+    srv->Put(".*", not_found);
+    srv->Patch(".*", not_found);
+    srv->Delete(".*", not_found);
+  }
 }
 
 }  // namespace lockstep::server

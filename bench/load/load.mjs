@@ -312,11 +312,11 @@ async function main() {
   }).on('error', () => resolve('')));
   const sum = (re) => [...m.matchAll(re)].reduce((a, x) => a + Number(x[1]), 0);
   const server_metrics = {
-    captures_total: sum(/^lockstep:captures_total\{[^}]*\} (\S+)$/gm),
-    capture_verify_failures_total: sum(/^lockstep:capture_verify_failures_total (\S+)$/gm),
-    requests_rejected_total: sum(/^lockstep:requests_rejected_total (\S+)$/gm),
-    request_success_total: sum(/^lockstep:request_success_total\{[^}]*\} (\S+)$/gm),
-    generation_tokens_total: sum(/^lockstep:generation_tokens_total (\S+)$/gm),
+    captures_total: sum(/^lockstep_captures_total\{[^}]*\} (\S+)$/gm),
+    capture_verify_failures_total: sum(/^lockstep_capture_verify_failures_total (\S+)$/gm),
+    requests_rejected_total: sum(/^lockstep_requests_rejected_total (\S+)$/gm),
+    request_success_total: sum(/^lockstep_request_success_total\{[^}]*\} (\S+)$/gm),
+    generation_tokens_total: sum(/^lockstep_generation_tokens_total (\S+)$/gm),
   };
 
   if (ok + lost !== o.requests) fail(`accounted ${ok + lost} of ${o.requests} requests`);

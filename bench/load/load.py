@@ -316,11 +316,11 @@ def main():
         except (OSError, http.client.HTTPException): m = ''
         total = lambda rx: sum(float(x) for x in re.findall(rx, m, re.M))
         server_metrics = {
-            'captures_total': total(r'^lockstep:captures_total\{[^}]*\} (\S+)$'),
-            'capture_verify_failures_total': total(r'^lockstep:capture_verify_failures_total (\S+)$'),
-            'requests_rejected_total': total(r'^lockstep:requests_rejected_total (\S+)$'),
-            'request_success_total': total(r'^lockstep:request_success_total\{[^}]*\} (\S+)$'),
-            'generation_tokens_total': total(r'^lockstep:generation_tokens_total (\S+)$'),
+            'captures_total': total(r'^lockstep_captures_total\{[^}]*\} (\S+)$'),
+            'capture_verify_failures_total': total(r'^lockstep_capture_verify_failures_total (\S+)$'),
+            'requests_rejected_total': total(r'^lockstep_requests_rejected_total (\S+)$'),
+            'request_success_total': total(r'^lockstep_request_success_total\{[^}]*\} (\S+)$'),
+            'generation_tokens_total': total(r'^lockstep_generation_tokens_total (\S+)$'),
         }
         server_metrics = {k: int(v) if v == int(v) else v for k, v in server_metrics.items()}
 

@@ -236,7 +236,7 @@ test('metrics count the captures and no verification failure', async () => {
   const res = await fetch(admin + '/metrics');
   assert.equal(res.status, 200);
   const text = await res.text();
-  assert.match(text, /^lockstep:capture_verify_failures_total 0$/m);
-  const m = /^lockstep:captures_total\{trigger="request"\} (\d+)/m.exec(text);
+  assert.match(text, /^lockstep_capture_verify_failures_total 0$/m);
+  const m = /^lockstep_captures_total\{trigger="request"\} (\d+)/m.exec(text);
   assert.ok(m && Number(m[1]) >= 2, 'captures_total{trigger="request"} < 2');
 });
