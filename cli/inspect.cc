@@ -46,6 +46,13 @@ std::string OneLine(const std::string& s, size_t n) {
 
 double Ratio(int64_t raw, int64_t stored) { return stored > 0 ? static_cast<double>(raw) / stored : 0.0; }
 
+// A tensor group's attributes, numbers as numbers.
+json AttrsJson(const traces::TensorInfo& t) {
+  json j = t.attrs;
+  for (const auto& [k, v] : t.int_attrs) j[k] = v;
+  return j;
+}
+
 // The capture policy as stored (recorder::CapturePolicy::ToJson) with the open end of a range
 // (INT64_MAX: "to the last") as null, for --json.
 json PolicyJson(const std::string& text) {
@@ -183,7 +190,7 @@ Status RunInspect(const InspectArgs& a) {
                               {"raw_bytes", t.raw_bytes},
                               {"ratio", Ratio(t.raw_bytes, t.stored_bytes)},
                               {"value_ratio", Ratio(t.value_raw_bytes, t.value_stored_bytes)},
-                              {"attrs", t.attrs}});
+                              {"attrs", AttrsJson(t)}});
     }
     j["tensor_raw_bytes"] = raw;
     j["tensor_stored_bytes"] = stored;

@@ -469,6 +469,39 @@ Result<TraceDiffReport> CompareTraces(const traces::TraceReader& a, const traces
     }
   }
 
+  // Every compared logits row, all requests: KL and argmax flips, in (request, position) order.
+  {
+    LogitSummary& ls = rep.logit_summary;
+    double sum = 0;
+    for (auto& [req, rows] : logit_rows) {
+      // One row a position: the full logits' row when its values were compared (or its hash
+      // matched), else the top-k row of the same position; a summary-only row whose hash
+      // differs measured nothing and is not counted.
+      auto measured = [](const RowDiff& d) { return d.logits.top1_ref >= 0; };  // full or top-k compared
+      std::map<int64_t, const RowDiff*> at;
+      for (const auto& d : rows) {
+        if (!d.hash_equal && !measured(d)) continue;
+        auto [it, fresh] = at.emplace(d.position, &d);
+        if (!fresh && !measured(*it->second) && measured(d)) it->second = &d;
+      }
+      for (const auto& [pos, d] : at) {
+        ++ls.rows;
+        const double kl = d->hash_equal ? 0.0 : d->logits.kl;
+        sum += std::isfinite(kl) ? kl : 1e3;
+        if (kl > ls.max_kl || ls.max_kl_request < 0) {
+          ls.max_kl = kl;
+          ls.max_kl_request = d->request;
+          ls.max_kl_position = d->position;
+        }
+        if (!d->hash_equal && !d->logits.top1_agree) {
+          ++ls.top1_flips;
+          if (ls.flips.size() < LogitSummary::kMaxFlipsListed) ls.flips.emplace_back(d->request, d->position);
+        }
+      }
+    }
+    if (ls.rows > 0) ls.mean_kl = sum / static_cast<double>(ls.rows);
+  }
+
   // Error growth and heatmap for the request of the first divergence (else request 0).
   const int32_t hr = rep.has_divergence ? rep.first.request : (rep.requests.empty() ? 0 : rep.requests[0].id);
   rep.heatmap_request = hr;

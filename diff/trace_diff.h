@@ -66,6 +66,19 @@ struct RequestReport {
   RowDiff first;                  // first divergent row of this request, in causal order
 };
 
+// The logits over every request and position both traces hold (full or top-k rows): how far
+// the distributions moved and where the argmax changed. rows == 0: no logits were compared.
+struct LogitSummary {
+  int64_t rows = 0;                 // rows compared
+  int64_t top1_flips = 0;           // rows whose argmax differs
+  double mean_kl = 0, max_kl = 0;   // over the compared rows (hash-equal rows count 0)
+  int32_t max_kl_request = -1;
+  int64_t max_kl_position = -1;
+  // The first flips in (request, position) order, at most kMaxFlipsListed of them.
+  static constexpr size_t kMaxFlipsListed = 16;
+  std::vector<std::pair<int32_t, int64_t>> flips;
+};
+
 // One request's data for reports: what `heatmap`, `logits` and `layer_growth` hold for the
 // first divergent request, for every request.
 struct RequestDetail {
@@ -106,6 +119,7 @@ struct TraceDiffReport {
   // Mean KL(a ‖ b) of the logits over every row both traces hold (full or top-k); 0 when
   // identical, −1 when no logits were captured.
   double mean_logit_kl = -1;
+  LogitSummary logit_summary;
   // For reports; none of the fields above changes meaning.
   std::vector<RequestDetail> details;      // one per entry of `requests`, in the same order
   Thresholds thresholds;                   // the thresholds this report was made with

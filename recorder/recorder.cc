@@ -54,10 +54,11 @@ Status Recorder::AddRequest(int64_t id, const std::string& prompt_text) {
 }
 
 const Recorder::Tensor* Recorder::Define(const std::string& path, DType dtype, int64_t cols, bool values,
-                                         std::map<std::string, std::string> attrs) {
+                                         std::map<std::string, std::string> attrs,
+                                         std::map<std::string, int64_t> int_attrs) {
   auto it = tensors_.find(path);
   if (it != tensors_.end()) return &it->second;
-  traces::TensorSpec spec{path, dtype, cols, values, std::move(attrs)};
+  traces::TensorSpec spec{path, dtype, cols, values, std::move(attrs), std::move(int_attrs)};
   auto h = writer_->DefineTensor(spec);
   if (!h.ok()) {
     Fail(h.status());
@@ -409,11 +410,8 @@ void Recorder::DefineKvTensors(const engine::PagedKvCache& cache) {
         const std::string path =
             std::string(traces::kKvGroup) + "/layers." + std::to_string(l) + "." + st.name + part.suffix;
         const Tensor* t = Define(path, dtype, part.cols, full,
-                                 {{"kv_format", fmt},
-                                  {"stream", st.name},
-                                  {"part", part.what},
-                                  {"token_bytes", std::to_string(st.bytes_per_token)},
-                                  {"byte_offset", std::to_string(part.offset)}});
+                                 {{"kv_format", fmt}, {"stream", st.name}, {"part", part.what}},
+                                 {{"token_bytes", st.bytes_per_token}, {"byte_offset", part.offset}});
         if (!t) return;
         kv_parts_.push_back({l, si, part.offset, t});
       }

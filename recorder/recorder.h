@@ -127,7 +127,7 @@ class Recorder : public engine::TapHook {
   };
   // The tensor for `path`, defined on first use; null when it cannot be (status_ is set).
   const Tensor* Define(const std::string& path, traces::DType dtype, int64_t cols, bool values,
-                       std::map<std::string, std::string> attrs = {});
+                       std::map<std::string, std::string> attrs = {}, std::map<std::string, int64_t> int_attrs = {});
   // Summarises the rows of `data` (rows × cols of dtype) at positions position + i that the
   // position filter keeps, and appends them. With `topk` (logits), the writer also derives
   // each row's top-k and logsumexp into those tensors.

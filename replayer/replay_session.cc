@@ -164,11 +164,82 @@ Result<engine::EngineOptions> RecordedEngineOptions(const traces::TraceReader& t
   return o;
 }
 
+// What a forced replay did to the logits, in one sentence a person can act on: how many
+// positions changed their most likely token and where, how far the distributions moved, and
+// what that means for the text. Teacher forcing feeds the recorded tokens, so the replayed
+// text cannot change; for a greedy request the first flip at a generated position is exactly
+// where a free greedy run's text would part from the recording (the prefix up to it is the
+// same, and greedy takes the argmax).
+static std::string LogitSentence(const traces::TraceReader& trace, const diff::LogitSummary& ls) {
+  std::ostringstream v;
+  std::map<int32_t, const traces::RequestInfo*> by_id;
+  for (const auto& q : trace.requests()) by_id[q.id] = &q;
+  auto at = [&](int32_t req, int64_t pos) {
+    std::ostringstream w;
+    w << "request " << req << " position " << pos;
+    auto it = by_id.find(req);
+    if (it != by_id.end()) {
+      const int64_t k = pos - (static_cast<int64_t>(it->second->prompt.size()) - 1);
+      if (k >= 0) w << " (generated token " << k << ")";
+      else w << " (prompt)";
+    }
+    return w.str();
+  };
+  v << ls.top1_flips << " of " << ls.rows << " positions changed their most likely token";
+  if (ls.top1_flips > 0) {
+    v << " (first at " << at(ls.flips[0].first, ls.flips[0].second);
+    if (ls.flips.size() > 1) {
+      v << "; then";
+      for (size_t i = 1; i < std::min<size_t>(ls.flips.size(), 6); ++i) {
+        v << (i > 1 ? "," : "") << " " << ls.flips[i].first << ":" << ls.flips[i].second;
+      }
+      if (ls.top1_flips > 6) v << ", …";
+    }
+    v << ")";
+  }
+  char kl[96];
+  std::snprintf(kl, sizeof kl, "; mean KL %.3g nats, max %.3g", ls.mean_kl, ls.max_kl);
+  v << kl << " at " << at(ls.max_kl_request, ls.max_kl_position);
+  // The text: greedy requests' first flip at a generated position.
+  std::string text;
+  int greedy = 0;
+  for (const auto& q : trace.requests()) {
+    if (q.temperature != 0) continue;
+    ++greedy;
+    const int64_t first_gen = static_cast<int64_t>(q.prompt.size()) - 1;
+    int64_t k = -1;
+    for (const auto& [req, pos] : ls.flips) {
+      if (req == q.id && pos >= first_gen && pos - first_gen < static_cast<int64_t>(q.generated.size())) {
+        k = pos - first_gen;
+        break;
+      }
+    }
+    if (k >= 0) text += (text.empty() ? "" : ", ") + ("request " + std::to_string(q.id) + " from token " + std::to_string(k));
+  }
+  if (greedy > 0) {
+    v << ". Text: " << (text.empty() ? "the greedy text would not change (no flip at a generated position)"
+                                      : "the greedy text would change — " + text)
+      << " (the replay itself is teacher-forced: `--mode free` runs it)";
+  } else {
+    v << ". Text: teacher-forced, so the replay generated the recorded tokens; a sampled request's text may change "
+         "wherever the distributions moved (`--mode free` runs it)";
+  }
+  return v.str();
+}
+
 Result<ReplayResult> Replay(const traces::TraceReader& trace, const ReplayOptions& opt) {
   ReplayResult res;
   // The model: the recorded one unless told otherwise, and it must be the same weights.
   std::filesystem::path model_dir = opt.model_dir.empty() ? std::filesystem::path(MetaOr(trace, "model_dir")) : opt.model_dir;
   if (model_dir.empty()) return Status::InvalidArgument(trace.path().string() + ": meta.model_dir is missing; pass --model");
+  if (!std::filesystem::is_directory(model_dir)) {
+    // The common case: the trace came from another machine, or the model folder moved.
+    return Status::NotFound(opt.model_dir.empty()
+                                ? trace.path().string() + ": the recorded model folder " + model_dir.string() +
+                                      " (meta.model_dir) is not there; pass the model's folder with --model DIR "
+                                      "(its fingerprint must match meta.model_fingerprint)"
+                                : "--model " + model_dir.string() + ": not a directory");
+  }
   LS_ASSIGN_OR_RETURN(std::string fingerprint, recorder::ModelFingerprint(model_dir));
   if (fingerprint != MetaOr(trace, "model_fingerprint") && !opt.allow_model_mismatch) {
     return Status::InvalidArgument(model_dir.string() + ": model fingerprint " + fingerprint +
@@ -331,14 +402,21 @@ Result<ReplayResult> Replay(const traces::TraceReader& trace, const ReplayOption
         }
       }
       break;
-    case ReplayMode::kForced:
-      if (d.has_divergence) {
-        v << "with " << ov.Describe() << (opt.graft ? " (grafted)" : "") << ", the first divergence is at "
-          << where(d.first);
+    case ReplayMode::kForced: {
+      v << "with " << ov.Describe() << (opt.graft ? " (grafted)" : "") << ": ";
+      const diff::LogitSummary& ls = d.logit_summary;
+      if (ls.rows > 0) {
+        v << LogitSentence(trace, ls) << ". ";
       } else {
-        v << "with " << ov.Describe() << (opt.graft ? " (grafted)" : "") << ", no captured tensor diverges above the thresholds";
+        v << "no logits were captured on both sides (record with --logits full or topk to compare them). ";
+      }
+      if (d.has_divergence) {
+        v << "The first divergence above the thresholds is at " << where(d.first);
+      } else {
+        v << "No captured tensor diverges above the thresholds";
       }
       break;
+    }
     case ReplayMode::kFree: {
       bool any = false;
       for (const auto& r : d.requests) {

@@ -102,7 +102,9 @@ import json, sys
 r = json.load(sys.stdin)
 s = r["settings"]
 assert [x["temperature"] for x in s] == [0.0, 1.0], s
-assert s[0]["samples"] == 2 and len(s[0]["per_sample"]) == 2
+# Greedy decoding gives every seed the same tokens: one sample at T=0, --samples at T>0.
+assert s[0]["samples"] == 1 and len(s[0]["per_sample"]) == 1 and s[0]["greedy"], s[0]
+assert s[1]["samples"] == 2 and len(s[1]["per_sample"]) == 2 and not s[1]["greedy"], s[1]
 assert s[0]["loop_rate"] == 1.0, "greedy decoding of the HTML prompt loops"
 '; then echo "ok   degen --json"; else echo "FAIL degen --json: $out" | head -c 2000; fail=1; fi
 # record → degen failures → replay → diff, through the binary as a user runs it.

@@ -46,7 +46,7 @@ namespace lockstep::traces {
 // Version: a reader refuses a trace whose major is newer than its own; a larger minor
 // only adds things an older reader may ignore.
 inline constexpr int32_t kFormatMajor = 1;
-inline constexpr int32_t kFormatMinor = 1;  // 1.1: /requests/<id>/final
+inline constexpr int32_t kFormatMinor = 2;  // 1.1: /requests/<id>/final; 1.2: KV byte counts as int64
 
 // Root attributes.
 inline constexpr char kAttrMagic[] = "lockstep_trace";         // string, value kMagicValue
@@ -73,6 +73,10 @@ inline constexpr char kAttrDType[] = "dtype";          // string, see DTypeName
 inline constexpr char kAttrCols[] = "cols";            // int64
 inline constexpr char kAttrHasValues[] = "has_values";  // uint8
 inline constexpr char kAttrChunkRows[] = "chunk_rows";  // int64, on every table
+// On a kv/ tensor group: the stream's bytes a token and this part's offset in them (int64 from
+// format 1.2; 1.1 wrote decimal strings).
+inline constexpr char kAttrTokenBytes[] = "token_bytes";
+inline constexpr char kAttrByteOffset[] = "byte_offset";
 
 // Tail datasets (crash recovery), in the sidecar file <trace>.tails.
 inline constexpr char kTailsSuffix[] = ".tails";

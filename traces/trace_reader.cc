@@ -324,8 +324,21 @@ Status TraceReader::LoadTensors(const char* group) {
     ti.has_values = *has_values != 0;
     LS_ASSIGN_OR_RETURN(std::vector<std::string> attrs, h5::AttrNames(tg.get()));
     for (const auto& a : attrs) {
+      if (a == kAttrCols || a == kAttrHasValues) continue;
+      if (auto n = h5::ReadIntAttr(tg.get(), a); n.ok()) {
+        ti.int_attrs[a] = *n;
+        continue;
+      }
+      H5Eclear2(H5E_DEFAULT);
       auto v = h5::ReadStringAttr(tg.get(), a);
-      if (v.ok()) ti.attrs[a] = *v;
+      if (!v.ok()) continue;
+      // Format 1.1 wrote the KV parts' byte counts as decimal strings.
+      if ((a == kAttrTokenBytes || a == kAttrByteOffset) && !v->empty() && v->size() < 19 &&
+          v->find_first_not_of("0123456789") == std::string::npos) {
+        ti.int_attrs[a] = std::stoll(*v);
+      } else {
+        ti.attrs[a] = *v;
+      }
     }
     auto summary = InspectTable(Join(ti.path, kSummaryDataset), 0, SummaryType().get());
     if (!summary.ok()) return summary.status();

@@ -34,6 +34,9 @@ struct TensorInfo {
   int64_t raw_bytes = 0;     // the same rows uncompressed
   int64_t value_stored_bytes = 0, value_raw_bytes = 0;  // values only
   std::map<std::string, std::string> attrs;  // the group's string attributes
+  // Its integer attributes other than cols and has_values (kv/: token_bytes, byte_offset); a
+  // format 1.1 trace's decimal-string ones are read into here too.
+  std::map<std::string, int64_t> int_attrs;
 };
 
 struct RequestInfo {

@@ -577,6 +577,7 @@ Status TraceWriter::Impl::DoDefineTensor(const TensorSpec& spec) {
   LS_RETURN_IF_ERROR(h5::WriteAttr(g.get(), kAttrCols, spec.cols));
   LS_RETURN_IF_ERROR(h5::WriteAttrU8(g.get(), kAttrHasValues, spec.values ? 1 : 0));
   for (const auto& [k, v] : spec.attrs) LS_RETURN_IF_ERROR(h5::WriteAttr(g.get(), k, v));
+  for (const auto& [k, v] : spec.int_attrs) LS_RETURN_IF_ERROR(h5::WriteAttr(g.get(), k, v));
   // Table ids are handed out by TraceWriter::DefineTensor in the same order: summary, values.
   LS_RETURN_IF_ERROR(MakeTable(spec.path + "/" + kSummaryDataset, SummaryType(), 0, file_.get()).status());
   if (spec.values) {

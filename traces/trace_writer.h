@@ -69,6 +69,7 @@ struct TensorSpec {
   int64_t cols = 0;   // values per row
   bool values = true;  // store the rows' values, not only their summaries
   std::map<std::string, std::string> attrs;  // extra string attributes on the group
+  std::map<std::string, int64_t> int_attrs;  // extra integer attributes on the group (int64)
 };
 
 struct Command;  // a queued call, private to trace_writer.cc

@@ -169,7 +169,7 @@ def main():
     exp = json.load(open(expect_path))
     f, side = open_trace(trace)
     assert text(f.attrs["lockstep_trace"]) == "lockstep trace"
-    assert list(f.attrs["format_version"]) == [1, 1]
+    assert list(f.attrs["format_version"]) == [1, 2]
     assert int(f.attrs["complete"]) == 1
     full = exp["capture"] == "full"
 
@@ -198,6 +198,10 @@ def main():
         key = rows_by_key(f, side, path)
         if not full:
             continue
+        # Format 1.2: the part's byte counts are integers, and the parts tile the token's bytes.
+        tb, off = f[path].attrs["token_bytes"], f[path].attrs["byte_offset"]
+        assert isinstance(tb, np.integer) and isinstance(off, np.integer), f"{path}: token_bytes/byte_offset not integers"
+        assert off == 0, f"{path}: the stream's first part starts at byte {off}"
         parts = [read_table(f, side, path + "/values")]
         if name.endswith(".latent") and fmt == "fp8_e4m3":
             parts += [read_table(f, side, path + ".scales/values"), read_table(f, side, path + ".rope/values")]
@@ -212,6 +216,8 @@ def main():
             assert parts[1].dtype == np.float32 and parts[1].shape[1] == (D + 127) // 128, f"{path}: key scales"
             mant, _ = np.frexp(parts[1])
             assert np.all(mant == 0.5), f"{path}: a key scale is not a power of two"
+        sizes = [p.shape[1] * p.dtype.itemsize for p in parts]
+        assert sum(sizes) == tb, f"{path}: parts hold {sum(sizes)} bytes a token, token_bytes says {tb}"
         for req, pos, want in rows:
             i = key[(req, pos)]
             token = b"".join(np.ascontiguousarray(p[i]).tobytes() for p in parts)
