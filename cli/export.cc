@@ -1,12 +1,14 @@
 // cli/export.cc — `lockstep export run.h5 --request ID --tap NAME -o x.npy`: one request's
 // rows of one tensor as a NumPy .npy file (format 1.0), for notebooks. Rows are in position
 // order; --positions-out writes the positions beside them. bf16 is widened to float32
-// (exactly) unless --raw; fp8 and u8 stay uint8 (fp8 needs its scales: export them too).
+// (exactly) unless --raw; an FP8 cache part is dequantised with its `.scales` rows (each value
+// e4m3(q) × the scale of its 128-value tile) unless --raw, which keeps the uint8 codes.
 // --summary exports the per-row summaries as a structured array instead.
 #include <cstdio>
 #include <cstring>
 #include <fstream>
 #include <iostream>
+#include <map>
 
 #include "cli/commands.h"
 #include "cli/common.h"
@@ -50,8 +52,18 @@ Status RunExport(const ExportArgs& a) {
   LS_ASSIGN_OR_RETURN(auto reader, traces::TraceReader::Open(a.trace));
   const traces::TraceReader& r = *reader;
   const traces::TensorInfo* t = r.FindTensor(a.tap);
+  if (!t && (a.tap == "logits" || a.tap == "taps/logits") && r.FindTensor("logits.topk_ids")) {
+    return Status::NotFound(a.trace + ": the logits were captured as their top-k (vocabulary > " +
+                            "full_logits_max_vocab): export 'logits.topk_ids', 'logits.topk_values' and " +
+                            "'logits.logsumexp' (log-probability = value - logsumexp), or record with --logits full");
+  }
   if (!t) {
     return Status::NotFound(a.trace + ": no tensor '" + a.tap + "' (`lockstep inspect " + a.trace + "` lists them)");
+  }
+  if (t->path == "taps/logits" && !t->has_values && r.FindTensor("logits.topk_ids")) {
+    return Status::NotFound(a.trace + ": taps/logits holds only summaries; the values are the top-k: export " +
+                            "'logits.topk_ids', 'logits.topk_values' and 'logits.logsumexp' (log-probability = value - " +
+                            "logsumexp), or record with --logits full");
   }
   int32_t id = -1;
   for (const auto& q : r.requests()) {
@@ -100,7 +112,42 @@ Status RunExport(const ExportArgs& a) {
       case traces::DType::kFp8E4m3:
       case traces::DType::kU8: descr = "'|u1'"; break;
     }
-    if (t->dtype == traces::DType::kBf16 && !a.raw) {
+    // An FP8 part and its scales (kv/layers.L.latent + .scales; .indexer_k + .scales): the
+    // scale rows are found by (request, position), one a 128-value tile.
+    const traces::TensorInfo* scales = t->dtype == traces::DType::kFp8E4m3 ? r.FindTensor(t->path + ".scales") : nullptr;
+    if (t->dtype == traces::DType::kFp8E4m3 && !a.raw) {
+      if (!scales || !scales->has_values || scales->dtype != traces::DType::kF32) {
+        return Status::NotFound(a.trace + ": " + t->path + " is FP8 without a '.scales' tensor of float32 values to "
+                                "dequantise it with (--raw exports the codes)");
+      }
+      constexpr int64_t kTile = 128;
+      const int64_t tiles = (t->cols + kTile - 1) / kTile;
+      if (scales->cols != tiles) {
+        return Status::Corruption(a.trace + ": " + scales->path + ": " + std::to_string(scales->cols) +
+                                  " scales a row, expected " + std::to_string(tiles) + " for " + std::to_string(t->cols) +
+                                  " values");
+      }
+      LS_ASSIGN_OR_RETURN(std::vector<traces::SummaryRow> ssum, r.ReadSummary(*scales));
+      std::map<std::pair<int32_t, int64_t>, int64_t> srow;
+      for (int64_t i = 0; i < static_cast<int64_t>(ssum.size()); ++i) srow[{ssum[i].request, ssum[i].position}] = i;
+      std::vector<float> wide(n * t->cols);
+      for (int64_t k = 0; k < n; ++k) {
+        auto it = srow.find({id, positions[k]});
+        if (it == srow.end()) {
+          return Status::Corruption(a.trace + ": " + scales->path + ": no row for request " + std::to_string(id) +
+                                    " position " + std::to_string(positions[k]));
+        }
+        LS_ASSIGN_OR_RETURN(std::vector<uint8_t> sv, r.ReadValues(*scales, it->second, 1));
+        if (sv.size() != static_cast<size_t>(tiles) * 4) return Status::Corruption(a.trace + ": " + scales->path + ": short row");
+        for (int64_t c = 0; c < t->cols; ++c) {
+          float s;
+          std::memcpy(&s, sv.data() + 4 * (c / kTile), 4);
+          wide[k * t->cols + c] = traces::Fp8E4m3ToFloat(values[k * rb + c]) * s;
+        }
+      }
+      descr = "'<f4'";
+      LS_RETURN_IF_ERROR(WriteNpy(a.output, descr, {n, t->cols}, wide.data(), wide.size() * 4));
+    } else if (t->dtype == traces::DType::kBf16 && !a.raw) {
       std::vector<float> wide(n * t->cols);
       for (size_t i = 0; i < wide.size(); ++i) {
         uint16_t h;
@@ -132,7 +179,9 @@ void RegisterExport(CLI::App& app, SetAction set_action) {
       ->required();
   cmd->add_option("--output,-o", args->output, "Output .npy file")->required();
   cmd->add_option("--positions-out", args->positions_out, "Also write the rows' positions (.npy, int64)");
-  cmd->add_flag("--raw", args->raw, "Keep bf16 as its uint16 bits instead of widening to float32");
+  cmd->add_flag("--raw", args->raw,
+                "Keep values as stored: bf16 as its uint16 bits (else widened to float32), FP8 as its uint8 codes "
+                "(else dequantised with its .scales rows to float32)");
   cmd->add_flag("--summary", args->summary, "Export the per-row summaries (structured array) instead of values");
   cmd->footer("In Python: x = numpy.load('x.npy')");
   cmd->callback([args, set_action] { set_action([args] { return RunExport(*args); }); });

@@ -73,6 +73,35 @@ def key(p): return [int(x) if x.isdigit() else x for x in re.split(r"(\d+)", p)]
 assert paths == sorted(paths, key=key), paths
 ' && ok "inspect --json: open range null, KV byte counts as numbers, natural order" || bad "inspect --json"
 
+# export dequantises an FP8 cache part with its scales: checked against an independent numpy
+# decoder of OCP E4M3 applied to the stored codes and scales (h5py), and against the fp32 latent
+# tap within E4M3's rounding (3 mantissa bits: relative error ≤ 2^-4 of the tile's scale × 448).
+"$LS" export "$TMP/run.h5" --request 0 --tap kv/layers.1.latent -o "$TMP/lat.npy" 2>/dev/null &&
+  "$LS" export "$TMP/run.h5" --request 0 --tap kv/layers.1.latent --raw -o "$TMP/lat_raw.npy" 2>/dev/null &&
+  "$LS" export "$TMP/run.h5" --request 0 --tap layers.1.attn.latent -o "$TMP/lat_f32.npy" 2>/dev/null ||
+  bad "export of the FP8 latent failed"
+HDF5_PLUGIN_PATH=$(dirname "$LS")/hdf5-plugins /usr/bin/python3 - "$TMP" <<'PY' && ok "export dequantises FP8 with its scales" || bad "FP8 export"
+import sys, numpy as np, h5py
+d = sys.argv[1]
+deq, raw, ref = np.load(f"{d}/lat.npy"), np.load(f"{d}/lat_raw.npy"), np.load(f"{d}/lat_f32.npy")
+assert deq.dtype == np.float32 and raw.dtype == np.uint8 and deq.shape == raw.shape, (deq.dtype, raw.dtype)
+def e4m3(b):  # OCP E4M3FN: sign, 4 exponent bits (bias 7), 3 mantissa bits; 0x7F/0xFF NaN
+    b = b.astype(np.int64); s = np.where(b & 0x80, -1.0, 1.0); e = (b >> 3) & 0xF; m = b & 7
+    v = np.where(e == 0, m / 8.0 * 2.0 ** -6, (1 + m / 8.0) * 2.0 ** (e - 7))
+    return np.where((b & 0x7F) == 0x7F, np.nan, s * v)
+f = h5py.File(f"{d}/run.h5", "r")
+summ = f["kv/layers.1.latent.scales/summary"][...]
+sc = f["kv/layers.1.latent.scales/values"][...][summ["request"] == 0]
+sc = sc[np.argsort(summ["position"][summ["request"] == 0], kind="stable")]
+want = e4m3(raw) * np.repeat(sc, 128, axis=1)[:, : raw.shape[1]]
+assert np.array_equal(want.astype(np.float32), deq), "export's dequantisation differs from the independent decoder"
+n = min(len(ref), len(deq))  # the tap holds every position the cache does
+err = np.abs(deq[:n] - ref[:n]).max() / np.abs(ref[:n]).max()
+assert err < 2 ** -3, err
+PY
+"$LS" export "$TMP/run.h5" --request 0 --tap logits -o "$TMP/l.npy" 2>"$TMP/e"
+grep -q "logits.topk_ids" "$TMP/e" && ok "export of top-k logits points at the top-k datasets" || bad "export logits: $(cat "$TMP/e")"
+
 # A model with 12 layers, so that string order (layers.10 before layers.2) and natural order
 # differ: v3_basic's config with num_hidden_layers 12, its layers' tensors repeated.
 M=$TMP/deep
