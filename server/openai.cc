@@ -2,6 +2,7 @@
 #include "server/openai.h"
 
 #include <cmath>
+#include <optional>
 
 namespace lockstep::server {
 
@@ -17,48 +18,17 @@ std::string ApiError::Body() const {
 
 namespace {
 
-// Where the fingerprints come from: the chat_template strings of the published
-// tokenizer_config.json files (as the JSON decodes them, so "\n" below is Jinja's escape, a
-// backslash and an n). A template matches a style when it holds every `needles` string and
-// none of `absent`.
-struct Fingerprint {
-  ChatStyle style;
-  std::vector<std::string> needles, absent;
-};
-
-const std::vector<Fingerprint>& Fingerprints() {
-  static const std::vector<Fingerprint> f = {
-      // deepseek-ai/DeepSeek-V2-Chat, DeepSeek-V2-Lite-Chat.
-      {ChatStyle::kV2,
-       {R"({{ 'User: ' + message['content'] + '\n\n' }})", R"({{ 'Assistant: ' + message['content'] + eos_token }})",
-        R"({{ message['content'] + '\n\n' }})", R"({{ 'Assistant:' }})"},
-       {}},
-      // deepseek-ai/DeepSeek-V3 (and -Base): system prompts hoisted after bos; R1 and V3.1
-      // (with <think>) and V3-0324 (whose user turn closes with <｜Assistant｜>) are not it.
-      {ChatStyle::kV3,
-       {"is_first_sp", R"(ns.system_prompt + '\n\n' + message['content'])", "{{'<｜User｜>' + message['content']}}",
-        "{{'<｜Assistant｜>' + message['content'] + '<｜end▁of▁sentence｜>'}}",
-        "{% if add_generation_prompt and not ns.is_tool %}{{'<｜Assistant｜>'}}{% endif %}"},
-       {"<think>", "</think>", "thinking"}},
-  };
-  return f;
-}
-
-// models/lockstep-tiny-v32/tokenizer_config.json's template, exactly.
-constexpr const char* kEmbeddedTemplate =
-    "{{ bos_token }}{% for message in messages %}{% if message['role'] == 'user' %}<｜User｜>{{ message['content'] }}"
-    "{% elif message['role'] == 'assistant' %}<｜Assistant｜>{{ message['content'] }}<｜end▁of▁sentence｜>{% else %}"
-    "{{ message['content'] }}{% endif %}{% endfor %}{% if add_generation_prompt %}<｜Assistant｜>{% endif %}";
-
 // o[key] when it is a string, else "" (for fields already checked, or optional ones).
-std::string StringAt(const nlohmann::json& o, const char* key) {
-  return o.is_object() && o.contains(key) && o[key].is_string() ? o[key].get<std::string>() : std::string();
+template <typename Json>
+std::string StringAt(const Json& o, const char* key) {
+  return o.is_object() && o.contains(key) && o[key].is_string() ? o[key].template get<std::string>() : std::string();
 }
 
-// What Apply renders of a message: an object with a string role, and content absent, null, a
+// What Render takes of a message: an object with a string role, and content absent, null, a
 // string, or an array of text parts {"type": "text", "text": "…"} — an image or other part is
 // refused rather than dropped, which would change what the user asked.
-Status CheckMessage(const nlohmann::json& m) {
+template <typename Json>
+Status CheckMessage(const Json& m) {
   if (!m.is_object() || !m.contains("role") || !m["role"].is_string()) {
     return Status::InvalidArgument("each message needs a string 'role'");
   }
@@ -77,110 +47,20 @@ Status CheckMessage(const nlohmann::json& m) {
 }
 
 // A message's text (CheckMessage has passed): the string, or its text parts joined; null → "".
-std::string Content(const nlohmann::json& m) {
+template <typename Json>
+std::string Content(const Json& m) {
   std::string content;
   if (!m.contains("content")) return content;
   const auto& c = m["content"];
-  if (c.is_string()) return c.get<std::string>();
+  if (c.is_string()) return c.template get<std::string>();
   if (c.is_array()) {
     for (const auto& part : c) content += StringAt(part, "text");
   }
   return content;
 }
 
-}  // namespace
-
-std::string_view ChatTemplate::StyleName(ChatStyle s) {
-  switch (s) {
-    case ChatStyle::kNone: return "none";
-    case ChatStyle::kV2: return "deepseek-v2";
-    case ChatStyle::kV3: return "deepseek-v3";
-    case ChatStyle::kV32: return "deepseek-v3.2";
-    case ChatStyle::kEmbedded: return "lockstep-tiny";
-  }
-  return "?";
-}
-
-Result<ChatStyle> ChatTemplate::ParseStyle(std::string_view name) {
-  for (ChatStyle s : {ChatStyle::kNone, ChatStyle::kV2, ChatStyle::kV3, ChatStyle::kV32, ChatStyle::kEmbedded}) {
-    if (name == StyleName(s)) return s;
-  }
-  return Status::InvalidArgument("--chat-template '" + std::string(name) +
-                                 "': expected deepseek-v2, deepseek-v3, deepseek-v3.2, lockstep-tiny or none");
-}
-
-Result<ChatTemplate> ChatTemplate::Choose(const nlohmann::json& config, const std::string& model_type,
-                                          const std::string& forced) {
-  ChatTemplate t;
-  if (config.is_object()) {
-    // bos_token / eos_token: a string, or an AddedToken object {"content": …}.
-    auto token = [&](const char* key, std::string* out) {
-      if (!config.contains(key)) return;
-      const auto& v = config[key];
-      if (v.is_string()) *out = v.get<std::string>();
-      else if (v.is_object() && v.contains("content") && v["content"].is_string()) *out = v["content"].get<std::string>();
-    };
-    token("bos_token", &t.bos);
-    token("eos_token", &t.eos);
-  }
-  if (!forced.empty()) {
-    LS_ASSIGN_OR_RETURN(t.style, ParseStyle(forced));
-    return t;
-  }
-  std::string tmpl;
-  if (config.is_object() && config.contains("chat_template")) {
-    const auto& c = config["chat_template"];
-    if (c.is_string()) {
-      tmpl = c.get<std::string>();
-    } else if (c.is_array()) {  // [{"name": "default", "template": …}, …]
-      for (const auto& e : c) {
-        if (StringAt(e, "name") == "default" && e.contains("template") && e["template"].is_string()) {
-          tmpl = e["template"].get<std::string>();
-        }
-      }
-    }
-  }
-  if (tmpl.empty()) {
-    t.style = model_type == "deepseek_v32" ? ChatStyle::kV32 : ChatStyle::kNone;
-    return t;
-  }
-  if (tmpl == kEmbeddedTemplate) {
-    t.style = ChatStyle::kEmbedded;
-    return t;
-  }
-  for (const Fingerprint& f : Fingerprints()) {
-    bool match = true;
-    for (const auto& n : f.needles) match = match && tmpl.find(n) != std::string::npos;
-    for (const auto& a : f.absent) match = match && tmpl.find(a) == std::string::npos;
-    if (match) {
-      t.style = f.style;
-      return t;
-    }
-  }
-  return Status::InvalidArgument(
-      "tokenizer_config.json's chat_template is not one lockstep serve has built in (DeepSeek V2, V3, V3.2, the "
-      "embedded tiny model's) and there is no Jinja interpreter; rather than format every chat request wrongly, the "
-      "server refuses to start. If one of the built-in formats is your model's, name it with --chat-template "
-      "deepseek-v2|deepseek-v3|deepseek-v3.2|lockstep-tiny (or --chat-template none: completions only)");
-}
-
-Result<std::string> ChatTemplate::Apply(const json& messages) const {
-  if (style == ChatStyle::kNone) {
-    return Status::InvalidArgument(
-        "this model has no chat template: use /v1/completions, or start the server with --chat-template");
-  }
-  if (!messages.is_array()) return Status::InvalidArgument("'messages' must be an array");
-  for (const auto& m : messages) {
-    LS_RETURN_IF_ERROR(CheckMessage(m));
-    const std::string role = StringAt(m, "role");
-    if (m.contains("tool_calls") && !m["tool_calls"].is_null()) {
-      return Status::InvalidArgument("tool calls are not supported by this server's chat format");
-    }
-    if (style != ChatStyle::kV2 && style != ChatStyle::kEmbedded && role != "system" && role != "user" &&
-        role != "assistant") {
-      return Status::InvalidArgument("message role '" + role + "' is not supported (system, user, assistant)");
-    }
-  }
+// The built-in formats (ChatStyle other than kJinja) on checked messages.
+std::string RenderBuiltIn(ChatStyle style, const std::string& bos, const std::string& eos, const json& messages) {
   std::string s = bos;
   switch (style) {
     case ChatStyle::kV2:  // roles other than these three render nothing, as in the template
@@ -222,9 +102,140 @@ Result<std::string> ChatTemplate::Apply(const json& messages) const {
       }
       return s + "<｜Assistant｜>";
     case ChatStyle::kNone:
+    case ChatStyle::kJinja:
       break;
   }
-  return Status::Internal("unknown chat style");
+  return s;
+}
+
+// A special token's text in tokenizer_config.json: a string, or an AddedToken {"content": …}.
+std::optional<std::string> TokenText(const json& config, const char* key) {
+  if (!config.is_object() || !config.contains(key)) return std::nullopt;
+  const auto& v = config[key];
+  if (v.is_string()) return v.get<std::string>();
+  if (v.is_object() && v.contains("content") && v["content"].is_string()) return v["content"].get<std::string>();
+  return std::nullopt;
+}
+
+}  // namespace
+
+std::string_view ChatTemplate::StyleName(ChatStyle s) {
+  switch (s) {
+    case ChatStyle::kNone: return "none";
+    case ChatStyle::kJinja: return "jinja";
+    case ChatStyle::kV2: return "deepseek-v2";
+    case ChatStyle::kV3: return "deepseek-v3";
+    case ChatStyle::kV32: return "deepseek-v3.2";
+    case ChatStyle::kEmbedded: return "lockstep-tiny";
+  }
+  return "?";
+}
+
+Result<ChatStyle> ChatTemplate::ParseStyle(std::string_view name) {
+  for (ChatStyle s : {ChatStyle::kNone, ChatStyle::kV2, ChatStyle::kV3, ChatStyle::kV32, ChatStyle::kEmbedded}) {
+    if (name == StyleName(s)) return s;
+  }
+  return Status::InvalidArgument("--chat-template '" + std::string(name) +
+                                 "': expected deepseek-v2, deepseek-v3, deepseek-v3.2, lockstep-tiny or none (without "
+                                 "the flag, tokenizer_config.json's chat_template is rendered)");
+}
+
+json ChatTemplate::SpecialTokens(const json& config) {
+  json v = json::object();
+  for (const char* key : {"bos_token", "eos_token", "unk_token", "sep_token", "pad_token", "cls_token", "mask_token"}) {
+    if (auto text = TokenText(config, key)) v[key] = *text;
+  }
+  return v;
+}
+
+Result<ChatTemplate> ChatTemplate::Choose(const json& config, const std::string& model_type, const std::string& forced,
+                                          const JinjaOptions& jinja_options) {
+  ChatTemplate t;
+  if (auto b = TokenText(config, "bos_token")) t.bos = *b;
+  if (auto e = TokenText(config, "eos_token")) t.eos = *e;
+  if (!forced.empty()) {
+    LS_ASSIGN_OR_RETURN(t.style, ParseStyle(forced));
+    return t;
+  }
+  std::string tmpl;
+  if (config.is_object() && config.contains("chat_template")) {
+    const auto& c = config["chat_template"];
+    if (c.is_string()) {
+      tmpl = c.get<std::string>();
+    } else if (c.is_array()) {  // [{"name": "default", "template": …}, …]
+      for (const auto& e : c) {
+        if (StringAt(e, "name") == "default" && e.contains("template") && e["template"].is_string()) {
+          tmpl = e["template"].get<std::string>();
+        }
+      }
+    }
+  }
+  if (tmpl.empty()) {
+    t.style = model_type == "deepseek_v32" ? ChatStyle::kV32 : ChatStyle::kNone;
+    return t;
+  }
+  auto compiled = JinjaTemplate::Compile(tmpl, SpecialTokens(config), jinja_options);
+  if (!compiled.ok()) {
+    const std::string msg = compiled.status().message() +
+                            " — the server renders a model's own chat template and will not guess one; to serve it "
+                            "with a built-in format instead, pass --chat-template "
+                            "deepseek-v2|deepseek-v3|deepseek-v3.2|lockstep-tiny (or none: completions only)";
+    switch (compiled.status().code()) {
+      case Status::Code::kNotFound: return Status::NotFound(msg);
+      case Status::Code::kInvalidArgument: return Status::InvalidArgument(msg);
+      default: return Status::IoError(msg);
+    }
+  }
+  t.style = ChatStyle::kJinja;
+  t.jinja = *compiled;
+  return t;
+}
+
+Result<std::string> ChatTemplate::Render(const nlohmann::ordered_json& messages, const nlohmann::ordered_json& tools,
+                                         const nlohmann::ordered_json& kwargs) const {
+  if (style == ChatStyle::kNone) {
+    return Status::InvalidArgument(
+        "this model has no chat template: use /v1/completions, or start the server with --chat-template");
+  }
+  if (!messages.is_array()) return Status::InvalidArgument("'messages' must be an array");
+  for (const auto& m : messages) LS_RETURN_IF_ERROR(CheckMessage(m));
+  if (style == ChatStyle::kJinja) {
+    if (!jinja) return Status::Internal("chat template not compiled");
+    // What the template sees: each message as sent (tool_calls, reasoning_content, name, … in
+    // the client's key order), text parts joined into one string.
+    nlohmann::ordered_json conv = nlohmann::ordered_json::array();
+    for (const auto& m : messages) {
+      nlohmann::ordered_json c = m;
+      if (m.contains("content") && m["content"].is_array()) c["content"] = Content(m);
+      conv.push_back(std::move(c));
+    }
+    return jinja->Render(conv, tools, /*add_generation_prompt=*/true, kwargs);
+  }
+  if (!tools.is_null() && !(tools.is_array() && tools.empty())) {
+    return Status::InvalidArgument("the " + std::string(StyleName(style)) +
+                                   " chat format renders no tool definitions ('tools')");
+  }
+  if (!kwargs.is_null() && !kwargs.empty()) {
+    return Status::InvalidArgument("'chat_template_kwargs' needs the model's own Jinja template; the " +
+                                   std::string(StyleName(style)) + " format takes none");
+  }
+  for (const auto& m : messages) {
+    const std::string role = StringAt(m, "role");
+    if (m.contains("tool_calls") && !m["tool_calls"].is_null()) {
+      return Status::InvalidArgument("tool calls are not supported by the " + std::string(StyleName(style)) +
+                                     " chat format");
+    }
+    if (style != ChatStyle::kV2 && style != ChatStyle::kEmbedded && role != "system" && role != "user" &&
+        role != "assistant") {
+      return Status::InvalidArgument("message role '" + role + "' is not supported by the " +
+                                     std::string(StyleName(style)) + " chat format (system, user, assistant)");
+    }
+  }
+  return RenderBuiltIn(style, bos, eos, json::parse(messages.dump()));
+}
+
+Result<std::string> ChatTemplate::Apply(const json& messages) const {
+  return Render(nlohmann::ordered_json::parse(messages.dump()), nullptr, nullptr);
 }
 
 namespace {
@@ -280,10 +291,49 @@ std::optional<ApiError> ParseGenerationRequest(const std::string& body, bool cha
     if (!j.contains("messages") || !j["messages"].is_array() || j["messages"].empty()) {
       return Bad("'messages' must be a non-empty array", "messages");
     }
-    auto text = tmpl.Apply(j["messages"]);  // (which checks each message's role and content)
-    if (!text.ok()) return Bad(text.status().message(), "messages");
+    // Tool definitions reach the prompt only through a template that renders them; anything
+    // else would answer as if the tools had not been sent.
+    const bool tools = j.contains("tools") && !j["tools"].is_null();
+    if (tools) {
+      if (!j["tools"].is_array()) return Bad("'tools' must be an array", "tools");
+      if (!j["tools"].empty() && !tmpl.RendersTools()) {
+        return Bad(tmpl.style == ChatStyle::kJinja
+                       ? "'tools' is not supported: this model's chat template renders no tool definitions (it never "
+                         "reads `tools`), so the model would not see them"
+                       : "'tools' is not supported by the " + std::string(ChatTemplate::StyleName(tmpl.style)) +
+                             " chat format",
+                   "tools");
+      }
+    }
+    const bool kwargs = j.contains("chat_template_kwargs") && !j["chat_template_kwargs"].is_null();
+    if (kwargs) {
+      if (!j["chat_template_kwargs"].is_object()) {
+        return Bad("'chat_template_kwargs' must be an object", "chat_template_kwargs");
+      }
+      for (const char* reserved : {"messages", "tools", "documents", "add_generation_prompt"}) {
+        if (j["chat_template_kwargs"].contains(reserved)) {
+          return Bad(std::string("'chat_template_kwargs' must not set '") + reserved + "'", "chat_template_kwargs");
+        }
+      }
+    }
+    // The template sees the messages and tools in the order their keys were sent (a template
+    // that prints JSON prints dict order), so read those again without nlohmann's key sorting.
+    const auto ordered = nlohmann::ordered_json::parse(body, nullptr, /*allow_exceptions=*/false);
+    auto text = tmpl.Render(ordered["messages"], tools ? ordered["tools"] : nlohmann::ordered_json(),
+                            kwargs ? ordered["chat_template_kwargs"] : nlohmann::ordered_json());
+    if (!text.ok()) {
+      if (text.status().code() == Status::Code::kIoError) {
+        ApiError e = Bad(text.status().message());
+        e.status = 500;
+        e.type = "server_error";
+        return e;
+      }
+      return Bad(text.status().message(), "messages");
+    }
     r.prompt_text = std::move(*text);
-    r.prompt = tok.Encode(r.prompt_text, /*add_special_tokens=*/false);  // the template has the bos
+    // The template writes the BOS text itself (a one-turn chat is [0, <｜User｜>, …]), so the
+    // tokenizer adds none, as apply_chat_template(tokenize=True) and vLLM encode a chat.
+    r.prompt = tok.Encode(r.prompt_text, /*add_special_tokens=*/false);
   } else {
     if (!j.contains("prompt")) return Bad("'prompt' is required", "prompt");
     const json& p = j["prompt"];

@@ -4,6 +4,7 @@
 #pragma once
 
 #include <cstdint>
+#include <memory>
 #include <optional>
 #include <string>
 #include <string_view>
@@ -14,6 +15,7 @@
 #include "base/status.h"
 #include "engine/sampler.h"
 #include "engine/tokenizer.h"
+#include "server/chat_template.h"
 
 namespace lockstep::server {
 
@@ -35,12 +37,17 @@ struct Limits {
   int max_stop = 4;
 };
 
-// The DeepSeek chat formats, built in (there is no Jinja interpreter). Each style renders
-// what transformers' apply_chat_template(messages, add_generation_prompt=True) gives with the
-// model's own template, for system/user/assistant text messages; tool calls and tool results
-// are refused (400) rather than rendered approximately.
+// How a chat becomes prompt text. A model whose tokenizer_config.json has a chat_template gets
+// that template, rendered by jinja2 as transformers renders it (server/chat_template.h): the
+// bytes vLLM and sglang gave the model. The built-in formats remain for what has no Jinja
+// template — DeepSeek-V3.2 ships a Python encoder (encoding/encoding_dsv32.py) instead — and
+// for --chat-template, which forces one (a host without Python's jinja2, say); each equals
+// transformers' rendering of its model's template for system/user/assistant text messages
+// (tests/server/chat_template_test.cc checks them against the same fixtures), and refuses
+// tool calls and tool results (400) rather than approximating them.
 enum class ChatStyle {
   kNone,      // the model has no chat template: /v1/chat/completions answers 400
+  kJinja,     // tokenizer_config.json's chat_template, rendered by jinja2
   kV2,        // DeepSeek-V2(-Lite)-Chat: "User: …\n\n", "Assistant: …<eos>", gen "Assistant:"
   kV3,        // DeepSeek-V3: systems joined by "\n\n" after bos, "<｜User｜>…", "<｜Assistant｜>…<｜end▁of▁sentence｜>"
   kV32,       // DeepSeek-V3.2 (encoding/encoding_dsv32.py, chat mode): "<｜User｜>…<｜Assistant｜></think>", "…<eos>"
@@ -51,22 +58,35 @@ struct ChatTemplate {
   ChatStyle style = ChatStyle::kEmbedded;
   std::string bos = "<｜begin▁of▁sentence｜>";  // tokenizer_config.json's bos_token / eos_token
   std::string eos = "<｜end▁of▁sentence｜>";
+  std::shared_ptr<const JinjaTemplate> jinja;  // kJinja: the compiled template (shared by copies)
 
-  // The prompt text for `messages` (OpenAI's shape; content a string or text parts), ending
-  // where the assistant's reply begins. InvalidArgument for what the style cannot render.
+  // The prompt text for `messages` (OpenAI's shape; content a string or text parts, which are
+  // joined), `tools` (null: none) and `kwargs` (chat_template_kwargs: more template variables),
+  // ending where the assistant's reply begins (add_generation_prompt). InvalidArgument for
+  // what the template or style refuses; IoError when the Jinja renderer failed.
+  Result<std::string> Render(const nlohmann::ordered_json& messages, const nlohmann::ordered_json& tools,
+                             const nlohmann::ordered_json& kwargs) const;
+  // Render without tools or variables.
   Result<std::string> Apply(const nlohmann::json& messages) const;
+  // Whether a request's tool definitions reach the prompt: only a Jinja template that reads
+  // `tools` renders them (DeepSeek's V2–V3.1 templates render tool calls and results, not
+  // definitions).
+  bool RendersTools() const { return style == ChatStyle::kJinja && jinja && jinja->uses_tools(); }
 
-  // "deepseek-v2" | "deepseek-v3" | "deepseek-v3.2" | "lockstep-tiny" | "none".
+  // "jinja" | "deepseek-v2" | "deepseek-v3" | "deepseek-v3.2" | "lockstep-tiny" | "none".
   static std::string_view StyleName(ChatStyle s);
   static Result<ChatStyle> ParseStyle(std::string_view name);
-  // The style of a model directory: `forced` (--chat-template) when not empty; else the one
-  // whose template tokenizer_config.json's chat_template is (recognised by fingerprints of
-  // the published templates, docs/server.md); no chat_template and model_type deepseek_v32
-  // → V3.2 (DeepSeek ships that model with a Python encoder, not a template); no
-  // chat_template otherwise → kNone. A template that is none of these is an error: serving
-  // it with the wrong format would silently degrade every chat reply.
+  // The chat format of a model directory: `forced` (--chat-template) when not empty; else
+  // tokenizer_config.json's chat_template (a string, or the "default" entry of a list),
+  // compiled by jinja2 (an error when Python or jinja2 is missing or the template does not
+  // compile, naming what to install and --chat-template); no chat_template and model_type
+  // deepseek_v32 → V3.2's built-in encoding; no chat_template otherwise → kNone.
   static Result<ChatTemplate> Choose(const nlohmann::json& tokenizer_config, const std::string& model_type,
-                                     const std::string& forced);
+                                     const std::string& forced, const JinjaOptions& jinja_options = {});
+  // What transformers passes to a template besides the conversation: the named special
+  // tokens of tokenizer_config.json (bos_token, eos_token, unk_token, sep_token, pad_token,
+  // cls_token, mask_token; a string or an AddedToken's content), the ones that are set.
+  static nlohmann::json SpecialTokens(const nlohmann::json& tokenizer_config);
 };
 
 struct GenerationRequest {
