@@ -22,13 +22,21 @@ std::string TokenText(const Detokenize& detok, int32_t id) {
   return detok({id});
 }
 
-// The tensors in natural order (layers.2 before layers.10), whatever order the report has.
+}  // namespace
+
+// The tensors in natural order of their names without the group (layers.2 before layers.10;
+// kv/layers.1.latent beside taps/layers.1.*), whatever order the report has.
 std::vector<const diff::TensorReport*> NaturalTensors(const diff::TraceDiffReport& r) {
   std::vector<const diff::TensorReport*> v;
   for (const auto& t : r.tensors) v.push_back(&t);
-  std::stable_sort(v.begin(), v.end(), [](const auto* x, const auto* y) { return NaturalLess{}(x->tensor, y->tensor); });
+  std::stable_sort(v.begin(), v.end(), [](const auto* x, const auto* y) {
+    const int c = NaturalCompare(Short(x->tensor), Short(y->tensor));
+    return c != 0 ? c < 0 : NaturalLess{}(x->tensor, y->tensor);
+  });
   return v;
 }
+
+namespace {
 
 // The request of the first divergence (or the heatmap's).
 const diff::RequestReport* FocusRequest(const diff::TraceDiffReport& r) {

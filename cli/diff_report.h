@@ -23,6 +23,11 @@ nlohmann::json DiffJson(const diff::TraceDiffReport& r, const Detokenize& detok)
 // report selectable by a tab, or by #request-ID in the URL.
 std::string DiffHtml(const diff::TraceDiffReport& r, const Detokenize& detok, const std::string& title);
 
+// The report's tensors as every listing shows them: natural order of the name without its
+// group ("layers.2.attn.out" before "layers.10.attn.out"; "kv/layers.1.latent" beside
+// "taps/layers.1.attn.q"). Pointers into r.tensors.
+std::vector<const diff::TensorReport*> NaturalTensors(const diff::TraceDiffReport& r);
+
 // The model's tokenizer, from a trace's meta.model_dir, when it is there.
 Detokenize TokenizerFromTrace(const std::map<std::string, std::string>& meta);
 

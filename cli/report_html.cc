@@ -18,7 +18,6 @@
 #include <map>
 #include <sstream>
 
-#include "base/natural_order.h"
 #include "cli/diff_report.h"
 
 namespace lockstep::cli {
@@ -129,6 +128,7 @@ constexpr double kWidth = 1080, kLeft = 92, kRight = 20, kPlot = kWidth - kLeft 
 struct Frame {
   int64_t positions = 1;  // columns: token positions 0 … positions − 1
   int64_t prompt = 0;     // prompt length: positions ≥ prompt are generated
+  int64_t fork = -1;      // first position whose token differs between the traces (−1: none)
   double Col() const { return kPlot / static_cast<double>(positions); }
   double X(double p) const { return kLeft + (p + 0.5) * Col(); }  // centre of column p
   double Edge(double p) const { return kLeft + p * Col(); }       // left edge of column p
@@ -153,12 +153,20 @@ void PositionAxis(std::ostringstream& h, const Frame& f, double top, double y, b
       << "\" text-anchor=\"middle\">position (token index)</text>";
   }
   h << "</g>";
+  const bool fork_at_prompt = f.fork >= 0 && f.fork == f.prompt;
   if (f.prompt > 0 && f.prompt < f.positions) {
     const double x = f.Edge(static_cast<double>(f.prompt));
     h << "<g class=\"boundary\"><line x1=\"" << Px(x) << "\" x2=\"" << Px(x) << "\" y1=\"" << Px(top - 4) << "\" y2=\""
-      << Px(y) << "\" stroke=\"#333\" stroke-dasharray=\"4 3\"/><text class=\"tick\" x=\"" << Px(x - 4) << "\" y=\""
-      << Px(top - 6) << "\" text-anchor=\"end\">prompt</text><text class=\"tick\" x=\"" << Px(x + 4) << "\" y=\""
-      << Px(top - 6) << "\">generated →</text></g>";
+      << Px(y) << "\" stroke=\"" << (fork_at_prompt ? "#7d3c98" : "#333") << "\" stroke-dasharray=\"4 3\"/><text class=\"tick\" x=\""
+      << Px(x - 4) << "\" y=\"" << Px(top - 6) << "\" text-anchor=\"end\">prompt</text><text class=\"tick\" x=\"" << Px(x + 4)
+      << "\" y=\"" << Px(top - 6) << "\">generated →" << (fork_at_prompt ? "</text><text class=\"tick fork-label\" x=\"" +
+      Px(x + 4) + "\" y=\"" + Px(top - 18) + "\">texts fork here" : "") << "</text></g>";
+  }
+  if (f.fork >= 0 && !fork_at_prompt && f.fork < f.positions) {
+    const double x = f.Edge(static_cast<double>(f.fork));
+    h << "<g class=\"fork-line\"><line x1=\"" << Px(x) << "\" x2=\"" << Px(x) << "\" y1=\"" << Px(top - 16) << "\" y2=\""
+      << Px(y) << "\" stroke=\"#7d3c98\" stroke-width=\"1.5\" stroke-dasharray=\"4 3\"/><text class=\"tick fork-label\" x=\""
+      << Px(x + 4) << "\" y=\"" << Px(top - 18) << "\">texts fork here →</text></g>";
   }
 }
 
@@ -190,6 +198,7 @@ struct View {
   std::vector<int32_t> seq_a, seq_b;       // prompt + generated, per trace
   std::map<int64_t, const diff::RowDiff*> logits;  // by position (the first row of a position)
   int64_t flips = 0;
+  int64_t flips_before_fork = 0;  // flips whose context is still a's (logits at p < the fork position)
   double mean_kl = -1, max_kl = 0;
   int64_t max_kl_pos = -1;
   bool Flip(const diff::RowDiff& r) const { return !r.hash_equal && !r.logits.top1_agree; }
@@ -211,6 +220,8 @@ View MakeView(const diff::RequestReport& q, const diff::RequestDetail* d) {
     sum += std::isfinite(kl) ? kl : 1e3;
     if (kl > v.max_kl || v.max_kl_pos < 0) v.max_kl = kl, v.max_kl_pos = p;
     v.flips += v.Flip(*r);
+    v.flips_before_fork +=
+        v.Flip(*r) && (q.first_token_diff < 0 || p < static_cast<int64_t>(q.prompt.size()) + q.first_token_diff);
   }
   if (!v.logits.empty()) v.mean_kl = sum / static_cast<double>(v.logits.size());
   return v;
@@ -219,6 +230,7 @@ View MakeView(const diff::RequestReport& q, const diff::RequestDetail* d) {
 Frame MakeFrame(const View& v) {
   Frame f;
   f.prompt = static_cast<int64_t>(v.q->prompt.size());
+  if (v.q->first_token_diff >= 0) f.fork = f.prompt + v.q->first_token_diff;
   f.positions = std::max<int64_t>(1, static_cast<int64_t>(std::max(v.seq_a.size(), v.seq_b.size())));
   if (v.d) {
     for (const auto& row : v.d->heatmap) f.positions = std::max<int64_t>(f.positions, static_cast<int64_t>(row.size()));
@@ -236,7 +248,9 @@ std::string PositionWord(const View& v, int64_t p) {
 void KlChart(std::ostringstream& h, const View& v, const Frame& f, double kl_threshold, const Detokenize& detok) {
   const int id = v.q->id;
   h << "<figure><figcaption>KL(a‖b) of the next-token distribution and top-1 agreement, per position "
-    << "<span class=\"hint\">(logits at position p predict the token at p + 1)</span></figcaption>\n";
+    << "<span class=\"hint\">(logits at position p predict the token at p + 1"
+    << (v.q->first_token_diff >= 0 ? "; from the fork on the two runs read different tokens, so KL compares different contexts" : "")
+    << ")</span></figcaption>\n";
   if (v.logits.empty()) {
     h << "<p class=\"empty\">No logits were captured in both traces for this request.</p></figure>\n";
     return;
@@ -292,9 +306,9 @@ void KlChart(std::ostringstream& h, const View& v, const Frame& f, double kl_thr
     h << "</title></circle>";
   }
   const int64_t first_pos = v.logits.begin()->first;
-  if (f.Edge(static_cast<double>(first_pos)) - kLeft > 170) {
+  if (f.Edge(static_cast<double>(first_pos)) - kLeft > 230) {
     h << "<text class=\"tick note\" x=\"" << Px((kLeft + f.Edge(static_cast<double>(first_pos))) / 2) << "\" y=\""
-      << Px((top + bottom) / 2) << "\" text-anchor=\"middle\">no logits stored before position " << first_pos << "</text>";
+      << Px(top + 16) << "\" text-anchor=\"middle\">no logits stored before position " << first_pos << "</text>";
   }
   PositionAxis(h, f, band, bottom, true);
   h << "</svg>\n<p class=\"legend\"><span class=\"sw\" style=\"background:#b7c4cc\"></span>top-1 agrees "
@@ -313,7 +327,7 @@ void EntropyChart(std::ostringstream& h, const View& v, const Frame& f) {
     }
   }
   if (!any) return;
-  const double top = 16, bottom = 126, height = 166;
+  const double top = 30, bottom = 140, height = 150;
   double step = 0.5;
   while (mx / step > 5) step *= 2;
   const double ymax = std::max(step, std::ceil(mx / step) * step);
@@ -395,7 +409,10 @@ void TokenStrip(std::ostringstream& h, const View& v, const Detokenize& detok) {
     } else {
       h << "<b class=\"tb eq\">" << (have_b ? "=" : "&nbsp;") << "</b>";
     }
-    if (fl != flip_at.end()) h << "<b class=\"alt\">" << Esc(Tok(detok, fl->second->logits.top1_cand)) << "</b>";
+    // b's choice, unless b's token shows it already.
+    if (fl != flip_at.end() && !(have_b && tb == fl->second->logits.top1_cand)) {
+      h << "<b class=\"alt\">" << Esc(Tok(detok, fl->second->logits.top1_cand)) << "</b>";
+    }
     h << "</span>";
   }
   h << "</div></figure>\n";
@@ -640,10 +657,12 @@ svg.chart{width:100%;height:auto;display:block}
 svg text{font:11px system-ui,sans-serif;fill:#444}
 svg .axis-label{font-size:12px;fill:#333}
 svg .thr{fill:#c0392b}
+svg .thr,svg .note,svg .fork-label{paint-order:stroke;stroke:#fff;stroke-width:3px;stroke-linejoin:round}
 .legend{font-size:12px;color:var(--muted);margin:2px 0 0 92px}
 .tok-legend{margin:0 0 6px;display:flex;flex-wrap:wrap;gap:4px 16px}.tok-legend .sw{margin-left:0}
 .eqkey{color:#98a2ab;font-family:ui-monospace,monospace;margin-right:4px}
 svg .note{fill:#98a2ab;font-style:italic}
+svg .fork-label{fill:#7d3c98;font-weight:600}
 .sw{display:inline-block;width:12px;height:12px;border:1px solid #999;vertical-align:-2px;margin:0 4px 0 12px}
 .sw:first-child{margin-left:0}
 .sw.ring{border-radius:50%;border:1.5px solid #1f5f8b;background:#fff}
@@ -704,13 +723,14 @@ std::string DiffHtml(const diff::TraceDiffReport& r, const Detokenize& detok, co
     views.push_back(MakeView(r.requests[i], d));
   }
   // Totals over requests.
-  int64_t flips = 0, logit_rows = 0, forks = 0;
+  int64_t flips = 0, flips_before_fork = 0, logit_rows = 0, forks = 0;
   double sum_kl = 0, max_kl = -1;
   const View* max_view = nullptr;
   const View* first_flip = nullptr;
   const View* first_fork = nullptr;
   for (const auto& v : views) {
     flips += v.flips;
+    flips_before_fork += v.flips_before_fork;
     logit_rows += static_cast<int64_t>(v.logits.size());
     if (v.mean_kl >= 0) sum_kl += v.mean_kl * static_cast<double>(v.logits.size());
     if (v.max_kl_pos >= 0 && v.max_kl > max_kl) max_kl = v.max_kl, max_view = &v;
@@ -752,7 +772,7 @@ std::string DiffHtml(const diff::TraceDiffReport& r, const Detokenize& detok, co
       << first_fork->q->id << ", generated token " << first_fork->q->first_token_diff << "</div>";
   } else {
     h << "<div class=\"v" << (flips > 0 ? "" : " good") << "\">unchanged</div><div class=\"s\">" << views.size()
-      << " request(s), the same tokens in both traces"
+      << (views.size() == 1 ? " request" : " requests") << ", the same tokens in both traces"
       << (flips > 0 ? "; b's most likely token differs at the flips, so b's greedy text would differ" : "") << "</div>";
   }
   h << "</div><div class=\"card\" id=\"verdict-flips\"><div class=\"k\">Top-1 flips</div>";
@@ -769,6 +789,7 @@ std::string DiffHtml(const diff::TraceDiffReport& r, const Detokenize& detok, co
     } else {
       h << "the most likely token never changes";
     }
+    if (forks > 0) h << "; " << flips_before_fork << " before the texts fork";
     h << "</div>";
   } else {
     h << "<div class=\"v\">–</div><div class=\"s\">no logits captured in both traces</div>";
@@ -803,6 +824,7 @@ std::string DiffHtml(const diff::TraceDiffReport& r, const Detokenize& detok, co
     if (v.q->first_token_diff >= 0) h << "<span class=\"badge bad\">fork</span>";
     else if (v.flips > 0) h << "<span class=\"badge bad\">" << v.flips << " flip" << (v.flips > 1 ? "s" : "") << "</span>";
     else if (!v.q->has_divergence) h << "<span class=\"badge\">same</span>";
+    else if (!v.logits.empty()) h << "<span class=\"badge\">0 flips</span>";
     h << "</button>";
   }
   h << "</nav>\n";
@@ -819,10 +841,7 @@ std::string DiffHtml(const diff::TraceDiffReport& r, const Detokenize& detok, co
   h << "<details class=\"tensors\" id=\"tensors\"><summary>Tensors: " << r.tensors.size() << " compared, " << diverging
     << " with diverging rows (all requests)</summary>\n<table class=\"tensor-table\"><tr><th>tensor</th><th>rows</th>"
        "<th>equal</th><th>diverging</th><th>worst rel L2</th><th></th><th>at position</th><th>max KL</th></tr>\n";
-  std::vector<const diff::TensorReport*> tensors;
-  for (const auto& t : r.tensors) tensors.push_back(&t);
-  std::stable_sort(tensors.begin(), tensors.end(), [](auto* x, auto* y) { return NaturalLess{}(x->tensor, y->tensor); });
-  for (const auto* tp : tensors) {
+  for (const auto* tp : NaturalTensors(r)) {
     const auto& t = *tp;
     const double bar = t.worst_rel_l2 > 0 ? 4 + 96 * wax.Frac(t.worst_rel_l2) : 0;
     h << "<tr class=\"" << (t.equal_rows == t.rows ? "same" : "differs") << "\"><td class=\"tensor-name\">"
