@@ -127,6 +127,9 @@ json DiffJson(const diff::TraceDiffReport& r, const Detokenize& detok) {
       j["top1_agree"] = d.logits.top1_agree;
       j["chosen_prob_a"] = d.logits.chosen_prob_ref;
       j["chosen_prob_b"] = d.logits.chosen_prob_cand;
+      if (d.logits.top1_ref >= 0) j["top1_a"] = d.logits.top1_ref, j["top1_b"] = d.logits.top1_cand;
+      if (std::isfinite(d.entropy_a)) j["entropy_a"] = d.entropy_a;
+      if (std::isfinite(d.entropy_b)) j["entropy_b"] = d.entropy_b;
     }
     return j;
   };

@@ -201,6 +201,7 @@ struct View {
   int64_t flips_before_fork = 0;  // flips whose context is still a's (logits at p < the fork position)
   double mean_kl = -1, max_kl = 0;
   int64_t max_kl_pos = -1;
+  bool cell_titles = true;  // hover text on heatmap cells (off when the page would grow too big)
   bool Flip(const diff::RowDiff& r) const { return !r.hash_equal && !r.logits.top1_agree; }
 };
 
@@ -252,7 +253,8 @@ void KlChart(std::ostringstream& h, const View& v, const Frame& f, double kl_thr
     << (v.q->first_token_diff >= 0 ? "; from the fork on the two runs read different tokens, so KL compares different contexts" : "")
     << ")</span></figcaption>\n";
   if (v.logits.empty()) {
-    h << "<p class=\"empty\">No logits were captured in both traces for this request.</p></figure>\n";
+    h << "<p class=\"empty\">No logit values in both traces for this request (captured as summaries only, or not "
+         "at all: record with <code>--logits full</code> or <code>topk</code> and <code>--capture full</code>).</p></figure>\n";
     return;
   }
   std::vector<double> kls;
@@ -442,7 +444,7 @@ void Heatmap(std::ostringstream& h, const View& v, const Frame& f, double rel_th
              "height=\"6\" fill=\"#9aa0a6\"/><line x1=\"0\" y1=\"0\" x2=\"0\" y2=\"6\" stroke=\"#6b7075\" stroke-width=\"2\"/>"
              "</pattern></defs>";
   const int label_every = rh >= 11 ? 1 : static_cast<int>(std::ceil(11 / rh));
-  const bool titles = layers * f.positions <= 40000;  // hover text; skipped on huge maps to keep the file small
+  const bool titles = v.cell_titles;
   h << "<g class=\"cells\" shape-rendering=\"crispEdges\">";
   for (int64_t l = 0; l < layers; ++l) {
     const double y = top + l * rh;
@@ -722,6 +724,12 @@ std::string DiffHtml(const diff::TraceDiffReport& r, const Detokenize& detok, co
     }
     views.push_back(MakeView(r.requests[i], d));
   }
+  // Hover text on heatmap cells costs ~100 bytes a cell: up to 60k cells over all requests.
+  int64_t cells = 0;
+  for (const auto& d : r.details) {
+    for (const auto& row : d.heatmap) cells += static_cast<int64_t>(row.size());
+  }
+  for (auto& v : views) v.cell_titles = cells <= 60000;
   // Totals over requests.
   int64_t flips = 0, flips_before_fork = 0, logit_rows = 0, forks = 0;
   double sum_kl = 0, max_kl = -1;

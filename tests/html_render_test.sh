@@ -205,6 +205,9 @@ for r in (0, 1):
               f'the forced replay first flips at position {first_flip}')
     marked = [int(e['a']['data-position']) for e in fd.find(tag='span', cls='fork', inside=f'tokens-{r}')]
     check(marked == ([n_prompt + g] if g >= 0 else []), f'request {r}: fork marked at {marked}, tokens differ from generated token {g}')
+    if g >= 0:
+        check(fd.find(cls='fork-line', inside=f'kl-chart-{r}') or fd.find(cls='fork-label', inside=f'kl-chart-{r}'),
+              f'request {r}: the KL chart does not mark the fork')
     forks += g >= 0
 tv = fd.find(inside='verdict-tokens', cls='v')
 check(forks > 0 and tv and f'changed in {forks} of 2' in tv[0]['text'], f'free replay: verdict says {tv[0]["text"] if tv else None!r}')
