@@ -25,4 +25,10 @@ echo; echo "=== record the greedy run with an FP8 cache, replay it, bisect it (t
 "$LS" record --prompt "$PROMPT" --max-tokens 256 --temperature 0 --ignore-eos --kv-cache fp8_e4m3 -o "$OUT/run.h5"
 "$LS" inspect "$OUT/run.h5" | sed -n "1,3p;/^requests/,/^tensors/p"
 "$LS" replay "$OUT/run.h5" -o "$OUT/replay.h5" -q
+echo; echo "=== does the FP8 cache explain it? (teacher-forced replay with a BF16 cache) ==="
+"$LS" replay "$OUT/run.h5" --mode forced --kv-cache bf16 -o "$OUT/bf16.h5" -q --html "$OUT/report.html" >"$OUT/forced.txt"
+head -1 "$OUT/forced.txt"
 "$LS" bisect "$OUT/run.h5" --work-dir "$OUT/bisect" -q
+echo
+echo "The traces are in $OUT; the report of the forced replay is $OUT/report.html."
+echo "h5py reads the traces with HDF5_PLUGIN_PATH=$(cd "$BUILD" && pwd)/hdf5-plugins (docs/trace-format.md)."
