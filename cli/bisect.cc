@@ -7,6 +7,8 @@
 #include <nlohmann/json.hpp>
 
 #include "cli/commands.h"
+#include "cli/progress.h"
+#include "cli/table.h"
 #include "replayer/bisect.h"
 
 namespace lockstep::cli {
@@ -22,8 +24,21 @@ Status RunBisect(const BisectArgs& a) {
   replayer::BisectOptions o;
   o.work_dir = a.work_dir.empty() ? std::filesystem::path(a.trace).replace_extension(".bisect") : std::filesystem::path(a.work_dir);
   o.model_dir = a.model;
-  if (!a.quiet && !a.json) o.progress = [](const std::string& s) { std::fprintf(stderr, "bisect: %s\n", s.c_str()); };
-  LS_ASSIGN_OR_RETURN(replayer::BisectResult r, replayer::Bisect(*trace, o));
+  // One progress line a replay: which experiment, its tokens, rate and ETA.
+  Progress bar(!a.quiet && !a.json, "", 0);
+  int experiment = 0;
+  if (!a.quiet && !a.json) {
+    o.progress = [&](const std::string& s) {
+      bar.Restart("bisect " + std::to_string(++experiment) + ": " + s, 0);
+      if (!bar.enabled()) std::fprintf(stderr, "bisect: %s\n", s.c_str());
+    };
+    o.replay_progress = [&](int64_t done, int64_t total) {
+      if (bar.enabled()) bar.SetTotal(total), bar.Update(done);
+    };
+  }
+  auto result = replayer::Bisect(*trace, o);
+  bar.Done();
+  LS_ASSIGN_OR_RETURN(replayer::BisectResult r, std::move(result));
   if (a.json) {
     nlohmann::json comps = nlohmann::json::array();
     for (const auto& c : r.components) {
@@ -56,12 +71,14 @@ Status RunBisect(const BisectArgs& a) {
   if (!r.components.empty()) {
     std::printf("reference configuration: %s; logit KL of the recording against it: %.3g nats\n", r.reference.c_str(),
                 r.total_kl);
-    std::printf("\n%-14s %-32s %10s  %s\n", "component", "recorded → swapped", "explains", "first divergence (recording vs swap)");
+    std::printf("\n");
+    Table table({"component", "recorded → swapped", "explains", "first divergence (recording vs swap)"},
+                {false, false, true, false});
     for (const auto& c : r.components) {
-      std::printf("%-14s %-32s %9.0f%%  %s\n", c.component.c_str(), (c.recorded + " → " + c.swapped_to).c_str(),
-                  100 * c.explained,
-                  c.has_divergence ? (c.first.tensor + " @ position " + std::to_string(c.first.position)).c_str() : "none");
+      table.Add({c.component, c.recorded + " → " + c.swapped_to, Format("%.0f%%", 100 * c.explained),
+                 c.has_divergence ? c.first.tensor + " @ position " + std::to_string(c.first.position) : "none"});
     }
+    table.Print();
   }
   return Status::Ok();
 }

@@ -1,5 +1,6 @@
 // cli/diff_report.cc — see diff_report.h.
 #include "cli/diff_report.h"
+#include "cli/table.h"
 
 #include <algorithm>
 #include <cmath>
@@ -68,13 +69,15 @@ void PrintDiffText(const diff::TraceDiffReport& r, const Detokenize& detok, bool
     std::printf("identical: every common row has the same content hash, and every token matches\n");
     return;
   }
-  std::printf("\n%-40s %8s %8s %10s %12s %10s\n", "tensor", "rows", "equal", "diverging", "worst relL2", "max KL");
+  std::printf("\n");
+  Table table({"tensor", "rows", "equal", "diverging", "worst relL2", "max KL"}, {false, true, true, true, true, true});
   for (const auto* tp : NaturalTensors(r)) {
     const auto& t = *tp;
     if (!verbose && t.equal_rows == t.rows) continue;
-    std::printf("%-40s %8lld %8lld %10lld %12.3g %10.3g\n", Short(t.tensor).c_str(), static_cast<long long>(t.rows),
-                static_cast<long long>(t.equal_rows), static_cast<long long>(t.diverging_rows), t.worst_rel_l2, t.max_kl);
+    table.Add({Short(t.tensor), std::to_string(t.rows), std::to_string(t.equal_rows), std::to_string(t.diverging_rows),
+               Format("%.3g", t.worst_rel_l2), Format("%.3g", t.max_kl)});
   }
+  table.Print();
   std::printf("\nrequests:\n");
   for (const auto& q : r.requests) {
     std::printf("  %d %s: tokens %s", q.id, q.name.empty() ? "" : ("'" + q.name + "'").c_str(),

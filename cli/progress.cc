@@ -51,7 +51,8 @@ void Progress::Restart(std::string label, int64_t total) {
 void Progress::Update(int64_t done, const std::string& extra, bool force) {
   if (!on_) return;
   const auto now = Clock::now();
-  if (!force && drawn_ && now - last_ < std::chrono::milliseconds(100)) return;
+  const bool final = total_ > 0 && done >= total_;  // the last state is always drawn
+  if (!force && !final && drawn_ && now - last_ < std::chrono::milliseconds(100)) return;
   last_ = now;
   const double s = std::chrono::duration<double>(now - t0_).count();
   const double rate = s > 0 ? done / s : 0;

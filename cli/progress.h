@@ -17,6 +17,8 @@ class Progress {
   ~Progress();
   // A new phase: resets the count, the rate and the ETA.
   void Restart(std::string label, int64_t total);
+  // The total, once known (a replay learns it from the trace), without resetting the clock.
+  void SetTotal(int64_t total) { total_ = total; }
   // `done` of `total` so far; `extra` is printed after the ETA ("12.3 MB captured").
   void Update(int64_t done, const std::string& extra = "", bool force = false);
   // Ends the line (the next output starts on a fresh one). Idempotent.

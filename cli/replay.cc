@@ -7,6 +7,7 @@
 #include "cli/common.h"
 #include "cli/diff_report.h"
 #include "cli/progress.h"
+#include "kernels/registry.h"
 #include "replayer/replay_session.h"
 
 namespace lockstep::cli {
@@ -32,6 +33,16 @@ Status RunReplay(const ReplayArgs& a) {
   }
   for (const auto& k : a.kernels) LS_RETURN_IF_ERROR(kernels::ParseKernelOverride(k, &o.overrides.kernels));
   if (!a.fault.empty()) o.overrides.fault = a.fault == "none" ? "" : a.fault;
+  // Kernel and fault names are checked now, not after the model has loaded.
+  if (!o.overrides.kernels.empty() || o.overrides.fault) {
+    std::string backend = a.backend;
+    if (backend.empty()) {
+      auto it = trace->meta().find("backend");
+      backend = it != trace->meta().end() ? it->second : "cpu";
+    }
+    LS_RETURN_IF_ERROR(
+        kernels::Registry::Get().Resolve(o.overrides.kernels, backend, o.overrides.fault.value_or("")).status());
+  }
   o.overrides.temperature = a.temperature;
   o.overrides.top_p = a.top_p;
   o.overrides.top_k = a.top_k;

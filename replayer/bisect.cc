@@ -35,6 +35,7 @@ Result<BisectResult> Bisect(const traces::TraceReader& trace, const BisectOption
   auto run = [&](ReplayOptions o, const std::string& what) -> Result<ReplayResult> {
     if (opt.progress) opt.progress(what);
     o.model_dir = opt.model_dir;
+    o.progress = opt.replay_progress;
     o.output = opt.work_dir / ("bisect_" + std::to_string(n++) + ".h5");
     return Replay(trace, o);
   };

@@ -28,6 +28,7 @@ struct BisectOptions {
   std::filesystem::path work_dir;     // where the replays' traces go
   std::filesystem::path model_dir;    // empty: the trace's
   std::function<void(const std::string&)> progress;  // one line per replay started
+  std::function<void(int64_t tokens, int64_t total)> replay_progress;  // within each replay (ReplayOptions::progress)
 };
 
 struct ComponentResult {

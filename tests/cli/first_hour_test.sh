@@ -143,6 +143,10 @@ PY
 [ "$(cat "$TMP/order")" = "0 1 2 3 4 5 6 7 8 9 10 11 " ] && ok "inspect: layers in natural order" ||
   bad "inspect layer order: $(cat "$TMP/order")"
 
+# replay checks its kernel overrides before the model loads (the model folder is gone here).
+"$LS" replay "$TMP/run.h5" --mode forced --kernel attn_decode=nope -m /nonexistent/model -o "$TMP/z.h5" 2>"$TMP/e"
+grep -q "attn_decode=nope: unknown variant" "$TMP/e" && ok "replay checks --kernel first" || bad "replay --kernel: $(cat "$TMP/e")"
+
 # A forced replay says how many positions flipped, the KL, and what happens to the text.
 "$LS" replay "$TMP/run.h5" --mode forced --kv-cache bf16 -o "$TMP/f.h5" >"$TMP/forced.txt" 2>/dev/null
 head -1 "$TMP/forced.txt" | grep -qE "with kv_cache=bf16: [0-9]+ of [0-9]+ positions changed their most likely token.*mean KL .* nats, max .*Text: " &&
