@@ -14,7 +14,7 @@
 
 namespace lockstep {
 
-class Status {
+class [[nodiscard]] Status {
  public:
   enum class Code { kOk, kInvalidArgument, kNotFound, kCorruption, kUnsupported, kIoError, kInternal };
 
@@ -45,7 +45,7 @@ class Status {
 
 // Result<T>: a value or a failed Status. Access the value only after checking ok().
 template <typename T>
-class Result {
+class [[nodiscard]] Result {
  public:
   Result(T value) : v_(std::move(value)) {}  // NOLINT: implicit by design
   Result(Status s) : v_(std::move(s)) { assert(!std::get<Status>(v_).ok()); }  // NOLINT

@@ -253,7 +253,13 @@ int main(int argc, char** argv) {
     auto t1 = std::chrono::steady_clock::now();
     int64_t steps = 0;
     // Two warm-up decode steps (first-use allocations, cuBLAS algorithm choice), then timed.
-    for (int w = 0; w < 2; ++w) (void)eng->Step();
+    for (int w = 0; w < 2; ++w) {
+      auto warm = eng->Step();
+      if (!warm.ok()) {
+        std::fprintf(stderr, "bench_gpu_decode: %s\n", warm.status().message().c_str());
+        return 1;
+      }
+    }
     auto t2 = std::chrono::steady_clock::now();
     while (true) {
       if (profiler_steps > 0 && steps == 0) {

@@ -218,7 +218,11 @@ int main(int argc, char** argv) {
       r.name = std::to_string(b);
       for (int64_t i = 0; i < prompt_len; ++i) r.prompt.push_back(static_cast<int32_t>(3 + rng() % (V - 3)));
       r.max_new_tokens = tokens;
-      (void)(*eng)->AddRequest(r);
+      auto id = (*eng)->AddRequest(r);
+      if (!id.ok()) {
+        std::fprintf(stderr, "bench_record: %s\n", id.status().message().c_str());
+        return 1;
+      }
     }
     const std::filesystem::path path = std::filesystem::path(out_dir) / ("bench_record_" + mode + ".h5");
     std::unique_ptr<traces::TraceWriter> writer;
@@ -261,7 +265,13 @@ int main(int argc, char** argv) {
       ro.flush_interval_s = flush_interval;
       rec = std::make_unique<recorder::Recorder>(eng->get(), writer.get(), ro);
       rec->Attach();
-      for (int64_t b = 0; b < batch; ++b) (void)rec->AddRequest(b, "");
+      for (int64_t b = 0; b < batch; ++b) {
+        const Status st = rec->AddRequest(b, "");
+        if (!st.ok()) {
+          std::fprintf(stderr, "bench_record: %s\n", st.message().c_str());
+          return 1;
+        }
+      }
     }
     Result_ res;
     const auto t0 = Clock::now();
@@ -297,7 +307,10 @@ int main(int argc, char** argv) {
                                (t.steps_ns - rec_first.steps_ns) / n};
     }
     if (writer) {
-      (void)rec->Finish();
+      if (const Status st = rec->Finish(); !st.ok()) {
+        std::fprintf(stderr, "bench_record: %s\n", st.message().c_str());
+        return 1;
+      }
       rec.reset();
       // The engine's waits on the writer: a full queue, or (CUDA full capture) no lent tap
       // buffer back yet.

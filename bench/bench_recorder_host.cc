@@ -281,7 +281,10 @@ int main(int argc, char** argv) {
           total_s += std::chrono::duration<double>(t3 - t0).count();
         }
       }
-      (void)rec.Finish();
+      if (const Status st = rec.Finish(); !st.ok()) {
+        std::fprintf(stderr, "bench_recorder_host: %s\n", st.message().c_str());
+        return 1;
+      }
     }
     const auto c0 = Clock::now();
     const Status st = (*w)->Close();

@@ -7,6 +7,9 @@ namespace lockstep::traces::h5 {
 
 void Hid::Reset() {
   if (id_ >= 0) {
+    // Reset runs from destructors and reassignments, which have no caller to report to; the id
+    // is released whether or not HDF5's close succeeds. Code that needs the outcome (a file,
+    // whose close flushes) calls Close() itself.
     (void)Close();
   }
 }

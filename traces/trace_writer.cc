@@ -1076,6 +1076,8 @@ Status TraceWriter::Impl::DoClose() {
   for (auto& t : tables_) t->tail_dset.Reset();
   tails_.Reset();
   if (tails_file_.valid()) {
+    // The trace itself is complete and published above; the sidecar is deleted next, so a
+    // failed close of it loses nothing a reader needs.
     (void)tails_file_.Close();
     std::error_code ec;
     std::filesystem::remove(TailsPath(path_), ec);
@@ -1148,6 +1150,8 @@ Result<std::unique_ptr<TraceWriter>> TraceWriter::Create(const std::filesystem::
   return w;
 }
 
+// A destructor cannot report: a caller that needs the outcome calls Close() first (then this
+// one does nothing); a failed close leaves the trace as of its last flush, marked incomplete.
 TraceWriter::~TraceWriter() { (void)Close(); }
 
 Status TraceWriter::Enqueue(Command cmd) {
