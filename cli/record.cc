@@ -12,7 +12,6 @@
 
 #include <nlohmann/json.hpp>
 
-#include "base/version.h"
 #include "cli/commands.h"
 #include "cli/common.h"
 #include "cli/progress.h"
@@ -88,7 +87,6 @@ Status RunRecord(RecordArgs& a) {
                                  : recorder::RecorderOptions::CompressionThreads(policy, std::thread::hardware_concurrency());
   so.writer.queue_bytes = a.queue_mb << 20;
   so.writer.batch_width = opts.max_batch;
-  so.writer.writer = std::string("lockstep ") + kVersion + " (" + kGitRevision + ")";
   so.flush_interval_s = a.flush_interval;
   if (m.tokenizer) so.detokenize = [&m](const std::vector<int32_t>& ids) { return m.tokenizer->Decode(ids); };
   LS_ASSIGN_OR_RETURN(so.meta, ModelMeta(m));

@@ -72,6 +72,9 @@ Result<RecordSessionResult> RecordRun(engine::Engine& eng, const std::vector<Rec
                                       const RecordSessionOptions& o) {
   const std::string out = o.output.string();
   traces::TraceWriterOptions wo = o.writer;
+  // Every trace names the lockstep that wrote it (record, replay, degen's failures, the
+  // server's captures alike), unless the caller names another writer.
+  if (wo.writer.empty()) wo.writer = std::string("lockstep ") + kVersion + " (" + kGitRevision + ")";
   wo.alloc_block_bytes = RecorderOptions::AllocBlockBytes(o.policy);
   wo.target_chunk_bytes = RecorderOptions::TargetChunkBytes(o.policy);
   LS_ASSIGN_OR_RETURN(auto writer, traces::TraceWriter::Create(o.output, wo));

@@ -144,7 +144,10 @@ while IFS= read -r line; do
       id=${id%% *}
       grep -q '"error"' "$log" && { echo "FAIL the admin capture answered an error: $(head -c 300 "$log")"; fail=1; }
       [ -s "caps/$id.h5" ] && "$BUILD/lockstep" inspect "caps/$id.h5" >/dev/null &&
-        echo "ok   caps/$id.h5 is a trace lockstep opens" || { echo "FAIL no readable caps/$id.h5"; fail=1; } ;;
+        echo "ok   caps/$id.h5 is a trace lockstep opens" || { echo "FAIL no readable caps/$id.h5"; fail=1; }
+      # A server capture names the lockstep that wrote it, as every trace does.
+      "$BUILD/lockstep" inspect "caps/$id.h5" | head -1 | grep -q "written by lockstep [0-9]" &&
+        echo "ok   the capture names its writer's version" || { echo "FAIL the capture names no writer version"; fail=1; } ;;
   esac
 done <"$TMP/run-list"
 

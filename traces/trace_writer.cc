@@ -346,7 +346,7 @@ Status TraceWriter::Impl::Open(const std::filesystem::path& path) {
   LS_RETURN_IF_ERROR(h5::WriteAttrI32s(f, kAttrFormatVersion, {kFormatMajor, kFormatMinor}));
   LS_RETURN_IF_ERROR(h5::WriteAttrU8(f, kAttrComplete, 0));
   LS_RETURN_IF_ERROR(h5::WriteAttr(f, kAttrFlushedSteps, int64_t{0}));
-  LS_RETURN_IF_ERROR(h5::WriteAttr(f, kAttrWriter, opts_.writer));
+  LS_RETURN_IF_ERROR(h5::WriteAttr(f, kAttrWriter, opts_.writer.empty() ? std::string("lockstep") : opts_.writer));
   LS_ASSIGN_OR_RETURN(meta_, h5::CreateGroup(f, kMetaGroup));
   LS_ASSIGN_OR_RETURN(requests_, h5::CreateGroup(f, kRequestsGroup));
   LS_ASSIGN_OR_RETURN(h5::Hid taps, h5::CreateGroup(f, kTapsGroup));

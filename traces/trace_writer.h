@@ -45,7 +45,7 @@ struct TraceWriterOptions {
   // recorded; a kill inside a flush then cannot leave pointers past it (docs/trace-format.md,
   // "Crash safety"). Also the most space a trace can waste: about what 10–100 steps write.
   int64_t alloc_block_bytes = 1 << 20;
-  std::string writer = "lockstep";        // root attribute `writer`
+  std::string writer;                     // root attribute `writer` ("" → "lockstep"; RecordRun names the version)
   // Called on the writer thread after each completed flush with its `flushed_steps`.
   std::function<void(int64_t)> on_flushed;
 };
