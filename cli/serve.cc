@@ -1,7 +1,13 @@
 // cli/serve.cc — `lockstep serve`: the OpenAI-compatible server (server/http_server.h,
 // docs/server.md). Loads the model, builds the server's options from the flags and serves
 // until SIGINT/SIGTERM.
+#include <pthread.h>
+
+#include <atomic>
+#include <cctype>
+#include <cerrno>
 #include <csignal>
+#include <cstring>
 #include <fstream>
 #include <iostream>
 #include <sstream>
@@ -29,13 +35,34 @@ struct ServeArgs {
   EngineFlags flags;
 };
 
-server::Server* g_server = nullptr;
-void OnSignal(int) {
-  // stop() only flips flags and shuts sockets down: safe enough from a handler for a CLI.
-  if (g_server) std::thread([] { g_server->Stop(); }).detach();
+// The admin token from --admin-token-file: its first line, without surrounding whitespace
+// (a trailing \r, the newline `base64` writes). Read before the model loads, so that a
+// missing file fails at once and says how to make one.
+Result<std::string> ReadTokenFile(const std::string& path) {
+  const std::string make = "head -c 32 /dev/urandom | base64 > " + path;
+  std::ifstream in(path);
+  if (!in) {
+    return Status::NotFound(path + ": cannot read the admin token file (" + std::strerror(errno) +
+                            "); create one with: " + make);
+  }
+  std::string token;
+  std::getline(in, token);
+  const auto space = [](unsigned char c) { return std::isspace(c) != 0; };
+  while (!token.empty() && space(token.back())) token.pop_back();
+  size_t lead = 0;
+  while (lead < token.size() && space(token[lead])) ++lead;
+  token.erase(0, lead);
+  if (token.empty()) {
+    return Status::InvalidArgument(path + ": the admin token file's first line is empty; write a secret into it: " + make);
+  }
+  return token;
 }
 
 Status RunServe(ServeArgs& a) {
+  std::string token_from_file;
+  if (!a.admin_token_file.empty()) {
+    LS_ASSIGN_OR_RETURN(token_from_file, ReadTokenFile(a.admin_token_file));
+  }
   LS_ASSIGN_OR_RETURN(LoadedModel m, LoadModel(a.model.empty() ? DefaultModelDir() : std::filesystem::path(a.model), a.quiet));
   if (!m.tokenizer) return Status::NotFound(m.dir.string() + ": no tokenizer.json; the server speaks text");
   server::ServerOptions o;
@@ -72,25 +99,34 @@ Status RunServe(ServeArgs& a) {
   o.tap_summaries = !a.no_tap_summaries;
   o.capture_queue = static_cast<size_t>(a.capture_queue);
   o.quiet = a.quiet;
-  o.admin_token = a.admin_token;
-  if (!a.admin_token_file.empty()) {
-    std::ifstream in(a.admin_token_file);
-    if (!in) return Status::NotFound(a.admin_token_file + ": cannot read the admin token file");
-    std::getline(in, o.admin_token);
-    if (o.admin_token.empty()) return Status::InvalidArgument(a.admin_token_file + ": the admin token file is empty");
-  }
+  o.admin_token = a.admin_token_file.empty() ? a.admin_token : token_from_file;
   LS_ASSIGN_OR_RETURN(o.trace_meta, ModelMeta(m));
+  // SIGINT/SIGTERM are taken by one thread with sigwait, not by a handler: blocked here, before
+  // the server starts its threads (which inherit the mask), so no thread of the server is
+  // interrupted and a second signal (`timeout` sends its TERM to the child and then to the
+  // group) cannot reach a server already being destroyed.
+  sigset_t stop_signals;
+  sigemptyset(&stop_signals);
+  sigaddset(&stop_signals, SIGINT);
+  sigaddset(&stop_signals, SIGTERM);
+  pthread_sigmask(SIG_BLOCK, &stop_signals, nullptr);
   LS_ASSIGN_OR_RETURN(auto srv, server::Server::Start(std::move(o)));
-  g_server = srv.get();
-  std::signal(SIGINT, OnSignal);
-  std::signal(SIGTERM, OnSignal);
+  std::atomic<bool> done{false};
+  std::thread stopper([&] {
+    int sig = 0;
+    sigwait(&stop_signals, &sig);
+    if (!done.load()) srv->Stop();
+  });
   // One write: scripts read this line to find the ports (std::cerr is unbuffered, so a chain of
   // << would reach them in pieces).
   std::cerr << ("lockstep serve: API on http://" + a.host + ":" + std::to_string(srv->port()) +
                 "/v1, health/metrics/admin on http://" + a.host + ":" + std::to_string(srv->admin_port()) + "\n")
             << std::flush;
-  srv->Wait();
-  g_server = nullptr;
+  srv->Wait();  // until a signal's Stop, or a listener ended on its own
+  done = true;
+  pthread_kill(stopper.native_handle(), SIGTERM);  // wakes its sigwait if no signal came
+  stopper.join();
+  srv->Stop();
   return Status::Ok();
 }
 
@@ -100,11 +136,15 @@ void RegisterServe(CLI::App& app, SetAction set_action) {
   auto a = std::make_shared<ServeArgs>();
   CLI::App* cmd = app.add_subcommand("serve", "Serve an OpenAI-compatible API that records every request and captures failing ones");
   cmd->footer(
-      "Examples:\n"
+      "Examples (tests/server/serve_docs_test.sh runs them as printed):\n"
       "  lockstep serve                                  # embedded tiny model on 127.0.0.1:8000\n"
-      "  lockstep serve --capture-dir caps --admin-token-file tok.txt\n"
-      "  curl -s localhost:8000/v1/completions -d '{\"prompt\":\"<!DOCTYPE html>\",\"max_tokens\":32}'\n"
-      "  curl -s -X POST -H \"Authorization: Bearer $(cat tok.txt)\" localhost:8001/admin/capture/<x-request-id>\n"
+      "  head -c 32 /dev/urandom | base64 > token.txt    # the admin token: any secret, the file's first line\n"
+      "  lockstep serve --capture-dir caps --admin-token-file token.txt\n"
+      "  curl -s localhost:8000/v1/completions -H 'x-request-id: first' -d '{\"prompt\":\"<!DOCTYPE html>\",\"max_tokens\":32}'\n"
+      "  curl -s -X POST -H \"Authorization: Bearer $(cat token.txt)\" localhost:8001/admin/capture/first\n"
+      "The last call captures the request named by its x-request-id (any id a response carried) into\n"
+      "caps/first.h5 and answers {trace, live_record, verified, detail}; 401 for a wrong token, 404 for\n"
+      "an id no longer in the ring.\n"
       "Every request is recorded cheaply (inputs, seed, batch per step, a hash of every logits row, every\n"
       "tap row's summary and hash) in a ring of --ring-mb. A capture (header X-Lockstep-Capture: full|summary\n"
       "with X-Lockstep-Token, the admin call, or the degeneration detector) re-runs the request offline, on\n"
@@ -127,7 +167,8 @@ void RegisterServe(CLI::App& app, SetAction set_action) {
   cmd->add_option("--max-body-kb", a->max_body_kb, "Largest request body")->check(CLI::Range(1, 1 << 20));
   cmd->add_option("--capture-dir", a->capture_dir, "Where captures go (created 0700); without it captures are refused");
   cmd->add_option("--admin-token", a->admin_token, "Token for /admin/* and capture requests (visible in ps; prefer the file)");
-  cmd->add_option("--admin-token-file", a->admin_token_file, "File whose first line is the admin token");
+  cmd->add_option("--admin-token-file", a->admin_token_file,
+                  "File whose first line is the admin token (make one: head -c 32 /dev/urandom | base64 > token.txt)");
   cmd->add_flag("--capture-redact", a->redact, "Captures store token ids without text");
   cmd->add_option("--ring-mb", a->ring_mb, "Memory for the records of recent requests (oldest evicted)")
       ->check(CLI::Range(1, 1 << 20));

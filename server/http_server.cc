@@ -7,6 +7,7 @@
 
 #include <algorithm>
 #include <array>
+#include <tuple>
 #include <cctype>
 #include <cstdlib>
 #include <memory>
@@ -145,18 +146,37 @@ Server::Server(ServerOptions options) : opts_(std::move(options)) {}
 
 Server::~Server() { Stop(); }
 
+// Stop runs once at a time (stop_mu_) and is the only one that joins the listener threads:
+// `lockstep serve` calls it from a signal's helper thread while its main thread is in Wait and
+// then again from the destructor. (Wait used to join the same threads as Stop: a SIGTERM
+// could leave the main thread joining a thread Stop had joined already, forever.)
 void Server::Stop() {
-  if (api_) api_->stop();
-  if (admin_) admin_->stop();
+  std::lock_guard<std::mutex> stopping(stop_mu_);
+  // cpp-httplib's stop() does nothing before the listener's loop has started: wait for it
+  // (or for the loop to have ended on its own), or a Stop right after Start would join forever.
+  const std::array<std::tuple<httplib::Server*, std::thread*, std::atomic<bool>*>, 2> listeners = {
+      std::tuple{api_.get(), &api_thread_, &api_ended_}, std::tuple{admin_.get(), &admin_thread_, &admin_ended_}};
+  for (auto [srv, thread, ended] : listeners) {
+    if (!srv) continue;
+    while (thread->joinable() && !srv->is_running() && !ended->load()) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    }
+    srv->stop();
+  }
   if (api_thread_.joinable()) api_thread_.join();
   if (admin_thread_.joinable()) admin_thread_.join();
   captures_.reset();  // finishes the capture in progress; queued ones are answered "stopping"
   scheduler_.reset();
+  {
+    std::lock_guard<std::mutex> lock(wait_mu_);
+    stopped_ = true;
+  }
+  wait_cv_.notify_all();
 }
 
 void Server::Wait() {
-  if (api_thread_.joinable()) api_thread_.join();
-  if (admin_thread_.joinable()) admin_thread_.join();
+  std::unique_lock<std::mutex> lock(wait_mu_);
+  wait_cv_.wait(lock, [this] { return stopped_ || api_ended_.load() || admin_ended_.load(); });
 }
 
 Result<std::unique_ptr<Server>> Server::Start(ServerOptions options) {
@@ -221,8 +241,17 @@ Result<std::unique_ptr<Server>> Server::Start(ServerOptions options) {
   for (int fd : *listen_fds) {
     if (fd >= 0) ::listen(fd, SOMAXCONN);
   }
-  s->api_thread_ = std::thread([p = s->api_.get()] { p->listen_after_bind(); });
-  s->admin_thread_ = std::thread([p = s->admin_.get()] { p->listen_after_bind(); });
+  // A listener that ends on its own (not through Stop) wakes Wait, whose caller then stops.
+  auto listen = [self](httplib::Server* srv, std::atomic<bool>* ended) {
+    srv->listen_after_bind();
+    {
+      std::lock_guard<std::mutex> lock(self->wait_mu_);
+      ended->store(true);
+    }
+    self->wait_cv_.notify_all();
+  };
+  s->api_thread_ = std::thread(listen, s->api_.get(), &s->api_ended_);
+  s->admin_thread_ = std::thread(listen, s->admin_.get(), &s->admin_ended_);
   return s;
 }
 

@@ -11,11 +11,13 @@
 #pragma once
 
 #include <atomic>
+#include <condition_variable>
 #include <cstdint>
 #include <filesystem>
 #include <functional>
 #include <map>
 #include <memory>
+#include <mutex>
 #include <string>
 #include <thread>
 #include <vector>
@@ -73,8 +75,8 @@ class Server {
  public:
   static Result<std::unique_ptr<Server>> Start(ServerOptions options);
   ~Server();
-  void Stop();
-  void Wait();  // until Stop (from another thread or a signal handler's helper)
+  void Stop();  // idempotent; may run on any thread, also while another thread is in Wait
+  void Wait();  // until Stop (from another thread or a signal handler's helper) or a listener ends
   int port() const { return port_; }
   int admin_port() const { return admin_port_; }
   const Metrics& metrics() const { return metrics_; }
@@ -100,7 +102,12 @@ class Server {
   std::unique_ptr<Scheduler> scheduler_;
   std::unique_ptr<CaptureQueue> captures_;  // destroyed before the scheduler (Stop)
   std::unique_ptr<httplib::Server> api_, admin_;
-  std::thread api_thread_, admin_thread_;
+  std::thread api_thread_, admin_thread_;  // joined by Stop only
+  std::mutex stop_mu_;                      // one Stop at a time
+  std::mutex wait_mu_;
+  std::condition_variable wait_cv_;
+  bool stopped_ = false;                    // under wait_mu_
+  std::atomic<bool> api_ended_{false}, admin_ended_{false};  // its listener loop returned
   int port_ = 0, admin_port_ = 0;
   std::atomic<int> inflight_{0};
   std::atomic<uint64_t> next_id_{0};

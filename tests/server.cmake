@@ -26,6 +26,12 @@ if(PROMTOOL)
   target_compile_definitions(server_test PRIVATE LOCKSTEP_PROMTOOL="${PROMTOOL}")
 endif()
 
+# The serve commands README.md, docs/server.md and `lockstep serve --help` print, run as printed
+# (on free ports) in an empty directory: token file, serve, a completion, an admin capture.
+add_test(NAME serve_docs_test
+         COMMAND bash ${CMAKE_CURRENT_SOURCE_DIR}/server/serve_docs_test.sh $<TARGET_FILE:lockstep> ${CMAKE_SOURCE_DIR})
+set_tests_properties(serve_docs_test PROPERTIES LABELS "server" TIMEOUT 300 SKIP_REGULAR_EXPRESSION "SKIP:")
+
 # The real `openai` npm client (tests/server/e2e/, pinned by package-lock.json) against a
 # `lockstep serve` subprocess; SKIPs when Node 20+/npm or the npm registry are missing.
 add_test(NAME server_e2e_openai
