@@ -14,7 +14,8 @@
 # With no TARGETs it stages every GPU test, bench_gpu_decode, bench_gpu_sampler, bench_record, bench_mla_decode,
 # bench_expert_gemm, bench_recorder_host and lockstep (about 63 MB; the device tool carries at
 # most 64 MiB with the tree: tools/gpu-pack.sh packs them into ~24 MB instead). Builds for
-# sm_90 (the H200) when BUILD_DIR is new.
+# sm_90 (the H200) when BUILD_DIR is new, with the lab/ experiments configured
+# (-DLOCKSTEP_LAB=ON), so that one of them can be named as a TARGET.
 set -euo pipefail
 build=${1:-build-gpu}
 out=${2:-.gpu-bin}
@@ -26,7 +27,7 @@ if [ ${#targets[@]} -eq 0 ]; then
            bench_gpu_decode bench_gpu_sampler bench_record bench_mla_decode bench_expert_gemm bench_recorder_host lockstep)
 fi
 if [ ! -f "$build/CMakeCache.txt" ]; then
-  cmake -S . -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=Release -DCMAKE_CUDA_ARCHITECTURES=90
+  cmake -S . -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=Release -DCMAKE_CUDA_ARCHITECTURES=90 -DLOCKSTEP_LAB=ON
 fi
 cmake --build "$build" -j"$(nproc)" --target "${targets[@]}" h5zstd_lockstep
 mkdir -p "$out/plugins"

@@ -1254,7 +1254,7 @@ Status LaunchExpertGemmStream(const ExpertGemmParams& p, Stream stream) {
 // phase ends. Why (H200, 2026-11-30, kernels/cuda/README.md): x's loads, issued after a
 // CTA's 64 KB of cp.async weight requests (32 instructions a thread), came back only with the
 // last weight byte — an L2-resident x in 611 cycles alone, 2360 behind cp.async, 1633 behind
-// the same bytes in bulk copies (bench/bench_smem_fill, 36 CTAs). Row r of a slot sits at
+// the same bytes in bulk copies (lab/bench_smem_fill, 36 CTAs). Row r of a slot sits at
 // r·kBkRowBytes: the 32-byte pad puts a warp's four rows 8 banks apart, so the 32 lanes'
 // 4-byte reads hit 32 banks (what the streaming path's XOR swizzle did; bulk copies cannot
 // swizzle).

@@ -1,4 +1,4 @@
-// bench/probe_cublaslt_fp8.cc — does this cuBLASLt run DeepSeek's FP8 recipe (e4m3 weights with
+// lab/probe_cublaslt_fp8.cc — does this cuBLASLt run DeepSeek's FP8 recipe (e4m3 weights with
 // a scale per 128 × 128 block, e4m3 activations with a scale per token and 128 values) on this
 // GPU, and which scale-tensor layouts does it read? The header names the scale modes
 // (CUBLASLT_MATMUL_MATRIX_SCALE_BLK128x128_32F, _VEC128_32F) but not their layouts; this probe

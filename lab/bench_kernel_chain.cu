@@ -1,4 +1,4 @@
-// bench/bench_kernel_chain.cu — what one kernel boundary costs inside a CUDA graph, and what a
+// lab/bench_kernel_chain.cu — what one kernel boundary costs inside a CUDA graph, and what a
 // flag between two kernels costs instead: the fact behind batch-1 decode's latency (a step is
 // ~460 kernels in a chain; docs/performance.md "GPU decode").
 //

@@ -1,4 +1,4 @@
-// bench/bench_gemv_chain.cu — can a chain of dependent batch-1 GEMVs stream its weights at copy
+// lab/bench_gemv_chain.cu — can a chain of dependent batch-1 GEMVs stream its weights at copy
 // speed? The question behind batch-1 decode's 48 % of copy (docs/performance.md): a decode step
 // is a chain of GEMVs, each waiting for the one before, and every kernel boundary costs ≥ 2.5 µs
 // (bench_kernel_chain) while the engine's kernels can request their weights ahead only as far

@@ -1,4 +1,4 @@
-// bench/bench_smem_fill.cu — how fast CTAs fill shared memory from HBM, and how long a small
+// lab/bench_smem_fill.cu — how fast CTAs fill shared memory from HBM, and how long a small
 // load issued after those requests waits: the two facts behind the decode GEMVs' design
 // (kernels/cuda/model_ops.cu, "bulk-copy per-slot path"). Two measurements:
 //

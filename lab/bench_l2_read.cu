@@ -1,4 +1,4 @@
-// bench/bench_l2_read.cu — how fast the SMs read data that sits in the L2 against data in HBM,
+// lab/bench_l2_read.cu — how fast the SMs read data that sits in the L2 against data in HBM,
 // and whether `cp.async.bulk.prefetch.L2` leaves data there: the fact that decides whether
 // weights fetched into the L2 ahead of their product (while batch-1 decode's latency-bound
 // attention leaves the HBM idle) can make the product faster (docs/performance.md, GPU decode).
