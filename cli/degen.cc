@@ -234,7 +234,8 @@ void RegisterDegen(CLI::App& app, SetAction set_action) {
   CLI::App* cmd = app.add_subcommand("degen", "Measure how often generation degenerates, per sampling setting");
   cmd->footer(
       "Each sample is judged degenerate when any of these fire (window = last 128 tokens):\n"
-      "  loop      a suffix that repeats with period ≤ 32 covers ≥ 50% of the window\n"
+      "  loop      a suffix that repeats with period ≤ 32 covers ≥ 50% of the window, or repeats ≥ 4 times\n"
+      "            and covers ≥ 25% (a line seen four times in a row; docs/models.md)\n"
       "  collapse  distinct 4-grams / all 4-grams < 0.3\n"
       "  zstd      the text compresses below 0.15 of its size (≥ 256 bytes)\n"
       "  entropy   the model's mean next-token entropy over the last 64 steps < 0.1 nats\n"
