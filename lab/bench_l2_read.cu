@@ -13,7 +13,7 @@
 // with --wait-us spent (a spinning kernel) before the read in every state. Two readers: `ld`
 // (every SM × 8 CTAs of 256 threads, 16-byte non-coherent loads, grid stride) and `bulk` (every
 // SM × 4 CTAs of 128 threads, each its contiguous share through a ring of two 32 KB bulk copies
-// into shared memory — the weight path of the GEMVs, kernels/cuda/model_ops.cu). Medians over
+// into shared memory — the weight path of the GEMVs, kernels/cuda/expert_gemm_stream.cu). Medians over
 // --reps, each timed read one launch between two events; the rates come from what the largest
 // size takes over the smallest (launch and ramp cancel). Each trial's data are the next of 16
 // distinct 64 MB regions, so no read finds an earlier trial's.

@@ -1,6 +1,6 @@
 // lab/bench_smem_fill.cu — how fast CTAs fill shared memory from HBM, and how long a small
 // load issued after those requests waits: the two facts behind the decode GEMVs' design
-// (kernels/cuda/model_ops.cu, "bulk-copy per-slot path"). Two measurements:
+// (kernels/cuda/expert_gemm_stream.cu, "bulk-copy per-slot path"). Two measurements:
 //
 //   fill    CTAs of 128 threads each copy their own bytes (16 KB, 64 KB or 128 KB, distinct
 //           and rotated so the 50 MB L2 never holds them) into shared memory by 16-byte

@@ -1,4 +1,4 @@
-// kernels/cuda/expert_tc.h — ExpertGemm's tensor-core launch (expert_tc.cu), for model_ops.cu's
+// kernels/cuda/expert_tc.h — ExpertGemm's tensor-core launch (expert_tc.cu), for expert_gemm.cu's
 // ExpertGemm to hand ExpertGemmParams::tensor_cores products to once it has checked them.
 #pragma once
 

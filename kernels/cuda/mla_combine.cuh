@@ -1,6 +1,6 @@
 // kernels/cuda/mla_combine.cuh — how MLA decode's splits are cut and merged, shared by the
 // combine kernel (mla_decode.cu) and by the W_UV absorption that merges them where it reads
-// its x (model_ops.cu, ExpertGemmParams::x_partials): one code path, so both give one set of
+// its x (expert_gemm_stream.cu, ExpertGemmParams::x_partials): one code path, so both give one set of
 // bits.
 #pragma once
 

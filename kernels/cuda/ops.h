@@ -417,7 +417,8 @@ class Gemm {
 };
 
 // ---------------------------------------------------------------------------------------
-// The rest of the forward pass (kernels/cuda/model_ops.cu): embedding, elementwise ops,
+// The rest of the forward pass (kernels/cuda/model_ops.cu; the grouped expert GEMM in
+// expert_gemm.cu, expert_gemm_stream.cu, expert_tc.cu): embedding, elementwise ops,
 // LayerNorm, MoE routing, the grouped expert GEMM and the MoE combine. Twins: engine/model.cc
 // and kernels/cpu/ops.h. "Bitwise" below means the CPU's exact fp32/fp64 operation sequence.
 // exp: the GPU rounds CUDA's double exp to fp32, which is the correctly rounded value in
@@ -577,7 +578,7 @@ struct ExpertGemmParams {
   // shape runs (ExpertGemmSwiGluFits; an error otherwise): each CTA takes 8 gate rows and the 8
   // up rows that pair with them.
   int64_t swiglu_inter = 0;
-  // The launch shape: kAuto picks by shape and device (ExpertGemm's comment in model_ops.cu);
+  // The launch shape: kAuto picks by shape and device (ResolveLaunch in expert_gemm.cu);
   // the others force one, for tests (every shape gives the same bits) and benchmarks. The
   // kFast* and kStream* shapes need bf16 weights, 16-byte aligned rows and in % 16 = 0 (else
   // an error); the kFast* and kBulkBySlot shapes take FP8 weights so aligned too (kStreamBySlot

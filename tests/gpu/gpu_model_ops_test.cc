@@ -1,6 +1,6 @@
-// tests/gpu/gpu_model_ops_test.cc — kernels/cuda/model_ops.cu against its CPU twins on fresh
-// seeded inputs: embedding, residual add, scale, bf16 conversion, SwiGLU, LayerNorm, MoE
-// routing, the grouped expert GEMM and the MoE combine. Bitwise where the CPU's operation
+// tests/gpu/gpu_model_ops_test.cc — kernels/cuda/model_ops.cu and expert_gemm*.cu against their
+// CPU twins on fresh seeded inputs: embedding, residual add, scale, bf16 conversion, SwiGLU,
+// LayerNorm, MoE routing, the grouped expert GEMM and the MoE combine. Bitwise where the CPU's operation
 // sequence is reproduced; a derived bound where expf's rounding may differ; NaN positions
 // always equal; batch invariance and the device error flags.
 #include <gtest/gtest.h>
