@@ -72,7 +72,7 @@ struct TensorSpec {
   std::map<std::string, int64_t> int_attrs;  // extra integer attributes on the group (int64)
 };
 
-struct Command;  // a queued call, private to trace_writer.cc
+struct Command;  // a queued call, private to the writer (trace_writer_impl.h)
 
 // The sidecar that holds unfinished chunks while a trace is being written: <trace>.tails.
 std::filesystem::path TailsPath(const std::filesystem::path& trace);
