@@ -491,4 +491,3 @@ TraceWriter::ThreadTimes TraceWriter::thread_times() const {
 }
 
 }  // namespace lockstep::traces
-
