@@ -32,7 +32,8 @@ if(LOCKSTEP_FUZZ)
     message(FATAL_ERROR "LOCKSTEP_FUZZ needs clang (libFuzzer); set CMAKE_CXX_COMPILER=clang++")
   endif()
   add_executable(fuzz_tokenizer ${CMAKE_CURRENT_LIST_DIR}/fuzz/fuzz_tokenizer.cc
-                                ${LOCKSTEP_TOKENIZER_ROOT}/engine/tokenizer.cc)
+                                ${LOCKSTEP_TOKENIZER_ROOT}/engine/tokenizer.cc
+                                ${LOCKSTEP_TOKENIZER_ROOT}/engine/tokenizer_load.cc)
   target_include_directories(fuzz_tokenizer PRIVATE ${LOCKSTEP_TOKENIZER_ROOT})
   target_link_libraries(fuzz_tokenizer PRIVATE nlohmann_json::nlohmann_json PkgConfig::PCRE2)
   target_compile_options(fuzz_tokenizer PRIVATE -g -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=undefined)
