@@ -63,3 +63,14 @@ else()
   set_tests_properties(fuzz_trace_reader_replay PROPERTIES FIXTURES_REQUIRED trace_seeds)
 endif()
 target_link_libraries(fuzz_trace_reader PRIVATE lockstep_traces)
+
+# Hostile input (issue 31): a real trace recorded here, damaged and crafted ~170 ways (rows
+# moved, tensors renamed, frames of the wrong size, memory bombs, truncations, bit flips), each
+# through inspect, --verify, replay (exact, forced), diff (with the original, with itself) and
+# export: a one-line error or "different", never a crash, hang, "identical" for lost rows, or
+# more memory than docs/trace-format.md allows.
+add_test(NAME traces_hostile
+         COMMAND /usr/bin/python3 ${CMAKE_CURRENT_SOURCE_DIR}/traces/hostile_traces.py $<TARGET_FILE:lockstep>
+                 ${LOCKSTEP_HDF5_PLUGIN_DIR} ${CMAKE_CURRENT_BINARY_DIR}/traces_hostile
+                 ${CMAKE_SOURCE_DIR}/tests/fixtures/models/v32_sparse -j 2)
+set_tests_properties(traces_hostile PROPERTIES TIMEOUT 600 PROCESSORS 2)
