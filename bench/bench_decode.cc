@@ -2,8 +2,9 @@
 // bandwidth this machine delivers in the same run.
 //
 // Decode on a CPU is bound by reading the weights: every generated token reads all active
-// parameters once (fp32). So the figure of merit is achieved weight bandwidth
-// (active params × 4 bytes × tokens/s) over the copy bandwidth measured here (memcpy of a
+// parameters once, as the checkpoint stores them (the GEMM dequantises rows as it reads them:
+// 2 bytes a parameter for bf16). So the figure of merit is achieved weight bandwidth (the
+// active weights' stored bytes × steps/s) over the copy bandwidth measured here (memcpy of a
 // buffer far larger than the caches, read + write bytes counted).
 //
 //   bench_decode [--model DIR] [--prompt-len N] [--tokens N] [--batch B] [--kv-cache fp32|bf16|fp8_e4m3] [--help]
@@ -16,6 +17,7 @@
 
 #include "bench/bench_args.h"
 #include "engine/engine.h"
+#include "engine/memory.h"
 
 using namespace lockstep;
 
@@ -113,7 +115,7 @@ int main(int argc, char** argv) {
   const double decode_s = std::chrono::duration<double>(t2 - t1).count();
   const double tok_s = static_cast<double>(steps * batch) / decode_s;
   const double step_s = static_cast<double>(steps) / decode_s;
-  const double weight_gb = (*model)->ActiveParameterCount() * 4.0 / 1e9;
+  const double weight_gb = engine::ActiveWeightBytes((*model)->config(), (*model)->weights()) / 1e9;
   const double achieved = weight_gb * step_s;  // weights are read once per step, shared by the batch
   const double copy = CopyBandwidthGBs();
   std::printf(

@@ -15,6 +15,7 @@ using SetAction = std::function<void(std::function<Status()>)>;
 void RegisterGenerate(CLI::App& app, SetAction set_action);
 void RegisterModelInfo(CLI::App& app, SetAction set_action);
 void RegisterKernels(CLI::App& app, SetAction set_action);
+void RegisterTaps(CLI::App& app, SetAction set_action);
 void RegisterRecord(CLI::App& app, SetAction set_action);
 void RegisterInspect(CLI::App& app, SetAction set_action);
 void RegisterExport(CLI::App& app, SetAction set_action);

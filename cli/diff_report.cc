@@ -65,8 +65,9 @@ void PrintDiffText(const diff::TraceDiffReport& r, const Detokenize& detok, bool
   for (const auto& n : r.notes) std::printf("note: %s\n", n.c_str());
   if (!r.only_in_a.empty()) std::printf("only in a: %zu tensors (e.g. %s)\n", r.only_in_a.size(), r.only_in_a[0].c_str());
   if (!r.only_in_b.empty()) std::printf("only in b: %zu tensors (e.g. %s)\n", r.only_in_b.size(), r.only_in_b[0].c_str());
+  for (const auto& m : r.missing) std::printf("different: %s\n", m.c_str());
   if (r.identical && !r.has_divergence) {
-    std::printf("identical: every common row has the same content hash, and every token matches\n");
+    std::printf("identical: every row, tensor and request is in both, with the same content hash, and every token matches\n");
     return;
   }
   std::printf("\n");
@@ -141,6 +142,7 @@ json DiffJson(const diff::TraceDiffReport& r, const Detokenize& detok) {
   j["b"] = r.path_b;
   j["identical"] = r.identical && !r.has_divergence;
   j["notes"] = r.notes;
+  j["missing"] = r.missing;
   j["only_in_a"] = r.only_in_a;
   j["only_in_b"] = r.only_in_b;
   j["first_divergence"] = r.has_divergence ? row(r.first) : json(nullptr);

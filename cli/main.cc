@@ -2,6 +2,7 @@
 #include <CLI/CLI.hpp>
 
 #include <iostream>
+#include <new>
 
 #include "base/version.h"
 #include "cli/commands.h"
@@ -30,6 +31,7 @@ int main(int argc, char** argv) {
   cli::RegisterGenerate(app, set_action);
   cli::RegisterModelInfo(app, set_action);
   cli::RegisterKernels(app, set_action);
+  cli::RegisterTaps(app, set_action);
   cli::RegisterRecord(app, set_action);
   cli::RegisterInspect(app, set_action);
   cli::RegisterExport(app, set_action);
@@ -52,6 +54,12 @@ int main(int argc, char** argv) {
     return 2;
   }
   if (!action) return 0;
-  const int rc = cli::Report(action());
-  return rc != 0 ? rc : cli::ExitCode();
+  try {
+    const int rc = cli::Report(action());
+    return rc != 0 ? rc : cli::ExitCode();
+  } catch (const std::bad_alloc&) {
+    // A size no check caught (a trace's or a flag's): one line, not an abort (issue 31).
+    std::cerr << "lockstep: out of memory (a size in the input or the options is larger than this machine holds)\n";
+    return 1;
+  }
 }

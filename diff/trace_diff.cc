@@ -9,6 +9,7 @@
 #include <tuple>
 
 #include "base/natural_order.h"
+#include "engine/tap.h"  // the tap table: each tap's place in causal order
 #include "traces/row_summary.h"
 
 namespace lockstep::diff {
@@ -17,12 +18,6 @@ namespace {
 using traces::DType;
 
 constexpr int64_t kAfterLayers = int64_t{1} << 40;  // final_norm and logits come after every layer
-
-// Tap suffix → place in the layer (the order engine/model.cc computes them in).
-const std::pair<const char*, int> kRanks[] = {
-    {"attn_norm", 0},  {"attn.q", 1},     {"attn.latent", 2},   {"attn.k_rope", 3},          {"indexer.topk", 5},
-    {"attn.heads", 6}, {"attn.out", 7},   {"resid_mid", 8},     {"ffn_norm", 9},             {"ffn.router.topk_ids", 10},
-    {"ffn.router.topk_weights", 11},      {"ffn.out", 12},      {"resid_out", 13}};
 
 std::string NameOf(const std::string& path) {
   const size_t slash = path.find('/');
@@ -132,17 +127,11 @@ int64_t LayerOfTensor(const std::string& path) {
 
 int TapRank(const std::string& path) {
   const std::string name = NameOf(path);
-  if (path.rfind("kv/", 0) == 0) return 4;  // the cache is written right after k_rope
-  if (name == "embed") return 0;
-  if (name == "final_norm") return 0;
-  if (name.rfind("logits", 0) == 0) return 1;
-  const size_t dot = name.find('.', 7);
-  if (dot == std::string::npos) return 99;
-  const std::string suffix = name.substr(dot + 1);
-  for (const auto& [s, r] : kRanks) {
-    if (suffix == s) return r;
-  }
-  return 99;
+  if (path.rfind("kv/", 0) == 0) return engine::kKvCacheOrder;  // the cache is written right after k_rope
+  // logits.topk_ids / .topk_values / .logsumexp are the logits' own rows.
+  if (name.rfind("logits", 0) == 0) return engine::kModelTaps[engine::kTapLogits].order;
+  const engine::TapPoint* t = engine::FindTapPoint(name);
+  return t != nullptr ? t->order : 99;
 }
 
 Result<TraceDiffReport> CompareTraces(const traces::TraceReader& a, const traces::TraceReader& b,
@@ -163,7 +152,8 @@ Result<TraceDiffReport> CompareTraces(const traces::TraceReader& a, const traces
       rep.notes.push_back(msg);
     }
   }
-  if (meta(a, "capture_policy") != meta(b, "capture_policy")) {
+  const bool policies_differ = meta(a, "capture_policy") != meta(b, "capture_policy");
+  if (policies_differ) {
     rep.notes.push_back("capture policies differ; only rows captured in both are compared");
   }
 
@@ -178,11 +168,18 @@ Result<TraceDiffReport> CompareTraces(const traces::TraceReader& a, const traces
     rr.tokens_a = ra.generated;
     auto it = rb.find(ra.id);
     if (it == rb.end()) {
-      rep.notes.push_back("request " + std::to_string(ra.id) + " is only in " + rep.path_a);
+      rep.missing.push_back("request " + std::to_string(ra.id) + " is only in " + rep.path_a);
       continue;
     }
     if (it->second->prompt != ra.prompt) {
-      rep.notes.push_back("request " + std::to_string(ra.id) + ": the prompts differ");
+      rep.missing.push_back("request " + std::to_string(ra.id) + ": the prompts differ");
+    }
+    {
+      const traces::RequestInfo& q = *it->second;
+      if (q.seed != ra.seed || q.temperature != ra.temperature || q.top_k != ra.top_k || q.top_p != ra.top_p ||
+          q.min_p != ra.min_p || q.max_new_tokens != ra.max_new_tokens) {
+        rep.missing.push_back("request " + std::to_string(ra.id) + ": the sampling parameters differ");
+      }
     }
     rr.tokens_b = it->second->generated;
     const size_t n = std::min(rr.tokens_a.size(), rr.tokens_b.size());
@@ -192,6 +189,13 @@ Result<TraceDiffReport> CompareTraces(const traces::TraceReader& a, const traces
     if (rr.first_token_diff < 0 && rr.tokens_a.size() != rr.tokens_b.size()) rr.first_token_diff = static_cast<int64_t>(n);
     if (rr.first_token_diff >= 0) rep.identical = false;
     rep.requests.push_back(std::move(rr));
+  }
+  {
+    std::set<int32_t> ids_a;
+    for (const auto& r : a.requests()) ids_a.insert(r.id);
+    for (const auto& r : b.requests()) {
+      if (!ids_a.count(r.id)) rep.missing.push_back("request " + std::to_string(r.id) + " is only in " + rep.path_b);
+    }
   }
   std::map<int32_t, RequestReport*> req_by_id;
   for (auto& r : rep.requests) req_by_id[r.id] = &r;
@@ -229,7 +233,7 @@ Result<TraceDiffReport> CompareTraces(const traces::TraceReader& a, const traces
           kv_format_noted = true;
         }
       } else {
-        rep.notes.push_back(ta.path + ": stored as " + traces::DTypeName(ta.dtype) + " × " + std::to_string(ta.cols) +
+        rep.missing.push_back(ta.path + ": stored as " + traces::DTypeName(ta.dtype) + " × " + std::to_string(ta.cols) +
                             " in a but " + traces::DTypeName(tbi.dtype) + " × " + std::to_string(tbi.cols) + " in b; not compared");
       }
       continue;
@@ -238,6 +242,27 @@ Result<TraceDiffReport> CompareTraces(const traces::TraceReader& a, const traces
     LS_ASSIGN_OR_RETURN(auto sb, b.ReadSummary(tbi));
     std::map<Key, size_t> index_b;
     for (size_t i = 0; i < sb.size(); ++i) index_b[{sb[i].request, sb[i].position}] = i;
+    {
+      // Count what has no partner first (and rows a trace holds twice): with the same capture
+      // policy, every row of one side must be in the other.
+      std::set<Key> keys_a;
+      int64_t dup_a = 0, only_a = 0;
+      for (const auto& r : sa) {
+        if (!keys_a.insert({r.request, r.position}).second) ++dup_a;
+        if (!index_b.count({r.request, r.position})) ++only_a;
+      }
+      const int64_t dup_b = static_cast<int64_t>(sb.size() - index_b.size());
+      int64_t only_b = 0;
+      for (const auto& [k, j] : index_b) only_b += keys_a.count(k) ? 0 : 1;
+      if (dup_a || dup_b) {
+        rep.missing.push_back(ta.path + ": " + std::to_string(dup_a) + " rows of a and " + std::to_string(dup_b) +
+                              " of b repeat a (request, position) another row has");
+      }
+      if ((only_a || only_b) && !policies_differ) {
+        rep.missing.push_back(ta.path + ": " + std::to_string(only_a) + " rows only in " + rep.path_a + ", " +
+                              std::to_string(only_b) + " only in " + rep.path_b);
+      }
+    }
     const bool values = ta.has_values && tbi.has_values && ta.dtype == tbi.dtype && ta.cols == tbi.cols;
     std::vector<uint8_t> va, vb;
     if (values) {
@@ -338,7 +363,7 @@ Result<TraceDiffReport> CompareTraces(const traces::TraceReader& a, const traces
           }
         }
       }
-      if (d.layer >= 0 && ta.path.ends_with(".resid_out")) {
+      if (d.layer >= 0 && ta.path.ends_with("." + std::string(engine::kLayerTaps[engine::kTapResidOut].name))) {
         resid_rows[d.request].push_back(d);
       }
       if (is_logits) logit_rows[d.request].push_back(d);
@@ -558,7 +583,7 @@ Result<TraceDiffReport> CompareTraces(const traces::TraceReader& a, const traces
     }
     rep.details.push_back(std::move(det));
   }
-  const size_t resid_tap = std::find(tap_suffixes.begin(), tap_suffixes.end(), "resid_out") - tap_suffixes.begin();
+  const size_t resid_tap = std::find(tap_suffixes.begin(), tap_suffixes.end(), engine::kLayerTaps[engine::kTapResidOut].name) - tap_suffixes.begin();
   std::vector<int64_t> positions_of(rep.details.size(), 0);
   for (const auto& c : layer_cells) {
     auto it = detail_of.find(c.request);
@@ -602,6 +627,11 @@ Result<TraceDiffReport> CompareTraces(const traces::TraceReader& a, const traces
                    [](const TensorReport& x, const TensorReport& y) { return NaturalLess{}(x.tensor, y.tensor); });
   std::sort(rep.only_in_a.begin(), rep.only_in_a.end(), NaturalLess{});
   std::sort(rep.only_in_b.begin(), rep.only_in_b.end(), NaturalLess{});
+  if (!policies_differ) {
+    for (const auto& t : rep.only_in_a) rep.missing.push_back("tensor " + t + " is only in " + rep.path_a);
+    for (const auto& t : rep.only_in_b) rep.missing.push_back("tensor " + t + " is only in " + rep.path_b);
+  }
+  if (!rep.missing.empty()) rep.identical = false;
   return rep;
 }
 

@@ -105,6 +105,10 @@ struct TraceDiffReport {
   bool identical = true;                   // every common row hash-equal and tokens equal
   std::vector<std::string> only_in_a, only_in_b;
   std::vector<std::string> notes;          // e.g. capture policies differ
+  // What one side holds and the other lacks (requests, prompts, tensors, rows), one line
+  // each; any entry makes the traces different (`identical` false): a comparison that walks
+  // only common rows would call a trace that lost or moved rows identical (issue 31).
+  std::vector<std::string> missing;
   std::vector<TensorReport> tensors;
   std::vector<RequestReport> requests;
   bool has_divergence = false;

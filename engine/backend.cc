@@ -16,9 +16,9 @@ class CpuBackend final : public Backend {
   std::string device() const override {
     return "cpu (" + std::to_string(std::thread::hardware_concurrency()) + " hardware threads)";
   }
-  Status Forward(std::span<Segment> segments, PagedKvCache& cache, const kernels::KernelChoice& kernels,
+  Status Forward(std::span<Segment> segments, PagedKvCache& cache, const kernels::KernelPlan& plan,
                  TapHook* hook, ForwardOutput* out) override {
-    return model_->Forward(segments, cache, kernels, hook, out);
+    return model_->Forward(segments, cache, plan, hook, out);
   }
 
  private:
@@ -28,13 +28,13 @@ class CpuBackend final : public Backend {
 }  // namespace
 
 Result<std::unique_ptr<Backend>> CreateBackend(std::string_view name, std::shared_ptr<Model> model,
-                                               const PagedKvCache& cache, const kernels::KernelChoice& kernels,
+                                               const PagedKvCache& cache, const kernels::KernelPlan& plan,
                                                const BackendOptions& options) {
   if (name == "cpu" && model->random_weights()) {
     return Status::Unsupported("--random-weights: the weights exist only on the GPU; run with --backend cuda");
   }
   if (name == "cpu") return std::unique_ptr<Backend>(new CpuBackend(std::move(model)));
-  if (name == "cuda") return CreateCudaBackend(std::move(model), cache, kernels, options);
+  if (name == "cuda") return CreateCudaBackend(std::move(model), cache, plan, options);
   return Status::InvalidArgument("--backend " + std::string(name) + ": unknown backend (backends: cpu, cuda)");
 }
 

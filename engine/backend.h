@@ -20,6 +20,7 @@
 #include "engine/kv_cache.h"
 #include "engine/model.h"
 #include "engine/tap.h"
+#include "kernels/plan.h"
 #include "kernels/registry.h"
 
 namespace lockstep::engine {
@@ -43,7 +44,7 @@ class Backend {
   virtual ~Backend() = default;
   virtual std::string_view name() const = 0;  // "cpu" | "cuda"
   virtual std::string device() const = 0;     // what it runs on, for traces and `--json`
-  virtual Status Forward(std::span<Segment> segments, PagedKvCache& cache, const kernels::KernelChoice& kernels,
+  virtual Status Forward(std::span<Segment> segments, PagedKvCache& cache, const kernels::KernelPlan& plan,
                          TapHook* hook, ForwardOutput* out) = 0;
   // Device backends: copy each forward's new cache rows back into the host cache (the CPU
   // backend writes there anyway). Off by default on the GPU: it costs a copy per step.
@@ -59,7 +60,7 @@ bool HaveCudaBackend();
 // Creates the named backend for `model` over a cache of `cache`'s geometry. "cuda" fails with
 // a one-line reason when the build has no CUDA or the machine no GPU.
 Result<std::unique_ptr<Backend>> CreateBackend(std::string_view name, std::shared_ptr<Model> model,
-                                               const PagedKvCache& cache, const kernels::KernelChoice& kernels,
+                                               const PagedKvCache& cache, const kernels::KernelPlan& plan,
                                                const BackendOptions& options = {});
 
 }  // namespace lockstep::engine

@@ -90,12 +90,13 @@ bool AppendRowScales(const Fp8Blocks& f, std::vector<float>* out) {
 // FP8 checkpoint's other tensors, which stay as stored.
 std::shared_ptr<const Fp8Blocks> Fp8Of(const Matrix& m, bool quantize) {
   if (m.fp8 != nullptr || !quantize || m.empty()) return m.fp8;
-  return std::make_shared<Fp8Blocks>(Fp8Blocks::Quantize(m.ptr(), m.rows, m.cols));
+  const std::vector<float> v = m.Dequantized();
+  return std::make_shared<Fp8Blocks>(Fp8Blocks::Quantize(v.data(), m.rows, m.cols));
 }
 
 // The fp32 values gemm=fp8_dot computes with: the FP8 form's dequantisation, else the stored ones.
 std::vector<float> Fp8Values(const Matrix& m, const Fp8Blocks* f) {
-  if (f == nullptr) return m.data;
+  if (f == nullptr) return m.Dequantized();
   std::vector<float> v(static_cast<size_t>(m.rows * m.cols));
   f->Dequantize(v.data());
   return v;
@@ -134,10 +135,15 @@ Result<DevTensor> UploadStacked(const std::vector<const Matrix*>& parts, bool bf
     }
     return Upload(host.data(), rows, cols, false);
   }
-  if (parts.size() == 1) return Upload(parts[0]->ptr(), rows, cols, bf16);
+  // The stored values dequantised on the host (the fp32 values the CPU computes with), one
+  // matrix at a time.
+  if (parts.size() == 1 && parts[0]->ptr() != nullptr) return Upload(parts[0]->ptr(), rows, cols, bf16);
   std::vector<float> host;
   host.reserve(static_cast<size_t>(rows * cols));
-  for (const Matrix* m : parts) host.insert(host.end(), m->data.begin(), m->data.end());
+  for (const Matrix* m : parts) {
+    const std::vector<float> v = m->Dequantized();
+    host.insert(host.end(), v.begin(), v.end());
+  }
   return Upload(host.data(), rows, cols, bf16);
 }
 
@@ -175,11 +181,11 @@ Result<DevTensor> UploadUkT(const Matrix& kv_b, int64_t nh, int64_t C, int64_t d
     }
     if (ok) return UploadFp8(values, scales, nh * C, dn);
   }
-  const std::vector<float> kvb = fp8 ? Fp8Values(kv_b, blocks.get()) : std::vector<float>();
+  const std::vector<float> kvb = fp8 ? Fp8Values(kv_b, blocks.get()) : kv_b.Dequantized();
   std::vector<float> ukt(static_cast<size_t>(nh * C * dn));
   for (int64_t h = 0; h < nh; ++h) {
     for (int64_t a = 0; a < dn; ++a) {
-      const float* row = fp8 ? &kvb[(h * (dn + dv) + a) * C] : kv_b.row(h * (dn + dv) + a);
+      const float* row = &kvb[(h * (dn + dv) + a) * C];
       for (int64_t k = 0; k < C; ++k) ukt[(h * C + k) * dn + a] = row[k];
     }
   }
@@ -223,7 +229,7 @@ Result<DevTensor> Constant(int64_t rows, int64_t cols, float value, cu::Stream s
 }  // namespace
 
 Result<std::unique_ptr<Backend>> CudaBackend::Create(std::shared_ptr<Model> model, const PagedKvCache& cache,
-                                                     const kernels::KernelChoice& kernels,
+                                                     const kernels::KernelPlan& plan,
                                                      const BackendOptions& options) {
   if (cu::DeviceCount() == 0) {
     return Status::Unsupported("--backend cuda: " + cu::DeviceDescription());
@@ -238,13 +244,12 @@ Result<std::unique_ptr<Backend>> CudaBackend::Create(std::shared_ptr<Model> mode
   if (options.profile) {
     LS_ASSIGN_OR_RETURN(b->prof_, cu::EventTimer::Create());
   }
-  auto it = kernels.find("gemm");
-  b->gemm_variant_ = it == kernels.end() ? "fp32" : it->second;
-  b->bf16_ = b->gemm_variant_.rfind("bf16", 0) == 0;
-  b->w8a8_ = b->gemm_variant_ == "w8a8_dot";
-  b->fp8_ = b->gemm_variant_ == "fp8_dot" || b->w8a8_;
-  const bool pinned = b->gemm_variant_.find("heuristic") == std::string::npos;
-  b->dot_ = b->gemm_variant_.size() > 4 && b->gemm_variant_.ends_with("_dot");
+  b->gemm_ = plan.gemm;
+  b->bf16_ = plan.bf16();
+  b->w8a8_ = plan.w8a8();
+  b->fp8_ = plan.fp8_weights();
+  const bool pinned = plan.pinned_algorithm();
+  b->dot_ = plan.dot();
   LS_ASSIGN_OR_RETURN(b->stream_, cu::CudaStream::Create());
   LS_ASSIGN_OR_RETURN(b->side_, cu::CudaStream::Create());
   LS_ASSIGN_OR_RETURN(b->fork_, cu::CudaEvent::Create());
@@ -938,8 +943,8 @@ Status CudaBackend::SwiGluMlp(const DevTensor& gate_up, const DevTensor& down, i
 }  // namespace cuda_impl
 
 Result<std::unique_ptr<Backend>> CreateCudaBackend(std::shared_ptr<Model> model, const PagedKvCache& cache,
-                                                   const kernels::KernelChoice& kernels, const BackendOptions& options) {
-  return cuda_impl::CudaBackend::Create(std::move(model), cache, kernels, options);
+                                                   const kernels::KernelPlan& plan, const BackendOptions& options) {
+  return cuda_impl::CudaBackend::Create(std::move(model), cache, plan, options);
 }
 
 }  // namespace lockstep::engine

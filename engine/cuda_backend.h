@@ -10,6 +10,6 @@
 namespace lockstep::engine {
 
 Result<std::unique_ptr<Backend>> CreateCudaBackend(std::shared_ptr<Model> model, const PagedKvCache& cache,
-                                                   const kernels::KernelChoice& kernels, const BackendOptions& options);
+                                                   const kernels::KernelPlan& plan, const BackendOptions& options);
 
 }  // namespace lockstep::engine

@@ -122,9 +122,9 @@ class CudaBackend final : public Backend {
   int64_t tap_wait_ns() const override { return tap_wait_retired_ns_ + (tap_lend_ ? tap_lend_->waited_ns() : 0); }
 
   static Result<std::unique_ptr<Backend>> Create(std::shared_ptr<Model> model, const PagedKvCache& cache,
-                                                 const kernels::KernelChoice& kernels, const BackendOptions& options);
+                                                 const kernels::KernelPlan& plan, const BackendOptions& options);
 
-  Status Forward(std::span<Segment> segs, PagedKvCache& cache, const kernels::KernelChoice& kernels, TapHook* hook,
+  Status Forward(std::span<Segment> segs, PagedKvCache& cache, const kernels::KernelPlan& plan, TapHook* hook,
                  ForwardOutput* out) override;
 
  private:
@@ -232,7 +232,7 @@ class CudaBackend final : public Backend {
 
   std::shared_ptr<Model> model_;
   std::string device_;
-  std::string gemm_variant_;
+  kernels::Gemm gemm_ = kernels::Gemm::kFp32;  // the variant the weights were uploaded for
   bool bf16_ = false;
   bool fp8_ = false;  // gemm=fp8_dot / w8a8_dot: product weights in FP8 where the model has them (Model::Fp8Weights)
   bool w8a8_ = false;  // gemm=w8a8_dot: the linear layers' inputs through FP8 first (cu::Fp8RoundTrip)

@@ -6,7 +6,7 @@ namespace lockstep::engine {
 bool HaveCudaBackend() { return false; }
 
 Result<std::unique_ptr<Backend>> CreateCudaBackend(std::shared_ptr<Model>, const PagedKvCache&,
-                                                   const kernels::KernelChoice&, const BackendOptions&) {
+                                                   const kernels::KernelPlan&, const BackendOptions&) {
   return Status::Unsupported(
       "--backend cuda: this lockstep was built without CUDA (CMake found no toolkit at /usr/local/cuda; "
       "rebuild with one to get the GPU backend)");

@@ -18,29 +18,28 @@ namespace lockstep::engine::cuda_impl {
 // docs/performance.md, eighth session); at more rows the absorption takes other shapes.
 constexpr int64_t kCombineInUvMaxRows = 1;
 
-Status CudaBackend::Forward(std::span<Segment> segs, PagedKvCache& cache, const kernels::KernelChoice& kernels,
+Status CudaBackend::Forward(std::span<Segment> segs, PagedKvCache& cache, const kernels::KernelPlan& plan,
                             TapHook* hook, ForwardOutput* out) {
   const ModelConfig& c = model_->config();
   const int64_t H = c.hidden_size, nh = c.num_attention_heads, dn = c.qk_nope_head_dim, dr = c.qk_rope_head_dim,
                 dv = c.v_head_dim, C = c.kv_lora_rank, dqk = dn + dr, V = c.vocab_size;
   const float scale = static_cast<float>(c.softmax_scale());
-  auto it = kernels.find("gemm");
-  const std::string gemm = it == kernels.end() ? "fp32" : it->second;
-  if (gemm != gemm_variant_) {
-    return Status::Internal("cuda backend: weights were loaded for gemm=" + gemm_variant_ + ", step asks gemm=" + gemm);
+  if (plan.gemm != gemm_) {
+    return Status::Internal("cuda backend: the weights were uploaded for another gemm variant than this step's (" +
+                            plan.Describe() + ")");
   }
   // --kernel indexer=hadamard: q and k rotated after RoPE, as engine/model.cc does;
   // indexer=fp8_paged: rotated, then q through FP8 and back and k into the cache as FP8.
-  auto iv = kernels.find("indexer");
-  const std::string indexer = iv == kernels.end() ? "reference" : iv->second;
-  const bool indexer_fp8 = indexer == "fp8_paged";
-  const bool indexer_hadamard = indexer == "hadamard" || indexer_fp8;
+  const bool indexer_fp8 = plan.indexer == kernels::Indexer::kFp8Paged;
+  const bool indexer_hadamard = plan.indexer_hadamard();
   if (indexer_fp8 != fp8_index_keys_) {
-    return Status::Internal("cuda backend: indexer=" + indexer + " over a cache whose index keys are " +
+    return Status::Internal(std::string("cuda backend: indexer ") + (indexer_fp8 ? "fp8_paged" : "in fp32") +
+                            " over a cache whose index keys are " +
                             (fp8_index_keys_ ? "FP8" : "fp32"));
   }
   if (indexer_hadamard && c.has_indexer() && (c.index_head_dim & (c.index_head_dim - 1)) != 0) {
-    return Status::InvalidArgument("--kernel indexer=" + indexer + ": index_head_dim " +
+    return Status::InvalidArgument(std::string("--kernel indexer=") + (indexer_fp8 ? "fp8_paged" : "hadamard") +
+                                   ": index_head_dim " +
                                    std::to_string(c.index_head_dim) + " is not a power of two (the Hadamard rotation)");
   }
   cu::Stream s = stream_->get();
@@ -267,9 +266,9 @@ LS_RETURN_IF_ERROR(Mark("start"));
       ep.error_flag = err;
       LS_RETURN_IF_ERROR(cu::Embed(ep, s));
     }
-    LS_RETURN_IF_ERROR(Tap("embed", x, H, H, TapDType::kF32));
+    LS_RETURN_IF_ERROR(Tap(kModelTaps[kTapEmbed].name, x, H, H, TapDType::kF32));
     LS_RETURN_IF_ERROR(SummaryFence());  // x is added to next
-    LS_RETURN_IF_ERROR(OverrideRows("embed", x, H));
+    LS_RETURN_IF_ERROR(OverrideRows(kModelTaps[kTapEmbed].name, x, H));
     LS_RETURN_IF_ERROR(Mark("embed"));
   
     auto norm_params = [&](const float* in, int64_t in_stride, const DevTensor& w, int64_t n, float eps, float* y,
@@ -821,7 +820,7 @@ LS_RETURN_IF_ERROR(Mark("start"));
     // Final norm; logits for the rows that need them, gathered first so lm_head is read once.
     if (slab_) h = slab_at(c.num_hidden_layers, 0);
     if (!h_ready) LS_RETURN_IF_ERROR(rmsnorm(x, H, weights_->final_norm, H, rms_eps, h, H));
-    LS_RETURN_IF_ERROR(Tap("final_norm", h, H, H, TapDType::kF32));
+    LS_RETURN_IF_ERROR(Tap(kModelTaps[kTapFinalNorm].name, h, H, H, TapDType::kF32));
     if (kv_events_) LS_RETURN_IF_ERROR(TapKvRows(cache, mirror_base, mirror_off));
     LS_RETURN_IF_ERROR(SummaryFence());
     // The step's tail besides the logits: the slab's tap summaries. They read what the layers
@@ -978,7 +977,7 @@ LS_RETURN_IF_ERROR(Mark("start"));
     lr += rows;
     if (hook != nullptr) {
       TapEvent e;
-      e.name = "logits";
+      e.name = kModelTaps[kTapLogits].name;
       e.request_id = segs[i].request_id;
       e.position = segs[i].start_pos + first;
       e.rows = rows;

@@ -17,11 +17,12 @@ Result<std::unique_ptr<Engine>> Engine::Create(std::shared_ptr<Model> model, Eng
   if (options.max_prefill_tokens < 0) return Status::InvalidArgument("--max-prefill-tokens: must be ≥ 0");
   std::unique_ptr<Engine> e(new Engine());
   LS_ASSIGN_OR_RETURN(e->kernels_, kernels::Registry::Get().Resolve(options.kernels, options.backend, options.fault));
+  LS_ASSIGN_OR_RETURN(e->plan_, kernels::KernelPlan::From(e->kernels_));
   e->cache_ = std::make_unique<PagedKvCache>(model->config(), options.kv_format, options.page_size,
                                              (options.kv_cache_tokens + options.page_size - 1) / options.page_size,
-                                             e->kernels_["indexer"] == "fp8_paged");
-  e->cache_->SetFaultFp8NoClamp(e->kernels_["kv_quant"] == "fault_fp8_no_clamp");
-  LS_ASSIGN_OR_RETURN(e->backend_, CreateBackend(options.backend, model, *e->cache_, e->kernels_, options.device));
+                                             e->plan_.indexer == kernels::Indexer::kFp8Paged);
+  e->cache_->SetFaultFp8NoClamp(e->plan_.kv_quant == kernels::KvQuant::kFaultFp8NoClamp);
+  LS_ASSIGN_OR_RETURN(e->backend_, CreateBackend(options.backend, model, *e->cache_, e->plan_, options.device));
   e->model_ = std::move(model);
   e->options_ = std::move(options);
   return e;
@@ -124,7 +125,7 @@ Result<bool> Engine::Step() {
     seg_owner.push_back(i);
   }
   ForwardOutput out;
-  LS_RETURN_IF_ERROR(backend_->Forward(segs, *cache_, kernels_, hook_, &out));
+  LS_RETURN_IF_ERROR(backend_->Forward(segs, *cache_, plan_, hook_, &out));
   if (on_forward_) on_forward_(segs, *cache_);
 
   const int64_t V = model_->config().vocab_size;

@@ -128,7 +128,8 @@ class Engine {
   Engine() = default;
   std::shared_ptr<Model> model_;
   EngineOptions options_;
-  kernels::KernelChoice kernels_;
+  kernels::KernelChoice kernels_;  // by name, as traces record them
+  kernels::KernelPlan plan_;       // the same choice, typed, as the forward passes read it
   std::unique_ptr<PagedKvCache> cache_;
   std::unique_ptr<Backend> backend_;
   std::vector<std::unique_ptr<RequestState>> requests_;

@@ -8,6 +8,7 @@
 #include "engine/model.h"
 
 #include <algorithm>
+#include <cassert>
 #include <cmath>
 #include <cstring>
 #include <numeric>
@@ -73,16 +74,22 @@ void SoftmaxNoMaxFp16Sum(float* x, int64_t n) {
   for (int64_t i = 0; i < n; ++i) x[i] *= inv;
 }
 
-// Products with a weight matrix, y = x·wᵀ by cpu::MatMulNT. gemm=fp32: x as is. gemm=bf16: x
-// rounded to bf16 here, the weights rounded at load (Model::Bf16Weights), accumulation in fp32
-// — the precision of a bf16 GPU GEMM, on the reference's fixed summation order. act_fp8
-// (gemm=w8a8_dot's linear layers): each row of x through FP8 per 128 values (Fp8RoundTrip).
+// Products with a weight matrix [out, in] as stored, y = x·wᵀ by cpu::MatMulNT, which
+// dequantises the weight's rows as it goes. gemm=fp32: x and the weights as they are.
+// gemm=bf16: x and each dequantised weight rounded to bf16 (the weights in the kernel, the
+// activations here), accumulation in fp32 — the precision of a bf16 GPU GEMM, on the
+// reference's fixed summation order. act_fp8 (gemm=w8a8_dot's linear layers): each row of x
+// through FP8 per 128 values (Fp8RoundTrip).
 struct Gemm {
   bool bf16 = false;
   bool act_fp8 = false;
-  void operator()(const float* x, int64_t rows, const float* w, int64_t out, int64_t in, float* y) const {
+  kernels::WeightRounding weights() const {
+    return bf16 ? kernels::WeightRounding::kBf16 : kernels::WeightRounding::kAsStored;
+  }
+  void operator()(const float* x, int64_t rows, const Matrix& w, int64_t out, int64_t in, float* y) const {
+    assert(w.rows == out && w.cols == in);
     if (!bf16 && !act_fp8) {
-      cpu::MatMulNT(x, rows, w, out, in, y);
+      cpu::MatMulNT(x, rows, w.data, weights(), y);
       return;
     }
     std::vector<float> xr(rows * in);
@@ -91,9 +98,22 @@ struct Gemm {
     } else {
       for (int64_t i = 0; i < rows * in; ++i) xr[i] = kernels::Bf16ToF32(kernels::F32ToBf16(x[i]));
     }
-    cpu::MatMulNT(xr.data(), rows, w, out, in, y);
+    cpu::MatMulNT(xr.data(), rows, w.data, weights(), y);
   }
 };
+
+// Head hd's W_UKᵀ [C, dn] (row c is W_UK's column c) from kv_b_proj [nh·(dn + dv), C]: the
+// head's first dn rows dequantised (rounded as the products round them) into `uk` [dn, C], then
+// transposed into `wt` — so q_lat's elements are cpu::Dot over wt's rows, as the CUDA
+// backend's absorption forms them.
+void HeadWukT(const kernels::WeightView& kv_b, int64_t hd, int64_t dn, int64_t dv, kernels::WeightRounding round,
+              float* uk, float* wt) {
+  const int64_t C = kv_b.cols;
+  kv_b.DecodeRows(hd * (dn + dv), dn, uk, round);
+  for (int64_t a = 0; a < dn; ++a) {
+    for (int64_t cc = 0; cc < C; ++cc) wt[cc * dn + a] = uk[a * C + cc];
+  }
+}
 
 RopeStyle OtherRopeStyle(RopeStyle s) {
   return s == RopeStyle::kHalves ? RopeStyle::kPairsToHalves : RopeStyle::kHalves;
@@ -139,78 +159,21 @@ Model::Model(ModelConfig c, ModelWeights w) : config_(std::move(c)), weights_(st
   }
   tap_names_.resize(config_.num_hidden_layers);
   for (int64_t l = 0; l < config_.num_hidden_layers; ++l) {
-    for (int t = 0; t < kTapCount; ++t) tap_names_[l].push_back("layers." + std::to_string(l) + "." + kTapSuffix[t]);
-  }
-}
-
-namespace {
-
-// f(m) for every matrix of a product (GEMM) — the ones a lower-precision GEMM variant stores in
-// its precision: embeddings, norms and the router stay fp32, as inference stacks keep them.
-template <typename F>
-void ForEachProductMatrix(ModelWeights& w, F f) {
-  f(w.lm_head);
-  for (auto& L : w.layers) {
-    for (Matrix* m : {&L.q_proj, &L.q_a_proj, &L.q_b_proj, &L.kv_a_proj, &L.kv_b_proj, &L.o_proj, &L.indexer.wq_b,
-                      &L.indexer.wk, &L.indexer.weights_proj}) {
-      f(*m);
-    }
-    for (MlpWeights* m : {&L.mlp, &L.shared}) {
-      f(m->gate);
-      f(m->up);
-      f(m->down);
-    }
-    for (auto& e : L.experts) {
-      f(e.gate);
-      f(e.up);
-      f(e.down);
+    for (int t = 0; t < kTapCount; ++t) {
+      tap_names_[l].push_back("layers." + std::to_string(l) + "." + std::string(kLayerTaps[t].name));
     }
   }
-}
-
-}  // namespace
-
-const ModelWeights& Model::Bf16Weights() {
-  std::lock_guard<std::mutex> lock(lazy_mu_);
-  if (!bf16_weights_) {
-    auto w = std::make_unique<ModelWeights>(weights_);
-    ForEachProductMatrix(*w, [](Matrix& m) {
-      for (float& v : m.data) v = kernels::Bf16ToF32(kernels::F32ToBf16(v));
-    });
-    bf16_weights_ = std::move(w);
-  }
-  return *bf16_weights_;
-}
-
-const std::vector<std::vector<float>>& Model::AbsorbedWukT(const ModelWeights& w) {
-  std::lock_guard<std::mutex> lock(lazy_mu_);
-  auto [it, made] = wukt_.try_emplace(&w);
-  if (!made) return it->second;
-  const ModelConfig& c = config_;
-  const int64_t nh = c.num_attention_heads, dn = c.qk_nope_head_dim, dv = c.v_head_dim, C = c.kv_lora_rank;
-  for (const LayerWeights& L : w.layers) {
-    std::vector<float>& wukt = it->second.emplace_back(static_cast<size_t>(nh * C * dn));
-    for (int64_t hd = 0; hd < nh; ++hd) {
-      const float* wk = L.kv_b_proj.row(hd * (dn + dv));
-      float* wt = &wukt[hd * C * dn];
-      for (int64_t a = 0; a < dn; ++a) {
-        for (int64_t cc = 0; cc < C; ++cc) wt[cc * dn + a] = wk[a * C + cc];
-      }
-    }
-  }
-  return it->second;
 }
 
 const ModelWeights& Model::Fp8Weights() {
   if (weights_.fp8_tensors > 0) return weights_;
   std::lock_guard<std::mutex> lock(lazy_mu_);
   if (!fp8_weights_) {
-    auto w = std::make_unique<ModelWeights>(weights_);
+    auto w = std::make_unique<ModelWeights>(weights_);  // views: no weight is copied
     ForEachProductMatrix(*w, [](Matrix& m) {
       if (m.empty()) return;
-      auto f = std::make_shared<Fp8Blocks>(Fp8Blocks::Quantize(m.ptr(), m.rows, m.cols));
-      f->Dequantize(m.data.data());
-      m.fp8 = std::move(f);
+      const std::vector<float> v = m.Dequantized();
+      m = Matrix::FromFp8(std::make_shared<const Fp8Blocks>(Fp8Blocks::Quantize(v.data(), m.rows, m.cols)));
     });
     fp8_weights_ = std::move(w);
   }
@@ -257,33 +220,13 @@ Result<std::shared_ptr<Model>> Model::RandomWeights(const std::filesystem::path&
 }
 
 Result<std::shared_ptr<Model>> Model::FromParts(ModelConfig config, ModelWeights weights) {
+  if (weights.shapes_only) return Status::InvalidArgument("Model::FromParts: weights without bytes (ModelWeights::Shapes)");
   return std::shared_ptr<Model>(new Model(std::move(config), std::move(weights)));
 }
 
-int64_t Model::ParameterCount() const {
-  auto n = [](const Matrix& m) { return static_cast<int64_t>(m.data.size()); };
-  auto mlp = [&](const MlpWeights& m) { return n(m.gate) + n(m.up) + n(m.down); };
-  int64_t total = n(weights_.embed) + n(weights_.final_norm) + (config_.tie_word_embeddings ? 0 : n(weights_.lm_head));
-  for (const auto& L : weights_.layers) {
-    total += n(L.input_norm) + n(L.post_attn_norm) + n(L.q_proj) + n(L.q_a_proj) + n(L.q_a_norm) + n(L.q_b_proj) +
-             n(L.kv_a_proj) + n(L.kv_a_norm) + n(L.kv_b_proj) + n(L.o_proj) + n(L.indexer.wq_b) + n(L.indexer.wk) +
-             n(L.indexer.k_norm_w) + n(L.indexer.k_norm_b) + n(L.indexer.weights_proj) + mlp(L.mlp) + n(L.router) +
-             mlp(L.shared);
-    for (const auto& e : L.experts) total += mlp(e);
-  }
-  return total;
-}
+int64_t Model::ParameterCount() const { return engine::ParameterCount(config_, weights_); }
 
-int64_t Model::ActiveParameterCount() const {
-  int64_t total = ParameterCount();
-  for (const auto& L : weights_.layers) {
-    if (L.experts.empty()) continue;
-    const auto& e = L.experts[0];
-    const int64_t per = static_cast<int64_t>(e.gate.data.size() + e.up.data.size() + e.down.data.size());
-    total -= per * (static_cast<int64_t>(L.experts.size()) - config_.num_experts_per_tok);
-  }
-  return total;
-}
+int64_t Model::ActiveParameterCount() const { return engine::ActiveParameterCount(config_, weights_); }
 
 // ---------------------------------------------------------------------------------------------
 // The forward pass.
@@ -371,22 +314,23 @@ void RouteExperts(const ModelConfig& c, const float* bias, const float* logits_i
 struct Model::Impl {
   // Chooses the experts of one token. Returns ids (ascending) and their weights.
   static void Route(const ModelConfig& c, const LayerWeights& L, const float* x, int32_t* ids, float* w) {
+    // logits[e] = cpu::Dot(x, router row e): one row through MatMulNT, each element Dot's.
     std::vector<float> logits(c.n_routed_experts);
-    for (int64_t e = 0; e < c.n_routed_experts; ++e) logits[e] = cpu::Dot(x, L.router.row(e), c.hidden_size);
-    RouteExperts(c, L.router_bias.empty() ? nullptr : L.router_bias.data.data(), logits.data(), ids, w);
+    cpu::MatMulNT(x, 1, L.router.data, kernels::WeightRounding::kAsStored, logits.data());
+    RouteExperts(c, L.router_bias.empty() ? nullptr : L.router_bias.ptr(), logits.data(), ids, w);
   }
 
   static void Mlp(const Gemm& gemm, const MlpWeights& m, const float* x, int64_t rows, int64_t hidden, float* y) {
     const int64_t inter = m.gate.rows;
     std::vector<float> g(rows * inter), u(rows * inter);
-    gemm(x, rows, m.gate.ptr(), inter, hidden, g.data());
-    gemm(x, rows, m.up.ptr(), inter, hidden, u.data());
+    gemm(x, rows, m.gate, inter, hidden, g.data());
+    gemm(x, rows, m.up, inter, hidden, u.data());
     cpu::SwiGlu(g.data(), u.data(), rows * inter, g.data());
-    gemm(g.data(), rows, m.down.ptr(), hidden, inter, y);
+    gemm(g.data(), rows, m.down, hidden, inter, y);
   }
 };
 
-Status Model::Forward(std::span<Segment> segs, PagedKvCache& cache, const kernels::KernelChoice& kernels,
+Status Model::Forward(std::span<Segment> segs, PagedKvCache& cache, const kernels::KernelPlan& plan,
                       TapHook* hook, ForwardOutput* out) {
   const ModelConfig& c = config_;
   const int64_t H = c.hidden_size, nh = c.num_attention_heads, dn = c.qk_nope_head_dim, dr = c.qk_rope_head_dim,
@@ -395,42 +339,35 @@ Status Model::Forward(std::span<Segment> segs, PagedKvCache& cache, const kernel
   if (random_weights()) {
     return Status::Unsupported("--random-weights: the weights exist only on the GPU; run with --backend cuda");
   }
-  auto kernel = [&](const char* op) {
-    auto it = kernels.find(op);
-    return it == kernels.end() ? std::string() : it->second;
-  };
-  const bool prefill_absorbed = kernel("attn_prefill") == "absorbed";
-  const bool decode_expanded = kernel("attn_decode") == "expanded";
+  const bool prefill_absorbed = plan.attn_prefill == kernels::AttnPrefill::kAbsorbed;
+  const bool decode_expanded = plan.attn_decode == kernels::AttnDecode::kExpanded;
   // indexer=fp8_paged: the official indexer's FP8 path — Hadamard-rotated q and k in FP8 (keys so
   // in the cache), scored page by page up to each request's last page.
-  const bool indexer_fp8 = kernel("indexer") == "fp8_paged";
-  const bool indexer_hadamard = kernel("indexer") == "hadamard" || indexer_fp8;
+  const bool indexer_fp8 = plan.indexer == kernels::Indexer::kFp8Paged;
+  const bool indexer_hadamard = plan.indexer_hadamard();
   // *_dot and *_heuristic name GPU GEMMs; on the CPU they are its GEMM of that precision (the
   // CPU's is in cpu::Dot's order already), so a GPU trace replays here at its own precision.
-  const Gemm gemm{kernel("gemm").rfind("bf16", 0) == 0};
+  const Gemm gemm{plan.bf16()};
   // gemm=w8a8_dot: fp8_dot's weights, and the linear layers' inputs through FP8 as DeepSeek's
   // inference quantises them (act_quant before fp8_gemm): q, kv_a, o_proj, the MLPs and experts,
   // the indexer's wq_b and wk. Not kv_b (the absorbed path dequantises it and multiplies in
   // bf16), the indexer's weights_proj, the router or lm_head (bf16 layers there).
-  const bool w8a8 = kernel("gemm") == "w8a8_dot";
+  const bool w8a8 = plan.w8a8();
   const Gemm linear{gemm.bf16, w8a8};
-  const ModelWeights& W = gemm.bf16                                       ? Bf16Weights()
-                          : kernel("gemm") == "fp8_dot" || w8a8 ? Fp8Weights()
-                                                                          : weights_;
-  const std::vector<std::vector<float>>* wukt_all =
-      !decode_expanded || prefill_absorbed ? &AbsorbedWukT(W) : nullptr;
+  // The weights as stored (gemm=bf16 rounds them in its products); fp8_dot's FP8 forms.
+  const ModelWeights& W = plan.fp8_weights() ? Fp8Weights() : weights_;
   // norm=lanes256: every RMSNorm in the CUDA kernels' order and precision (fp32 lanes), so a GPU
   // trace's CPU replay gives its norms' bits; the default sums in fp64.
-  auto rmsnorm = kernel("norm") == "lanes256" ? cpu::RmsNormLanes256 : cpu::RmsNorm;
-  // Fault zoo (docs/fault-zoo.md); all false unless --fault chose one.
-  const bool fault_skip_partial = kernel("indexer") == "fault_skip_partial_page";
-  const bool fault_neg1 = kernel("attn_sparse") == "fault_neg1_as_token0";
-  const bool fault_rope = kernel("rope") == "fault_decode_wrong_interleave";
-  const bool fault_page = kernel("page_table") == "fault_cross_request";
-  const bool fault_softmax = kernel("softmax") == "fault_no_max_fp16_sum";
-  auto softmax = fault_softmax ? SoftmaxNoMaxFp16Sum : cpu::Softmax;
+  auto rmsnorm = plan.norm == kernels::Norm::kLanes256 ? cpu::RmsNormLanes256 : cpu::RmsNorm;
+  // Fault zoo (docs/fault-zoo.md): variants of their ops like any other.
+  const bool fault_skip_partial = plan.indexer == kernels::Indexer::kFaultSkipPartialPage;
+  const bool fault_neg1 = plan.attn_sparse == kernels::AttnSparse::kFaultNeg1AsToken0;
+  const bool fault_rope = plan.rope == kernels::Rope::kFaultDecodeWrongInterleave;
+  const bool fault_page = plan.page_table == kernels::PageTable::kFaultCrossRequest;
+  auto softmax = plan.softmax == kernels::Softmax::kFaultNoMaxFp16Sum ? SoftmaxNoMaxFp16Sum : cpu::Softmax;
   if (indexer_hadamard && c.has_indexer() && (c.index_head_dim & (c.index_head_dim - 1)) != 0) {
-    return Status::InvalidArgument("--kernel indexer=" + kernel("indexer") + ": index_head_dim " +
+    return Status::InvalidArgument(std::string("--kernel indexer=") + (indexer_fp8 ? "fp8_paged" : "hadamard") +
+                                   ": index_head_dim " +
                                    std::to_string(c.index_head_dim) + " is not a power of two (the Hadamard rotation)");
   }
 
@@ -464,12 +401,12 @@ Status Model::Forward(std::span<Segment> segs, PagedKvCache& cache, const kernel
   std::vector<float> x(R * H);
   for (size_t s = 0; s < segs.size(); ++s) {
     for (size_t i = 0; i < segs[s].tokens.size(); ++i) {
-      std::memcpy(&x[(row0[s] + i) * H], W.embed.row(segs[s].tokens[i]), H * sizeof(float));
+      W.embed.data.DecodeRows(segs[s].tokens[i], 1, &x[(row0[s] + i) * H]);
     }
   }
   if (tapping) {
-    tap.Emit("embed", x.data(), H);
-    tap.Override("embed", x.data(), H);
+    tap.Emit(kModelTaps[kTapEmbed].name, x.data(), H);
+    tap.Override(kModelTaps[kTapEmbed].name, x.data(), H);
   }
 
   std::vector<float> h(R * H), q(R * nh * dqk), kv(R * (C + dr)), latent(R * C), krope(R * dr);
@@ -487,15 +424,15 @@ Status Model::Forward(std::span<Segment> segs, PagedKvCache& cache, const kernel
     if (c.q_lora_rank > 0) {
       q_resid.resize(R * c.q_lora_rank);
       std::vector<float> qa(R * c.q_lora_rank);
-      linear(h.data(), R, L.q_a_proj.ptr(), c.q_lora_rank, H, qa.data());
+      linear(h.data(), R, L.q_a_proj, c.q_lora_rank, H, qa.data());
       rmsnorm(qa.data(), L.q_a_norm.ptr(), R, c.q_lora_rank, 1e-6, q_resid.data());  // default eps, as HF
-      linear(q_resid.data(), R, L.q_b_proj.ptr(), nh * dqk, c.q_lora_rank, q.data());
+      linear(q_resid.data(), R, L.q_b_proj, nh * dqk, c.q_lora_rank, q.data());
     } else {
-      linear(h.data(), R, L.q_proj.ptr(), nh * dqk, H, q.data());
+      linear(h.data(), R, L.q_proj, nh * dqk, H, q.data());
     }
 
     // [c_kv | k_rope] = kv_a(h); latent = RMSNorm(c_kv)      [R, C], [R, dr]
-    linear(h.data(), R, L.kv_a_proj.ptr(), C + dr, H, kv.data());
+    linear(h.data(), R, L.kv_a_proj, C + dr, H, kv.data());
     for (int64_t r = 0; r < R; ++r) {
       rmsnorm(&kv[r * (C + dr)], L.kv_a_norm.ptr(), 1, C, 1e-6, &latent[r * C]);
       std::memcpy(&krope[r * dr], &kv[r * (C + dr) + C], dr * sizeof(float));
@@ -537,10 +474,10 @@ Status Model::Forward(std::span<Segment> segs, PagedKvCache& cache, const kernel
       std::vector<float> iq(R * nhi * di), ik(R * di), ikn(R * di), iw(R * nhi);
       const int64_t row8 = Fp8RowBytes(di);
       std::vector<uint8_t> iq8(indexer_fp8 ? R * nhi * row8 : 0);  // fp8_paged: each head's query, an FP8 row
-      linear(q_resid.data(), R, L.indexer.wq_b.ptr(), nhi * di, c.q_lora_rank, iq.data());
-      linear(h.data(), R, L.indexer.wk.ptr(), di, H, ik.data());
+      linear(q_resid.data(), R, L.indexer.wq_b, nhi * di, c.q_lora_rank, iq.data());
+      linear(h.data(), R, L.indexer.wk, di, H, ik.data());
       cpu::LayerNorm(ik.data(), L.indexer.k_norm_w.ptr(), L.indexer.k_norm_b.ptr(), R, di, 1e-6, ikn.data());
-      gemm(h.data(), R, L.indexer.weights_proj.ptr(), nhi, H, iw.data());
+      gemm(h.data(), R, L.indexer.weights_proj, nhi, H, iw.data());
       const float wscale = 1.0f / std::sqrt(static_cast<float>(nhi));
       for (int64_t r = 0; r < R; ++r) {
         const float* cs = &rope_cos_[pos[r] * half];
@@ -613,8 +550,6 @@ Status Model::Forward(std::span<Segment> segs, PagedKvCache& cache, const kernel
       if (tapping) tap.EmitI32(names[kTapIndexerTopk], topk_tap.data(), topk);
     }
 
-    // The absorbed form's W_UKᵀ (AbsorbedWukT).
-    const float* wukt = wukt_all != nullptr ? (*wukt_all)[l].data() : nullptr;
     // Attention, per segment (each reads only its own request's cache).
     for (size_t s = 0; s < segs.size(); ++s) {
       const Segment& g = segs[s];
@@ -637,7 +572,7 @@ Status Model::Forward(std::span<Segment> segs, PagedKvCache& cache, const kernel
       std::vector<float> kvx;  // [T, nh, dn + dv] when expanded
       if (expanded) {
         kvx.resize(T * nh * (dn + dv));
-        gemm(lat.data(), T, L.kv_b_proj.ptr(), nh * (dn + dv), C, kvx.data());
+        gemm(lat.data(), T, L.kv_b_proj, nh * (dn + dv), C, kvx.data());
       }
 #pragma omp parallel for collapse(2) schedule(static) if (n * nh * T * (C + dr) > cpu::kParallelMacs)
       for (int64_t i = 0; i < n; ++i) {
@@ -661,7 +596,6 @@ Status Model::Forward(std::span<Segment> segs, PagedKvCache& cache, const kernel
           for (size_t j = 0; j < keys.size() && contiguous; ++j) contiguous = keys[j] == static_cast<int32_t>(j);
           std::vector<float> sc(keys.size());
           float* oh = &heads[(r * nh + hd) * dv];
-          const float* wkv = L.kv_b_proj.row(hd * (dn + dv));  // W_UK rows, then W_UV rows
           if (expanded) {
             const int64_t K = static_cast<int64_t>(keys.size());
             std::vector<float> s_nope(K), s_rope(K);
@@ -695,7 +629,11 @@ Status Model::Forward(std::span<Segment> segs, PagedKvCache& cache, const kernel
               for (int64_t a = 0; a < dn; ++a) qnr[a] = kernels::Bf16ToF32(kernels::F32ToBf16(qn[a]));
               qa = qnr.data();
             }
-            const float* wt = &wukt[hd * C * dn];
+            // q_lat[c] = W_UKᵀ row c · q_nope (HeadWukT, into this thread's scratch).
+            thread_local std::vector<float> uk_scratch;
+            uk_scratch.resize(static_cast<size_t>(2 * dn * C));
+            float* const wt = uk_scratch.data() + dn * C;
+            HeadWukT(L.kv_b_proj.data, hd, dn, dv, gemm.weights(), uk_scratch.data(), wt);
             for (int64_t cc = 0; cc < C; ++cc) ql[cc] = cpu::Dot(wt + cc * dn, qa, dn);
             // Scores over the keys: blocked products, each element exactly Dot's.
             const int64_t K = static_cast<int64_t>(keys.size());
@@ -721,7 +659,7 @@ Status Model::Forward(std::span<Segment> segs, PagedKvCache& cache, const kernel
             if (gemm.bf16) {
               for (float& v : ol) v = kernels::Bf16ToF32(kernels::F32ToBf16(v));
             }
-            cpu::MatMulNT(ol.data(), 1, wkv + dn * C, dv, C, oh);
+            cpu::MatMulNT(ol.data(), 1, L.kv_b_proj.data.Rows(hd * (dn + dv) + dn, dv), gemm.weights(), oh);
           }
         }
       }
@@ -729,7 +667,7 @@ Status Model::Forward(std::span<Segment> segs, PagedKvCache& cache, const kernel
     if (tapping) tap.Emit(names[kTapHeads], heads.data(), nh * dv);
 
     // x = x + o_proj(heads)
-    linear(heads.data(), R, L.o_proj.ptr(), H, nh * dv, o.data());
+    linear(heads.data(), R, L.o_proj, H, nh * dv, o.data());
     if (tapping) tap.Emit(names[kTapAttnOut], o.data(), H);
     for (int64_t i = 0; i < R * H; ++i) x[i] += o[i];
     if (tapping) tap.Emit(names[kTapResidMid], x.data(), H);
@@ -787,7 +725,7 @@ Status Model::Forward(std::span<Segment> segs, PagedKvCache& cache, const kernel
 
   // Final norm, then logits for the rows that need them.
   rmsnorm(x.data(), W.final_norm.ptr(), R, H, c.rms_norm_eps, h.data());
-  if (tapping) tap.Emit("final_norm", h.data(), H);
+  if (tapping) tap.Emit(kModelTaps[kTapFinalNorm].name, h.data(), H);
   out->logits.assign(segs.size(), {});
   for (size_t s = 0; s < segs.size(); ++s) {
     const int64_t n = static_cast<int64_t>(segs[s].tokens.size());
@@ -795,10 +733,10 @@ Status Model::Forward(std::span<Segment> segs, PagedKvCache& cache, const kernel
     const int64_t rows = n - first;
     auto& lg = out->logits[s];
     lg.resize(rows * c.vocab_size);
-    gemm(&h[(row0[s] + first) * H], rows, W.lm_head.ptr(), c.vocab_size, H, lg.data());
+    gemm(&h[(row0[s] + first) * H], rows, W.lm_head, c.vocab_size, H, lg.data());
     if (hook != nullptr) {
       TapEvent e;
-      e.name = "logits";
+      e.name = kModelTaps[kTapLogits].name;
       e.request_id = segs[s].request_id;
       e.position = segs[s].start_pos + first;
       e.rows = rows;

@@ -6,10 +6,15 @@
 // per-token computation reads only that token's row and its own request's cache, so a
 // request's numbers are the same whatever it is batched with.
 //
+// The weights are held as the checkpoint stores them (engine/weights.h: views of the mapped
+// file), and every product dequantises the rows it multiplies (cpu::MatMulNT over a
+// WeightView) — gemm=bf16 rounding them there — so a model costs its checkpoint's bytes.
+//
 // Thread-safety: a Model is immutable after Load except for the RoPE table, which Forward
-// extends, and the bf16 weight copy (gemm=bf16), which Forward makes on first use. Both are
-// guarded (lazy_mu_, rope_mu_), so Forward may run on several threads at once, each with its
-// own PagedKvCache (a server's scheduler and its capture worker share one Model).
+// extends, and the FP8 quantisation of a non-FP8 checkpoint (gemm=fp8_dot), which Forward
+// makes on first use. Both are guarded (lazy_mu_, rope_mu_), so Forward may run on several
+// threads at once, each with its own PagedKvCache (a server's scheduler and its capture worker
+// share one Model).
 #pragma once
 
 #include <cstdint>
@@ -30,6 +35,7 @@
 #include "engine/sampler.h"
 #include "engine/tap.h"
 #include "engine/weights.h"
+#include "kernels/plan.h"
 #include "kernels/registry.h"
 
 namespace lockstep::engine {
@@ -93,7 +99,7 @@ class Model {
 
   // Runs the segments through the model, appending their tokens to their caches. `kernels`
   // must come from kernels::Registry::Resolve. `hook` may be null.
-  Status Forward(std::span<Segment> segments, PagedKvCache& cache, const kernels::KernelChoice& kernels,
+  Status Forward(std::span<Segment> segments, PagedKvCache& cache, const kernels::KernelPlan& plan,
                  TapHook* hook, ForwardOutput* out);
 
   // Tap name of a per-layer tap point: "layers.<layer>.<suffix>".
@@ -103,10 +109,11 @@ class Model {
   void RopeTable(int64_t positions, std::vector<float>* cos, std::vector<float>* sin);
 
   // gemm=fp8_dot's weights (made on first use, kept; thread-safe): every product matrix as
-  // FP8 e4m3 with 128 × 128 block scales (Matrix::fp8) and `data` its exact dequantisation.
-  // An FP8 checkpoint's matrices keep their own bytes and scales, and its other matrices stay
-  // as they are (these are then the loaded weights themselves); any other checkpoint's product
-  // matrices — the ones gemm=bf16 rounds — are quantised here (Fp8Blocks::Quantize).
+  // FP8 e4m3 with 128 × 128 block scales (Matrix::fp8, which `data` reads). An FP8
+  // checkpoint's matrices keep their own bytes and scales, and its other matrices stay as they
+  // are (these are then the loaded weights themselves); any other checkpoint's product
+  // matrices — the ones gemm=bf16 rounds — are quantised here (Fp8Blocks::Quantize: 1 byte a
+  // parameter held in memory, the other matrices shared with weights()).
   const ModelWeights& Fp8Weights();
 
   // Parameter counts: total, and active per token (routed experts counted num_experts_per_tok times).
@@ -116,16 +123,7 @@ class Model {
  private:
   Model(ModelConfig c, ModelWeights w);
   void EnsureRope(int64_t positions);
-  // gemm=bf16: the product weights rounded to bf16 (made on first use, kept).
-  const ModelWeights& Bf16Weights();
-  std::unique_ptr<ModelWeights> bf16_weights_;  // made once under lazy_mu_, then read-only
-  std::unique_ptr<ModelWeights> fp8_weights_;   // likewise (unset for an FP8 checkpoint)
-  // The absorbed attention's W_UKᵀ of every layer of a weight set (Forward's weights_,
-  // bf16_weights_ or fp8_weights_): per head [C, dn], row c the head's W_UK column c, so that
-  // q_lat's elements are cpu::Dot over its rows as the CUDA backend's absorption forms them.
-  // Made once per set under lazy_mu_, then read-only.
-  const std::vector<std::vector<float>>& AbsorbedWukT(const ModelWeights& w);
-  std::map<const ModelWeights*, std::vector<std::vector<float>>> wukt_;
+  std::unique_ptr<ModelWeights> fp8_weights_;  // made once under lazy_mu_, then read-only (unset for an FP8 checkpoint)
   std::mutex lazy_mu_;
   // Forward reads the RoPE tables under a shared lock; EnsureRope grows them under an
   // exclusive one (rarely: the tables double).

@@ -195,6 +195,7 @@ Result<std::unique_ptr<SafetensorsFile>> SafetensorsFile::Open(const std::filesy
   std::unique_ptr<SafetensorsFile> f(new SafetensorsFile());
   LS_ASSIGN_OR_RETURN(f->tensors_, ParseHeader(mapped->data(), mapped->size(), path.filename().string()));
   f->file_ = std::move(mapped);
+  for (auto& [_, t] : f->tensors_) t.mapping = f->file_;
   return f;
 }
 
@@ -267,6 +268,12 @@ std::vector<std::string> Checkpoint::files() const { return file_names_; }
 uint64_t Checkpoint::total_bytes() const {
   uint64_t n = 0;
   for (const auto& [_, t] : tensors_) n += t.nbytes;
+  return n;
+}
+
+uint64_t Checkpoint::file_bytes() const {
+  uint64_t n = 0;
+  for (const auto& s : shards_) n += s->file_size();
   return n;
 }
 

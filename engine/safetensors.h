@@ -3,8 +3,10 @@
 //
 // Every offset and shape in a header is checked against the file before any byte of tensor
 // data is touched, so a lying or truncated file yields a one-line error naming the file and
-// the tensor, never an out-of-bounds read. Tensor data stays in the mapping: a TensorView is
-// valid as long as the SafetensorsFile / Checkpoint that produced it is alive.
+// the tensor, never an out-of-bounds read. Tensor data stays in the mapping (read-only,
+// MAP_PRIVATE: resident only as far as it is read): a TensorView of an opened file holds a
+// reference to its mapping (`mapping`), so its `data` stays valid as long as the view — or a
+// copy of that reference — lives.
 #pragma once
 
 #include <cstdint>
@@ -31,6 +33,8 @@ struct TensorView {
   const uint8_t* data = nullptr;  // into the mapping; not necessarily aligned
   size_t nbytes = 0;
   std::string file;  // the file name, for error messages
+  // Keeps `data` mapped (the file's MappedFile); null for ParseHeader's views of caller-owned bytes.
+  std::shared_ptr<const void> mapping;
 
   int64_t numel() const;
   std::string ShapeString() const;  // "[64, 128]"
@@ -59,9 +63,10 @@ class SafetensorsFile {
                                                                const std::string& file_name);
 
   const std::map<std::string, TensorView>& tensors() const { return tensors_; }
+  size_t file_size() const { return file_->size(); }  // bytes mapped: header and data
 
  private:
-  std::unique_ptr<MappedFile> file_;
+  std::shared_ptr<const MappedFile> file_;
   std::map<std::string, TensorView> tensors_;
 };
 
@@ -74,7 +79,8 @@ class Checkpoint {
   const TensorView* Find(std::string_view name) const;
   const std::map<std::string, TensorView>& tensors() const { return tensors_; }
   std::vector<std::string> files() const;
-  uint64_t total_bytes() const;
+  uint64_t total_bytes() const;  // tensor data bytes
+  uint64_t file_bytes() const;   // the files' sizes: what is mapped
 
  private:
   std::vector<std::unique_ptr<SafetensorsFile>> shards_;

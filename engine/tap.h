@@ -18,16 +18,90 @@ namespace lockstep::engine {
 // kv/ events (TapHook::WantsKvTaps); every tap point is fp32 or int32.
 enum class TapDType { kF32, kI32, kBf16, kFp8E4m3 };
 
-// The per-layer tap points, in the order a layer computes them (docs/tap-points.md); a tap's
-// name is "layers.<L>.<suffix>". Every backend emits the same names with the same shapes.
+// ---- The tap table: the one list of tap points ----------------------------------------
+// Every tap's name, dtype, width, place in causal order and meaning. The CPU forward and the
+// CUDA backend emit these names (Model::tap_name), the recorder stores them as trace paths,
+// diff orders rows by `order` (diff::TapRank), `lockstep taps` prints the table, and
+// docs/tap-points.md's table is `lockstep taps --markdown` (tests/cli/taps_doc_test.sh fails
+// when they disagree). Widths use the doc's symbols: H = hidden_size, nh = heads, dn/dr/dv =
+// qk_nope/qk_rope/v head dims, C = kv_lora_rank, k = experts per token, K = index_topk,
+// V = vocab_size.
+
+// The per-layer tap points, in the order a layer computes them; a tap's name is
+// "layers.<L>.<name>". Every backend emits the same names with the same shapes.
 enum TapId {
   kTapAttnNorm, kTapQ, kTapLatent, kTapKRope, kTapIndexerTopk, kTapHeads, kTapAttnOut, kTapResidMid,
   kTapFfnNorm, kTapTopkIds, kTapTopkWeights, kTapFfnOut, kTapResidOut, kTapCount
 };
-inline constexpr const char* kTapSuffix[kTapCount] = {
-    "attn_norm", "attn.q",        "attn.latent",       "attn.k_rope",            "indexer.topk",
-    "attn.heads", "attn.out",     "resid_mid",         "ffn_norm",               "ffn.router.topk_ids",
-    "ffn.router.topk_weights",    "ffn.out",           "resid_out"};
+
+struct TapPoint {
+  std::string_view name;     // per layer: the part after "layers.<L>."; else the whole name
+  bool per_layer;
+  TapDType dtype;
+  int order;                 // causal place within its layer (per-layer taps), or among the model's
+  std::string_view cols;     // width, in the symbols above
+  std::string_view meaning;  // one line, as docs/tap-points.md says it
+};
+
+// Where the KV cache's rows (kv/layers.L.*, written by the cache, not a tap) fall among a
+// layer's taps: right after attn.k_rope, before anything reads them.
+inline constexpr int kKvCacheOrder = 4;
+
+inline constexpr TapPoint kLayerTaps[kTapCount] = {
+    {"attn_norm", true, TapDType::kF32, 0, "H", "RMSNorm(x): the attention input"},
+    {"attn.q", true, TapDType::kF32, 1, "nh·(dn+dr)", "queries per head `[nope | rope]`, RoPE applied"},
+    {"attn.latent", true, TapDType::kF32, 2, "C",
+     "`kv_a_layernorm(c_kv)` as computed (before the cache's quantisation)"},
+    {"attn.k_rope", true, TapDType::kF32, 3, "dr", "the shared RoPE key, RoPE applied"},
+    {"indexer.topk", true, TapDType::kI32, 5, "K",
+     "V3.2: positions the indexer selected for each query, ascending, padded with −1"},
+    {"attn.heads", true, TapDType::kF32, 6, "nh·dv", "per-head attention outputs, before `o_proj`"},
+    {"attn.out", true, TapDType::kF32, 7, "H", "`o_proj(heads)`: the attention block's output"},
+    {"resid_mid", true, TapDType::kF32, 8, "H", "x + attention: the residual stream between the blocks"},
+    {"ffn_norm", true, TapDType::kF32, 9, "H", "RMSNorm(resid_mid): the FFN input"},
+    {"ffn.router.topk_ids", true, TapDType::kI32, 10, "k", "MoE layers: the chosen experts, ascending id"},
+    {"ffn.router.topk_weights", true, TapDType::kF32, 11, "k",
+     "MoE layers: their weights (after normalisation and scaling)"},
+    {"ffn.out", true, TapDType::kF32, 12, "H",
+     "the FFN block's output (routed + shared experts, or the dense MLP)"},
+    {"resid_out", true, TapDType::kF32, 13, "H", "the layer's output, the next layer's input"},
+};
+
+// The model-level taps: before the first layer (order 0) and after the last (1, 2).
+enum ModelTapId { kTapEmbed, kTapFinalNorm, kTapLogits, kModelTapCount };
+inline constexpr TapPoint kModelTaps[kModelTapCount] = {
+    {"embed", false, TapDType::kF32, 0, "H", "token embeddings, the input of layer 0"},
+    {"final_norm", false, TapDType::kF32, 1, "H", "the final RMSNorm"},
+    {"logits", false, TapDType::kF32, 2, "V",
+     "logits of the rows that need them: the last position of each step (all prompt positions when a "
+     "request asks for them)"},
+};
+
+// The tap point a name denotes ("layers.3.attn.q", "embed", "logits"), or null; *layer is set to
+// its layer (−1 for model taps).
+inline const TapPoint* FindTapPoint(std::string_view name, int64_t* layer = nullptr) {
+  if (layer) *layer = -1;
+  for (const TapPoint& t : kModelTaps) {
+    if (name == t.name) return &t;
+  }
+  constexpr std::string_view kPrefix = "layers.";
+  if (name.substr(0, kPrefix.size()) != kPrefix) return nullptr;
+  const size_t dot = name.find('.', kPrefix.size());
+  if (dot == std::string_view::npos || dot == kPrefix.size()) return nullptr;
+  int64_t l = 0;
+  for (size_t i = kPrefix.size(); i < dot; ++i) {
+    if (name[i] < '0' || name[i] > '9' || l > (int64_t{1} << 40)) return nullptr;
+    l = l * 10 + (name[i] - '0');
+  }
+  const std::string_view suffix = name.substr(dot + 1);
+  for (const TapPoint& t : kLayerTaps) {
+    if (suffix == t.name) {
+      if (layer) *layer = l;
+      return &t;
+    }
+  }
+  return nullptr;
+}
 
 // A row's trace summary computed by the backend where the tensor lives: traces::SummaryRow's
 // hash and statistics, the same bits (kernels/row_stats.h and kernels/xxh3.h define them).

@@ -2,6 +2,7 @@
 #include "engine/weights.h"
 
 #include <algorithm>
+#include <cassert>
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
@@ -12,15 +13,52 @@
 namespace lockstep::engine {
 namespace {
 
+// Bytes of a tensor where a view may read them: in place when aligned to `align` (safetensors
+// writers align every tensor to its element size), else an aligned copy (`*owner` keeps it).
+const uint8_t* InPlaceOrCopy(const TensorView& t, size_t align, std::shared_ptr<const void>* owner) {
+  if (reinterpret_cast<uintptr_t>(t.data) % align == 0) {
+    *owner = t.mapping;
+    return t.data;
+  }
+  auto copy = std::make_shared<std::vector<uint64_t>>((t.nbytes + 7) / 8);
+  std::memcpy(copy->data(), t.data, t.nbytes);
+  *owner = copy;
+  return reinterpret_cast<const uint8_t*>(copy->data());
+}
+
+// The name of an F8_E4M3 weight's block scales: "<name>_scale_inv" for "….weight".
+std::string ScaleName(const std::string& name) {
+  std::string sname = name;
+  if (sname.size() > 7 && sname.compare(sname.size() - 7, 7, ".weight") == 0) sname += "_scale_inv";
+  return sname;
+}
+
+// Whether DeepSeek publishes tensor `name` [rows, cols] of an FP8 checkpoint in FP8: the
+// layers' linear weights but the router (`mlp.gate`) and the indexer's weights_proj; never the
+// embeddings, lm_head or a vector.
+bool PublishedInFp8(const std::string& name, size_t dims) {
+  return dims == 2 && name.rfind("model.layers.", 0) == 0 && name.ends_with("_proj.weight") &&
+         name.find("weights_proj") == std::string::npos;
+}
+
+// Reads the tensors Build asks for from a checkpoint, or — `ck` null (ModelWeights::Shapes) —
+// makes matrices of those shapes without bytes.
 class Loader {
  public:
-  Loader(const ModelConfig& c, const Checkpoint& ck, ModelWeights* w) : c_(c), ck_(ck), w_(w) {}
+  Loader(const ModelConfig& c, const Checkpoint* ck, ModelWeights* w, kernels::WeightDType shapes_dtype)
+      : c_(c), ck_(ck), w_(w), shapes_dtype_(shapes_dtype) {}
 
-  bool Has(const std::string& name) const { return ck_.Find(name) != nullptr; }
+  // Optional tensors a config-only folder is taken to have: an untied lm_head, V3's bias.
+  bool Has(const std::string& name) const {
+    if (ck_ == nullptr) return name == "lm_head.weight" ? !c_.tie_word_embeddings : name.ends_with("_bias");
+    return ck_->Find(name) != nullptr;
+  }
 
-  // Loads `name` as fp32 with the expected shape ({n} for vectors, {rows, cols} for matrices).
+  // `name` with the expected shape ({n} for vectors, {rows, cols} for matrices, {n, rows, cols}
+  // for stacked matrices): LoadMatrix's Matrix.
   Status Get(const std::string& name, std::vector<int64_t> shape, Matrix* out) {
-    const TensorView* t = ck_.Find(name);
+    if (ck_ == nullptr) return Shape(name, shape, out);
+    const TensorView* t = ck_->Find(name);
     if (t == nullptr) return Status::NotFound("checkpoint: tensor '" + name + "' is missing");
     used_.insert(name);
     if (t->shape != shape) {
@@ -29,37 +67,13 @@ class Loader {
       return Status::Corruption(t->file + ": tensor '" + name + "': shape " + t->ShapeString() +
                                 " but config.json implies " + want.ShapeString());
     }
-    out->rows = shape.size() == 2 ? shape[0] : 1;
-    out->cols = shape.size() == 2 ? shape[1] : shape[0];
-    const int64_t n = t->numel();
-    out->data.resize(n);
-    float* dst = out->data.data();
-    const uint8_t* src = t->data;
     w_->dtype_counts[std::string(DTypeName(t->dtype))]++;
-    switch (t->dtype) {
-      case DType::kF32:
-        std::memcpy(dst, src, n * sizeof(float));
-        break;
-      case DType::kBF16:
-        for (int64_t i = 0; i < n; ++i) {
-          uint16_t h;
-          std::memcpy(&h, src + 2 * i, 2);
-          dst[i] = kernels::Bf16ToF32(h);
-        }
-        break;
-      case DType::kF16:
-        for (int64_t i = 0; i < n; ++i) {
-          uint16_t h;
-          std::memcpy(&h, src + 2 * i, 2);
-          dst[i] = kernels::F16ToF32(h);
-        }
-        break;
-      case DType::kF8E4M3:
-        LS_RETURN_IF_ERROR(DequantFp8(*t, name, dst, &out->fp8));
-        break;
-      default:
-        return Status::Unsupported(t->file + ": tensor '" + name + "': dtype " + std::string(DTypeName(t->dtype)) +
-                                   " is not a weight dtype (F32, BF16, F16, F8_E4M3)");
+    const int64_t br = c_.fp8_block_rows > 0 ? c_.fp8_block_rows : 128;
+    const int64_t bc = c_.fp8_block_cols > 0 ? c_.fp8_block_cols : 128;
+    LS_ASSIGN_OR_RETURN(*out, LoadMatrix(*ck_, name, br, bc));
+    if (out->fp8 != nullptr) {
+      used_.insert(ScaleName(name));
+      w_->fp8_tensors++;
     }
     return Status::Ok();
   }
@@ -78,48 +92,158 @@ class Loader {
   const std::set<std::string>& used() const { return used_; }
 
  private:
-  // fp8 value × weight_scale_inv[row / block_rows, col / block_cols]
-  Status DequantFp8(const TensorView& t, const std::string& name, float* dst,
-                    std::shared_ptr<const Fp8Blocks>* fp8) {
-    if (t.shape.size() != 2) return Status::Unsupported(t.file + ": tensor '" + name + "': F8_E4M3 must be 2-D");
-    std::string sname = name;
-    if (sname.size() > 7 && sname.compare(sname.size() - 7, 7, ".weight") == 0) sname += "_scale_inv";
-    const TensorView* s = ck_.Find(sname);
-    if (s == nullptr) {
-      return Status::NotFound(t.file + ": tensor '" + name + "' is F8_E4M3 but '" + sname + "' is missing");
+  // A matrix of `shape` stored as shapes_dtype_ — or FP8 blocks where PublishedInFp8 and the
+  // config declares FP8 — with no bytes (values and scales null).
+  Status Shape(const std::string& name, const std::vector<int64_t>& shape, Matrix* out) {
+    const int64_t cols = shape.back(), rows = cols == 0 ? 0 : [&] {
+      int64_t n = 1;
+      for (int64_t d : shape) n *= d;
+      return n / cols;
+    }();
+    Matrix m;
+    m.rows = rows;
+    m.cols = cols;
+    if (c_.fp8_block_rows > 0 && PublishedInFp8(name, shape.size())) {
+      auto f = std::make_shared<Fp8Blocks>();
+      f->rows = rows;
+      f->cols = cols;
+      f->block_rows = c_.fp8_block_rows;
+      f->block_cols = c_.fp8_block_cols;
+      m = Matrix::FromFp8(std::move(f));
+      w_->fp8_tensors++;
+    } else {
+      m.data.dtype = shapes_dtype_;
+      m.data.rows = rows;
+      m.data.cols = cols;
     }
-    used_.insert(sname);
-    const int64_t br = c_.fp8_block_rows > 0 ? c_.fp8_block_rows : 128;
-    const int64_t bc = c_.fp8_block_cols > 0 ? c_.fp8_block_cols : 128;
-    const int64_t rows = t.shape[0], cols = t.shape[1];
-    const std::vector<int64_t> want = {(rows + br - 1) / br, (cols + bc - 1) / bc};
-    if (s->shape != want || s->dtype != DType::kF32) {
-      TensorView w;
-      w.shape = want;
-      return Status::Corruption(s->file + ": tensor '" + sname + "': must be F32 " + w.ShapeString() + ", found " +
-                                std::string(DTypeName(s->dtype)) + " " + s->ShapeString());
-    }
-    w_->fp8_tensors++;
-    auto f = std::make_shared<Fp8Blocks>();
-    f->rows = rows;
-    f->cols = cols;
-    f->block_rows = br;
-    f->block_cols = bc;
-    f->values.assign(t.data, t.data + rows * cols);
-    f->scales.resize(want[0] * want[1]);
-    std::memcpy(f->scales.data(), s->data, f->scales.size() * 4);
-    f->Dequantize(dst);
-    *fp8 = std::move(f);
+    w_->dtype_counts[kernels::WeightDTypeName(m.data.dtype)]++;
+    *out = std::move(m);
     return Status::Ok();
   }
 
   const ModelConfig& c_;
-  const Checkpoint& ck_;
+  const Checkpoint* ck_;
   ModelWeights* w_;
+  kernels::WeightDType shapes_dtype_;
   std::set<std::string> used_;
 };
 
+// fp8 value × weight_scale_inv[row / block_rows, col / block_cols], both read in place.
+Result<Matrix> Fp8Matrix(const Checkpoint& ck, const TensorView& t, const std::string& name, int64_t br, int64_t bc) {
+  if (t.shape.size() != 2) return Status::Unsupported(t.file + ": tensor '" + name + "': F8_E4M3 must be 2-D");
+  const std::string sname = ScaleName(name);
+  const TensorView* s = ck.Find(sname);
+  if (s == nullptr) {
+    return Status::NotFound(t.file + ": tensor '" + name + "' is F8_E4M3 but '" + sname + "' is missing");
+  }
+  const int64_t rows = t.shape[0], cols = t.shape[1];
+  const std::vector<int64_t> want = {(rows + br - 1) / br, (cols + bc - 1) / bc};
+  if (s->shape != want || s->dtype != DType::kF32) {
+    TensorView w;
+    w.shape = want;
+    return Status::Corruption(s->file + ": tensor '" + sname + "': must be F32 " + w.ShapeString() + ", found " +
+                              std::string(DTypeName(s->dtype)) + " " + s->ShapeString());
+  }
+  auto f = std::make_shared<Fp8Blocks>();
+  f->rows = rows;
+  f->cols = cols;
+  f->block_rows = br;
+  f->block_cols = bc;
+  std::shared_ptr<const void> scales_owner;
+  const uint8_t* scales = InPlaceOrCopy(*s, 4, &scales_owner);
+  f->values = {t.data, static_cast<size_t>(rows * cols)};
+  f->scales = {reinterpret_cast<const float*>(scales), static_cast<size_t>(want[0] * want[1])};
+  // The mapping holds both, unless the scales had to be copied.
+  using Pins = std::pair<std::shared_ptr<const void>, std::shared_ptr<const void>>;
+  f->storage = scales_owner == t.mapping ? t.mapping : std::make_shared<const Pins>(t.mapping, scales_owner);
+  return Matrix::FromFp8(std::move(f));
+}
+
 }  // namespace
+
+Result<Matrix> LoadMatrix(const Checkpoint& ck, const std::string& name, int64_t block_rows, int64_t block_cols) {
+  const TensorView* t = ck.Find(name);
+  if (t == nullptr) return Status::NotFound("checkpoint: tensor '" + name + "' is missing");
+  if (t->dtype == DType::kF8E4M3) return Fp8Matrix(ck, *t, name, block_rows, block_cols);
+  kernels::WeightDType dtype;
+  switch (t->dtype) {
+    case DType::kF32: dtype = kernels::WeightDType::kF32; break;
+    case DType::kBF16: dtype = kernels::WeightDType::kBf16; break;
+    case DType::kF16: dtype = kernels::WeightDType::kF16; break;
+    default:
+      return Status::Unsupported(t->file + ": tensor '" + name + "': dtype " + std::string(DTypeName(t->dtype)) +
+                                 " is not a weight dtype (F32, BF16, F16, F8_E4M3)");
+  }
+  const int64_t cols = t->shape.empty() ? 1 : t->shape.back();
+  const int64_t rows = cols == 0 ? 0 : t->numel() / cols;
+  Matrix m;
+  m.rows = rows;
+  m.cols = cols;
+  m.data.dtype = dtype;
+  m.data.rows = rows;
+  m.data.cols = cols;
+  m.data.values = InPlaceOrCopy(*t, DTypeSize(t->dtype), &m.storage);
+  // Vectors are read whole by the norms and the router: fp32 once, here.
+  if (t->shape.size() <= 1) return Matrix::Fp32(m.Dequantized(), rows, cols);
+  return m;
+}
+
+Matrix Matrix::Rows(int64_t first, int64_t n) const {
+  Matrix m = *this;
+  m.rows = n;
+  m.data = data.Rows(first, n);
+  m.fp8 = nullptr;
+  if (fp8 != nullptr && first % fp8->block_rows == 0) {  // a slice on block rows is FP8 blocks itself
+    auto f = std::make_shared<Fp8Blocks>(*fp8);
+    f->rows = n;
+    f->values = fp8->values.subspan(static_cast<size_t>(first * cols), static_cast<size_t>(n * cols));
+    f->scales = fp8->scales.subspan(static_cast<size_t>(first / fp8->block_rows * fp8->scale_cols()),
+                                    static_cast<size_t>((n + fp8->block_rows - 1) / fp8->block_rows * fp8->scale_cols()));
+    m.fp8 = std::move(f);
+  }
+  return m;
+}
+
+std::vector<float> Matrix::Dequantized() const {
+  std::vector<float> v(static_cast<size_t>(rows * cols));
+  if (!v.empty()) data.DecodeRows(0, rows, v.data());
+  return v;
+}
+
+Matrix Matrix::Fp32(std::vector<float> values, int64_t rows, int64_t cols) {
+  auto owned = std::make_shared<const std::vector<float>>(std::move(values));
+  Matrix m;
+  m.rows = rows;
+  m.cols = cols;
+  m.data.dtype = kernels::WeightDType::kF32;
+  m.data.rows = rows;
+  m.data.cols = cols;
+  m.data.values = owned->data();
+  m.storage = std::move(owned);
+  return m;
+}
+
+Matrix Matrix::FromFp8(std::shared_ptr<const Fp8Blocks> f) {
+  Matrix m;
+  m.rows = f->rows;
+  m.cols = f->cols;
+  m.data = f->view();
+  m.storage = f;
+  m.fp8 = std::move(f);
+  return m;
+}
+
+kernels::WeightView Fp8Blocks::view() const {
+  kernels::WeightView v;
+  v.dtype = kernels::WeightDType::kFp8E4m3Blocks;
+  v.rows = rows;
+  v.cols = cols;
+  v.values = values.data();
+  v.scales = scales.data();
+  v.block_rows = block_rows;
+  v.block_cols = block_cols;
+  return v;
+}
 
 float Fp8Blocks::value(int64_t r, int64_t c) const { return kernels::Fp8E4m3Table()[values[r * cols + c]] * scale(r, c); }
 
@@ -136,9 +260,16 @@ Fp8Blocks Fp8Blocks::Quantize(const float* m, int64_t rows, int64_t cols, int64_
   f.cols = cols;
   f.block_rows = block_rows;
   f.block_cols = block_cols;
-  f.values.resize(static_cast<size_t>(rows * cols));
+  struct Owned {
+    std::vector<uint8_t> values;
+    std::vector<float> scales;
+  };
+  auto owned = std::make_shared<Owned>();
+  std::vector<uint8_t>& values = owned->values;
+  std::vector<float>& scales = owned->scales;
+  values.resize(static_cast<size_t>(rows * cols));
   const int64_t brs = (rows + block_rows - 1) / block_rows, bcs = f.scale_cols();
-  f.scales.resize(static_cast<size_t>(brs * bcs));
+  scales.resize(static_cast<size_t>(brs * bcs));
   for (int64_t bi = 0; bi < brs; ++bi) {
     for (int64_t bj = 0; bj < bcs; ++bj) {
       const int64_t r0 = bi * block_rows, r1 = std::min(rows, r0 + block_rows);
@@ -148,18 +279,22 @@ Fp8Blocks Fp8Blocks::Quantize(const float* m, int64_t rows, int64_t cols, int64_
         for (int64_t c = c0; c < c1; ++c) amax = std::max(amax, std::fabs(m[r * cols + c]));
       }
       const float scale = amax > 0.0f ? amax / kernels::kFp8E4m3Max : 1.0f;
-      f.scales[bi * bcs + bj] = scale;
+      scales[bi * bcs + bj] = scale;
       for (int64_t r = r0; r < r1; ++r) {
-        for (int64_t c = c0; c < c1; ++c) f.values[r * cols + c] = kernels::F32ToFp8E4m3(m[r * cols + c] / scale);
+        for (int64_t c = c0; c < c1; ++c) values[r * cols + c] = kernels::F32ToFp8E4m3(m[r * cols + c] / scale);
       }
     }
   }
+  f.values = values;
+  f.scales = scales;
+  f.storage = std::move(owned);
   return f;
 }
 
-Result<ModelWeights> ModelWeights::Load(const ModelConfig& c, const Checkpoint& ck) {
-  ModelWeights w;
-  Loader ld(c, ck, &w);
+namespace {
+
+// Every tensor of the model, through `ld`, into `w`.
+Status Build(const ModelConfig& c, Loader& ld, ModelWeights& w) {
   const int64_t H = c.hidden_size, nh = c.num_attention_heads;
   LS_RETURN_IF_ERROR(ld.Linear("model.embed_tokens", c.vocab_size, H, &w.embed));
   LS_RETURN_IF_ERROR(ld.Vector("model.norm.weight", H, &w.final_norm));
@@ -211,24 +346,21 @@ Result<ModelWeights> ModelWeights::Load(const ModelConfig& c, const Checkpoint& 
       if (ld.Has(m + ".gate.e_score_correction_bias")) {
         LS_RETURN_IF_ERROR(ld.Vector(m + ".gate.e_score_correction_bias", E, &L.router_bias));
       } else {
-        L.router_bias.rows = 1;
-        L.router_bias.cols = E;
-        L.router_bias.data.assign(E, 0.0f);
+        L.router_bias = Matrix::Fp32(std::vector<float>(E, 0.0f), 1, E);
       }
     }
     L.experts.resize(E);
     if (ld.Has(m + ".experts.gate_up_proj")) {
-      // transformers 5's fused layout: gate_up_proj [E, 2I, H] (gate rows first), down_proj [E, H, I].
+      // transformers 5's fused layout: gate_up_proj [E, 2I, H] (gate rows first), down_proj [E, H, I],
+      // held as [E·2I, H] and [E·H, I]; each expert's matrices are views of their rows.
       Matrix gu, dn;
       LS_RETURN_IF_ERROR(ld.Get(m + ".experts.gate_up_proj", {E, 2 * I, H}, &gu));
       LS_RETURN_IF_ERROR(ld.Get(m + ".experts.down_proj", {E, H, I}, &dn));
       for (int64_t e = 0; e < E; ++e) {
         MlpWeights& X = L.experts[e];
-        const float* g = gu.data.data() + e * 2 * I * H;
-        X.gate = {I, H, std::vector<float>(g, g + I * H)};
-        X.up = {I, H, std::vector<float>(g + I * H, g + 2 * I * H)};
-        const float* d = dn.data.data() + e * H * I;
-        X.down = {H, I, std::vector<float>(d, d + H * I)};
+        X.gate = gu.Rows(e * 2 * I, I);
+        X.up = gu.Rows(e * 2 * I + I, I);
+        X.down = dn.Rows(e * H, H);
       }
     } else {
       for (int64_t e = 0; e < E; ++e) {
@@ -239,6 +371,16 @@ Result<ModelWeights> ModelWeights::Load(const ModelConfig& c, const Checkpoint& 
       LS_RETURN_IF_ERROR(ld.Mlp(m + ".shared_experts", H, I * c.n_shared_experts, &L.shared));
     }
   }
+  return Status::Ok();
+}
+
+}  // namespace
+
+Result<ModelWeights> ModelWeights::Load(const ModelConfig& c, const Checkpoint& ck) {
+  ModelWeights w;
+  w.mapped_bytes = ck.file_bytes();
+  Loader ld(c, &ck, &w, kernels::WeightDType::kF32);
+  LS_RETURN_IF_ERROR(Build(c, ld, w));
   for (const auto& [name, t] : ck.tensors()) {
     if (ld.used().count(name)) continue;
     w.skipped.push_back(name);
@@ -248,6 +390,41 @@ Result<ModelWeights> ModelWeights::Load(const ModelConfig& c, const Checkpoint& 
       if (layer >= c.num_hidden_layers) w.mtp_tensors++;
     }
   }
+  return w;
+}
+
+int64_t ParameterCount(const ModelConfig& c, const ModelWeights& w) {
+  auto n = [](const Matrix& m) { return static_cast<int64_t>(m.data.size()); };
+  auto mlp = [&](const MlpWeights& m) { return n(m.gate) + n(m.up) + n(m.down); };
+  int64_t total = n(w.embed) + n(w.final_norm) + (c.tie_word_embeddings ? 0 : n(w.lm_head));
+  for (const auto& L : w.layers) {
+    total += n(L.input_norm) + n(L.post_attn_norm) + n(L.q_proj) + n(L.q_a_proj) + n(L.q_a_norm) + n(L.q_b_proj) +
+             n(L.kv_a_proj) + n(L.kv_a_norm) + n(L.kv_b_proj) + n(L.o_proj) + n(L.indexer.wq_b) + n(L.indexer.wk) +
+             n(L.indexer.k_norm_w) + n(L.indexer.k_norm_b) + n(L.indexer.weights_proj) + mlp(L.mlp) + n(L.router) +
+             mlp(L.shared);
+    for (const auto& e : L.experts) total += mlp(e);
+  }
+  return total;
+}
+
+int64_t ActiveParameterCount(const ModelConfig& c, const ModelWeights& w) {
+  int64_t total = ParameterCount(c, w);
+  for (const auto& L : w.layers) {
+    if (L.experts.empty()) continue;
+    const auto& e = L.experts[0];
+    const int64_t per = static_cast<int64_t>(e.gate.data.size() + e.up.data.size() + e.down.data.size());
+    total -= per * (static_cast<int64_t>(L.experts.size()) - c.num_experts_per_tok);
+  }
+  return total;
+}
+
+ModelWeights ModelWeights::Shapes(const ModelConfig& c, kernels::WeightDType dtype) {
+  ModelWeights w;
+  w.shapes_only = true;
+  Loader ld(c, nullptr, &w, dtype);
+  const Status s = Build(c, ld, w);
+  assert(s.ok());  // no tensor to be missing or of the wrong shape
+  (void)s;
   return w;
 }
 

@@ -1,54 +1,86 @@
-// engine/weights.h — ModelWeights: every parameter of a DeepSeek-family model as fp32,
-// loaded from a Checkpoint and validated against the ModelConfig.
+// engine/weights.h — ModelWeights: every parameter of a DeepSeek-family model, held as the
+// checkpoint stores it, validated against the ModelConfig.
 //
-// BF16, F16 and F8_E4M3-with-128×128-block-scales (`<name>.weight_scale_inv`, the format
-// DeepSeek-V3 is published in: dequantized = fp8 value × scale_inv) are converted to fp32
-// once, at load; F32 tensors are copied. Every tensor the model needs must be present with
-// the shape the config implies; tensors of MTP layers (layers ≥ num_hidden_layers) are
-// skipped and listed in `skipped`.
+// A matrix is a view into the memory-mapped checkpoint (kernels::WeightView: F32, BF16, F16,
+// or F8_E4M3 with 128×128 block scales — `<name>.weight_scale_inv`, the format DeepSeek-V3 is
+// published in: dequantised = fp8 value × scale_inv), read in place; nothing is converted at
+// load, so a checkpoint costs its file's bytes (resident as far as it is read) and the kernels
+// dequantise the rows they multiply (cpu::MatMulNT over a WeightView). Vectors (norms, biases)
+// are decoded to fp32 at load: they are small and read whole. Every tensor the model needs
+// must be present with the shape the config implies; tensors of MTP layers (layers ≥
+// num_hidden_layers) are skipped and listed in `skipped`.
 #pragma once
 
 #include <cstdint>
 #include <map>
 #include <memory>
 #include <optional>
+#include <span>
 #include <string>
 #include <vector>
 
 #include "base/status.h"
 #include "engine/config.h"
 #include "engine/safetensors.h"
+#include "kernels/weight_view.h"
 
 namespace lockstep::engine {
 
 // A matrix in FP8 e4m3 with one fp32 scale per block_rows × block_cols block: element (r, c)
 // is Fp8E4m3ToF32(values[r·cols + c]) × scales[(r / block_rows)·block_cols_n + c / block_cols],
-// one fp32 product (DeepSeek-V3's `weight_scale_inv` layout).
+// one fp32 product (DeepSeek-V3's `weight_scale_inv` layout). `values` and `scales` lie in an
+// FP8 checkpoint's mapping or in memory Quantize made; `storage` keeps either alive, so a copy
+// shares them.
 struct Fp8Blocks {
   int64_t rows = 0, cols = 0, block_rows = 128, block_cols = 128;
-  std::vector<uint8_t> values;  // [rows, cols]
-  std::vector<float> scales;    // [⌈rows / block_rows⌉, ⌈cols / block_cols⌉]
+  std::span<const uint8_t> values;  // [rows, cols]
+  std::span<const float> scales;    // [⌈rows / block_rows⌉, ⌈cols / block_cols⌉]
+  std::shared_ptr<const void> storage;
   int64_t scale_cols() const { return (cols + block_cols - 1) / block_cols; }
   float scale(int64_t r, int64_t c) const { return scales[(r / block_rows) * scale_cols() + c / block_cols]; }
   float value(int64_t r, int64_t c) const;  // the dequantised element
   void Dequantize(float* dst) const;         // every element, dst [rows, cols]
+  kernels::WeightView view() const;          // the same bytes as a WeightView (kFp8E4m3Blocks)
   // Block-quantised `m` [rows, cols]: per block, scale = amax / 448 (1 for an all-zero block)
   // and value = e4m3(x / scale), rounded to nearest even, saturating (DeepSeek's quantiser).
   static Fp8Blocks Quantize(const float* m, int64_t rows, int64_t cols, int64_t block_rows = 128,
                             int64_t block_cols = 128);
 };
 
-// A dense fp32 matrix [rows, cols] row-major (a Linear's weight: [out, in]); a vector has rows 1.
-// `fp8`, when set, holds the FP8 form `data` was dequantised from: an FP8 checkpoint's own
-// bytes and scales (kept for gemm=fp8_dot), or a quantisation made for it (Model::Fp8Weights).
+// One weight as stored, [rows, cols] row-major (a Linear's weight: [out, in]; a vector has
+// rows 1). `data` reads the elements where they lie — the checkpoint's mapping, or memory this
+// Matrix shares (vectors, matrices quantised or sliced here) — and `storage` keeps them alive:
+// copying a Matrix copies no weights. data[i] is element i dequantised to fp32, the value the
+// forward pass computes with; data.size() = rows·cols.
+// `fp8`, when set, is the FP8 form `data` reads (data.dtype == kFp8E4m3Blocks): an FP8
+// checkpoint's own bytes and scales (gemm=fp8_dot), or a quantisation made for it
+// (Model::Fp8Weights).
 struct Matrix {
   int64_t rows = 0, cols = 0;
-  std::vector<float> data;
+  kernels::WeightView data;
+  std::shared_ptr<const void> storage;
   std::shared_ptr<const Fp8Blocks> fp8;
-  const float* ptr() const { return data.data(); }
-  const float* row(int64_t r) const { return data.data() + r * cols; }
-  bool empty() const { return data.empty(); }
+  // The elements in place when stored as fp32 (every vector is), else null.
+  const float* ptr() const { return data.f32(); }
+  const float* row(int64_t r) const { return data.f32() == nullptr ? nullptr : data.f32() + r * cols; }
+  bool empty() const { return rows * cols == 0; }
+  // Rows [first, first + n): a view of the same storage.
+  Matrix Rows(int64_t first, int64_t n) const;
+  // Every element dequantised, [rows, cols] (a copy: uploads, quantisation, tests).
+  std::vector<float> Dequantized() const;
+  // Bytes the view reads (elements and scales), for memory estimates.
+  size_t stored_bytes() const { return data.stored_bytes(); }
+
+  static Matrix Fp32(std::vector<float> values, int64_t rows, int64_t cols);  // owning fp32
+  static Matrix FromFp8(std::shared_ptr<const Fp8Blocks> f);                  // shares f's bytes
 };
+
+// Checkpoint tensor `name` as a Matrix read in place: [rows, cols], or a stack [n, rows, cols]
+// held as [n·rows, cols] (F32, BF16, F16), or F8_E4M3 [rows, cols] with its block scales
+// `<name>_scale_inv` (F32 [⌈rows / block_rows⌉, ⌈cols / block_cols⌉]). A vector (1-D) is
+// decoded to fp32. The Matrix keeps the checkpoint's mapping alive.
+Result<Matrix> LoadMatrix(const Checkpoint& ck, const std::string& name, int64_t block_rows = 128,
+                          int64_t block_cols = 128);
 
 struct MlpWeights {  // SwiGLU: down(silu(gate(x)) · up(x))
   Matrix gate, up, down;
@@ -82,7 +114,7 @@ struct LayerWeights {
 struct ModelWeights {
   Matrix embed;    // [vocab, hidden]
   Matrix final_norm;
-  Matrix lm_head;  // [vocab, hidden] (a copy of embed when tied)
+  Matrix lm_head;  // [vocab, hidden] (embed's view when tied: the same bytes)
   std::vector<LayerWeights> layers;
 
   // --random-weights: no tensor is materialised on the host; a device backend generates every
@@ -93,8 +125,72 @@ struct ModelWeights {
   int64_t mtp_tensors = 0;            // of those, tensors of MTP layers (model.layers.{≥ num_hidden_layers}.*)
   std::map<std::string, int64_t> dtype_counts;  // "BF16" → number of tensors, for `model info`
   int64_t fp8_tensors = 0;
+  uint64_t mapped_bytes = 0;  // the checkpoint files' sizes (the mapping the matrices read)
+
+  // Shapes(): matrices without bytes (nothing can run on them) — what `model info` counts for a
+  // folder that has a config.json and no checkpoint.
+  bool shapes_only = false;
 
   static Result<ModelWeights> Load(const ModelConfig& config, const Checkpoint& ckpt);
+  // The weights a checkpoint of `config` holds, shapes and dtypes only: every tensor `dtype`,
+  // but FP8 blocks for the matrices DeepSeek publishes in FP8 when the config
+  // declares FP8 (quantization_config); lm_head unless tied, V3's router bias.
+  static ModelWeights Shapes(const ModelConfig& config, kernels::WeightDType dtype);
 };
+
+// Parameter counts of `w`: total, and active per token (routed experts counted
+// num_experts_per_tok times).
+int64_t ParameterCount(const ModelConfig& c, const ModelWeights& w);
+int64_t ActiveParameterCount(const ModelConfig& c, const ModelWeights& w);
+
+// f(m) for every matrix of a product (GEMM) — the ones a lower-precision GEMM variant computes
+// in its precision: embeddings, norms and the router stay fp32, as inference stacks keep them.
+// `W` is ModelWeights or const ModelWeights.
+template <typename W, typename F>
+void ForEachProductMatrix(W& w, F f) {
+  f(w.lm_head);
+  for (auto& L : w.layers) {
+    for (auto* m : {&L.q_proj, &L.q_a_proj, &L.q_b_proj, &L.kv_a_proj, &L.kv_b_proj, &L.o_proj, &L.indexer.wq_b,
+                    &L.indexer.wk, &L.indexer.weights_proj}) {
+      f(*m);
+    }
+    for (auto* m : {&L.mlp, &L.shared}) {
+      f(m->gate);
+      f(m->up);
+      f(m->down);
+    }
+    for (auto& e : L.experts) {
+      f(e.gate);
+      f(e.up);
+      f(e.down);
+    }
+  }
+}
+
+// f(m) for every weight the checkpoint stores, each once (lm_head only when untied).
+template <typename F>
+void ForEachMatrix(const ModelConfig& c, const ModelWeights& w, F f) {
+  f(w.embed);
+  f(w.final_norm);
+  if (!c.tie_word_embeddings) f(w.lm_head);
+  for (const auto& L : w.layers) {
+    for (const Matrix* m : {&L.input_norm, &L.post_attn_norm, &L.q_proj, &L.q_a_proj, &L.q_a_norm, &L.q_b_proj,
+                            &L.kv_a_proj, &L.kv_a_norm, &L.kv_b_proj, &L.o_proj, &L.indexer.wq_b, &L.indexer.wk,
+                            &L.indexer.k_norm_w, &L.indexer.k_norm_b, &L.indexer.weights_proj, &L.router,
+                            &L.router_bias}) {
+      f(*m);
+    }
+    for (const MlpWeights* m : {&L.mlp, &L.shared}) {
+      f(m->gate);
+      f(m->up);
+      f(m->down);
+    }
+    for (const auto& e : L.experts) {
+      f(e.gate);
+      f(e.up);
+      f(e.down);
+    }
+  }
+}
 
 }  // namespace lockstep::engine

@@ -205,7 +205,7 @@ const Recorder::TapEntry* Recorder::Resolve(const engine::TapEvent& e) {
     return &(by_address_[e.name.data()] = std::move(fresh));
   }
   fresh.wanted = opts_.policy.WantsTap(e.name);
-  if (fresh.wanted && e.name != "logits") {
+  if (fresh.wanted && e.name != engine::kModelTaps[engine::kTapLogits].name) {
     const DType dtype = ToTraceDType(e.dtype);
     const bool full = opts_.policy.mode == CapturePolicy::Mode::kFull;
     fresh.tensor = Define(std::string(traces::kTapsGroup) + "/" + fresh.name, dtype, e.cols, full);

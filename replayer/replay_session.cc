@@ -77,8 +77,10 @@ class GraftHook : public engine::TapHook {
 Result<std::map<std::string, std::map<std::pair<int32_t, int64_t>, std::vector<float>>>> LoadGraftRows(
     const traces::TraceReader& t, int64_t layers) {
   std::map<std::string, std::map<std::pair<int32_t, int64_t>, std::vector<float>>> out;
-  std::vector<std::string> names = {"embed"};
-  for (int64_t l = 0; l + 1 < layers; ++l) names.push_back("layers." + std::to_string(l) + ".resid_out");
+  std::vector<std::string> names = {std::string(engine::kModelTaps[engine::kTapEmbed].name)};
+  for (int64_t l = 0; l + 1 < layers; ++l) {
+    names.push_back("layers." + std::to_string(l) + "." + std::string(engine::kLayerTaps[engine::kTapResidOut].name));
+  }
   for (const auto& n : names) {
     const traces::TensorInfo* ti = t.FindTensor("taps/" + n);
     if (ti == nullptr || !ti->has_values || ti->dtype != traces::DType::kF32) {
@@ -333,7 +335,7 @@ Result<ReplayResult> Replay(const traces::TraceReader& trace, const ReplayOption
   so.output = opt.output;
   LS_ASSIGN_OR_RETURN(so.policy, PolicyFromTrace(trace));
   so.writer.batch_width = eo.max_batch;
-  so.writer.writer = "lockstep replay";
+  so.writer.writer = std::string("lockstep ") + kVersion + " (" + kGitRevision + ") replay";
   so.flush_interval_s = 5.0;
   if (tok) so.detokenize = [tok](const std::vector<int32_t>& ids) { return tok->Decode(ids); };
   so.meta = {{"model_dir", std::filesystem::absolute(model_dir).string()},
@@ -389,6 +391,9 @@ Result<ReplayResult> Replay(const traces::TraceReader& trace, const ReplayOption
         if (!ov.empty()) v << " under " << ov.Describe();
       } else if (d.has_divergence) {
         v << "NOT deterministic: the first difference is at " << where(d.first);
+      } else if (!d.missing.empty()) {
+        v << "NOT deterministic: the recording and the replay do not hold the same rows (" << d.missing.front()
+          << (d.missing.size() > 1 ? "; " + std::to_string(d.missing.size() - 1) + " more" : std::string()) << ")";
       } else {
         v << "NOT deterministic: generated tokens differ although no captured tensor does";
       }

@@ -71,6 +71,13 @@ while IFS= read -r line; do
     *"bash tools/test.sh"*) why="the test command itself (CI runs it)" ;;
     *path/to/*) why="needs a checkpoint this machine does not have (path/to/…)" ;;
   esac
+  # A folder of staged binaries (the GPU machine's, tools/stage-gpu-bin.sh) is no CMake tree:
+  # the lines that build run where the build tree is (CI, a developer's machine).
+  if [ -z "$why" ] && [ ! -f "$BUILD/CMakeCache.txt" ]; then
+    case "$line" in
+      *"tools/demo.sh"* | *"cmake --build"*) why="builds: run where the CMake build tree is" ;;
+    esac
+  fi
   if [ -z "$why" ] && [ $have_gpu -eq 0 ]; then
     case "$line" in
       *"--backend cuda"* | *gpu.h5* | *gpu16.h5* | *bench_gpu_decode*) why="needs a GPU" ;;

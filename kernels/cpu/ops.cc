@@ -67,18 +67,25 @@ float Dot(const float* a, const float* b, int64_t n) {
   return out;
 }
 
-void MatMulNTStrided(const float* x, int64_t ldx, int64_t rows, const float* w, int64_t ldw, int64_t out,
-                     int64_t in, float* y, int64_t ldy) {
-  // Output columns are split across threads; each weight row is read once and reused for all
-  // x rows while it sits in L1. Results are independent of the split (see Dot). Threads only
-  // pay off above ~1 ms of work: a fork/join costs microseconds when cores are idle but can
-  // cost milliseconds when another process holds them, so small products stay serial.
+namespace {
+// y[r, j] = Dot(x_r, w_j) with w_j's rows from `rows_of`: rows_of(j0, m) returns the first of
+// rows j0 … j0 + m − 1 (m ≤ 4), `ldw` elements apart. The one loop nest of every MatMulNT, so
+// a product over a WeightView is the product over the same values in memory, bit for bit.
+//
+// Output columns are split across threads; each weight row is read once and reused for all
+// x rows while it sits in L1. Results are independent of the split (see Dot). Threads only
+// pay off above ~1 ms of work: a fork/join costs microseconds when cores are idle but can
+// cost milliseconds when another process holds them, so small products stay serial.
+template <typename RowsOf>
+void MatMulNTRows(const float* x, int64_t ldx, int64_t rows, RowsOf rows_of, int64_t ldw, int64_t out, int64_t in,
+                  float* y, int64_t ldy) {
   if (rows == 1) {
     // Decode: four weight rows against the one x row at a time (x is the shared operand).
 #pragma omp parallel for schedule(static) if (out * in > kParallelMacs)
     for (int64_t j0 = 0; j0 < out; j0 += 4) {
       const int64_t m = std::min<int64_t>(4, out - j0);
-      const float* ws[4] = {w + j0 * ldw, w + (j0 + 1) * ldw, w + (j0 + 2) * ldw, w + (j0 + 3) * ldw};
+      const float* w = rows_of(j0, m);
+      const float* ws[4] = {w, w + ldw, w + 2 * ldw, w + 3 * ldw};
       float r[4];
       if (m == 4) {
         DotShared<4>(ws, x, in, r);
@@ -91,7 +98,7 @@ void MatMulNTStrided(const float* x, int64_t ldx, int64_t rows, const float* w, 
   }
 #pragma omp parallel for schedule(static) if (out * rows * in > kParallelMacs)
   for (int64_t j = 0; j < out; ++j) {
-    const float* wj = w + j * ldw;
+    const float* wj = rows_of(j, 1);
     int64_t r = 0;
     for (; r + 4 <= rows; r += 4) {
       const float* xs[4] = {x + r * ldx, x + (r + 1) * ldx, x + (r + 2) * ldx, x + (r + 3) * ldx};
@@ -106,8 +113,37 @@ void MatMulNTStrided(const float* x, int64_t ldx, int64_t rows, const float* w, 
   }
 }
 
+// The calling thread's scratch for up to four decoded weight rows (kept between calls: a
+// product's rows are decoded into memory that stays in L1).
+float* WeightRowScratch(int64_t n) {
+  thread_local std::vector<float> scratch;
+  if (static_cast<int64_t>(scratch.size()) < n) scratch.resize(static_cast<size_t>(n));
+  return scratch.data();
+}
+}  // namespace
+
+void MatMulNTStrided(const float* x, int64_t ldx, int64_t rows, const float* w, int64_t ldw, int64_t out,
+                     int64_t in, float* y, int64_t ldy) {
+  MatMulNTRows(x, ldx, rows, [w, ldw](int64_t j0, int64_t) { return w + j0 * ldw; }, ldw, out, in, y, ldy);
+}
+
 void MatMulNT(const float* x, int64_t rows, const float* w, int64_t out, int64_t in, float* y) {
   MatMulNTStrided(x, in, rows, w, in, out, in, y, out);
+}
+
+void MatMulNT(const float* x, int64_t rows, const WeightView& w, WeightRounding round, float* y) {
+  const int64_t out = w.rows, in = w.cols;
+  if (const float* f = w.f32(); f != nullptr && round == WeightRounding::kAsStored) {
+    MatMulNT(x, rows, f, out, in, y);  // fp32 as stored: the rows in place
+    return;
+  }
+  // Each block of weight rows dequantised into this thread's scratch, then multiplied there.
+  auto rows_of = [&w, round, in](int64_t j0, int64_t m) {
+    float* s = WeightRowScratch(4 * in);
+    w.DecodeRows(j0, m, s, round);
+    return static_cast<const float*>(s);
+  };
+  MatMulNTRows(x, in, rows, rows_of, in, out, in, y, out);
 }
 
 void RmsNormLanes256(const float* x, const float* weight, int64_t rows, int64_t n, double eps, float* y) {

@@ -10,6 +10,8 @@
 #include <cmath>
 #include <cstdint>
 
+#include "kernels/weight_view.h"
+
 namespace lockstep::kernels::cpu {
 
 // exp(v) correctly rounded to fp32 (in practice): the double exp rounded once. glibc's expf is 1
@@ -27,6 +29,12 @@ float Dot(const float* a, const float* b, int64_t n);
 // y[r, j] = Σ_k x[r, k] · w[j, k]   x: [rows, in], w: [out, in] row-major, y: [rows, out].
 // Each y element is Dot(x_r, w_j, in), bit for bit, however the loops are blocked.
 void MatMulNT(const float* x, int64_t rows, const float* w, int64_t out, int64_t in, float* y);
+// The same over a weight as stored: w [out = w.rows, in = w.cols] dequantised block by block of
+// rows into a thread-local scratch (WeightView::DecodeRows, rounded as `round` says) and
+// multiplied there — each y element is Dot(x_r, the decoded row j), so it equals MatMulNT over
+// an fp32 copy of the decoded (and rounded) matrix bit for bit. An fp32 view without rounding
+// is read in place.
+void MatMulNT(const float* x, int64_t rows, const WeightView& w, WeightRounding round, float* y);
 // The same with explicit row strides (elements): x rows `ldx` apart, w rows `ldw` apart, y
 // rows `ldy` apart.
 void MatMulNTStrided(const float* x, int64_t ldx, int64_t rows, const float* w, int64_t ldw, int64_t out,

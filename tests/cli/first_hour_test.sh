@@ -163,4 +163,11 @@ rc=$?
 "$LS" replay "$TMP/moved.h5" -o "$TMP/m3.h5" -m "$TMP/model-elsewhere" -q >/dev/null && ok "replay --model finds it" ||
   bad "replay --model DIR failed"
 
+# Every trace names the lockstep version that wrote it: record's, replay's.
+for t in "$TMP/run.h5" "$TMP/f.h5"; do
+  [ -f "$t" ] || continue
+  "$LS" inspect "$t" | head -1 | grep -q "written by lockstep [0-9]" && ok "$(basename "$t") names its writer's version" ||
+    bad "$(basename "$t"): $("$LS" inspect "$t" | head -1)"
+done
+
 exit $fail
