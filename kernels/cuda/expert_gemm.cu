@@ -621,7 +621,7 @@ GemmShapes ShapesOf(const ExpertGemmParams& p) {
 }
 
 // The launch shape for p (p.launch unless kAuto). The shape changes speed only: each output's
-// order is fixed by `in` (ExpertGemmParams); gpu_model_ops_test runs every shape and compares bits.
+// order is fixed by `in` (ExpertGemmParams); gpu_expert_gemm_test runs every shape and compares bits.
 ExpertGemmParams::Launch ResolveLaunch(const ExpertGemmParams& p, const GemmShapes& sh) {
   using L = ExpertGemmParams::Launch;
   if (p.launch != L::kAuto) return p.launch;
