@@ -204,6 +204,13 @@ Result<std::string> ReadStringDataset(hid_t loc, const std::string& path, size_t
   }
   const size_t size = H5Tget_size(ft.get());
   if (size == 0 || size > max_bytes) return Status::Corruption("'" + path + "': " + std::to_string(size) + " bytes");
+  // The bytes must be in the file before they are allocated here: a declared 1 GiB string
+  // with no storage behind it is refused, not read as 1 GiB of fill value.
+  if (H5Dget_storage_size(d.get()) < size) {
+    H5Eclear2(H5E_DEFAULT);
+    return Status::Corruption("'" + path + "': declares a " + std::to_string(size) + "-byte string but stores " +
+                              std::to_string(H5Dget_storage_size(d.get())) + " bytes");
+  }
   std::string s(size, '\0');
   Hid mt(H5Tcopy(ft.get()));
   if (H5Dread(d.get(), mt.get(), H5S_ALL, H5S_ALL, H5P_DEFAULT, s.data()) < 0) return Error("'" + path + "'");

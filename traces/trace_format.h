@@ -43,6 +43,17 @@
 
 namespace lockstep::traces {
 
+// The format's limits, which a reader enforces before it allocates anything a file claims
+// (issue 31): a chunk holds at most kMaxChunkRows rows and kMaxChunkDecodedBytes bytes once
+// decoded (the writer makes ~64-128 KiB chunks of 8-4096 rows; 8 rows of a 129k-token logits
+// row are 4 MiB), a tensor at most kMaxCols columns, a row's position and a layer index fit
+// these bounds.
+inline constexpr int64_t kMaxChunkRows = 4096;
+inline constexpr int64_t kMaxChunkDecodedBytes = int64_t{64} << 20;
+inline constexpr int64_t kMaxCols = int64_t{1} << 22;
+inline constexpr int64_t kMaxPosition = int64_t{1} << 31;
+inline constexpr int64_t kMaxLayer = 1 << 16;
+
 // Version: a reader refuses a trace whose major is newer than its own; a larger minor
 // only adds things an older reader may ignore.
 inline constexpr int32_t kFormatMajor = 1;

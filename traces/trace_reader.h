@@ -106,6 +106,7 @@ class TraceReader {
   Result<std::vector<uint8_t>> ReadRows(const Table& t, hid_t mem_type, size_t row_bytes, int64_t begin,
                                         int64_t count) const;
   Status LoadRequests();
+  Status CheckSampling() const;
   void LoadTails(const std::filesystem::path& side);
   void LoadChunkDirectory(const std::filesystem::path& side);
   // Rows [first, first + n) of a table whose main rows come from the chunk directory.

@@ -21,11 +21,14 @@ namespace {
 // and a corrupt frame header must not make us allocate terabytes.
 constexpr unsigned long long kMaxChunkBytes = 1ull << 31;
 
+thread_local size_t expected_chunk_bytes = 0;  // ExpectChunkBytes
+
 size_t ZstdFilter(unsigned flags, size_t cd_nelmts, const unsigned cd_values[], size_t nbytes, size_t* buf_size,
                   void** buf) {
   if (flags & H5Z_FLAG_REVERSE) {
     const unsigned long long size = ZSTD_getFrameContentSize(*buf, nbytes);
     if (size == ZSTD_CONTENTSIZE_ERROR || size == ZSTD_CONTENTSIZE_UNKNOWN || size > kMaxChunkBytes) return 0;
+    if (expected_chunk_bytes != 0 && size != expected_chunk_bytes) return 0;  // not this chunk's size
     void* out = H5allocate_memory(size ? size : 1, false);
     if (!out) return 0;
     const size_t n = ZSTD_decompress(out, size, *buf, nbytes);
@@ -68,6 +71,9 @@ const H5Z_class2_t kZstdClass = {
 }  // namespace
 
 const H5Z_class2_t* ZstdFilterClass() { return &kZstdClass; }
+
+ExpectChunkBytes::ExpectChunkBytes(size_t bytes) : previous_(expected_chunk_bytes) { expected_chunk_bytes = bytes; }
+ExpectChunkBytes::~ExpectChunkBytes() { expected_chunk_bytes = previous_; }
 
 Status RegisterZstdFilter() {
   static std::once_flag once;

@@ -22,6 +22,21 @@ namespace lockstep::traces {
 // The H5Z class of the filter (also what the plugin's H5PLget_plugin_info returns).
 const H5Z_class2_t* ZstdFilterClass();
 
+// The decoded size every chunk read on this thread must have while one is alive (0: any up
+// to the filter's hard limit). The trace reader sets it around each H5Dread, so a frame that
+// decodes to fewer or more bytes than the chunk holds is an error, not a short buffer HDF5
+// would read past, or rows of zeros. Nests; thread-local.
+class ExpectChunkBytes {
+ public:
+  explicit ExpectChunkBytes(size_t bytes);
+  ~ExpectChunkBytes();
+  ExpectChunkBytes(const ExpectChunkBytes&) = delete;
+  ExpectChunkBytes& operator=(const ExpectChunkBytes&) = delete;
+
+ private:
+  size_t previous_;
+};
+
 // Registers the filter in this process once; later calls return the first result.
 // Thread-safe.
 Status RegisterZstdFilter();
