@@ -913,8 +913,8 @@ Status CudaBackend::SwiGluMlp(const DevTensor& gate_up, const DevTensor& down, i
   float* act = gu + rows * 2 * inter;
   // The dot products' bulk shape (decode's few rows) forms the activations in its epilogue: the
   // same bits as the product and SwiGlu, one launch and one wait fewer on the side stream's
-  // chain. bf16 weights only: measured on the H200 (docs/performance.md, eleventh session),
-  // V2-Lite batch 1 bf16_dot 402.5 → 412.2 tok/s, but fp8_dot 430.2 → 424.5.
+  // chain. bf16 weights only: measured on the H200 (2026-11-30, V2-Lite batch 1), bf16_dot
+  // 402.5 → 412.2 tok/s, but fp8_dot 430.2 → 424.5.
   if (dot_ && rows > 0 && gate_up.bf16) {
     LS_ASSIGN_OR_RETURN(cu::ExpertGemmParams g, DotParams(x, H, rows, gate_up, act, inter));
     g.swiglu_inter = inter;

@@ -14,8 +14,8 @@ namespace lockstep::engine::cuda_impl {
 
 // Rows (requests) up to which W_UV's absorption merges MLA decode's splits itself (the
 // `combine_in_uv` of Forward). Its bulk-copy shape merges a head's splits again in each of the
-// head's CTAs: one launch fewer on the chain at one row (H200, V2-Lite batch 1, +4.6 %:
-// docs/performance.md, eighth session); at more rows the absorption takes other shapes.
+// head's CTAs: one launch fewer on the chain at one row (H200, V2-Lite batch 1, +4.6 %,
+// 2026-11-30); at more rows the absorption takes other shapes.
 constexpr int64_t kCombineInUvMaxRows = 1;
 
 Status CudaBackend::Forward(std::span<Segment> segs, PagedKvCache& cache, const kernels::KernelPlan& plan,

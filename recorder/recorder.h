@@ -46,8 +46,8 @@ struct RecorderOptions {
   // capture moves megabytes a step (V2-Lite: 2.3 MB a token) that compress about 1.1 : 1
   // whatever the level, so it takes level 1 and up to 8 workers (half the cores): at batch 8
   // on the H200's host, 8 workers at level 3 kept 75 % of decode's pace, at level 1 82 %, for
-  // files 0.7 % larger; 4 workers at level 3, 67 % (docs/performance.md, "Recording on the
-  // GPU", ninth session). Summaries are small: level 3, one worker.
+  // files 0.7 % larger; 4 workers at level 3, 67 % (2026-11-30). Summaries are small: level 3,
+  // one worker.
   static int ZstdLevel(const CapturePolicy& p) { return p.mode == CapturePolicy::Mode::kFull ? 1 : 3; }
   // TraceWriterOptions::target_chunk_bytes: full capture's in 128 KB chunks — half the HDF5
   // calls the writer thread makes for 64 KB ones (the thread that sets full capture's pace at

@@ -216,8 +216,8 @@ __global__ void __launch_bounds__(kSwThreads) ExpertGemmStreamKernel(ExpertGemmP
 // 4 CTAs an SM and a second wave 45 % full; 3 stages → 7 an SM, one wave, and as many bytes in
 // flight per SM. Routed gate_up at one token: 1056 CTAs, 3 stages → 7 an SM and a second wave
 // of one CTA an SM, whose 64 KB then stream at one CTA's pace while the SM idles; 2 stages → 8 an
-// SM, one wave (decode 383 → 394 tok/s, H200, docs/performance.md, eighth session). Speed only:
-// the depth changes no arithmetic.
+// SM, one wave (decode 383 → 394 tok/s, H200, 2026-11-30). Speed only: the depth changes no
+// arithmetic.
 constexpr int kSwMinStages = 2;
 constexpr int kSwMaxCtasPerSm = 8;  // 64 registers × 128 threads: 8 CTAs fill the register file
 

@@ -423,8 +423,8 @@ class Gemm {
 // and kernels/cpu/ops.h. "Bitwise" below means the CPU's exact fp32/fp64 operation sequence.
 // exp: the GPU rounds CUDA's double exp to fp32, which is the correctly rounded value in
 // practice; the CPU does the same with glibc's double exp (cpu::ExpF), so SwiGlu and Route's
-// softmax/sigmoid scores are the CPU's bits (until 2026-11-30 the CPU called glibc's expf, 1 ulp
-// off in ≈0.06 % of inputs).
+// softmax/sigmoid scores are the CPU's bits (glibc's expf, which neither calls, is 1 ulp off in
+// ≈0.06 % of inputs).
 
 // Embedding gather, bitwise: y[r, :] = table[ids[r], :]. An id outside [0, vocab) sets
 // kErrToken and fills the row with NaN. One CTA per row.

@@ -114,8 +114,8 @@ TEST(CudaElementwise, AddScaleToBf16Bitwise) {
 // 1 + e differs by ≤ 2u relative before each side's rounding (u each), the quotient and the
 // product add u each per side: |Δ| ≤ (2 + 2 + 2 + 2)u = 8u relative, plus an absolute
 // 2^-149 for results in the subnormal range.
-// Bit for bit the CPU's (both round exp once from a double; until 2026-11-30 the CPU used
-// glibc's expf and 43 of 180k elements differed, all within 8u), NaN where it has NaN.
+// Bit for bit the CPU's (both round exp once from a double; with glibc's expf on the CPU, 43
+// of 180k elements differed, all within 8u), NaN where it has NaN.
 TEST(CudaSwiGlu, BitwiseCpu) {
   LS_REQUIRE_GPU();
   for (auto [rows, n] : std::vector<std::pair<int64_t, int64_t>>{{1, 1408}, {64, 2816}, {3, 17}}) {
