@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # tools/gpu-pack.sh — stages the CUDA binaries (tools/stage-gpu-bin.sh) and packs them into one
-# gzip'd tar, .gpu-pack/bin.tgz (git-ignored), with tools/gpu-unpack.sh beside it: every GPU
-# test and benchmark plus `lockstep` come to ~63 MB staged, over the device tool's 64 MiB carry
-# once the tree is counted, and ~24 MB packed. Extra files (an older binary to A/B against,
+# xz'd tar, .gpu-pack/bin.txz (git-ignored), with tools/gpu-unpack.sh beside it: every GPU
+# test and benchmark plus `lockstep` come to over 100 MB staged and ~44 MB as gzip, over the
+# device tool's 64 MiB transfer once the ~53 MB tree is counted; xz packs them far smaller. Extra files (an older binary to A/B against,
 # say) go in with --add FILE (repeatable; they keep their base names).
 #
 #   tools/gpu-pack.sh [--add FILE]... [BUILD_DIR (build-gpu)] [TARGET ...]
@@ -24,6 +24,7 @@ trap 'rm -rf "$stage"' EXIT
 tools/stage-gpu-bin.sh "$build" "$stage/bin" "$@"
 for f in "${adds[@]}"; do cp "$f" "$stage/bin/"; done
 mkdir -p .gpu-pack
-tar -C "$stage/bin" -czf .gpu-pack/bin.tgz .
+rm -f .gpu-pack/bin.tgz
+XZ_OPT="-9 -T2" tar -C "$stage/bin" -cJf .gpu-pack/bin.txz .
 cp tools/gpu-unpack.sh .gpu-pack/
-echo "gpu-pack: .gpu-pack/bin.tgz $(du -h .gpu-pack/bin.tgz | cut -f1) (carry [\".gpu-pack\"])"
+echo "gpu-pack: .gpu-pack/bin.txz $(du -h .gpu-pack/bin.txz | cut -f1) (carry [\".gpu-pack\"])"
