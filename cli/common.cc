@@ -80,6 +80,7 @@ extern const CLI::Validator kNonNegative(
       char* end = nullptr;
       const double v = std::strtod(in.c_str(), &end);
       if (end == in.c_str() || *end != '\0') return "not a number: " + in;
+      if (!std::isfinite(v)) return "must be a finite number (got " + in + ")";
       return v >= 0 ? std::string() : "must be ≥ 0 (got " + in + ")";
     },
     "≥ 0", "non-negative");
@@ -88,6 +89,7 @@ extern const CLI::Validator kPositive(
       char* end = nullptr;
       const double v = std::strtod(in.c_str(), &end);
       if (end == in.c_str() || *end != '\0') return "not a number: " + in;
+      if (!std::isfinite(v)) return "must be a finite number (got " + in + ")";
       return v > 0 ? std::string() : "must be > 0 (got " + in + ")";
     },
     "> 0", "positive");

@@ -3,6 +3,7 @@
 #include <iostream>
 
 #include "cli/commands.h"
+#include "cli/common.h"
 #include "cli/diff_report.h"
 #include "diff/trace_diff.h"
 #include "traces/trace_reader.h"
@@ -59,8 +60,8 @@ void RegisterDiff(CLI::App& app, SetAction set_action) {
   cmd->add_option("--html", x->html, "Also write a self-contained HTML report (heatmap, token strip)");
   cmd->add_flag("--verbose,-v", x->verbose, "List identical tensors too");
   cmd->add_flag("--exact", x->exact, "Any bit difference diverges");
-  cmd->add_option("--rel-l2", x->rel_l2, "Relative L2 error above which an activation diverges");
-  cmd->add_option("--kl", x->kl, "KL (nats) above which logits diverge");
+  cmd->add_option("--rel-l2", x->rel_l2, "Relative L2 error above which an activation diverges")->check(kNonNegative);
+  cmd->add_option("--kl", x->kl, "KL (nats) above which logits diverge")->check(kNonNegative);
   cmd->add_flag("--allow-model-mismatch", x->allow_model_mismatch, "Compare traces of different models anyway");
   cmd->callback([x, set_action] { set_action([x] { return RunDiff(*x); }); });
 }

@@ -59,6 +59,12 @@ Status RunReplay(const ReplayArgs& a) {
   o.thresholds.rel_l2 = a.rel_l2;
   o.thresholds.kl = a.kl;
   o.output = a.output.empty() ? std::filesystem::path(a.trace).replace_extension(".replay.h5") : std::filesystem::path(a.output);
+  {
+    std::error_code ec;
+    if (std::filesystem::equivalent(o.output, a.trace, ec)) {
+      return Status::InvalidArgument("--output " + o.output.string() + " is the trace being replayed; name another file");
+    }
+  }
   Progress bar(!a.quiet && !a.json, "replaying (" + a.mode + ")", 0);
   if (bar.enabled()) {
     o.progress = [&bar, started = false, label = "replaying (" + a.mode + ")"](int64_t done, int64_t total) mutable {
@@ -125,13 +131,13 @@ void RegisterReplay(CLI::App& app, SetAction set_action) {
       ->check(CLI::IsMember({"fp32", "bf16", "fp8_e4m3"}));
   cmd->add_option("--kernel", a->kernels, "Override a kernel variant op=variant (repeatable)");
   cmd->add_option("--fault", a->fault, "Replay with a fault-zoo variant, or 'none' to remove the recorded one");
-  cmd->add_option("--temperature", a->temperature, "Override the sampling temperature");
-  cmd->add_option("--top-p", a->top_p, "Override top-p");
-  cmd->add_option("--top-k", a->top_k, "Override top-k");
-  cmd->add_option("--min-p", a->min_p, "Override min-p");
+  cmd->add_option("--temperature", a->temperature, "Override the sampling temperature")->check(kNonNegative);
+  cmd->add_option("--top-p", a->top_p, "Override top-p")->check(CLI::Range(0.0, 1.0));
+  cmd->add_option("--top-k", a->top_k, "Override top-k")->check(kNonNegative);
+  cmd->add_option("--min-p", a->min_p, "Override min-p")->check(CLI::Range(0.0, 1.0));
   cmd->add_flag("--graft", a->graft, "Every layer takes its input from the trace (local vs propagated error)");
-  cmd->add_option("--rel-l2", a->rel_l2, "Relative L2 error above which an activation diverges");
-  cmd->add_option("--kl", a->kl, "KL (nats) above which logits diverge");
+  cmd->add_option("--rel-l2", a->rel_l2, "Relative L2 error above which an activation diverges")->check(kNonNegative);
+  cmd->add_option("--kl", a->kl, "KL (nats) above which logits diverge")->check(kNonNegative);
   cmd->add_option("--html", a->html, "Also write a self-contained HTML report");
   cmd->add_flag("--json", a->json, "Machine-readable report");
   cmd->add_flag("--quiet,-q", a->quiet, "No progress bar");

@@ -163,6 +163,25 @@ rc=$?
 "$LS" replay "$TMP/moved.h5" -o "$TMP/m3.h5" -m "$TMP/model-elsewhere" -q >/dev/null && ok "replay --model finds it" ||
   bad "replay --model DIR failed"
 
+# Numbers are checked as numbers: NaN and infinite thresholds and temperatures are refused, and a
+# replay may not overwrite its own recording.
+expect_bad() {  # description, expected substring, command...
+  local what=$1 want=$2
+  shift 2
+  "$@" >/dev/null 2>"$TMP/e"
+  local rc=$?
+  if [ $rc -ne 0 ] && [ $rc -lt 128 ] && grep -qF -- "$want" "$TMP/e"; then ok "$what refused: $(head -1 "$TMP/e")"; else
+    bad "$what (rc $rc): $(cat "$TMP/e")"
+  fi
+}
+expect_bad "diff --rel-l2 nan" "finite" "$LS" diff "$TMP/run.h5" "$TMP/run.h5" --rel-l2 nan
+expect_bad "replay --kl inf" "finite" "$LS" replay "$TMP/run.h5" --mode forced --kl inf -o "$TMP/z2.h5"
+expect_bad "generate -t inf" "finite" "$LS" generate -p hi -t inf
+expect_bad "replay --temperature -1" "--temperature" "$LS" replay "$TMP/run.h5" --mode free --temperature -1 -o "$TMP/z3.h5"
+cp "$TMP/run.h5" "$TMP/self.h5"
+expect_bad "replay -o <the trace itself>" "is the trace being replayed" "$LS" replay "$TMP/self.h5" -o "$TMP/self.h5"
+cmp -s "$TMP/run.h5" "$TMP/self.h5" && ok "the recording is untouched" || bad "replay -o overwrote the recording"
+
 # Every trace names the lockstep version that wrote it: record's, replay's.
 for t in "$TMP/run.h5" "$TMP/f.h5"; do
   [ -f "$t" ] || continue
