@@ -67,7 +67,7 @@ json PolicyJson(const std::string& text) {
   return j;
 }
 
-// The capture policy in words: "full; layers all, positions 0-63 every 2nd; KV cache; logits top-32".
+// The capture policy in words: "full; layers all, positions 0-63, stride 2; KV cache; logits top-32".
 std::string DescribePolicy(const std::string& text) {
   const json j = json::parse(text, nullptr, false);
   if (!j.is_object()) return text;
@@ -84,7 +84,7 @@ std::string DescribePolicy(const std::string& text) {
   std::string s = j.value("mode", std::string("?"));
   s += "; layers " + range("layers") + ", positions " + range("positions");
   const int64_t stride = j.value("position_stride", int64_t{1});
-  if (stride > 1) s += " every " + std::to_string(stride) + "th";
+  if (stride > 1) s += ", stride " + std::to_string(stride);
   if (j.contains("taps") && j["taps"].is_array() && !j["taps"].empty()) {
     std::string t;
     for (const auto& x : j["taps"]) t += (t.empty() ? "" : ", ") + (x.is_string() ? x.get<std::string>() : x.dump());
