@@ -75,8 +75,13 @@ void PrintDiffText(const diff::TraceDiffReport& r, const Detokenize& detok, bool
   for (const auto* tp : NaturalTensors(r)) {
     const auto& t = *tp;
     if (!verbose && t.equal_rows == t.rows) continue;
+    const bool logits = t.tensor.rfind("taps/logits", 0) == 0;
+    const bool measured = t.measured_rows > 0 || t.equal_rows == t.rows;
+    std::string worst = t.integer ? "set Δ " + std::to_string(t.max_set_diff)
+                        : !measured || t.tensor.ends_with("(top-k)") ? "—"
+                                                                     : Format("%.3g", t.worst_rel_l2);
     table.Add({Short(t.tensor), std::to_string(t.rows), std::to_string(t.equal_rows), std::to_string(t.diverging_rows),
-               Format("%.3g", t.worst_rel_l2), Format("%.3g", t.max_kl)});
+               worst, logits && measured ? Format("%.3g", t.max_kl) : "—"});
   }
   table.Print();
   std::printf("\nrequests:\n");
@@ -114,26 +119,42 @@ void PrintDiffText(const diff::TraceDiffReport& r, const Detokenize& detok, bool
   }
 }
 
+namespace {
+
+// What was not measured is null, never 0 or a string; an infinite measurement is null with
+// its `_infinite` flag set beside it (JSON has no infinity).
+json Num(double v) { return std::isfinite(v) ? json(v) : json(nullptr); }
+json Index(int64_t v) { return v >= 0 ? json(v) : json(nullptr); }
+
+}  // namespace
+
 json DiffJson(const diff::TraceDiffReport& r, const Detokenize& detok) {
   auto row = [](const diff::RowDiff& d) {
-    json j = {{"tensor", d.tensor}, {"request", d.request}, {"position", d.position}, {"layer", d.layer},
+    json j = {{"tensor", d.tensor}, {"request", d.request}, {"position", d.position}, {"layer", Index(d.layer)},
               {"step", d.step}, {"hash_equal", d.hash_equal}, {"how", d.how}};
-    if (d.compared_values) {
+    if (d.is_set) {
+      j["only_a"] = d.only_a;  // entries one side's set holds alone (lists cut at 8)
+      j["only_b"] = d.only_b;
+    } else if (d.compared_values) {
       j["max_abs"] = d.values.max_abs;
-      j["max_abs_index"] = d.values.max_abs_index;
-      j["rel_l2"] = std::isfinite(d.values.rel_l2) ? json(d.values.rel_l2) : json("inf");
-      j["cosine"] = d.values.cosine;
-      j["sqnr_db"] = std::isfinite(d.values.sqnr_db) ? json(d.values.sqnr_db) : json(nullptr);
+      j["max_abs_index"] = Index(d.values.max_abs_index);
+      j["rel_l2"] = Num(d.values.rel_l2);
+      if (!std::isfinite(d.values.rel_l2)) j["rel_l2_infinite"] = true;
+      j["cosine"] = Num(d.values.cosine);
+      j["sqnr_db"] = Num(d.values.sqnr_db);  // null when equal (+inf) or undefined
       j["nonfinite_mismatch"] = d.values.nonfinite_mismatch;
     }
     if (d.is_logits) {
-      j["kl"] = std::isfinite(d.logits.kl) ? json(d.logits.kl) : json("inf");
-      j["top1_agree"] = d.logits.top1_agree;
-      j["chosen_prob_a"] = d.logits.chosen_prob_ref;
-      j["chosen_prob_b"] = d.logits.chosen_prob_cand;
-      if (d.logits.top1_ref >= 0) j["top1_a"] = d.logits.top1_ref, j["top1_b"] = d.logits.top1_cand;
-      if (std::isfinite(d.entropy_a)) j["entropy_a"] = d.entropy_a;
-      if (std::isfinite(d.entropy_b)) j["entropy_b"] = d.entropy_b;
+      const bool measured = d.logits.top1_ref >= 0 || d.hash_equal;
+      j["kl"] = measured ? Num(d.hash_equal ? 0.0 : d.logits.kl) : json(nullptr);
+      if (measured && !d.hash_equal && !std::isfinite(d.logits.kl)) j["kl_infinite"] = true;
+      j["top1_agree"] = d.logits.top1_ref >= 0 ? json(d.logits.top1_agree) : json(nullptr);
+      j["chosen_prob_a"] = d.logits.chosen_known ? json(d.logits.chosen_prob_ref) : json(nullptr);
+      j["chosen_prob_b"] = d.logits.chosen_known ? json(d.logits.chosen_prob_cand) : json(nullptr);
+      j["top1_a"] = Index(d.logits.top1_ref);
+      j["top1_b"] = Index(d.logits.top1_cand);
+      j["entropy_a"] = Num(d.entropy_a);
+      j["entropy_b"] = Num(d.entropy_b);
     }
     return j;
   };
@@ -146,18 +167,32 @@ json DiffJson(const diff::TraceDiffReport& r, const Detokenize& detok) {
   j["only_in_a"] = r.only_in_a;
   j["only_in_b"] = r.only_in_b;
   j["first_divergence"] = r.has_divergence ? row(r.first) : json(nullptr);
-  j["layer_growth"] = r.layer_growth;
+  json growth = json::array();
+  for (double g : r.layer_growth) growth.push_back(g >= 0 ? json(g) : json(nullptr));
+  j["layer_growth"] = growth;
+  j["mean_logit_kl"] = r.mean_logit_kl >= 0 ? Num(r.mean_logit_kl) : json(nullptr);
   json tensors = json::array();
   for (const auto* tp : NaturalTensors(r)) {
     const auto& t = *tp;
-    tensors.push_back({{"tensor", t.tensor}, {"rows", t.rows}, {"equal_rows", t.equal_rows},
-                       {"diverging_rows", t.diverging_rows}, {"worst_rel_l2", t.worst_rel_l2},
-                       {"worst_position", t.worst_position}, {"max_kl", t.max_kl}});
+    const bool logits = t.tensor.rfind("taps/logits", 0) == 0;
+    // rel L2 is measured on float rows: 0 when every row is bit-identical, the worst over the
+    // rows whose values were compared, null when differing rows were compared by summary only.
+    const int64_t differing = t.rows - t.equal_rows;
+    json worst = nullptr;
+    if (!t.integer && (differing == 0 || t.measured_rows > 0) && !t.tensor.ends_with("(top-k)")) worst = Num(t.worst_rel_l2);
+    json x = {{"tensor", t.tensor}, {"rows", t.rows}, {"equal_rows", t.equal_rows},
+              {"diverging_rows", t.diverging_rows}, {"measured_rows", t.measured_rows},
+              {"not_aligned_rows", t.not_aligned_rows}, {"integer", t.integer},
+              {"worst_rel_l2", worst}, {"worst_position", t.measured_rows > 0 ? Index(t.worst_position) : json(nullptr)},
+              {"max_kl", logits && (differing == 0 || t.measured_rows > 0) ? Num(t.max_kl) : json(nullptr)}};
+    if (t.integer) x["max_set_diff"] = t.max_set_diff;
+    tensors.push_back(x);
   }
   j["tensors"] = tensors;
   json reqs = json::array();
   for (const auto& q : r.requests) {
-    json x = {{"id", q.id}, {"name", q.name}, {"first_token_diff", q.first_token_diff},
+    json x = {{"id", q.id}, {"name", q.name}, {"first_token_diff", Index(q.first_token_diff)},
+              {"aligned_until", Index(q.aligned_until)}, {"not_aligned_rows", q.not_aligned_rows},
               {"tokens_a", q.tokens_a}, {"tokens_b", q.tokens_b}};
     if (detok) {
       x["text_a"] = detok(q.tokens_a);

@@ -458,12 +458,14 @@ void Heatmap(std::ostringstream& h, const View& v, const Frame& f, double rel_th
       if (e == 0) fill = "#ffffff", kind = "identical";
       else if (e > 0) fill = Viridis(ax.Frac(e)), kind = "err";
       else if (e == -2) fill = "url(#summ-" + std::to_string(id) + ")", kind = "summary";
+      else if (e == -3) fill = "#e4e7f2", kind = "not-aligned";
       else fill = "url(#hatch-" + std::to_string(id) + ")", kind = "missing";
       h << "<rect class=\"cell " << kind << "\" x=\"" << Px(f.Edge(p)) << "\" y=\"" << Px(y) << "\" width=\""
         << Px(f.Col() + 0.05) << "\" height=\"" << Px(rh + 0.05) << "\" fill=\"" << fill << "\"";
       if (titles) {
         h << "><title>layers." << l << ".resid_out, position " << p << " (" << PositionWord(v, p) << "): "
-          << (e == 0 ? "bit-identical" : e > 0 ? "rel L2 " + G3(e) : e == -2 ? "differs (summary only)" : "not captured")
+          << (e == 0 ? "bit-identical" : e > 0 ? "rel L2 " + G3(e) : e == -2 ? "differs (summary only)"
+                  : e == -3 ? "not aligned (the token streams forked before it)" : "not captured")
           << "</title></rect>";
       } else {
         h << "/>";
@@ -519,6 +521,7 @@ void Heatmap(std::ostringstream& h, const View& v, const Frame& f, double rel_th
   swatch(sx, "#ffffff", "bit-identical");
   swatch(sx + 120, "url(#hatch-" + std::to_string(id) + ")", "not captured");
   swatch(sx + 240, "url(#summ-" + std::to_string(id) + ")", "differs (summary only)");
+  if (v.q->aligned_until >= 0) swatch(sx + 410, "#e4e7f2", "not aligned (forked)");
   h << "<text class=\"tick thr\" x=\"" << Px(tx) << "\" y=\"" << Px(bar_y + bh + 32) << "\" text-anchor=\""
     << (tx == bx ? "start" : tx == bx + bw ? "end" : "middle") << "\">" << thr_text << "</text></g></svg></figure>\n";
 }

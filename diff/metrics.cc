@@ -97,6 +97,7 @@ LogitDiff CompareLogits(std::span<const float> cand, std::span<const float> ref,
   d.top1_cand = Argmax(cand);
   d.top1_agree = d.top1_ref == d.top1_cand;
   if (chosen >= 0 && static_cast<size_t>(chosen) < ref.size()) {
+    d.chosen_known = true;
     d.chosen_prob_ref = std::exp(lp[chosen]);
     d.chosen_prob_cand = std::exp(lq[chosen]);
   }

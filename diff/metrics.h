@@ -34,6 +34,7 @@ struct LogitDiff {
   int32_t top1_ref = -1, top1_cand = -1;
   double chosen_prob_ref = 0;  // probability of `chosen` under each
   double chosen_prob_cand = 0;
+  bool chosen_known = false;   // a chosen token was given (else the two above mean nothing)
 };
 
 // `chosen`: the token the reference run emitted at this step (−1: unknown).

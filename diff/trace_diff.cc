@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <iterator>
 #include <limits>
 #include <set>
 #include <tuple>
@@ -46,6 +47,44 @@ std::vector<float> RowAsFloat(DType d, const uint8_t* p, int64_t cols) {
     }
   }
   return out;
+}
+
+// Rows of an integer tap hold sets of ids (ascending, −1 padded). Fills d->only_a / only_b
+// (at most kSetListed each) and returns how many entries the sets differ by in all.
+constexpr size_t kSetListed = 8;
+int64_t CompareSets(const uint8_t* pa, const uint8_t* pb, int64_t cols, RowDiff* d) {
+  auto read = [cols](const uint8_t* p) {
+    std::vector<int32_t> v;
+    v.reserve(cols);
+    for (int64_t c = 0; c < cols; ++c) {
+      int32_t x;
+      std::memcpy(&x, p + 4 * c, 4);
+      if (x != -1) v.push_back(x);
+    }
+    std::sort(v.begin(), v.end());
+    v.erase(std::unique(v.begin(), v.end()), v.end());
+    return v;
+  };
+  const std::vector<int32_t> a = read(pa), b = read(pb);
+  std::vector<int32_t> oa, ob;
+  std::set_difference(a.begin(), a.end(), b.begin(), b.end(), std::back_inserter(oa));
+  std::set_difference(b.begin(), b.end(), a.begin(), a.end(), std::back_inserter(ob));
+  const int64_t n = static_cast<int64_t>(oa.size() + ob.size());
+  if (oa.size() > kSetListed) oa.resize(kSetListed);
+  if (ob.size() > kSetListed) ob.resize(kSetListed);
+  d->only_a = std::move(oa);
+  d->only_b = std::move(ob);
+  return n;
+}
+
+// "set differs by 3: a alone {4, 17}, b alone {5}" (lists cut at kSetListed).
+std::string SetPhrase(const RowDiff& d, int64_t cols) {
+  auto list = [](const std::vector<int32_t>& v) {
+    std::string s = "{";
+    for (size_t i = 0; i < v.size(); ++i) s += (i ? ", " : "") + std::to_string(v[i]);
+    return s + (v.size() == kSetListed ? ", …}" : "}");
+  };
+  return "set of " + std::to_string(cols) + " differs: a alone " + list(d.only_a) + ", b alone " + list(d.only_b);
 }
 
 bool StatsDiverge(const traces::SummaryRow& a, const traces::SummaryRow& b, double tol, std::string* how) {
@@ -188,6 +227,20 @@ Result<TraceDiffReport> CompareTraces(const traces::TraceReader& a, const traces
     }
     if (rr.first_token_diff < 0 && rr.tokens_a.size() != rr.tokens_b.size()) rr.first_token_diff = static_cast<int64_t>(n);
     if (rr.first_token_diff >= 0) rep.identical = false;
+    {
+      // From the first token that differs (in the prompts, else in the generated streams) the
+      // two runs compute different things at the same position: those rows are not aligned.
+      const auto& pa = ra.prompt;
+      const auto& pb = it->second->prompt;
+      size_t i = 0;
+      while (i < pa.size() && i < pb.size() && pa[i] == pb[i]) ++i;
+      if (i < pa.size() || i < pb.size()) {
+        rr.prompts_differ = true;
+        rr.aligned_until = static_cast<int64_t>(i);
+      } else if (rr.first_token_diff >= 0) {
+        rr.aligned_until = static_cast<int64_t>(pa.size()) + rr.first_token_diff;
+      }
+    }
     rep.requests.push_back(std::move(rr));
   }
   {
@@ -199,6 +252,13 @@ Result<TraceDiffReport> CompareTraces(const traces::TraceReader& a, const traces
   }
   std::map<int32_t, RequestReport*> req_by_id;
   for (auto& r : rep.requests) req_by_id[r.id] = &r;
+  // The request of a row when the row is past the request's fork, else null.
+  auto past_fork = [&req_by_id](int32_t request, int64_t position) -> RequestReport* {
+    auto it = req_by_id.find(request);
+    if (it == req_by_id.end()) return nullptr;
+    RequestReport* q = it->second;
+    return q->aligned_until >= 0 && position >= q->aligned_until ? q : nullptr;
+  };
 
   // Tensors.
   std::map<std::string, const traces::TensorInfo*> tb;
@@ -249,11 +309,11 @@ Result<TraceDiffReport> CompareTraces(const traces::TraceReader& a, const traces
       int64_t dup_a = 0, only_a = 0;
       for (const auto& r : sa) {
         if (!keys_a.insert({r.request, r.position}).second) ++dup_a;
-        if (!index_b.count({r.request, r.position})) ++only_a;
+        if (!index_b.count({r.request, r.position}) && !past_fork(r.request, r.position)) ++only_a;
       }
       const int64_t dup_b = static_cast<int64_t>(sb.size() - index_b.size());
       int64_t only_b = 0;
-      for (const auto& [k, j] : index_b) only_b += keys_a.count(k) ? 0 : 1;
+      for (const auto& [k, j] : index_b) only_b += keys_a.count(k) || past_fork(k.request, k.position) ? 0 : 1;
       if (dup_a || dup_b) {
         rep.missing.push_back(ta.path + ": " + std::to_string(dup_a) + " rows of a and " + std::to_string(dup_b) +
                               " of b repeat a (request, position) another row has");
@@ -274,6 +334,7 @@ Result<TraceDiffReport> CompareTraces(const traces::TraceReader& a, const traces
     const size_t row_bytes = esize * ta.cols;
     TensorReport tr;
     tr.tensor = ta.path;
+    tr.integer = ta.dtype == DType::kI32;
     const int64_t tensor_layer = LayerOfTensor(ta.path);
     size_t tap_index = 0;
     const bool layer_tap = tensor_layer >= 0 && ta.path.rfind("taps/", 0) == 0 && ta.dtype != DType::kI32;
@@ -284,6 +345,12 @@ Result<TraceDiffReport> CompareTraces(const traces::TraceReader& a, const traces
       if (tap_index == tap_suffixes.size()) tap_suffixes.push_back(suffix);
     }
     for (size_t i = 0; i < sa.size(); ++i) {
+      if (RequestReport* q = past_fork(sa[i].request, sa[i].position)) {
+        ++tr.not_aligned_rows;
+        ++q->not_aligned_rows;
+        if (layer_tap) layer_cells.push_back({sa[i].request, sa[i].position, LayerOfTensor(ta.path), tap_index, -3});
+        continue;
+      }
       auto jt = index_b.find({sa[i].request, sa[i].position});
       if (jt == index_b.end()) continue;
       const size_t j = jt->second;
@@ -302,11 +369,20 @@ Result<TraceDiffReport> CompareTraces(const traces::TraceReader& a, const traces
         rep.identical = false;
       }
       char buf[128];
-      if (values && !d.hash_equal) {
+      if (values && !d.hash_equal && tr.integer) {
+        // A set of ids (ascending, −1 padded): which entries each side holds alone.
+        d.compared_values = true;
+        d.is_set = true;
+        const int64_t differ = CompareSets(va.data() + i * row_bytes, vb.data() + j * row_bytes, ta.cols, &d);
+        tr.max_set_diff = std::max(tr.max_set_diff, differ);
+        d.diverges = differ > 0 || th.exact;
+        d.how = differ > 0 ? SetPhrase(d, ta.cols) : "the same set in another order or padding";
+      } else if (values && !d.hash_equal) {
         d.compared_values = true;
         auto fa = RowAsFloat(ta.dtype, va.data() + i * row_bytes, ta.cols);
         auto fb = RowAsFloat(ta.dtype, vb.data() + j * row_bytes, ta.cols);
         d.values = CompareRows(fb, fa);  // b is the candidate, a the reference
+        ++tr.measured_rows;
         if (is_logits) {
           int32_t chosen = -1;
           auto rq = req_by_id.find(d.request);
@@ -322,11 +398,6 @@ Result<TraceDiffReport> CompareTraces(const traces::TraceReader& a, const traces
           d.how = buf;
           tr.max_kl = std::max(tr.max_kl, d.logits.kl);
           tr.sum_kl += std::isfinite(d.logits.kl) ? d.logits.kl : 1e3;
-        } else if (ta.dtype == DType::kI32) {
-          int64_t differ = 0;
-          for (int64_t c = 0; c < ta.cols; ++c) differ += fa[c] != fb[c];
-          d.diverges = differ > 0;
-          d.how = std::to_string(differ) + " of " + std::to_string(ta.cols) + " entries differ";
         } else {
           d.diverges = Diverges(d.values, th);
           if (d.values.nonfinite_mismatch > 0) {
@@ -337,6 +408,10 @@ Result<TraceDiffReport> CompareTraces(const traces::TraceReader& a, const traces
         }
         tr.worst_rel_l2 = std::max(tr.worst_rel_l2, d.values.rel_l2);
         if (d.values.rel_l2 >= tr.worst_rel_l2) tr.worst_position = d.position;
+      } else if (!d.hash_equal && tr.integer) {
+        // Statistics say nothing about a set: a different hash is a different set.
+        d.diverges = true;
+        d.how = "content hash differs (summary only: the set itself was not stored)";
       } else if (!d.hash_equal) {
         d.diverges = th.exact ? true : StatsDiverge(sa[i], sb[j], th.rel_l2, &d.how);
         if (th.exact) d.how = "content hash differs";
@@ -404,6 +479,10 @@ Result<TraceDiffReport> CompareTraces(const traces::TraceReader& a, const traces
     TensorReport tr;
     tr.tensor = "taps/logits (top-k)";
     for (size_t i = 0; i < sa.size(); ++i) {
+      if (past_fork(sa[i].request, sa[i].position) != nullptr) {
+        ++tr.not_aligned_rows;
+        continue;  // counted once per request already, through taps/logits
+      }
       auto jt = index_b.find({sa[i].request, sa[i].position});
       if (jt == index_b.end()) continue;
       const size_t j = jt->second;
@@ -448,6 +527,7 @@ Result<TraceDiffReport> CompareTraces(const traces::TraceReader& a, const traces
       d.how = buf;
       tr.rows++;
       tr.equal_rows += d.hash_equal;
+      tr.measured_rows += !d.hash_equal;
       tr.max_kl = std::max(tr.max_kl, d.logits.kl);
       tr.sum_kl += d.hash_equal ? 0.0 : (std::isfinite(d.logits.kl) ? d.logits.kl : 1e3);
       if (d.diverges) {
@@ -483,6 +563,15 @@ Result<TraceDiffReport> CompareTraces(const traces::TraceReader& a, const traces
       rep.first = r.first;
       rep.has_divergence = true;
     }
+  }
+  for (const auto& r : rep.requests) {
+    if (r.aligned_until < 0) continue;
+    rep.notes.push_back("request " + std::to_string(r.id) + ": " +
+                        (r.prompts_differ ? "the prompts differ from position " + std::to_string(r.aligned_until)
+                                 : "the token streams fork at position " + std::to_string(r.aligned_until) +
+                                       " (generated token " + std::to_string(r.first_token_diff) + ")") +
+                        "; rows from there on compute different things and are not compared (" +
+                        std::to_string(r.not_aligned_rows) + " rows)");
   }
   // Tokens that differ without any captured tensor diverging (capture none) still count.
   if (!rep.has_divergence) {

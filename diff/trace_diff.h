@@ -43,6 +43,10 @@ struct RowDiff {
   // (summary-only rows, NaN logits). Hash-equal rows with values carry both sides' top-1
   // (equal) and entropy too, so a report can show them at every position.
   double entropy_a = NAN, entropy_b = NAN;
+  // Integer taps (selected positions, chosen experts) are sets: what one side holds and the
+  // other lacks (entries of a only, of b only; −1 padding is not an entry). is_set: compared so.
+  bool is_set = false;
+  std::vector<int32_t> only_a, only_b;
   bool diverges = false;
   std::string how;       // one phrase: "rel L2 3.1e-2", "hash differs (summary only)", "NaN appears", …
 };
@@ -50,7 +54,14 @@ struct RowDiff {
 struct TensorReport {
   std::string tensor;
   int64_t rows = 0, equal_rows = 0, diverging_rows = 0;
-  double worst_rel_l2 = 0;
+  // Rows whose hashes differ and whose values both traces hold (their error is measured);
+  // the other differing rows were compared by summary statistics only (not measured).
+  int64_t measured_rows = 0;
+  // Rows left out because they come after the request's token streams fork (not aligned).
+  int64_t not_aligned_rows = 0;
+  bool integer = false;      // an integer tap: rows are compared as sets, rel L2 means nothing
+  int64_t max_set_diff = 0;  // integer taps: the most entries one row's sets differ by
+  double worst_rel_l2 = 0;   // over measured float rows; meaningful when measured_rows > 0
   int64_t worst_position = -1;
   double max_kl = 0;  // logits only
   double sum_kl = 0;  // logits only: Σ KL over compared rows (hash-equal rows count 0)
@@ -62,6 +73,12 @@ struct RequestReport {
   std::vector<int32_t> prompt;
   std::vector<int32_t> tokens_a, tokens_b;
   int64_t first_token_diff = -1;  // index into the generated tokens, −1 when equal
+  // Rows at positions ≥ aligned_until were computed from different tokens (the prompts
+  // differ there, or the generated streams forked at first_token_diff): they are not
+  // compared. −1: every position is aligned.
+  int64_t aligned_until = -1;
+  bool prompts_differ = false;    // the fork is in the prompts (else in the generated tokens)
+  int64_t not_aligned_rows = 0;
   bool has_divergence = false;
   RowDiff first;                  // first divergent row of this request, in causal order
 };
