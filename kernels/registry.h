@@ -7,6 +7,7 @@
 // never through --kernel.
 #pragma once
 
+#include <limits>
 #include <map>
 #include <string>
 #include <string_view>
@@ -30,6 +31,12 @@ struct KernelVariant {
   // (tests/gpu/gpu_engine_test.cc SameVariantsGiveTheCpusBits); false where the order is
   // another library's (cuBLAS).
   bool cpu_bits = false;
+  // The most max|Δlogit| / max|logit| this variant may give against the fp32 reference
+  // (transformers' logits on the fixture models, tests/variant_twin_test.cc); NaN: not declared
+  // (faults declare none: they are wrong on purpose).
+  double bound = std::numeric_limits<double>::quiet_NaN();
+  // Not empty: this variant gives exactly the bits of that variant of the same op and backend.
+  std::string same_bits_as = "";
 };
 
 // The chosen variant per op, e.g. {"attn_decode": "absorbed", …}. Missing ops take the default.
@@ -48,6 +55,7 @@ class Registry {
 
  private:
   Registry();
+  void DeclareBounds();
   std::vector<KernelVariant> variants_;
 };
 

@@ -35,6 +35,7 @@ lockstep_gpu_test(gpu_summarize_test lockstep_traces)
 # Twins in kernels/cpu only: this one builds while engine/ is being changed.
 lockstep_gpu_test(gpu_model_ops_test)
 lockstep_gpu_test(gpu_expert_gemm_test)
+lockstep_gpu_test(gpu_variant_twin_test)
 
 # The CLI workflow on the GPU: record with --backend cuda, exact replay, replay on the CPU.
 add_test(NAME gpu_record_replay COMMAND ${CMAKE_SOURCE_DIR}/tests/gpu/record_replay_gpu.sh $<TARGET_FILE:lockstep>)
