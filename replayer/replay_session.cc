@@ -334,6 +334,7 @@ Result<ReplayResult> Replay(const traces::TraceReader& trace, const ReplayOption
   recorder::RecordSessionOptions so;
   so.output = opt.output;
   LS_ASSIGN_OR_RETURN(so.policy, PolicyFromTrace(trace));
+  if (opt.capture) so.policy.mode = *opt.capture;  // --capture full: a summary trace's values
   so.writer.batch_width = eo.max_batch;
   so.writer.writer = std::string("lockstep ") + kVersion + " (" + kGitRevision + ") replay";
   so.flush_interval_s = 5.0;

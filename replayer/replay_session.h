@@ -54,6 +54,9 @@ struct ReplayOptions {
   bool allow_model_mismatch = false; // run even when the model's fingerprint differs
   std::filesystem::path output;      // the replay's own trace
   diff::Thresholds thresholds;       // for the comparison (exact mode forces exact)
+  // Capture mode of the replay's own trace; unset = the recording's. An exact replay with
+  // kFull upgrades a summary trace to full capture, proven by its summary hashes.
+  std::optional<recorder::CapturePolicy::Mode> capture;
   std::function<void(int64_t tokens, int64_t total)> progress;
 };
 
