@@ -57,6 +57,8 @@ constexpr OpSpec kOps[] = {
     {"sampler", "", 102, "the token redrawn from the recorded logits, sampling parameters and Philox counter"},
 };
 constexpr int kNumOps = sizeof(kOps) / sizeof(kOps[0]);
+// Model-level ops after the last layer sort after every layer.
+int64_t LayerRank(int op, int64_t layer) { return kOps[op].layer_order >= 100 ? int64_t{1} << 30 : layer; }
 int OpIndex(std::string_view op) {
   for (int i = 0; i < kNumOps; ++i) {
     if (op == kOps[i].op) return i;
@@ -187,7 +189,7 @@ bool Compare(Ctx& cx, int op, const Location& where, const float* meas, const g:
   if (worst > 1) {
     ++st.rep.failing_rows;
     st.rep.failed = true;
-    const auto key = std::make_tuple(where.step, where.layer, kOps[op].layer_order, where.request, where.position);
+    const auto key = std::make_tuple(where.step, LayerRank(op, where.layer), kOps[op].layer_order, where.request, where.position);
     if (key < st.first_key) {
       st.first_key = key;
       st.rep.first = loc;
@@ -216,7 +218,7 @@ void CompareSet(Ctx& cx, int op, const Location& where, double ratio, double mea
   if (ratio > 1) {
     ++st.rep.failing_rows;
     st.rep.failed = true;
-    const auto key = std::make_tuple(where.step, where.layer, kOps[op].layer_order, where.request, where.position);
+    const auto key = std::make_tuple(where.step, LayerRank(op, where.layer), kOps[op].layer_order, where.request, where.position);
     if (key < st.first_key) {
       st.first_key = key;
       st.rep.first = loc;
@@ -263,7 +265,8 @@ g::Vec IndexKey(Ctx& cx, const engine::LayerWeights& L, const float* h, int64_t 
 const OpReport* CheckReport::first_defect() const {
   const OpReport* best = nullptr;
   auto key = [](const OpReport& o) {
-    return std::make_tuple(o.first.step, o.first.layer, OpIndex(o.op), o.first.request, o.first.position);
+    return std::make_tuple(o.first.step, LayerRank(OpIndex(o.op), o.first.layer), OpIndex(o.op), o.first.request,
+                           o.first.position);
   };
   for (const auto& o : ops) {
     if (!o.failed) continue;
