@@ -41,6 +41,7 @@ struct Overrides {
   std::optional<double> temperature, top_p, min_p;
   std::optional<int64_t> top_k;
   std::optional<int64_t> max_batch;
+  std::optional<uint64_t> seed;         // request i samples with seed + i (free runs over seeds)
 
   bool empty() const;
   std::string Describe() const;  // "kv_cache=bf16 attn_decode=expanded", or "none"

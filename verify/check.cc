@@ -168,6 +168,7 @@ bool Compare(Ctx& cx, int op, const Location& where, const float* meas, const g:
   }
   st.rep.rows += 1;
   st.rep.values += n;
+  st.rep.prefill_rows += where.prefill;
   Location loc = where;
   loc.column = wc;
   loc.measured = wm;
@@ -188,6 +189,7 @@ bool Compare(Ctx& cx, int op, const Location& where, const float* meas, const g:
   }
   if (worst > 1) {
     ++st.rep.failing_rows;
+    st.rep.failing_prefill_rows += where.prefill;
     st.rep.failed = true;
     const auto key = std::make_tuple(where.step, LayerRank(op, where.layer), kOps[op].layer_order, where.request, where.position);
     if (key < st.first_key) {
@@ -205,6 +207,7 @@ void CompareSet(Ctx& cx, int op, const Location& where, double ratio, double mea
   Stats& st = cx.stats[op];
   st.rep.rows += 1;
   st.rep.values += 1;
+  st.rep.prefill_rows += where.prefill;
   Location loc = where;
   loc.measured = measured;
   loc.budget = budget;
@@ -217,6 +220,7 @@ void CompareSet(Ctx& cx, int op, const Location& where, double ratio, double mea
   }
   if (ratio > 1) {
     ++st.rep.failing_rows;
+    st.rep.failing_prefill_rows += where.prefill;
     st.rep.failed = true;
     const auto key = std::make_tuple(where.step, LayerRank(op, where.layer), kOps[op].layer_order, where.request, where.position);
     if (key < st.first_key) {
@@ -357,6 +361,7 @@ Result<CheckReport> CheckTrace(const traces::TraceReader& trace, const CheckOpti
     const int64_t pos = sr.position;
     const int64_t plen = cx.prompt_len.count(req) ? cx.prompt_len[req] : 0;
     Location base{req, -1, pos, sr.step, "embed"};
+    base.prefill = pos < plen;
     // The token this row embeds: prompt or generated.
     int32_t token = -1;
     for (const auto& q : trace.requests()) {
@@ -379,7 +384,9 @@ Result<CheckReport> CheckTrace(const traces::TraceReader& trace, const CheckOpti
       const engine::LayerWeights& L = cx.W->layers[l];
       auto tap = [&](const char* n) { return cx.T(LayerTap(l, n)); };
       auto loc = [&](const char* n, const Tensor* t, int64_t row) {
-        return Location{req, l, pos, t ? t->rows[row].step : sr.step, LayerTap(l, n)};
+        Location w{req, l, pos, t ? t->rows[row].step : sr.step, LayerTap(l, n)};
+        w.prefill = pos < plen;
+        return w;
       };
       const Tensor* t_norm = tap("attn_norm");
       const int64_t rn = t_norm ? t_norm->Row(req, pos) : -1;
@@ -801,7 +808,8 @@ Result<CheckReport> CheckTrace(const traces::TraceReader& trace, const CheckOpti
               const float* rwts = t_w->F(rw);
               for (int64_t j = 0; j < k; ++j) {
                 const double err = std::fabs(rwts[j] - wv[j]);
-                const double r = std::isfinite(err) ? err / (wb[j] + 1e-30) : INFINITY;
+                const bool both_nan = std::isnan(rwts[j]) && std::isnan(wv[j]);  // NaN in, NaN out: consistent
+                const double r = both_nan ? 0 : std::isfinite(err) ? err / (wb[j] + 1e-30) : INFINITY;
                 if (r > ratio) {
                   ratio = r;
                   meas = err;
@@ -839,7 +847,9 @@ Result<CheckReport> CheckTrace(const traces::TraceReader& trace, const CheckOpti
     const Tensor* t_fin = cx.T("final_norm");
     const int64_t rfin = t_fin ? t_fin->Row(req, pos) : -1;
     if (rfin >= 0 && x_in != nullptr) {
-      Compare(cx, OpIndex("final_norm"), Location{req, -1, pos, t_fin->rows[rfin].step, "final_norm"}, t_fin->F(rfin),
+      Location w{req, -1, pos, t_fin->rows[rfin].step, "final_norm"};
+      w.prefill = pos < plen;
+      Compare(cx, OpIndex("final_norm"), w, t_fin->F(rfin),
               g::RmsNorm(Row(x_in, H), cx.W->final_norm.ptr(), c.rms_norm_eps));
     }
     if (rfin >= 0) {
@@ -851,6 +861,7 @@ Result<CheckReport> CheckTrace(const traces::TraceReader& trace, const CheckOpti
       if (rlg >= 0 || (rti >= 0 && rtv >= 0)) {
         const g::Vec lg = g::Linear(cx.Wt(cx.W->lm_head), Row(t_fin->F(rfin), H), cx.gemm);
         Location w{req, -1, pos, t_fin->rows[rfin].step, "logits"};
+        w.prefill = pos < plen - 1;
         if (rlg >= 0) {
           Compare(cx, OpIndex("lm_head"), w, t_lg->F(rlg), lg);
         } else {
@@ -923,6 +934,7 @@ Result<CheckReport> CheckTrace(const traces::TraceReader& trace, const CheckOpti
           const float v = t_tv->F(rv)[j];
           if (v > bv || (v == bv && id < best)) bv = v, best = id;
         }
+        if (best < 0) best = 0;  // every stored logit NaN: NaN is never chosen over id 0 (docs/sampling.md)
         const bool same = best == sampled;
         CompareSet(cx, OpIndex("sampler"), w, same ? 0 : INFINITY, same ? 0 : 1, 0,
                    same ? "" : "greedy sampled token " + std::to_string(sampled) + ", the argmax of the recorded logits is " + std::to_string(best));

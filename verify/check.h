@@ -37,6 +37,7 @@ struct Location {
   double measured = 0;      // |recorded − twin| at it
   double budget = 0;        // what the op's precision allows there
   std::string detail;       // for set-valued ops (top-k, routing, sampler): what differs
+  bool prefill = false;     // a prompt row (position < prompt length)
 };
 
 struct OpReport {
@@ -49,6 +50,7 @@ struct OpReport {
   double max_ratio = 0;     // max over elements of |error| / budget (> 1: defect)
   double max_error = 0, budget_at_max = 0;
   int64_t failing_rows = 0;
+  int64_t prefill_rows = 0, failing_prefill_rows = 0;  // of rows / failing_rows: prompt rows
   bool failed = false;      // some row over budget
   Location first;           // the causally first failing row (when failed)
   Location worst;           // where max_ratio is
