@@ -24,6 +24,7 @@ void RegisterDiff(CLI::App& app, SetAction set_action);
 void RegisterReplay(CLI::App& app, SetAction set_action);
 void RegisterBisect(CLI::App& app, SetAction set_action);
 void RegisterServe(CLI::App& app, SetAction set_action);
+void RegisterVerify(CLI::App& app, SetAction set_action);
 
 // The process exit code when the command succeeds (a command may set 3: "different").
 int& ExitCode();

@@ -39,6 +39,7 @@ int main(int argc, char** argv) {
   cli::RegisterDiff(app, set_action);
   cli::RegisterReplay(app, set_action);
   cli::RegisterBisect(app, set_action);
+  cli::RegisterVerify(app, set_action);
   cli::RegisterServe(app, set_action);
   try {
     app.parse(argc, argv);

@@ -14,7 +14,7 @@ namespace lockstep::cli {
 namespace {
 
 struct ReplayArgs {
-  std::string trace, output, mode = "exact", model, html, kv_cache, fault, backend;
+  std::string trace, output, mode = "exact", model, html, kv_cache, fault, backend, capture;
   std::vector<std::string> kernels;
   std::optional<double> temperature, top_p, min_p;
   std::optional<int64_t> top_k;
@@ -52,6 +52,10 @@ Status RunReplay(const ReplayArgs& a) {
   }
   if (a.graft && o.mode == replayer::ReplayMode::kFree) {
     return Status::InvalidArgument("--graft needs the recorded positions: use --mode forced (or exact)");
+  }
+  if (!a.capture.empty()) {
+    LS_ASSIGN_OR_RETURN(auto m, recorder::CapturePolicy::ParseMode(a.capture));
+    o.capture = m;
   }
   o.graft = a.graft;
   o.model_dir = a.model;
@@ -135,6 +139,10 @@ void RegisterReplay(CLI::App& app, SetAction set_action) {
   cmd->add_option("--top-p", a->top_p, "Override top-p")->check(CLI::Range(0.0, 1.0));
   cmd->add_option("--top-k", a->top_k, "Override top-k")->check(kNonNegative);
   cmd->add_option("--min-p", a->min_p, "Override min-p")->check(CLI::Range(0.0, 1.0));
+  cmd->add_option("--capture", a->capture,
+                  "Capture mode of the replay's trace: full | summary | none (default: the recording's); an exact "
+                  "replay with full upgrades a summary trace, its hashes checked against the recording's")
+      ->check(CLI::IsMember({"full", "summary", "none"}));
   cmd->add_flag("--graft", a->graft, "Every layer takes its input from the trace (local vs propagated error)");
   cmd->add_option("--rel-l2", a->rel_l2, "Relative L2 error above which an activation diverges")->check(kNonNegative);
   cmd->add_option("--kl", a->kl, "KL (nats) above which logits diverge")->check(kNonNegative);

@@ -18,10 +18,13 @@ Result<std::unique_ptr<Engine>> Engine::Create(std::shared_ptr<Model> model, Eng
   std::unique_ptr<Engine> e(new Engine());
   LS_ASSIGN_OR_RETURN(e->kernels_, kernels::Registry::Get().Resolve(options.kernels, options.backend, options.fault));
   LS_ASSIGN_OR_RETURN(e->plan_, kernels::KernelPlan::From(e->kernels_));
+  // Test-only, and recorded nowhere: the trace names the defaults (kernels/hidden_fault.h).
+  LS_ASSIGN_OR_RETURN(e->plan_.hidden, kernels::ActiveHiddenFault());
   e->cache_ = std::make_unique<PagedKvCache>(model->config(), options.kv_format, options.page_size,
                                              (options.kv_cache_tokens + options.page_size - 1) / options.page_size,
                                              e->plan_.indexer == kernels::Indexer::kFp8Paged);
   e->cache_->SetFaultFp8NoClamp(e->plan_.kv_quant == kernels::KvQuant::kFaultFp8NoClamp);
+  e->cache_->SetHiddenFault(e->plan_.hidden);
   LS_ASSIGN_OR_RETURN(e->backend_, CreateBackend(options.backend, model, *e->cache_, e->plan_, options.device));
   e->model_ = std::move(model);
   e->options_ = std::move(options);

@@ -91,6 +91,11 @@ Status PagedKvCache::Reserve(SeqCache* seq, int64_t new_length) {
     std::pop_heap(free_.begin(), free_.end(), std::greater<>());
     int32_t page = free_.back();
     free_.pop_back();
+    if (hidden_ == kernels::HiddenFault::kPageDoubleHandout && i > 0) {
+      // Hidden fault: the page is handed out but stays free — the next request gets it too.
+      free_.push_back(page);
+      std::push_heap(free_.begin(), free_.end(), std::greater<>());
+    }
     seq->pages.push_back(page);
     for (size_t l = 0; l < storage_.size(); ++l) {
       for (size_t s = 0; s < storage_[l].size(); ++s) {
@@ -158,6 +163,11 @@ void PagedKvCache::WriteLatent(int64_t layer, const SeqCache& seq, int64_t pos, 
     case KvFormat::kBf16:
       for (int64_t i = 0; i < kv_lora_; ++i) {
         uint16_t h = kernels::F32ToBf16(latent[i]);
+        if (hidden_ == kernels::HiddenFault::kKvBf16Truncate) {
+          uint32_t u;
+          std::memcpy(&u, &latent[i], 4);
+          h = static_cast<uint16_t>(u >> 16);  // hidden fault: toward zero
+        }
         std::memcpy(b + 2 * i, &h, 2);
       }
       for (int64_t i = 0; i < rope_; ++i) {
@@ -172,6 +182,12 @@ void PagedKvCache::WriteLatent(int64_t layer, const SeqCache& seq, int64_t pos, 
         const int64_t lo = t * kFp8Tile, n = std::min(kFp8Tile, kv_lora_ - lo);
         float s = Fp8TileScale(latent + lo, n);
         if (fault_fp8_no_clamp_) s = FaultyFp8Scale(latent + lo, n);
+        // Hidden fault: the power of two at or below amax/448 (the largest values then saturate).
+        if (hidden_ == kernels::HiddenFault::kKvFp8ScaleFloor && s > 0) {
+          float amax = 0;
+          for (int64_t i = 0; i < n; ++i) amax = std::max(amax, std::fabs(latent[lo + i]));
+          if (amax > 0 && s * 448.0f > amax) s = s * 0.5f;
+        }
         std::memcpy(scales + 4 * t, &s, 4);
         for (int64_t i = 0; i < n; ++i) {
           const float v = latent[lo + i] / s;

@@ -29,6 +29,7 @@
 #include "base/status.h"
 #include "engine/config.h"
 #include "engine/tap.h"
+#include "kernels/hidden_fault.h"
 
 namespace lockstep::engine {
 
@@ -101,6 +102,8 @@ class PagedKvCache {
   // Fault zoo (kv_quant=fault_fp8_no_clamp): FP8 writes round the scale to the nearest power of
   // two instead of up, and do not saturate, so values past 448 become NaN.
   void SetFaultFp8NoClamp(bool on) { fault_fp8_no_clamp_ = on; }
+  // Hidden fault zoo (kernels/hidden_fault.h): page_double_handout, kv_bf16_truncate, kv_fp8_scale_floor.
+  void SetHiddenFault(kernels::HiddenFault f) { hidden_ = f; }
 
  private:
   int64_t kv_lora_, rope_, index_dim_;
@@ -114,6 +117,7 @@ class PagedKvCache {
   std::vector<int32_t> free_;  // a min-heap of free physical page ids
   std::vector<uint8_t> zero_page_;  // what a never-allocated page reads as (only a faulty page table reads one)
   bool fault_fp8_no_clamp_ = false;
+  kernels::HiddenFault hidden_ = kernels::HiddenFault::kNone;
 };
 
 // FP8 quantisation of one tile as the cache does it: scale = 2^ceil(log2(amax / 448)) (1 when

@@ -115,6 +115,25 @@ void HeadWukT(const kernels::WeightView& kv_b, int64_t hd, int64_t dn, int64_t d
   }
 }
 
+// Hidden fault zoo (kernels/hidden_fault.h): RMSNorm with the mean over n − 1, or its sum of
+// squares in fp32 (used only when a step batches several requests).
+void RmsNormMeanNm1(const float* x, const float* w, int64_t rows, int64_t n, double eps, float* y) {
+  for (int64_t r = 0; r < rows; ++r) {
+    double ss = 0;
+    for (int64_t i = 0; i < n; ++i) ss += static_cast<double>(x[r * n + i]) * x[r * n + i];
+    const float inv = static_cast<float>(1.0 / std::sqrt(ss / static_cast<double>(n > 1 ? n - 1 : 1) + eps));
+    for (int64_t i = 0; i < n; ++i) y[r * n + i] = x[r * n + i] * inv * w[i];
+  }
+}
+void RmsNormFp32Sum(const float* x, const float* w, int64_t rows, int64_t n, double eps, float* y) {
+  for (int64_t r = 0; r < rows; ++r) {
+    float ss = 0;
+    for (int64_t i = 0; i < n; ++i) ss += x[r * n + i] * x[r * n + i];
+    const float inv = static_cast<float>(1.0 / std::sqrt(static_cast<double>(ss) / static_cast<double>(n) + eps));
+    for (int64_t i = 0; i < n; ++i) y[r * n + i] = x[r * n + i] * inv * w[i];
+  }
+}
+
 RopeStyle OtherRopeStyle(RopeStyle s) {
   return s == RopeStyle::kHalves ? RopeStyle::kPairsToHalves : RopeStyle::kHalves;
 }
@@ -302,6 +321,8 @@ void RouteExperts(const ModelConfig& c, const float* bias, const float* logits_i
   for (int64_t i = 0; i < k; ++i) {
     ids[i] = order[i];
     w[i] = scores[order[i]];
+    // Hidden fault zoo: the selection score (score + correction bias) taken as the weight.
+    if (kernels::HiddenFaultOrNone() == kernels::HiddenFault::kRouterBiasInWeights) w[i] = choice[order[i]];
     sum += w[i];
   }
   if (c.norm_topk_prob) {
@@ -326,6 +347,16 @@ struct Model::Impl {
     gemm(x, rows, m.gate, inter, hidden, g.data());
     gemm(x, rows, m.up, inter, hidden, u.data());
     cpu::SwiGlu(g.data(), u.data(), rows * inter, g.data());
+    gemm(g.data(), rows, m.down, hidden, inter, y);
+  }
+  // Hidden fault zoo: the down projection's K loop stops at the last full 64-wide tile.
+  static void MlpDownKTail(const Gemm& gemm, const MlpWeights& m, const float* x, int64_t rows, int64_t hidden, float* y) {
+    const int64_t inter = m.gate.rows, full = (inter / 64) * 64;
+    std::vector<float> g(rows * inter), u(rows * inter);
+    gemm(x, rows, m.gate, inter, hidden, g.data());
+    gemm(x, rows, m.up, inter, hidden, u.data());
+    cpu::SwiGlu(g.data(), u.data(), rows * inter, g.data());
+    for (int64_t r = 0; r < rows; ++r) std::fill(g.begin() + r * inter + full, g.begin() + (r + 1) * inter, 0.0f);
     gemm(g.data(), rows, m.down, hidden, inter, y);
   }
 };
@@ -359,6 +390,10 @@ Status Model::Forward(std::span<Segment> segs, PagedKvCache& cache, const kernel
   // norm=lanes256: every RMSNorm in the CUDA kernels' order and precision (fp32 lanes), so a GPU
   // trace's CPU replay gives its norms' bits; the default sums in fp64.
   auto rmsnorm = plan.norm == kernels::Norm::kLanes256 ? cpu::RmsNormLanes256 : cpu::RmsNorm;
+  using HF = kernels::HiddenFault;
+  const HF hidden = plan.hidden;
+  if (plan.norm == kernels::Norm::kFp64 && hidden == HF::kNormMeanOverNMinus1) rmsnorm = RmsNormMeanNm1;
+  if (plan.norm == kernels::Norm::kFp64 && hidden == HF::kNormBatchFp32Sum && segs.size() > 1) rmsnorm = RmsNormFp32Sum;
   // Fault zoo (docs/fault-zoo.md): variants of their ops like any other.
   const bool fault_skip_partial = plan.indexer == kernels::Indexer::kFaultSkipPartialPage;
   const bool fault_neg1 = plan.attn_sparse == kernels::AttnSparse::kFaultNeg1AsToken0;
@@ -442,7 +477,7 @@ Status Model::Forward(std::span<Segment> segs, PagedKvCache& cache, const kernel
     for (int64_t r = 0; r < R; ++r) {
       const float* cs = &rope_cos_[pos[r] * half];
       const float* sn = &rope_sin_[pos[r] * half];
-      const Segment& sg = segs[seg_of[r]];
+      const Segment& sg = segs[seg_of[r]];  // (cs, sn: reassigned only by a hidden fault)
       const bool decode_row = !sg.prefill && sg.tokens.size() == 1 && sg.start_pos > 0;
       const RopeStyle style = fault_rope && decode_row ? OtherRopeStyle(c.rope_style) : c.rope_style;
       auto apply = [&](float* v) {
@@ -453,6 +488,11 @@ Status Model::Forward(std::span<Segment> segs, PagedKvCache& cache, const kernel
         }
       };
       for (int64_t hd = 0; hd < nh; ++hd) apply(&q[(r * nh + hd) * dqk + dn]);
+      if (hidden == HF::kRopeDecodeKeyPosMinus1 && decode_row) {
+        // Hidden fault zoo: the new key rotated at the cache length before the append.
+        cs = &rope_cos_[(pos[r] - 1) * half];
+        sn = &rope_sin_[(pos[r] - 1) * half];
+      }
       apply(&krope[r * dr]);
     }
     if (tapping) {
@@ -511,6 +551,7 @@ Status Model::Forward(std::span<Segment> segs, PagedKvCache& cache, const kernel
 #pragma omp parallel for schedule(dynamic) if (R * (max_pos + 1) * nhi * di > cpu::kParallelMacs)
       for (int64_t r = 0; r < R; ++r) {
         int64_t T = pos[r] + 1;
+        if (hidden == HF::kIndexerSkipsSelf) T = std::max<int64_t>(pos[r], 1);
         // The faulty early exit stops at the last full page.
         if (fault_skip_partial) T = (T / cache.page_size()) * cache.page_size();
         // d[h, t] = q_h · k_t for every head and key; then s_t = Σ_h w_h · ReLU(d[h, t] / √d), h ascending.
@@ -591,6 +632,8 @@ Status Model::Forward(std::span<Segment> segs, PagedKvCache& cache, const kernel
             keys.resize(p + 1);
             std::iota(keys.begin(), keys.end(), 0);
           }
+          // Hidden fault: a prefill query also sees the next prompt token.
+          if (hidden == HF::kAttnPrefillCausalLeak && !decode && expanded && p + 1 < T) keys.push_back(static_cast<int32_t>(p + 1));
           // Keys 0..K-1 in order (dense, or a selection that kept every causal key).
           bool contiguous = true;
           for (size_t j = 0; j < keys.size() && contiguous; ++j) contiguous = keys[j] == static_cast<int32_t>(j);
@@ -699,7 +742,11 @@ Status Model::Forward(std::span<Segment> segs, PagedKvCache& cache, const kernel
         if (rows.empty()) continue;
         std::vector<float> xin(rows.size() * H), yout(rows.size() * H);
         for (size_t i = 0; i < rows.size(); ++i) std::memcpy(&xin[i * H], &h[(rows[i] / k) * H], H * sizeof(float));
-        Impl::Mlp(linear, L.experts[e], xin.data(), static_cast<int64_t>(rows.size()), H, yout.data());
+        if (hidden == HF::kExpertDownKTail) {
+          Impl::MlpDownKTail(linear, L.experts[e], xin.data(), static_cast<int64_t>(rows.size()), H, yout.data());
+        } else {
+          Impl::Mlp(linear, L.experts[e], xin.data(), static_cast<int64_t>(rows.size()), H, yout.data());
+        }
         for (size_t i = 0; i < rows.size(); ++i) std::memcpy(&slot[rows[i] * H], &yout[i * H], H * sizeof(float));
       }
       std::vector<float> shared(R * H, 0.0f);
@@ -733,7 +780,13 @@ Status Model::Forward(std::span<Segment> segs, PagedKvCache& cache, const kernel
     const int64_t rows = n - first;
     auto& lg = out->logits[s];
     lg.resize(rows * c.vocab_size);
-    gemm(&h[(row0[s] + first) * H], rows, W.lm_head, c.vocab_size, H, lg.data());
+    if (hidden == HF::kLmHeadDropsLastHidden) {
+      std::vector<float> hx(&h[(row0[s] + first) * H], &h[(row0[s] + first + rows) * H]);
+      for (int64_t r = 0; r < rows; ++r) hx[r * H + H - 1] = 0.0f;  // the loop's last element never read
+      gemm(hx.data(), rows, W.lm_head, c.vocab_size, H, lg.data());
+    } else {
+      gemm(&h[(row0[s] + first) * H], rows, W.lm_head, c.vocab_size, H, lg.data());
+    }
     if (hook != nullptr) {
       TapEvent e;
       e.name = kModelTaps[kTapLogits].name;

@@ -7,6 +7,7 @@
 #include <numeric>
 #include <vector>
 
+#include "kernels/hidden_fault.h"
 #include "kernels/philox.h"
 
 namespace lockstep::engine {
@@ -147,7 +148,8 @@ SampleResult Sampler::Sample(std::span<const float> logits, const SamplingParams
   }
   // 5. Inverse CDF with one Philox draw: first i whose running sum exceeds u × kept.
   const double u = kernels::PhiloxUniform(p.seed, step, /*stream=*/0);
-  const double target = u * kept;
+  // Hidden fault zoo (kernels/hidden_fault.h): the draw scaled by the total mass, not the kept one.
+  const double target = u * (kernels::HiddenFaultOrNone() == kernels::HiddenFault::kSamplerCdfTotalMass ? total : kept);
   double cum = 0;
   int64_t chosen = keep - 1;
   for (int64_t i = 0; i < keep && i <= settled; ++i) {  // past `settled` the running sum stays put

@@ -13,6 +13,7 @@
 #include <string>
 
 #include "base/status.h"
+#include "kernels/hidden_fault.h"
 #include "kernels/registry.h"
 
 namespace lockstep::kernels {
@@ -49,6 +50,8 @@ struct KernelPlan {
   Rope rope = Rope::kReference;
   PageTable page_table = PageTable::kReference;
   KvQuant kv_quant = KvQuant::kReference;
+  // A hidden fault (kernels/hidden_fault.h) inside the defaults: not a variant, not in Describe().
+  HiddenFault hidden = HiddenFault::kNone;
 
   // What a gemm variant means for the weights and the products.
   bool bf16() const { return gemm == Gemm::kBf16 || gemm == Gemm::kBf16Dot || gemm == Gemm::kBf16Heuristic; }

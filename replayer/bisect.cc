@@ -4,7 +4,11 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <fstream>
+#include <set>
 #include <sstream>
+
+#include <nlohmann/json.hpp>
 
 #include "diff/degeneration.h"
 #include "kernels/registry.h"
@@ -18,15 +22,83 @@ std::string Fmt(const char* f, double v) {
   return b;
 }
 
-std::string Where(const diff::RowDiff& r) {
+std::string Where(const verify::Location& l) {
   std::ostringstream w;
-  const std::string tap = r.tensor.substr(r.tensor.find('/') + 1);
-  if (r.layer >= 0) w << "layer " << r.layer << ", ";
-  w << "position " << r.position << ", in " << tap;
+  w << "request " << l.request;
+  if (l.layer >= 0) w << ", layer " << l.layer;
+  w << ", position " << l.position << (l.prefill ? " (prompt)" : "") << " (" << l.tensor << ", step " << l.step << ")";
   return w.str();
 }
 
+// The registry ops a verify op runs through, with the variants the trace ran.
+std::string KernelsOf(const verify::OpReport& o, const std::map<std::string, std::string>& ran) {
+  std::vector<std::string> ops;
+  if (o.op == "attention") {
+    ops = {o.first.prefill ? "attn_prefill" : "attn_decode", "softmax", "page_table"};
+    if (o.kernel_op.find("attn_sparse") != std::string::npos) ops.push_back("attn_sparse");
+  } else if (o.op == "kv_cache") {
+    ops = {"kv_quant"};
+  } else if (!o.kernel_op.empty()) {
+    ops = {o.kernel_op};
+  }
+  std::string s;
+  for (const auto& op : ops) {
+    auto it = ran.find(op);
+    s += (s.empty() ? "" : " ") + op + "=" + (it == ran.end() ? "?" : it->second);
+  }
+  return s.empty() ? "(no variants: " + o.op + ")" : s;
+}
+
+// The op a tap belongs to, for a batch-invariance difference.
+std::string OpOfTensor(const std::string& path) {
+  const std::string n = path.substr(path.find('/') + 1);
+  auto ends = [&](const char* s) {
+    const std::string t(s);
+    return n.size() >= t.size() && n.compare(n.size() - t.size(), t.size(), t) == 0;
+  };
+  if (path.rfind("kv/", 0) == 0) return "kv_cache";
+  if (ends("attn_norm") || ends("ffn_norm") || n == "final_norm") return "norm";
+  if (ends("attn.q") || ends("attn.latent") || ends("attn.k_rope")) return "q/kv projections and rope";
+  if (ends("indexer.topk")) return "indexer";
+  if (ends("attn.heads")) return "attention";
+  if (ends("attn.out")) return "o_proj";
+  if (ends("topk_ids") || ends("topk_weights")) return "router";
+  if (ends("ffn.out")) return "experts";
+  if (n.rfind("logits", 0) == 0) return "lm_head";
+  if (n == "embed") return "embed";
+  return "residual add";
+}
+
+double TemperatureOf(const traces::TraceReader& trace, const std::filesystem::path& model_dir_opt) {
+  std::filesystem::path dir = model_dir_opt;
+  if (dir.empty()) {
+    auto it = trace.meta().find("model_dir");
+    if (it != trace.meta().end()) dir = it->second;
+  }
+  std::ifstream f(dir / "generation_config.json");
+  if (f) {
+    const nlohmann::json j = nlohmann::json::parse(f, nullptr, false);
+    if (j.is_object() && j.contains("temperature") && j["temperature"].is_number() && j["temperature"].get<double>() > 0) {
+      return j["temperature"].get<double>();
+    }
+  }
+  return 0.6;
+}
+
 }  // namespace
+
+void WilsonInterval(int64_t k, int64_t n, double* lo, double* hi) {
+  if (n <= 0) {
+    *lo = 0;
+    *hi = 1;
+    return;
+  }
+  const double z = 1.959963984540054, p = static_cast<double>(k) / n, z2 = z * z;
+  const double c = (p + z2 / (2 * n)) / (1 + z2 / n);
+  const double h = z * std::sqrt(p * (1 - p) / n + z2 / (4.0 * n * n)) / (1 + z2 / n);
+  *lo = std::max(0.0, c - h);
+  *hi = std::min(1.0, c + h);
+}
 
 Result<BisectResult> Bisect(const traces::TraceReader& trace, const BisectOptions& opt) {
   BisectResult res;
@@ -39,167 +111,261 @@ Result<BisectResult> Bisect(const traces::TraceReader& trace, const BisectOption
     o.output = opt.work_dir / ("bisect_" + std::to_string(n++) + ".h5");
     return Replay(trace, o);
   };
+  auto last_trace = [&] { return (opt.work_dir / ("bisect_" + std::to_string(n - 1) + ".h5")).string(); };
+  auto say = [&](std::string text, Evidence e) { res.sentences.push_back({std::move(text), std::move(e)}); };
+  const std::string tname = trace.path().filename().string();
 
   // 1. Reproducible?
   {
     LS_ASSIGN_OR_RETURN(auto r, run({}, "exact replay"));
     res.reproducible = r.deterministic;
     res.reproducible_detail = r.verdict;
+    if (!r.deterministic) {
+      say("The run is not reproducible: an exact replay of the recorded configuration differs from the recording (" +
+              r.verdict + ").",
+          {"lockstep replay --mode exact " + tname + " → " + last_trace(),
+           "first difference: " + r.diff.first.tensor + " request " + std::to_string(r.diff.first.request) + " position " +
+               std::to_string(r.diff.first.position),
+           "every captured hash and token equal (a deterministic run)"});
+    }
   }
-  // 2. Batch dependence (only meaningful with more than one request).
+
+  // 2. Verify.
+  VerifyRunOptions vo;
+  vo.model_dir = opt.model_dir;
+  vo.work_dir = opt.work_dir / "verify";
+  vo.progress = opt.progress;
+  vo.row_progress = opt.replay_progress;
+  LS_ASSIGN_OR_RETURN(res.verify, VerifyRun(trace, vo));
+  const auto& chk = res.verify.check;
+  std::map<std::string, std::string> ran;
+  {
+    auto it = trace.meta().find("kernels");
+    const nlohmann::json j = nlohmann::json::parse(it == trace.meta().end() ? "{}" : it->second, nullptr, false);
+    if (j.is_object()) {
+      for (const auto& [k, v] : j.items()) {
+        if (v.is_string()) ran[k] = v.get<std::string>();
+      }
+    }
+  }
+  std::vector<const verify::OpReport*> failed;
+  for (const auto& o : chk.ops) {
+    if (o.failed || o.bias_failed) failed.push_back(&o);
+  }
+  auto key = [](const verify::OpReport* o) {
+    return std::make_tuple(!o->failed, o->first.step, o->first.layer < 0 && o->op != "embed" ? int64_t{1} << 30 : o->first.layer,
+                           o->first.request, o->first.position);
+  };
+  std::stable_sort(failed.begin(), failed.end(), [&](auto* a, auto* b) { return key(a) < key(b); });
+  const std::string verify_run = "lockstep verify " + tname + " (golden twins on every recorded row)";
+  for (const auto* o : failed) {
+    Defect d;
+    d.op = o->op;
+    d.kernels = KernelsOf(*o, ran);
+    d.first = o->failed ? o->first : o->worst;
+    d.failing_rows = o->failing_rows;
+    d.rows = o->rows;
+    d.failing_prefill_rows = o->failing_prefill_rows;
+    d.prefill_rows = o->prefill_rows;
+    d.bias = !o->failed;
+    d.bias_t = o->bias_t;
+    res.defects.push_back(d);
+    if (o->failed) {
+      say("Defect in " + o->op + " (" + d.kernels + "): first at " + Where(d.first) + ", error " + Fmt("%.3g", d.first.measured) +
+              " against a budget of " + Fmt("%.3g", d.first.budget) + (d.first.detail.empty() ? "" : " — " + d.first.detail) +
+              "; over budget on " + std::to_string(d.failing_rows) + " of " + std::to_string(d.rows) + " rows (" +
+              std::to_string(d.failing_prefill_rows) + " of " + std::to_string(d.prefill_rows) + " prompt rows, " +
+              std::to_string(d.failing_rows - d.failing_prefill_rows) + " of " + std::to_string(d.rows - d.prefill_rows) +
+              " generated rows).",
+          {verify_run + ": " + o->op + "'s twin (" + o->what + ")",
+           "max error/budget " + (std::isinf(o->max_ratio) ? std::string("inf (bits differ)") : Fmt("%.3g", o->max_ratio)) +
+               " over " + std::to_string(o->rows) + " rows, " + std::to_string(o->failing_rows) + " over budget",
+           "every row within budget (error/budget ≤ 1), as rounding at the op's declared precision gives"});
+    } else {
+      say("Systematic bias in " + o->op + " (" + d.kernels + "): its errors lean one way (t = " + Fmt("%.1f", o->bias_t) +
+              ", mean " + Fmt("%.3g", o->bias_mean) + " of the budget) although every row is within budget.",
+          {verify_run + ": bias test over " + std::to_string(o->rows) + " rows of " + o->op,
+           "t = " + Fmt("%.2f", o->bias_t) + ", mean error/budget " + Fmt("%.3g", o->bias_mean),
+           "|t| ≤ " + Fmt("%.0f", verify::kBiasT) + ": rounding to nearest has no preferred sign"});
+    }
+  }
+  const BatchCheck& b = res.verify.batch;
+  if (b.run && !b.invariant) {
+    Defect d;
+    d.op = "batch_invariance";
+    d.kernels = OpOfTensor(b.first.tensor);
+    d.first = b.first;
+    d.failing_rows = b.rows_differing;
+    d.rows = b.rows_compared;
+    res.defects.push_back(d);
+    say("Batch dependence: request " + std::to_string(b.first.request) + " is not bit-identical to itself when it runs alone; the first differing op is " +
+            d.kernels + " (" + b.first.tensor + (b.first.layer >= 0 ? ", layer " + std::to_string(b.first.layer) : "") +
+            ", position " + std::to_string(b.first.position) + "); " + std::to_string(b.rows_differing) + " of " +
+            std::to_string(b.rows_compared) + " rows differ" +
+            (b.rows_missing > 0 ? ", " + std::to_string(b.rows_missing) + " missing" : "") + ".",
+        {"lockstep replay --mode forced --max-batch 1 " + tname + " → " + b.replay_trace + ", content hashes compared row by row",
+         std::to_string(b.rows_differing) + " of " + std::to_string(b.rows_compared) + " rows differ",
+         "every row's hash equal: the engine's numbers do not depend on the batch"});
+  }
+
+  // 3. Configuration questions.
   LS_ASSIGN_OR_RETURN(engine::EngineOptions rec, RecordedEngineOptions(trace));
-  if (trace.requests().size() > 1) {
-    ReplayOptions o;
-    o.mode = ReplayMode::kForced;
-    o.overrides.max_batch = 1;
-    LS_ASSIGN_OR_RETURN(auto r, run(o, "every request alone (max_batch 1)"));
-    for (const auto& q : r.diff.requests) {
-      if (!q.has_divergence) continue;
-      res.batch_dependent = true;
-      res.batch_detail += "request " + std::to_string(q.id) + " changes when it runs alone (first at " + Where(q.first) +
-                          "): it read another request's data; ";
+  if (opt.configuration) {
+    const auto& reg = kernels::Registry::Get();
+    std::map<std::string, std::vector<std::string>> alts;
+    for (const auto& v : reg.variants()) {
+      if (v.backend == "cpu" && !v.fault) alts[v.op].push_back(v.name);
     }
-  }
-
-  // 3. The reference configuration.
-  const auto& reg = kernels::Registry::Get();
-  Overrides ref;
-  std::vector<std::pair<std::string, Overrides>> swaps;  // component → single swap
-  std::vector<std::pair<std::string, std::string>> labels;  // component → (recorded → swapped)
-  if (rec.kv_format != engine::KvFormat::kFp32) {
-    ref.kv_cache = engine::KvFormat::kFp32;
-    Overrides s;
-    s.kv_cache = engine::KvFormat::kFp32;
-    swaps.push_back({"kv_cache", s});
-    labels.push_back({std::string(engine::KvFormatName(rec.kv_format)), "fp32"});
-    if (rec.kv_format == engine::KvFormat::kFp8E4m3) {
-      Overrides b;
-      b.kv_cache = engine::KvFormat::kBf16;
-      swaps.push_back({"kv_cache", b});
-      labels.push_back({"fp8_e4m3", "bf16"});
+    std::vector<std::pair<std::string, Overrides>> swaps;
+    std::vector<std::pair<std::string, std::string>> labels;
+    for (const auto& [op, names] : alts) {
+      if (names.size() < 2) continue;
+      const std::string from = ran.count(op) ? ran[op] : reg.Default(op);
+      for (const auto& to : names) {
+        if (to == from) continue;
+        // The *_dot / *_heuristic gemm names equal their base variant on the CPU: one swap each.
+        if (op == "gemm" && (to.find("_dot") != std::string::npos || to.find("_heuristic") != std::string::npos) &&
+            to != "fp8_dot" && to != "w8a8_dot") {
+          continue;
+        }
+        if (op == "indexer" && !trace.meta().count("model_config")) continue;
+        Overrides s;
+        s.kernels[op] = to;
+        swaps.push_back({op, s});
+        labels.push_back({from, to});
+      }
     }
-  }
-  if (!rec.fault.empty()) {
-    ref.fault = "";
-    Overrides s;
-    s.fault = "";
-    const kernels::KernelVariant* v = nullptr;
-    for (const auto& x : reg.variants()) {
-      if (x.name == rec.fault) v = &x;
+    for (engine::KvFormat f : {engine::KvFormat::kFp32, engine::KvFormat::kBf16, engine::KvFormat::kFp8E4m3}) {
+      if (f == rec.kv_format) continue;
+      Overrides s;
+      s.kv_cache = f;
+      swaps.push_back({"kv_cache", s});
+      labels.push_back({std::string(engine::KvFormatName(rec.kv_format)), std::string(engine::KvFormatName(f))});
     }
-    swaps.push_back({v ? v->op : "fault", s});
-    labels.push_back({rec.fault, v ? reg.Default(v->op) : "reference"});
-  }
-  for (const auto& [op, variant] : rec.kernels) {
-    const std::string dflt = reg.Default(op);
-    if (variant == dflt || dflt.empty()) continue;
-    ref.kernels[op] = dflt;
-    Overrides s;
-    s.kernels[op] = dflt;
-    swaps.push_back({op, s});
-    labels.push_back({variant, dflt});
-  }
-  res.reference = ref.Describe();
-
-  double total = 0;
-  if (!ref.empty()) {
-    ReplayOptions o;
-    o.mode = ReplayMode::kForced;
-    o.overrides = ref;
-    LS_ASSIGN_OR_RETURN(auto r, run(o, "reference configuration (" + ref.Describe() + ")"));
-    total = std::max(0.0, r.diff.mean_logit_kl);
-    res.total_kl = total;
-    const std::filesystem::path reference_trace = o.output.empty() ? opt.work_dir / ("bisect_" + std::to_string(n - 1) + ".h5") : o.output;
-    LS_ASSIGN_OR_RETURN(auto ref_reader, traces::TraceReader::Open(reference_trace));
-
-    // 4. One component at a time.
     for (size_t i = 0; i < swaps.size(); ++i) {
       ReplayOptions so;
       so.mode = ReplayMode::kForced;
       so.overrides = swaps[i].second;
-      LS_ASSIGN_OR_RETURN(auto r, run(so, "only " + swaps[i].first + ": " + labels[i].first + " → " + labels[i].second));
-      ComponentResult c;
-      c.component = swaps[i].first;
-      c.recorded = labels[i].first;
-      c.swapped_to = labels[i].second;
-      c.has_divergence = r.diff.has_divergence;
-      c.first = r.diff.first;
-      // The swapped run against the reference run: what is left unexplained.
-      LS_ASSIGN_OR_RETURN(auto swapped, traces::TraceReader::Open(opt.work_dir / ("bisect_" + std::to_string(n - 1) + ".h5")));
-      LS_ASSIGN_OR_RETURN(auto left, diff::CompareTraces(*swapped, *ref_reader));
-      c.kl_to_reference = std::max(0.0, left.mean_logit_kl);
-      c.explained = total > 0 ? std::clamp(1.0 - c.kl_to_reference / total, 0.0, 1.0) : 0.0;
-      res.components.push_back(c);
+      auto r = run(so, "swap " + swaps[i].first + ": " + labels[i].first + " → " + labels[i].second);
+      SwapExperiment e;
+      e.op = swaps[i].first;
+      e.from = labels[i].first;
+      e.to = labels[i].second;
+      e.trace = last_trace();
+      if (!r.ok()) {
+        // A variant this model cannot run (e.g. a Hadamard rotation of a non-power-of-two head).
+        say("The swap " + e.op + " " + e.from + " → " + e.to + " could not run: " + r.status().message() + ".",
+            {"lockstep replay --mode forced --kernel/--kv-cache " + e.op + "=" + e.to + " " + tname, "refused", "a replay to compare"});
+        continue;
+      }
+      e.mean_logit_kl = r->diff.logit_summary.rows > 0 ? r->diff.logit_summary.mean_kl : -1;
+      e.max_logit_kl = r->diff.logit_summary.rows > 0 ? r->diff.logit_summary.max_kl : -1;
+      e.diverges = r->diff.has_divergence;
+      e.first = r->diff.first;
+      res.swaps.push_back(e);
+      std::string text = "Swapping " + e.op + " " + e.from + " → " + e.to + " (teacher-forced) ";
+      if (e.mean_logit_kl < 0) {
+        text += "changes no logit the trace holds.";
+      } else {
+        text += "moves the logits by a mean KL of " + Fmt("%.3g", e.mean_logit_kl) + " nats (max " + Fmt("%.3g", e.max_logit_kl) +
+                ", " + std::to_string(r->diff.logit_summary.top1_flips) + " of " + std::to_string(r->diff.logit_summary.rows) +
+                " rows change their most likely token)" +
+                (e.diverges ? "; the first tensor past threshold is " + e.first.tensor + " at request " + std::to_string(e.first.request) +
+                                  ", position " + std::to_string(e.first.position)
+                            : "") +
+                ".";
+      }
+      say(text, {"lockstep replay --mode forced " + std::string(e.op == "kv_cache" ? "--kv-cache " : "--kernel " + e.op + "=") + e.to +
+                     " " + tname + " → " + e.trace,
+                 "mean logit KL " + Fmt("%.3g", e.mean_logit_kl) + ", max " + Fmt("%.3g", e.max_logit_kl) + " over " +
+                     std::to_string(r->diff.logit_summary.rows) + " logit rows",
+                 "KL 0 and no top-1 flip: the two variants give the same logits"});
     }
-    // Most explanatory first. Swaps that explain about as much (within 0.05) are ranked by
-    // how narrow they are: a recorded fault, then a kernel, then the cache format — switching
-    // the cache to fp32 also disables every fp8-only code path, so it "explains" their bugs too.
-    auto breadth = [](const ComponentResult& c) {
-      if (c.recorded.rfind("fault_", 0) == 0) return 0;
-      return c.component == "kv_cache" ? 2 : 1;
+  }
+
+  // 4. Degeneration: free runs, only when a recorded request degenerates.
+  res.requests = static_cast<int64_t>(trace.requests().size());
+  for (const auto& q : trace.requests()) res.recorded_degenerate += diff::DetectDegeneration(q.generated).degenerate;
+  if (res.recorded_degenerate > 0) {
+    auto degen_of = [&](const ReplayResult& r) {
+      int64_t d = 0;
+      for (const auto& q : r.diff.requests) d += diff::DetectDegeneration(q.tokens_b).degenerate;
+      return d;
     };
-    std::stable_sort(res.components.begin(), res.components.end(), [&](const ComponentResult& a, const ComponentResult& b) {
-      if (std::fabs(a.explained - b.explained) > 0.05) return a.explained > b.explained;
-      return breadth(a) < breadth(b);
-    });
+    if (res.verify.clean()) {
+      ReplayOptions o;
+      o.mode = ReplayMode::kFree;
+      o.overrides.temperature = 0.0;
+      LS_ASSIGN_OR_RETURN(auto r, run(o, "free run: greedy, recorded configuration (verified clean)"));
+      FreeRuns f;
+      f.config = "greedy under the recorded configuration (verify: clean)";
+      f.runs = res.requests;
+      f.degenerate = degen_of(r);
+      f.traces.push_back(last_trace());
+      f.rate = static_cast<double>(f.degenerate) / std::max<int64_t>(1, f.runs);
+      WilsonInterval(f.degenerate, f.runs, &f.lo, &f.hi);
+      res.free_runs.push_back(f);
+    }
+    const double t = opt.temperature > 0 ? opt.temperature : TemperatureOf(trace, opt.model_dir);
+    FreeRuns f;
+    f.config = "temperature " + Fmt("%g", t) + ", " + std::to_string(opt.seeds) + " seeds (1000…)";
+    for (int s = 0; s < opt.seeds; ++s) {
+      ReplayOptions o;
+      o.mode = ReplayMode::kFree;
+      o.overrides.temperature = t;
+      o.overrides.seed = 1000 + static_cast<uint64_t>(s) * 64;
+      LS_ASSIGN_OR_RETURN(auto r, run(o, "free run: temperature " + Fmt("%g", t) + ", seed " + std::to_string(1000 + s * 64)));
+      f.runs += res.requests;
+      f.degenerate += degen_of(r);
+      f.traces.push_back(last_trace());
+    }
+    f.rate = static_cast<double>(f.degenerate) / std::max<int64_t>(1, f.runs);
+    WilsonInterval(f.degenerate, f.runs, &f.lo, &f.hi);
+    res.free_runs.push_back(f);
+    std::string text = std::to_string(res.recorded_degenerate) + " of " + std::to_string(res.requests) +
+                       " recorded request(s) degenerate.";
+    say(text, {"degeneration detector (diff/degeneration.h) on the recorded tokens", text, "no request loops or collapses"});
+    for (const auto& fr : res.free_runs) {
+      say("Free runs, " + fr.config + ": " + std::to_string(fr.degenerate) + " of " + std::to_string(fr.runs) + " degenerate (rate " +
+              Fmt("%.2f", fr.rate) + ", 95% interval " + Fmt("%.2f", fr.lo) + "–" + Fmt("%.2f", fr.hi) + ").",
+          {"lockstep replay --mode free (" + fr.config + "), " + std::to_string(fr.traces.size()) + " replay(s): " + fr.traces.front() +
+               (fr.traces.size() > 1 ? " …" : ""),
+           std::to_string(fr.degenerate) + " degenerate of " + std::to_string(fr.runs) + " generations",
+           "a rate whose interval lies near the recorded one (" + std::to_string(res.recorded_degenerate) + " of " +
+               std::to_string(res.requests) + ") if the configuration does not matter, near 0 if it does"});
+    }
+    if (!res.verify.clean()) {
+      say("No greedy free run under a verified-clean configuration was made: verify found defects in the recorded one, so "
+          "whether greedy decoding alone degenerates is not tested.",
+          {verify_run, std::to_string(res.defects.size()) + " defect(s)", "verify clean: then a greedy free run would test it"});
+    }
   }
 
-  // 5. Sampling, when the recording was greedy.
-  bool greedy = !trace.requests().empty();
-  bool sampled_fixes = false;  // greedy degenerates, sampling at 0.6 does not
-  for (const auto& q : trace.requests()) greedy &= q.temperature == 0.0;
-  if (greedy) {
-    int64_t rec_deg = 0, new_deg = 0;
-    for (const auto& q : trace.requests()) rec_deg += diff::DetectDegeneration(q.generated).degenerate;
-    ReplayOptions o;
-    o.mode = ReplayMode::kFree;
-    o.overrides.temperature = 0.6;
-    o.overrides.top_p = 0.95;
-    LS_ASSIGN_OR_RETURN(auto r, run(o, "sampling at temperature 0.6 instead of greedy"));
-    for (const auto& q : r.diff.requests) new_deg += diff::DetectDegeneration(q.tokens_b).degenerate;
-    sampled_fixes = rec_deg > 0 && new_deg < rec_deg;
-    res.sampling_note = "the recording is greedy; " + std::to_string(rec_deg) + " of " +
-                        std::to_string(trace.requests().size()) + " request(s) degenerate as recorded, " +
-                        std::to_string(new_deg) + " when sampled at temperature 0.6 (top_p 0.95)";
-  }
-
-  // The verdict.
-  std::ostringstream v;
-  if (!res.reproducible) v << "The run is not reproducible: " << res.reproducible_detail << ". ";
-  if (res.batch_dependent) v << "Batch dependence: " << res.batch_detail;
-  // Below this mean logit KL the configurations agree to within what reduced precision
-  // normally costs; the numerics are then not what went wrong.
-  constexpr double kSmallKl = 0.01;
-  if (!res.components.empty() && res.components[0].explained > 0) {
-    const ComponentResult& c = res.components[0];
-    if (total < kSmallKl) {
-      v << "Numerically the recording is close to the reference configuration (" << res.reference
-        << "): mean logit KL " << Fmt("%.3g", total) << " nats, of which " << c.component << "=" << c.recorded
-        << " accounts for " << Fmt("%.0f", 100 * c.explained) << "% (first visible at "
-        << (c.has_divergence ? Where(c.first) : std::string("no captured tensor")) << ").";
-    } else {
-      v << "Divergence starts at " << (c.has_divergence ? Where(c.first) : std::string("no captured tensor")) << " when "
-        << c.component << "=" << c.recorded << "; with " << c.component << "=" << c.swapped_to << " the logit KL "
-        << "against the reference configuration falls by " << Fmt("%.0f", 100 * c.explained) << "% (from "
-        << Fmt("%.3g", total) << " to " << Fmt("%.3g", c.kl_to_reference) << " nats).";
+  // Nothing found.
+  if (res.defects.empty()) {
+    int64_t ops = 0;
+    std::string list;
+    for (const auto& o : chk.ops) {
+      if (o.rows == 0) continue;
+      ++ops;
+      list += (list.empty() ? "" : ", ") + o.op + " (" + std::to_string(o.rows) + " rows, max error/budget " + Fmt("%.2g", o.max_ratio) + ")";
     }
-    for (size_t i = 1; i < res.components.size(); ++i) {
-      const auto& o = res.components[i];
-      v << " " << o.component << " (" << o.recorded << " → " << o.swapped_to << ") explains "
-        << Fmt("%.0f", 100 * o.explained) << "%.";
-    }
-  } else if (ref.empty()) {
-    v << "The recording already uses the reference configuration (fp32 cache, default kernels, no fault): no component "
-         "has an alternative to test.";
-  } else {
-    v << "No single component explains the divergence from the reference configuration (" << res.reference << ").";
+    std::string nv;
+    for (const auto& s : chk.not_verified) nv += (nv.empty() ? "" : "; ") + s;
+    std::string text = "No defect found: " + std::to_string(ops) + " ops verified against their golden twins on " +
+                       std::to_string(chk.rows) + " rows within budget: " + list + "; " +
+                       (b.run ? std::to_string(b.rows_compared) + " rows bit-identical with each request alone"
+                              : std::string("batch invariance not tested (one request)")) +
+                       ". Not verified: " + (nv.empty() ? "nothing the trace holds" : nv) + ".";
+    res.sentences.insert(res.sentences.begin(),
+                         {text,
+                          {verify_run + (b.run ? " and the alone-replay " + b.replay_trace : ""),
+                           std::to_string(chk.rows) + " rows, " + std::to_string(chk.values) + " values, all within budget",
+                           "some op's error above its budget at a (request, layer, position), or a row's bits changing alone"}});
   }
-  if (greedy && sampled_fixes && (total < kSmallKl || ref.empty())) {
-    v << " The degeneration comes from greedy decoding, not from the numerics: " << res.sampling_note << ".";
-  } else if (!res.sampling_note.empty()) {
-    v << " Sampling: " << res.sampling_note << ".";
-  }
-  res.verdict = v.str();
+  std::string v;
+  for (const auto& s : res.sentences) v += (v.empty() ? "" : " ") + s.text;
+  res.verdict = v;
   return res;
 }
 

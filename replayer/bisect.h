@@ -1,17 +1,20 @@
-// replayer/bisect.h — the A/B an engineer would do by hand, automated.
+// replayer/bisect.h — a verdict that is a list of experiments.
 //
-//  1. Exact replay: is the run even reproducible? (If not, that is the finding.)
-//  2. Batch dependence: replay with every request alone (max_batch 1). A request whose numbers
-//     change read something of its neighbours' — a page-table or batching fault.
-//  3. The reference configuration: every component that has a reference alternative swapped
-//     to it (KV cache → fp32, each kernel → its default, a recorded fault removed). The
-//     divergence of the recording from it (mean logit KL) is what there is to explain.
-//  4. One replay per component with only that component swapped: how much of the divergence
-//     it explains (1 − KL(swapped → reference) / KL(recorded → reference)), and where the
-//     recording first parts from the swapped run (layer, position, tap).
-//  5. When the recording was greedy: a free replay at temperature 0.6 — does sampling alone
-//     end the degeneration?
-// The verdict is one paragraph naming the component that explains most.
+//  1. Exact replay: is the run reproducible? (If not, that is a finding.)
+//  2. Verify (replayer/verify_run.h): every op against its golden twin on the recorded inputs,
+//     and every request alone against its batched self, in bits. The verified defects come
+//     first in the verdict: op, variant, request, layer, position, measured error vs budget,
+//     and on how many rows (prefill and decode counted apart).
+//  3. Configuration questions, each an experiment: every op with alternatives swapped to each
+//     other variant (both ways: from a default to the alternatives, from an alternative back),
+//     the KV format likewise; a teacher-forced replay each, measured by the mean and largest
+//     logit KL against the recording. A swap never becomes a defect: only a twin does.
+//  4. Degeneration (when a recorded request degenerates): free runs — greedy, under the
+//     recorded configuration when verify found it clean, and ≥ 8 seeds at the recommended
+//     temperature — reported as rates with 95% Wilson intervals.
+// Every sentence of the verdict carries its evidence (what ran, what was measured, what the
+// other outcome would have looked like); with nothing found the verdict says "no defect found"
+// and what was verified and what was not.
 #pragma once
 
 #include <filesystem>
@@ -21,39 +24,72 @@
 
 #include "base/status.h"
 #include "replayer/replay_session.h"
+#include "replayer/verify_run.h"
 
 namespace lockstep::replayer {
 
 struct BisectOptions {
   std::filesystem::path work_dir;     // where the replays' traces go
   std::filesystem::path model_dir;    // empty: the trace's
-  std::function<void(const std::string&)> progress;  // one line per replay started
-  std::function<void(int64_t tokens, int64_t total)> replay_progress;  // within each replay (ReplayOptions::progress)
+  int seeds = 8;                      // free runs per sampled configuration
+  double temperature = -1;            // of the seeded free runs; < 0: generation_config.json's, else 0.6
+  bool configuration = true;          // step 3
+  std::function<void(const std::string&)> progress;  // one line per experiment
+  std::function<void(int64_t tokens, int64_t total)> replay_progress;
 };
 
-struct ComponentResult {
-  std::string component;   // "kv_cache", "attn_decode", "fault", "temperature"
-  std::string recorded;    // "fp8_e4m3"
-  std::string swapped_to;  // "fp32"
-  double kl_to_reference = 0;  // mean logit KL of the swapped run vs the reference run
-  double explained = 0;        // 1 − kl_to_reference / total, clamped to [0, 1]
-  bool has_divergence = false; // the recording parts from the swapped run
-  diff::RowDiff first;         // where
-  std::string note;
+// What one sentence of the verdict rests on.
+struct Evidence {
+  std::string run;        // what was run (command-like, with the trace it wrote)
+  std::string measured;   // what it measured
+  std::string otherwise;  // what the other outcome would have looked like
+};
+
+struct Sentence {
+  std::string text;
+  Evidence evidence;
+};
+
+struct Defect {
+  std::string op;       // verify's op ("attention", "router", …), or "batch_invariance"
+  std::string kernels;  // the registry ops involved, as run: "attn_decode=absorbed softmax=reference …"
+  verify::Location first;
+  int64_t failing_rows = 0, rows = 0, failing_prefill_rows = 0, prefill_rows = 0;
+  bool bias = false;    // found by the systematic-bias test, not by a row over budget
+  double bias_t = 0;
+};
+
+struct SwapExperiment {
+  std::string op;          // registry op, or "kv_cache"
+  std::string from, to;
+  std::string trace;       // the replay's trace
+  double mean_logit_kl = -1, max_logit_kl = -1;  // vs the recording; −1: not measured
+  bool diverges = false;
+  diff::RowDiff first;
+};
+
+struct FreeRuns {
+  std::string config;      // "greedy, recorded configuration" | "temperature 0.6, seeds 1000..1007"
+  int64_t runs = 0, degenerate = 0;
+  double rate = 0, lo = 0, hi = 0;  // 95% Wilson interval
+  std::vector<std::string> traces;
 };
 
 struct BisectResult {
   bool reproducible = false;
   std::string reproducible_detail;
-  bool batch_dependent = false;
-  std::string batch_detail;
-  double total_kl = 0;            // recorded vs reference configuration
-  std::string reference;          // the reference configuration, described
-  std::vector<ComponentResult> components;  // ranked, most explanatory first
-  std::string sampling_note;      // greedy recordings: what temperature 0.6 does
-  std::string verdict;
+  VerifyRunResult verify;
+  std::vector<Defect> defects;            // causal order, first = the first defect
+  std::vector<SwapExperiment> swaps;
+  int64_t recorded_degenerate = 0, requests = 0;
+  std::vector<FreeRuns> free_runs;
+  std::vector<Sentence> sentences;        // the verdict, sentence by sentence
+  std::string verdict;                    // the sentences joined
 };
 
 Result<BisectResult> Bisect(const traces::TraceReader& trace, const BisectOptions& options);
+
+// 95% Wilson score interval of k successes in n.
+void WilsonInterval(int64_t k, int64_t n, double* lo, double* hi);
 
 }  // namespace lockstep::replayer

@@ -124,7 +124,7 @@ Result<ReplayMode> ParseReplayMode(std::string_view s) {
 }
 
 bool Overrides::empty() const {
-  return !kv_cache && !backend && kernels.empty() && !fault && !temperature && !top_p && !min_p && !top_k && !max_batch;
+  return !kv_cache && !backend && kernels.empty() && !fault && !temperature && !top_p && !min_p && !top_k && !max_batch && !seed;
 }
 
 std::string Overrides::Describe() const {
@@ -138,6 +138,7 @@ std::string Overrides::Describe() const {
   if (top_k) os << "top_k=" << *top_k << " ";
   if (min_p) os << "min_p=" << *min_p << " ";
   if (max_batch) os << "max_batch=" << *max_batch << " ";
+  if (seed) os << "seed=" << *seed << " ";
   std::string s = os.str();
   if (s.empty()) return "none";
   s.pop_back();
@@ -303,7 +304,7 @@ Result<ReplayResult> Replay(const traces::TraceReader& trace, const ReplayOption
     engine::Request r;
     r.name = ri.name;
     r.prompt = ri.prompt;
-    r.sampling.seed = ri.seed;
+    r.sampling.seed = ov.seed ? *ov.seed + static_cast<uint64_t>(reqs.size()) : ri.seed;
     r.sampling.temperature = ov.temperature.value_or(ri.temperature);
     r.sampling.top_p = ov.top_p.value_or(ri.top_p);
     r.sampling.top_k = ov.top_k.value_or(ri.top_k);
@@ -334,6 +335,7 @@ Result<ReplayResult> Replay(const traces::TraceReader& trace, const ReplayOption
   recorder::RecordSessionOptions so;
   so.output = opt.output;
   LS_ASSIGN_OR_RETURN(so.policy, PolicyFromTrace(trace));
+  if (opt.capture) so.policy.mode = *opt.capture;  // --capture full: a summary trace's values
   so.writer.batch_width = eo.max_batch;
   so.writer.writer = std::string("lockstep ") + kVersion + " (" + kGitRevision + ") replay";
   so.flush_interval_s = 5.0;

@@ -41,6 +41,7 @@ struct Overrides {
   std::optional<double> temperature, top_p, min_p;
   std::optional<int64_t> top_k;
   std::optional<int64_t> max_batch;
+  std::optional<uint64_t> seed;         // request i samples with seed + i (free runs over seeds)
 
   bool empty() const;
   std::string Describe() const;  // "kv_cache=bf16 attn_decode=expanded", or "none"
@@ -54,6 +55,9 @@ struct ReplayOptions {
   bool allow_model_mismatch = false; // run even when the model's fingerprint differs
   std::filesystem::path output;      // the replay's own trace
   diff::Thresholds thresholds;       // for the comparison (exact mode forces exact)
+  // Capture mode of the replay's own trace; unset = the recording's. An exact replay with
+  // kFull upgrades a summary trace to full capture, proven by its summary hashes.
+  std::optional<recorder::CapturePolicy::Mode> capture;
   std::function<void(int64_t tokens, int64_t total)> progress;
 };
 

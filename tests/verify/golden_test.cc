@@ -1,0 +1,176 @@
+// Golden twins (verify/golden.h) against hand-computed cases, published known answers (Philox's
+// Random123 vector), and — for the sampler — against the engine's sampler on seeded inputs.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <random>
+
+#include "engine/sampler.h"
+#include "verify/golden.h"
+
+namespace lockstep::verify::golden {
+namespace {
+
+TEST(GoldenTest, RmsNormByHand) {
+  const float x[2] = {3, 4}, w[2] = {1, 2};
+  const Vec y = RmsNorm(Exact(x, 2), w, 0.0);
+  // mean(x²) = 12.5, 1/√12.5 = 0.28284271…
+  EXPECT_NEAR(y.v[0], 3 * 0.282842712474619, 1e-15);
+  EXPECT_NEAR(y.v[1], 8 * 0.282842712474619, 1e-15);
+  // The budget: a few fp32 roundings of the output, not more than 1e-6 relative here.
+  EXPECT_GT(y.e[0], 0);
+  EXPECT_LT(y.e[1], 1e-6 * y.v[1]);
+}
+
+TEST(GoldenTest, LinearValueAndBudget) {
+  const float W[4] = {1, 2, 3, -4};
+  const float x[2] = {1, 1};
+  const Vec y = Linear({W, 2, 2}, Exact(x, 2), {});
+  EXPECT_EQ(y.v[0], 3);
+  EXPECT_EQ(y.v[1], -1);
+  // Row 1: Σ|x w| = 7, so the fp32 bound is ≈ γ_3·7 + u·1.
+  EXPECT_NEAR(y.e[1], 1.01 * Gamma(3) * 7 + kFp32U, 1e-12);
+  // bf16 inputs add their rounding: 2^-8 each for x and w.
+  const Vec yb = Linear({W, 2, 2}, Exact(x, 2), {kFp32U, kBf16U, kBf16U});
+  EXPECT_GT(yb.e[1], 2 * kBf16U * 7);
+}
+
+TEST(GoldenTest, RopeLayoutsByHand) {
+  const std::vector<double> f = {1.0, 0.5};
+  // Halves: (x0, x2) and (x1, x3) rotate by pos·f.
+  Vec h = Exact(std::vector<float>{1, 0, 0, 1}.data(), 4);
+  Rope(&h, 0, 4, 2, f, 1.0, RopeLayout::kHalves);
+  EXPECT_NEAR(h.v[0], std::cos(2.0), 1e-15);
+  EXPECT_NEAR(h.v[2], std::sin(2.0), 1e-15);
+  EXPECT_NEAR(h.v[1], -std::sin(1.0), 1e-15);
+  EXPECT_NEAR(h.v[3], std::cos(1.0), 1e-15);
+  // Pairs to halves: pairs (x0, x1), (x2, x3) rotate, output [a0', a1', b0', b1'].
+  Vec p = Exact(std::vector<float>{1, 0, 0, 1}.data(), 4);
+  Rope(&p, 0, 4, 2, f, 1.0, RopeLayout::kPairsToHalves);
+  EXPECT_NEAR(p.v[0], std::cos(2.0), 1e-15);
+  EXPECT_NEAR(p.v[2], std::sin(2.0), 1e-15);
+  EXPECT_NEAR(p.v[1], -std::sin(1.0), 1e-15);
+  EXPECT_NEAR(p.v[3], std::cos(1.0), 1e-15);
+  // Adjacent pairs in place.
+  Vec a = Exact(std::vector<float>{1, 0, 0, 1}.data(), 4);
+  Rope(&a, 0, 4, 2, f, 1.0, RopeLayout::kPairsAdjacent);
+  EXPECT_NEAR(a.v[1], std::sin(2.0), 1e-15);
+  EXPECT_NEAR(a.v[2], -std::sin(1.0), 1e-15);
+  // The angle's fp32 rounding grows with the position.
+  EXPECT_GT(a.e[0], 0);
+}
+
+TEST(GoldenTest, RopeFrequenciesWithYarnByHand) {
+  RopeSpec s;
+  s.theta = 10000;
+  const auto plain = RopeInvFreq(s, 4);
+  EXPECT_DOUBLE_EQ(plain[0], 1.0);
+  EXPECT_NEAR(plain[1], 0.01, 1e-15);
+  // dim 4, original context 4096, β 32/1: the correction dims are 4·ln(4096/(β·2π))/(2 ln 10⁴)
+  // = 0.654 → floor 0 and 1.407 → ceil 2; dim pair 1 sits halfway up the ramp: f/4·½ + f·½.
+  s.yarn = true;
+  s.factor = 4;
+  s.original_max_pos = 4096;
+  const auto y = RopeInvFreq(s, 4);
+  EXPECT_DOUBLE_EQ(y[0], 1.0);
+  EXPECT_NEAR(y[1], 0.01 / 4 * 0.5 + 0.01 * 0.5, 1e-15);
+}
+
+TEST(GoldenTest, SoftmaxByHand) {
+  Vec s;
+  s.v = {0, std::log(3.0)};
+  s.e = {0, 0};
+  const Vec p = Softmax(s);
+  EXPECT_NEAR(p.v[0], 0.25, 1e-15);
+  EXPECT_NEAR(p.v[1], 0.75, 1e-15);
+}
+
+TEST(GoldenTest, NoauxTcRoutingByHand) {
+  RouteSpec sp;
+  sp.experts = 4;
+  sp.top_k = 2;
+  sp.groups = 2;
+  sp.top_groups = 1;
+  sp.scaling = 2.5;
+  Vec lg;
+  lg.v = {0, 2, 1, -1};
+  lg.e = {0, 0, 0, 0};
+  const double s0 = 0.5, s1 = 1 / (1 + std::exp(-2.0)), s2 = 1 / (1 + std::exp(-1.0)), s3 = 1 / (1 + std::exp(1.0));
+  // Groups {0, 1} (top-2 sum 1.38) and {2, 3} (1.0): group 0 wins.
+  Route r = RouteToken(sp, lg, nullptr);
+  ASSERT_EQ(r.ids, (std::vector<int32_t>{0, 1}));
+  EXPECT_NEAR(r.weights[0], s0 / (s0 + s1) * 2.5, 1e-12);
+  EXPECT_NEAR(r.weights[1], s1 / (s0 + s1) * 2.5, 1e-12);
+  // A correction bias of 1 on group 1 moves the choice there; the weights stay the scores.
+  const float bias[4] = {0, 0, 1, 1};
+  r = RouteToken(sp, lg, bias);
+  ASSERT_EQ(r.ids, (std::vector<int32_t>{2, 3}));
+  EXPECT_NEAR(r.weights[0], s2 / (s2 + s3) * 2.5, 1e-12);
+}
+
+TEST(GoldenTest, Bf16RoundsToNearestEven) {
+  EXPECT_EQ(Bf16Bits(1.0f), 0x3f80);
+  EXPECT_EQ(Bf16Bits(1.0f + 0x1p-8f), 0x3f80);       // tie → even
+  EXPECT_EQ(Bf16Bits(1.0f + 3 * 0x1p-8f), 0x3f82);   // tie → even (up)
+  EXPECT_EQ(Bf16Bits(1.0f + 0x1p-8f + 0x1p-20f), 0x3f81);
+  EXPECT_EQ(Bf16Bits(-2.0f), 0xc000);
+  EXPECT_TRUE(std::isnan(Bf16Value(Bf16Bits(NAN))));
+}
+
+TEST(GoldenTest, E4m3ByHand) {
+  EXPECT_EQ(E4m3Bits(1.0), 0x38);
+  EXPECT_EQ(E4m3Bits(448.0), 0x7e);
+  EXPECT_EQ(E4m3Bits(500.0), 0x7e);  // saturates
+  EXPECT_EQ(E4m3Bits(-448.0), 0xfe);
+  EXPECT_EQ(E4m3Bits(0x1p-9), 0x01);  // the least subnormal
+  EXPECT_EQ(E4m3Bits(1.0625), 0x38);  // tie between 1 and 1.125 → even
+  EXPECT_EQ(E4m3Bits(1.1875), 0x3a);  // tie between 1.125 and 1.25 → even
+  EXPECT_DOUBLE_EQ(E4m3Value(0x7e), 448.0);
+  EXPECT_TRUE(std::isnan(E4m3Value(0x7f)));
+  const float a[2] = {448, 1}, b[2] = {449, 0}, c[2] = {0, 0}, d[1] = {224};
+  EXPECT_EQ(Fp8Scale(a, 2), 1.0f);
+  EXPECT_EQ(Fp8Scale(b, 2), 2.0f);
+  EXPECT_EQ(Fp8Scale(c, 2), 1.0f);
+  EXPECT_EQ(Fp8Scale(d, 1), 0.5f);
+}
+
+TEST(GoldenTest, PhiloxKnownAnswer) {
+  // Random123's kat_vectors: philox4x32-10, counter 0, key 0 → 6627e8d5 e169c58d bc57ac4c 9b00dbd8;
+  // the uniform takes 32 bits of the first word and 21 of the second.
+  const uint64_t bits = ((uint64_t{0x6627e8d5} << 21) | (0xe169c58du >> 11)) & ((uint64_t{1} << 53) - 1);
+  EXPECT_EQ(PhiloxUniform(0, 0, 0), std::ldexp(static_cast<double>(bits), -53));
+}
+
+TEST(GoldenTest, SamplerGreedyByHand) {
+  const float l[3] = {1, 3, 3};
+  EXPECT_EQ(Sample(l, 0, 0, 1, 0, 0, 0).token, 1);  // ties: the lowest id
+  const float n[2] = {NAN, 0};
+  EXPECT_EQ(Sample(n, 0, 0, 1, 0, 0, 0).token, 1);  // NaN never wins
+  // Two tokens with probabilities 1/4, 3/4: the draw u picks id 1 when u·(4/3) < 1.
+  const float two[2] = {0, static_cast<float>(std::log(3.0))};
+  const double u = PhiloxUniform(7, 3, 0);
+  EXPECT_EQ(Sample(two, 1, 0, 1, 0, 7, 3).token, u * (1 + 1.0 / 3) < 1 ? 1 : 0);
+}
+
+// The twin and the engine's sampler agree on seeded random logits under every filter.
+TEST(GoldenTest, SamplerAgreesWithTheEngine) {
+  std::mt19937 rng(42);
+  std::normal_distribution<float> nd(0, 3);
+  for (int trial = 0; trial < 200; ++trial) {
+    std::vector<float> l(300);
+    for (auto& v : l) v = nd(rng);
+    engine::SamplingParams p;
+    p.temperature = 0.3 + (trial % 5) * 0.3;
+    p.top_k = trial % 3 == 0 ? 20 : 0;
+    p.top_p = trial % 2 == 0 ? 0.9 : 1.0;
+    p.min_p = trial % 7 == 0 ? 0.05 : 0.0;
+    p.seed = 1000 + trial;
+    const auto e = engine::Sampler::Sample(l, p, trial);
+    const Draw d = Sample(l, p.temperature, p.top_k, p.top_p, p.min_p, p.seed, trial);
+    EXPECT_EQ(d.token, e.token) << trial;
+    EXPECT_EQ(d.uniform, e.uniform) << trial;
+  }
+}
+
+}  // namespace
+}  // namespace lockstep::verify::golden
