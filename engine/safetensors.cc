@@ -30,7 +30,7 @@ bool ParseDType(std::string_view s, DType* out) {
   static const std::pair<std::string_view, DType> kTable[] = {
       {"F32", DType::kF32}, {"F16", DType::kF16},   {"BF16", DType::kBF16}, {"F8_E4M3", DType::kF8E4M3},
       {"F64", DType::kF64}, {"I64", DType::kI64},   {"I32", DType::kI32},   {"I16", DType::kI16},
-      {"I8", DType::kI8},   {"U8", DType::kU8},     {"BOOL", DType::kBool}};
+      {"I8", DType::kI8},   {"U8", DType::kU8},     {"BOOL", DType::kBool}, {"F8_E8M0", DType::kF8E8M0}};
   for (const auto& [name, d] : kTable) {
     if (s == name) {
       *out = d;
@@ -55,6 +55,7 @@ std::string_view DTypeName(DType d) {
     case DType::kI8: return "I8";
     case DType::kU8: return "U8";
     case DType::kBool: return "BOOL";
+    case DType::kF8E8M0: return "F8_E8M0";
   }
   return "?";
 }
@@ -64,7 +65,7 @@ size_t DTypeSize(DType d) {
     case DType::kF64: case DType::kI64: return 8;
     case DType::kF32: case DType::kI32: return 4;
     case DType::kF16: case DType::kBF16: case DType::kI16: return 2;
-    case DType::kF8E4M3: case DType::kI8: case DType::kU8: case DType::kBool: return 1;
+    case DType::kF8E4M3: case DType::kI8: case DType::kU8: case DType::kBool: case DType::kF8E8M0: return 1;
   }
   return 1;
 }

@@ -21,7 +21,8 @@
 
 namespace lockstep::engine {
 
-enum class DType { kF32, kF16, kBF16, kF8E4M3, kF64, kI64, kI32, kI16, kI8, kU8, kBool };
+// kF8E8M0: unsigned power-of-two exponents (MXFP4 block scales, DeepSeek-V4's routed experts).
+enum class DType { kF32, kF16, kBF16, kF8E4M3, kF64, kI64, kI32, kI16, kI8, kU8, kBool, kF8E8M0 };
 
 std::string_view DTypeName(DType d);  // the safetensors spelling: "F32", "BF16", "F8_E4M3", …
 size_t DTypeSize(DType d);

@@ -21,22 +21,26 @@
 namespace lockstep::kernels {
 
 // How a stored matrix's elements are encoded. Each dtype fixes its element size and its scale
-// format. Future formats slot in as new values with their decode in weight_view.cc, e.g.
-//   kMxfp4 — E2M1 pairs (two elements a byte, low nibble first), one E8M0 scale byte per
-//            1 × 32 block (block_rows 1, block_cols 32);
-//   kNvfp4 — E2M1 pairs, one E4M3 scale byte per 1 × 16 block, times a per-tensor fp32
-//            scale_2 (a field added with it).
-// ElementBits, the scale pointer's type (`scales` is untyped for this reason) and DecodeRows
-// are the places that change; the GEMM and the engine read any dtype through DecodeRows.
+// format (kernels/fp4.h has the 4-bit formats' scalar codes, quantisers and loaders). The GEMM
+// and the engine read any dtype through DecodeRows.
 enum class WeightDType : uint8_t {
   kF32,
   kBf16,
   kF16,
   kFp8E4m3Blocks,  // e4m3 (fn) bytes; one fp32 scale per block_rows × block_cols block
+  // E2M1 codes two a byte — column 2j in the LOW nibble (bits 3..0) of byte j, 2j+1 in the high —
+  // and one E8M0 scale byte per 1 × 32 block (block_rows 1, block_cols 32): value = E2M1 × 2^(e−127),
+  // one fp32 product (exact unless it overflows: e ≥ 253 with |E2M1| ≥ 4, e = 254 with ≥ 2; e = 255
+  // is NaN). DeepSeek-V4's routed experts as published.
+  kMxfp4,
+  // E2M1 pairs as kMxfp4, one E4M3 scale byte per 1 × 16 block (block_cols 16) and the per-tensor
+  // fp32 `scale_2`: value = (E2M1 × E4M3) × scale_2 — the first product exact (at most 6
+  // significant bits), so the value is the exact triple product rounded once. ModelOpt's NVFP4.
+  kNvfp4,
 };
 
-const char* WeightDTypeName(WeightDType d);  // "F32", "BF16", "F16", "F8_E4M3"
-int ElementBits(WeightDType d);              // 32, 16, 16, 8
+const char* WeightDTypeName(WeightDType d);  // "F32", "BF16", "F16", "F8_E4M3", "MXFP4", "NVFP4"
+int ElementBits(WeightDType d);              // 32, 16, 16, 8, 4, 4
 
 // What a kernel does to each decoded value before it multiplies.
 enum class WeightRounding : uint8_t {
@@ -55,9 +59,11 @@ struct WeightView {
   const void* values = nullptr;
   // kFp8E4m3Blocks: fp32 [⌈stored_rows / block_rows⌉, ⌈cols / block_cols⌉], the scale of
   // element (R, c) at [R / block_rows, c / block_cols] (DeepSeek-V3's `weight_scale_inv`:
-  // dequantised = value × scale). Null for the unscaled dtypes.
+  // dequantised = value × scale). kMxfp4 / kNvfp4: one byte a block (E8M0 / E4M3), the same
+  // indexing with block_rows 1. Null for the unscaled dtypes.
   const void* scales = nullptr;
   int64_t block_rows = 0, block_cols = 0;
+  float scale_2 = 1.0f;  // kNvfp4's per-tensor scale (`weight_scale_2`); unused otherwise
 
   size_t size() const { return static_cast<size_t>(rows * cols); }  // elements
   bool empty() const { return rows * cols == 0; }
