@@ -6,6 +6,7 @@
 #include "kernels/registry.h"
 #include "recorder/fingerprint.h"
 
+#include <charconv>
 #include <chrono>
 #include <cmath>
 #include <fstream>
@@ -94,6 +95,34 @@ extern const CLI::Validator kPositive(
     },
     "> 0", "positive");
 
+CLI::Validator WholeIn(uint64_t lo, uint64_t hi, const std::string& text) {
+  return CLI::Validator(
+      [lo, hi, text](std::string& in) -> std::string {
+        uint64_t v = 0;
+        const char* b = in.data();
+        const char* e = b + in.size();
+        const auto [end, ec] = std::from_chars(b, e, v, 10);
+        if (in.empty() || ec != std::errc() || end != e || !(v >= lo && v <= hi)) {
+          return "must be a whole number from " + text + " (got " + in + ")";
+        }
+        return std::string();
+      },
+      text);
+}
+
+CLI::Validator NumberIn(double lo, double hi, const std::string& text) {
+  return CLI::Validator(
+      [lo, hi, text](std::string& in) -> std::string {
+        char* end = nullptr;
+        const double v = std::strtod(in.c_str(), &end);
+        if (in.empty() || end == in.c_str() || *end != '\0' || !(v >= lo && v <= hi)) {
+          return "must be a finite number in " + text + " (got " + in + ")";
+        }
+        return std::string();
+      },
+      text);
+}
+
 bool InRange(const nlohmann::json& v, const FieldRange& r) {
   if (!v.is_number()) return false;
   const double x = v.get<double>();
@@ -102,31 +131,38 @@ bool InRange(const nlohmann::json& v, const FieldRange& r) {
 }
 
 void EngineFlags::Register(CLI::App* app) {
-  app->add_option("--max-tokens,-n", max_tokens, "Tokens to generate per prompt")->check(kNonNegative);
+  app->add_option("--max-tokens,-n", max_tokens, "Tokens to generate per prompt, 0 to 2^26 (67108864)")
+      ->check(WholeIn(0, kMaxTokensFlag, "0 to 2^26"));
   sampling_options_ = {
-      app->add_option("--temperature,-t", temperature, "Sampling temperature; 0 = greedy (argmax)")
-          ->check(kNonNegative)
+      app->add_option("--temperature,-t", temperature, "Sampling temperature in [0, 1e6]; 0 = greedy (argmax)")
+          ->check(NumberIn(0, 1e6, "[0, 1e6]"))
           ->default_str("the model's generation_config.json, else 0"),
       app->add_option("--top-p", top_p, "Nucleus sampling mass in (0, 1]; 1 = off")
           ->check(CLI::Range(0.0, 1.0))
           ->default_str("generation_config.json, else 1"),
-      app->add_option("--top-k", top_k, "Keep the k most likely tokens; 0 = off")
-          ->check(kNonNegative)
+      app->add_option("--top-k", top_k, "Keep the k most likely tokens, 0 to 2^26; 0 = off")
+          ->check(WholeIn(0, uint64_t{1} << 26, "0 to 2^26"))
           ->default_str("generation_config.json, else 0"),
       app->add_option("--min-p", min_p, "Drop tokens below min_p × the top probability; 0 = off")
           ->check(CLI::Range(0.0, 1.0))
           ->default_str("generation_config.json, else 0")};
-  app->add_option("--seed", seed, "Per-request sampling seed (Philox key); request i of --prompts uses seed + i");
+  app->add_option("--seed", seed,
+                  "Per-request sampling seed (Philox key), 0 to 2^64 - 1; request i of --prompts uses seed + i")
+      ->check(WholeIn(0, UINT64_MAX, "0 to 2^64 - 1"));
   app->add_option("--kv-cache", kv_cache, "Latent KV cache storage: fp32 | bf16 | fp8_e4m3")
       ->check(CLI::IsMember({"fp32", "bf16", "fp8_e4m3"}));
   app->add_option("--kernel", kernels, "Kernel variant override op=variant (repeatable; `lockstep kernels` lists them)");
-  app->add_option("--max-batch", max_batch, "Requests run together per step")->check(kPositive);
+  app->add_option("--max-batch", max_batch, "Requests run together per step, 1 to 4096 (what a trace's step table holds)")
+      ->check(WholeIn(1, kMaxBatchFlag, "1 to 4096"));
   app->add_option("--max-prefill-tokens", max_prefill_tokens,
-                  "Chunked prefill: prompt tokens per step across requests (0 = whole prompts); numbers do not change")
-      ->check(kNonNegative);
-  app->add_option("--page-size", page_size, "Tokens per KV-cache page")->check(kPositive);
-  app->add_option("--kv-cache-tokens", kv_cache_tokens, "KV-cache capacity in tokens, across all requests")
-      ->check(kPositive);
+                  "Chunked prefill: prompt tokens per step across requests, 0 to 2^31 (0 = whole prompts); numbers do "
+                  "not change")
+      ->check(WholeIn(0, uint64_t{1} << 31, "0 to 2^31"));
+  app->add_option("--page-size", page_size, "Tokens per KV-cache page, 1 to 2^20")
+      ->check(WholeIn(1, uint64_t{1} << 20, "1 to 2^20"));
+  app->add_option("--kv-cache-tokens", kv_cache_tokens,
+                  "KV-cache capacity in tokens, across all requests, 1 to 2^36 (and what memory holds)")
+      ->check(WholeIn(1, kMaxKvCacheTokensFlag, "1 to 2^36"));
   app->add_flag("--ignore-eos", ignore_eos, "Keep generating past the end-of-sequence token");
   app->add_flag("--no-special-tokens", no_special_tokens,
                 "Encode prompts without the tokenizer's template (no BOS); by default it is applied, as transformers does");

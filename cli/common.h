@@ -24,6 +24,17 @@ namespace lockstep::cli {
 // Flag checks that name the range they want in plain words (CLI11's print 0 to 1.797e308).
 extern const CLI::Validator kNonNegative;  // ≥ 0
 extern const CLI::Validator kPositive;     // > 0
+// A whole decimal number in [lo, hi], checked as written: CLI11 itself reads
+// 99999999999999999999 as 2^63 - 1 and -1 as 2^64 - 1 for an unsigned option. `text` names the
+// range in --help and in the error ("0 to 2^26").
+CLI::Validator WholeIn(uint64_t lo, uint64_t hi, const std::string& text);
+// A finite number in [lo, hi].
+CLI::Validator NumberIn(double lo, double hi, const std::string& text);
+// The engine flags' ranges: what a trace can hold (traces/trace_format.h), so a run that records
+// is never refused by the reader afterwards.
+inline constexpr uint64_t kMaxTokensFlag = uint64_t{1} << 26;
+inline constexpr uint64_t kMaxBatchFlag = 4096;
+inline constexpr uint64_t kMaxKvCacheTokensFlag = uint64_t{1} << 36;
 
 // The range a numeric field of a JSON file (--prompts, generation_config.json) must be in, and
 // how an error names it.
@@ -33,9 +44,11 @@ struct FieldRange {
   const char* text;  // "a number ≥ 0", …
 };
 // The sampling fields', as the engine checks them (engine::SamplingParams).
-inline constexpr FieldRange kTemperatureRange{0, 1e300, false, "a number ≥ 0"};
+inline constexpr FieldRange kTemperatureRange{0, 1e6, false, "a number in [0, 1e6]"};
 inline constexpr FieldRange kTopPRange{std::numeric_limits<double>::denorm_min(), 1, false, "a number in (0, 1]"};
-inline constexpr FieldRange kTopKRange{0, 1e15, true, "an integer ≥ 0"};
+inline constexpr FieldRange kTopKRange{0, 67108864, true, "an integer in [0, 2^26]"};
+inline constexpr FieldRange kMaxTokensRange{0, 67108864, true, "an integer in [0, 2^26]"};
+inline constexpr FieldRange kSeedRange{0, 18446744073709551615.0, true, "an integer in [0, 2^64 - 1]"};
 inline constexpr FieldRange kMinPRange{0, 1, false, "a number in [0, 1]"};
 // Whether v is a number in r: whole when r.integral, and past 2^63 only when written as an
 // integer (a float there has no exact integer value).

@@ -244,7 +244,8 @@ void RegisterDegen(CLI::App& app, SetAction set_action) {
   cmd->add_option("--prompt,-p", args->prompt, "Prompt text");
   cmd->add_option("--prompts", args->prompts_file, "JSONL file of prompts (see `lockstep generate --help`)");
   cmd->add_option("--prompt-ids", args->prompt_ids, "Prompt as comma-separated token ids");
-  cmd->add_option("--samples", args->samples, "Samples per prompt and temperature (one at temperature 0: greedy runs are all alike)")->check(kPositive);
+  cmd->add_option("--samples", args->samples, "Samples per prompt and temperature, 1 to 2^20 (one at temperature 0: greedy runs are all alike)")
+      ->check(WholeIn(1, 1 << 20, "1 to 2^20"));
   cmd->add_option("--temperatures", args->temperatures, "Comma-separated temperatures to compare");
   cmd->add_flag("--json", args->json, "Machine-readable report with every sample");
   cmd->add_flag("--quiet,-q", args->quiet, "No progress on stderr");

@@ -13,6 +13,7 @@
 #include "cli/common.h"
 #include "cli/table.h"
 #include "traces/row_summary.h"
+#include "traces/trace_pack.h"
 #include "traces/trace_reader.h"
 
 namespace lockstep::cli {
@@ -145,6 +146,13 @@ Status RunInspect(const InspectArgs& a) {
   }
   const auto policy_it = r.meta().find("capture_policy");
   const std::string policy = policy_it == r.meta().end() ? "" : policy_it->second;
+  // A pack (traces/trace_pack.h): what it holds and what a receiver needs to replay it.
+  auto pack = traces::ReadPack(r);
+  if (!pack.ok() && pack.status().code() != Status::Code::kNotFound) return pack.status();
+  auto meta_of = [&](const char* k) {
+    auto it = r.meta().find(k);
+    return it == r.meta().end() ? std::string() : it->second;
+  };
 
   if (a.json) {
     json j;
@@ -196,6 +204,18 @@ Status RunInspect(const InspectArgs& a) {
     j["tensor_stored_bytes"] = stored;
     if (verified >= 0) j["verified_rows"] = verified;
     j["notes"] = r.notes();
+    if (pack.ok()) {
+      j["pack"] = {{"request", pack->attrs["request"]},
+                   {"request_name", pack->attrs["request_name"]},
+                   {"source", pack->attrs["source"]},
+                   {"packed_with", pack->attrs["packed_with"]},
+                   {"manifest_entries", pack->manifest.size()},
+                   {"holds", {{"config.json", pack->config_json.size()}, {"tokenizer.json", pack->tokenizer_json.size()}}},
+                   {"needs",
+                    {{"model_fingerprint", meta_of("model_fingerprint")},
+                     {"tokenizer_hash", meta_of("tokenizer_hash")},
+                     {"lockstep", meta_of(traces::kMetaRecordedWith)}}}};
+    }
     std::cout << j.dump(1) << "\n";
     return Status::Ok();
   }
@@ -208,6 +228,19 @@ Status RunInspect(const InspectArgs& a) {
                                  .c_str(),
               r.file_bytes() / 1e6, r.writer().c_str());
   for (const auto& n : r.notes()) std::printf("note: %s\n", n.c_str());
+  if (pack.ok()) {
+    std::printf("pack: request %s ('%s') of %s, packed by %s; holds config.json (%zu bytes), %s, a manifest of %zu "
+                "content hashes\n",
+                pack->attrs["request"].c_str(), pack->attrs["request_name"].c_str(), pack->attrs["source"].c_str(),
+                pack->attrs["packed_with"].c_str(), pack->config_json.size(),
+                pack->tokenizer_json.empty() ? "no tokenizer.json"
+                                             : ("tokenizer.json (" + std::to_string(pack->tokenizer_json.size()) + " bytes)").c_str(),
+                pack->manifest.size());
+    std::printf("pack needs: the model's weights with fingerprint %s (tokenizer %s), and %s; replay it with "
+                "`lockstep replay %s -m MODEL`\n",
+                meta_of("model_fingerprint").c_str(), meta_of("tokenizer_hash").c_str(),
+                meta_of(traces::kMetaRecordedWith).c_str(), a.trace.c_str());
+  }
   std::printf("capture: %s\n", policy.empty() ? "(not recorded)" : DescribePolicy(policy).c_str());
   std::printf("meta:\n");
   Table meta({"", ""});

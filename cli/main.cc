@@ -38,6 +38,7 @@ int main(int argc, char** argv) {
   cli::RegisterDegen(app, set_action);
   cli::RegisterDiff(app, set_action);
   cli::RegisterReplay(app, set_action);
+  cli::RegisterPack(app, set_action);
   cli::RegisterBisect(app, set_action);
   cli::RegisterVerify(app, set_action);
   cli::RegisterServe(app, set_action);

@@ -67,12 +67,12 @@ Result<std::vector<PromptSpec>> ReadPromptsFile(const std::string& path) {
       *dst = j[k].get<typename std::remove_reference_t<decltype(*dst)>::value_type>();
       return Status::Ok();
     };
-    LS_RETURN_IF_ERROR(num("max_tokens", &p.max_tokens, FieldRange{0, 2147483647.0, true, "an integer in [0, 2^31)"}));
+    LS_RETURN_IF_ERROR(num("max_tokens", &p.max_tokens, kMaxTokensRange));
     LS_RETURN_IF_ERROR(num("temperature", &p.temperature, kTemperatureRange));
     LS_RETURN_IF_ERROR(num("top_p", &p.top_p, kTopPRange));
     LS_RETURN_IF_ERROR(num("min_p", &p.min_p, kMinPRange));
     LS_RETURN_IF_ERROR(num("top_k", &p.top_k, kTopKRange));
-    LS_RETURN_IF_ERROR(num("seed", &p.seed, FieldRange{0, 18446744073709551615.0, true, "an integer in [0, 2^64)"}));
+    LS_RETURN_IF_ERROR(num("seed", &p.seed, kSeedRange));
     out.push_back(std::move(p));
   }
   if (out.empty()) return Status::InvalidArgument(path + ": no prompts");
@@ -113,6 +113,11 @@ Result<engine::Request> MakeRequest(PromptSpec& p, size_t index, const EngineFla
   r.prompt = p.ids;
   r.max_new_tokens = p.max_tokens.value_or(flags.max_tokens);
   r.sampling = flags.Sampling();
+  if (!p.seed && flags.seed > UINT64_MAX - index) {
+    return Status::InvalidArgument("prompt " + std::to_string(index) + " ('" + p.name + "'): --seed " +
+                                   std::to_string(flags.seed) + " + " + std::to_string(index) +
+                                   " passes 2^64 - 1; give a smaller --seed (or a \"seed\" field)");
+  }
   r.sampling.seed = flags.seed + index;
   if (p.temperature) r.sampling.temperature = *p.temperature;
   if (p.top_p) r.sampling.top_p = *p.top_p;

@@ -155,7 +155,8 @@ void RegisterRecord(CLI::App& app, SetAction set_action) {
   cmd->add_option("--taps", args->taps, "Capture only taps matching this glob (repeatable), e.g. 'layers.*.attn.out'");
   cmd->add_option("--layers", args->layers, "Capture only layers A:B (inclusive; 'A:' = A to the last)");
   cmd->add_option("--positions", args->positions, "Capture only positions A:B (inclusive)");
-  cmd->add_option("--stride", args->stride, "Capture every N-th position of the range")->check(kPositive);
+  cmd->add_option("--stride", args->stride, "Capture every N-th position of the range, 1 to 2^31")
+      ->check(WholeIn(1, uint64_t{1} << 31, "1 to 2^31"));
   cmd->add_flag("--no-kv", args->no_kv, "Do not capture the KV cache");
   cmd->add_option("--logits", args->logits, "auto (all when vocab ≤ 4096, else top-k) | full | topk")
       ->check(CLI::IsMember({"auto", "full", "topk"}));

@@ -6,9 +6,11 @@
 #include "cli/commands.h"
 #include "cli/common.h"
 #include "cli/diff_report.h"
+#include "cli/pack.h"
 #include "cli/progress.h"
 #include "kernels/registry.h"
 #include "replayer/replay_session.h"
+#include "traces/trace_pack.h"
 
 namespace lockstep::cli {
 namespace {
@@ -24,6 +26,24 @@ struct ReplayArgs {
 
 Status RunReplay(const ReplayArgs& a) {
   LS_ASSIGN_OR_RETURN(auto trace, traces::TraceReader::Open(a.trace));
+  // A pack from someone else's machine: the manifest, the version and the model are checked
+  // first, and each difference is named on its own line before the one-line refusal.
+  if (auto pack = traces::ReadPack(*trace); pack.ok() || pack.status().code() != Status::Code::kNotFound) {
+    if (!pack.ok()) return pack.status();
+    LS_ASSIGN_OR_RETURN(std::vector<std::string> diffs, PackChecks(*trace, a.model));
+    size_t refused = 0;
+    for (const auto& d : diffs) {
+      const bool model_line = d.rfind("model fingerprint:", 0) == 0 || d.rfind("model config:", 0) == 0 ||
+                              d.rfind("tokenizer:", 0) == 0;
+      std::cerr << "lockstep: " << a.trace << ": " << d << (model_line && a.allow_model_mismatch ? " (allowed)" : "")
+                << "\n";
+      if (!(model_line && a.allow_model_mismatch)) ++refused;
+    }
+    if (refused > 0) {
+      return Status::InvalidArgument(a.trace + ": " + std::to_string(refused) +
+                                     " difference(s) between the pack and this machine (above); nothing replayed");
+    }
+  }
   replayer::ReplayOptions o;
   LS_ASSIGN_OR_RETURN(o.mode, replayer::ParseReplayMode(a.mode));
   if (!a.backend.empty()) o.overrides.backend = a.backend;
@@ -135,9 +155,10 @@ void RegisterReplay(CLI::App& app, SetAction set_action) {
       ->check(CLI::IsMember({"fp32", "bf16", "fp8_e4m3"}));
   cmd->add_option("--kernel", a->kernels, "Override a kernel variant op=variant (repeatable)");
   cmd->add_option("--fault", a->fault, "Replay with a fault-zoo variant, or 'none' to remove the recorded one");
-  cmd->add_option("--temperature", a->temperature, "Override the sampling temperature")->check(kNonNegative);
+  cmd->add_option("--temperature", a->temperature, "Override the sampling temperature, in [0, 1e6]")
+      ->check(NumberIn(0, 1e6, "[0, 1e6]"));
   cmd->add_option("--top-p", a->top_p, "Override top-p")->check(CLI::Range(0.0, 1.0));
-  cmd->add_option("--top-k", a->top_k, "Override top-k")->check(kNonNegative);
+  cmd->add_option("--top-k", a->top_k, "Override top-k, 0 to 2^26")->check(WholeIn(0, uint64_t{1} << 26, "0 to 2^26"));
   cmd->add_option("--min-p", a->min_p, "Override min-p")->check(CLI::Range(0.0, 1.0));
   cmd->add_option("--capture", a->capture,
                   "Capture mode of the replay's trace: full | summary | none (default: the recording's); an exact "

@@ -159,10 +159,12 @@ void RegisterServe(CLI::App& app, SetAction set_action) {
       ->check(CLI::Range(0, 65535));
   cmd->add_option("--max-concurrent", a->max_concurrent, "Generation requests in flight; more are answered 429")
       ->check(CLI::Range(1, 4096));
-  cmd->add_option("--max-prompt-tokens", a->max_prompt_tokens, "Longest prompt accepted")->check(kPositive);
-  cmd->add_option("--max-tokens-limit", a->max_tokens_limit, "Largest max_tokens accepted")->check(kPositive);
-  cmd->add_option("--default-max-tokens", a->default_max_tokens, "max_tokens when a request gives none")
-      ->check(kPositive);
+  cmd->add_option("--max-prompt-tokens", a->max_prompt_tokens, "Longest prompt accepted, 1 to 2^26")
+      ->check(WholeIn(1, kMaxTokensFlag, "1 to 2^26"));
+  cmd->add_option("--max-tokens-limit", a->max_tokens_limit, "Largest max_tokens accepted, 1 to 2^26")
+      ->check(WholeIn(1, kMaxTokensFlag, "1 to 2^26"));
+  cmd->add_option("--default-max-tokens", a->default_max_tokens, "max_tokens when a request gives none, 1 to 2^26")
+      ->check(WholeIn(1, kMaxTokensFlag, "1 to 2^26"));
   cmd->add_option("--max-n", a->max_n, "Largest n (choices per request)")->check(CLI::Range(1, 64));
   cmd->add_option("--max-body-kb", a->max_body_kb, "Largest request body")->check(CLI::Range(1, 1 << 20));
   cmd->add_option("--capture-dir", a->capture_dir, "Where captures go (created 0700); without it captures are refused");

@@ -1,9 +1,50 @@
 // engine/engine.cc — see engine.h.
 #include "engine/engine.h"
 
+#include <unistd.h>
+
 #include <algorithm>
+#include <cstdio>
 
 namespace lockstep::engine {
+namespace {
+
+// A KV pool the machine cannot hold is refused with its size before any of it is allocated
+// (a 2^60-token pool threw std::bad_alloc from the page table). The pool's pages are allocated
+// on first use, but its page table is sized by the capacity: the bound is the capacity at full
+// use against the host's physical memory, and page ids are int32.
+Status CheckCacheFits(const ModelConfig& c, const EngineOptions& o, bool fp8_index_keys) {
+  const int64_t pages = (o.kv_cache_tokens + o.page_size - 1) / o.page_size;
+  PagedKvCache probe(c, o.kv_format, o.page_size, 1, fp8_index_keys);
+  double per_token = 0;  // bytes, all layers and streams
+  double streams = 0;
+  for (int64_t l = 0; l < c.num_hidden_layers; ++l) {
+    for (const auto& s : probe.streams(l)) per_token += static_cast<double>(s.bytes_per_token);
+    streams += static_cast<double>(probe.streams(l).size());
+  }
+  // The host page table: a pointer per page and stream, and a free-list entry per page (on
+  // every backend; the CPU backend also holds the pages themselves on the host).
+  const double table = static_cast<double>(pages) * (4 + 8 * streams);
+  const double bytes = per_token * static_cast<double>(pages) * static_cast<double>(o.page_size);
+  const double phys = static_cast<double>(sysconf(_SC_PHYS_PAGES)) * static_cast<double>(sysconf(_SC_PAGESIZE));
+  char what[160];
+  std::snprintf(what, sizeof what, "%.3g GB (%.0f bytes a token × %lld tokens)", bytes / 1e9, per_token,
+                static_cast<long long>(pages * o.page_size));
+  if (pages > INT32_MAX) {
+    return Status::InvalidArgument("--kv-cache-tokens " + std::to_string(o.kv_cache_tokens) + ": " +
+                                   std::to_string(pages) + " pages of " + std::to_string(o.page_size) +
+                                   " tokens; the pool holds at most 2^31 - 1 pages");
+  }
+  if (phys > 0 && (table > phys / 2 || (o.backend == "cpu" && bytes > phys))) {
+    char mem[32];
+    std::snprintf(mem, sizeof mem, "%.3g GB", phys / 1e9);
+    return Status::InvalidArgument("--kv-cache-tokens " + std::to_string(o.kv_cache_tokens) + ": the KV cache would take " +
+                                   what + ", more than this machine's " + mem + " of memory; give a smaller one");
+  }
+  return Status::Ok();
+}
+
+}  // namespace
 
 Result<std::unique_ptr<Engine>> Engine::Create(std::shared_ptr<Model> model, EngineOptions options) {
   if (options.page_size <= 0 || options.page_size > (1 << 20)) {
@@ -20,6 +61,7 @@ Result<std::unique_ptr<Engine>> Engine::Create(std::shared_ptr<Model> model, Eng
   LS_ASSIGN_OR_RETURN(e->plan_, kernels::KernelPlan::From(e->kernels_));
   // Test-only, and recorded nowhere: the trace names the defaults (kernels/hidden_fault.h).
   LS_ASSIGN_OR_RETURN(e->plan_.hidden, kernels::ActiveHiddenFault());
+  LS_RETURN_IF_ERROR(CheckCacheFits(model->config(), options, e->plan_.indexer == kernels::Indexer::kFp8Paged));
   e->cache_ = std::make_unique<PagedKvCache>(model->config(), options.kv_format, options.page_size,
                                              (options.kv_cache_tokens + options.page_size - 1) / options.page_size,
                                              e->plan_.indexer == kernels::Indexer::kFp8Paged);

@@ -150,15 +150,28 @@ Result<engine::EngineOptions> RecordedEngineOptions(const traces::TraceReader& t
   json j = json::parse(MetaOr(t, "engine_options"), nullptr, /*allow_exceptions=*/false);
   if (!j.is_object()) return Status::Corruption(where + " is missing or not JSON");
   engine::EngineOptions o;
+  // Counts are whole numbers in range before they become int64 (1e300 or -1 as a page size
+  // is a damaged trace, not a setting).
+  auto count = [&](const char* k, int64_t lo, int64_t hi, int64_t* out) -> Status {
+    if (!j.contains(k)) return Status::Ok();
+    const json& v = j[k];
+    if (!v.is_number_integer() || (v.is_number_unsigned() && v.get<uint64_t>() > static_cast<uint64_t>(hi)) ||
+        v.get<int64_t>() < lo || v.get<int64_t>() > hi) {
+      return Status::Corruption(where + ": " + k + " is " + v.dump() + ", not a whole number from " +
+                                std::to_string(lo) + " to " + std::to_string(hi));
+    }
+    *out = v.get<int64_t>();
+    return Status::Ok();
+  };
+  LS_RETURN_IF_ERROR(count("page_size", 1, 1 << 20, &o.page_size));
+  LS_RETURN_IF_ERROR(count("kv_cache_tokens", 1, INT64_MAX, &o.kv_cache_tokens));
+  LS_RETURN_IF_ERROR(count("max_batch", 1, traces::kMaxBatchWidth, &o.max_batch));
+  LS_RETURN_IF_ERROR(count("max_prefill_tokens", 0, INT64_MAX, &o.max_prefill_tokens));
   try {
     LS_ASSIGN_OR_RETURN(o.kv_format, engine::ParseKvFormat(j.value("kv_cache", "fp32")));
-    o.page_size = j.value("page_size", o.page_size);
-    o.kv_cache_tokens = j.value("kv_cache_tokens", o.kv_cache_tokens);
-    o.max_batch = j.value("max_batch", o.max_batch);
     o.kernels = j.value("kernels", kernels::KernelChoice{});
     o.fault = j.value("fault", std::string());
     o.backend = j.value("backend", std::string("cpu"));
-    o.max_prefill_tokens = j.value("max_prefill_tokens", int64_t{0});
     // Where the recording sampled (traces from before the key sampled on the host).
     o.device.device_sampler = j.value("device_sampler", false);
   } catch (const json::exception& e) {
@@ -292,7 +305,12 @@ Result<ReplayResult> Replay(const traces::TraceReader& trace, const ReplayOption
       it = it->second.rfind("fault_", 0) == 0 ? eo.kernels.erase(it) : std::next(it);
     }
   }
-  LS_ASSIGN_OR_RETURN(auto eng, engine::Engine::Create(model, eo));
+  auto created = engine::Engine::Create(model, eo);
+  if (!created.ok()) {
+    // The flags' names in the engine's message are the recorded options' (meta.engine_options).
+    return created.status().WithContext(trace.path().string() + ": the recorded engine options (meta.engine_options): ");
+  }
+  auto eng = std::move(*created);
   res.engine_options = eo;
 
   // The requests, in recorded id order (so ids match).

@@ -53,6 +53,14 @@ inline constexpr int64_t kMaxChunkDecodedBytes = int64_t{64} << 20;
 inline constexpr int64_t kMaxCols = int64_t{1} << 22;
 inline constexpr int64_t kMaxPosition = int64_t{1} << 31;
 inline constexpr int64_t kMaxLayer = 1 << 16;
+// A request's numbers (attributes of /requests/<id>): what a writer refuses to write and a reader
+// refuses to read, so that no trace is written that lockstep cannot open. Prompt and generated
+// token lists of at most 2^26 tokens keep every position below kMaxPosition; a text at most 1 GiB.
+inline constexpr int64_t kMaxRequestTokens = int64_t{1} << 26;  // prompt, generated, max_new_tokens
+inline constexpr int64_t kMaxTopK = int64_t{1} << 26;
+inline constexpr double kMaxTemperature = 1e6;
+inline constexpr int64_t kMaxTextBytes = int64_t{1} << 30;
+inline constexpr int64_t kMaxBatchWidth = 4096;  // columns of /step_batch: requests in one step
 
 // Version: a reader refuses a trace whose major is newer than its own; a larger minor
 // only adds things an older reader may ignore.

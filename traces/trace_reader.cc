@@ -172,8 +172,9 @@ Status TraceReader::Load() {
   {
     LS_ASSIGN_OR_RETURN(h5::Hid d, h5::OpenDataset(f, kStepBatchTable));
     LS_ASSIGN_OR_RETURN(std::vector<hsize_t> dims, h5::Dims(d.get(), 2));
-    if (dims.size() != 2 || dims[1] == 0 || dims[1] > 4096) {
-      return Status::Corruption(std::string(kStepBatchTable) + ": expected [steps, batch width ≤ 4096]");
+    if (dims.size() != 2 || dims[1] == 0 || dims[1] > static_cast<hsize_t>(kMaxBatchWidth)) {
+      return Status::Corruption(std::string(kStepBatchTable) + ": expected [steps, batch width ≤ " +
+                                std::to_string(kMaxBatchWidth) + "]");
     }
     LS_ASSIGN_OR_RETURN(Table t, InspectTable(kStepBatchTable, static_cast<int64_t>(dims[1]), H5T_STD_I64LE));
     tables_[t.path] = t;
@@ -419,7 +420,7 @@ Status TraceReader::LoadRequests() {
     };
     LS_RETURN_IF_ERROR(str(kAttrName, &r.name));
     {
-      auto t = h5::ReadStringDataset(f, Join(p, kPromptTextDataset), 1u << 30);
+      auto t = h5::ReadStringDataset(f, Join(p, kPromptTextDataset), kMaxTextBytes);
       if (!t.ok()) return t.status().WithContext(p + ": ");
       r.prompt_text = *t;
     }
@@ -440,7 +441,7 @@ Status TraceReader::LoadRequests() {
       auto reason = h5::ReadStringAttr(fin, kAttrFinishReason);
       if (!reason.ok() && complete_) return reason.status().WithContext(fp + ": ");
       if (reason.ok()) r.finish_reason = *reason;
-      auto t = h5::ReadStringDataset(f, Join(fp, kGeneratedTextDataset), 1u << 30);
+      auto t = h5::ReadStringDataset(f, Join(fp, kGeneratedTextDataset), kMaxTextBytes);
       if (!t.ok() && complete_) return t.status().WithContext(fp + ": ");
       if (t.ok()) r.generated_text = *t;
     }
@@ -461,9 +462,9 @@ Status TraceReader::LoadRequests() {
       }
       return Status::Ok();
     };
-    LS_RETURN_IF_ERROR(in_range(kAttrMaxNewTokens, 0, 1 << 26, true));
-    LS_RETURN_IF_ERROR(in_range(kAttrTemperature, 0, 1e6, false));
-    LS_RETURN_IF_ERROR(in_range(kAttrTopK, 0, 1 << 26, true));
+    LS_RETURN_IF_ERROR(in_range(kAttrMaxNewTokens, 0, static_cast<double>(kMaxRequestTokens), true));
+    LS_RETURN_IF_ERROR(in_range(kAttrTemperature, 0, kMaxTemperature, false));
+    LS_RETURN_IF_ERROR(in_range(kAttrTopK, 0, static_cast<double>(kMaxTopK), true));
     LS_RETURN_IF_ERROR(in_range(kAttrTopP, 0, 1, false));
     LS_RETURN_IF_ERROR(in_range(kAttrMinP, 0, 1, false));
     LS_RETURN_IF_ERROR(num(kAttrMaxNewTokens, &r.max_new_tokens));
@@ -481,7 +482,7 @@ Status TraceReader::LoadRequests() {
       LS_ASSIGN_OR_RETURN(h5::Hid d, h5::OpenDataset(f, dp));
       auto dims = h5::Dims(d.get(), 1);
       if (!dims.ok() || dims->size() != 1) return Status::Corruption(dp + ": expected a 1-D token list");
-      if ((*dims)[0] > (1u << 26)) return Status::Corruption(dp + ": claims " + std::to_string((*dims)[0]) + " tokens");
+      if ((*dims)[0] > static_cast<hsize_t>(kMaxRequestTokens)) return Status::Corruption(dp + ": claims " + std::to_string((*dims)[0]) + " tokens");
       out->resize((*dims)[0]);
       if (!out->empty() && H5Dread(d.get(), H5T_NATIVE_INT32, H5S_ALL, H5S_ALL, H5P_DEFAULT, out->data()) < 0) {
         return h5::Error(dp);
@@ -521,30 +522,58 @@ Status TraceReader::LoadRequests() {
     }
   }
   std::sort(requests_.begin(), requests_.end(), [](const auto& a, const auto& b) { return a.id < b.id; });
-  // CheckSampling() is not applied yet: traces written by the unit tests' writers (and maybe
-  // others) hold sampling rows that do not match their requests (issue 31, open).
-  return Status::Ok();
+  for (const auto& r : requests_) {
+    if (static_cast<int64_t>(r.generated.size()) > r.max_new_tokens) {
+      const Status s = Status::Corruption(std::string(kRequestsGroup) + "/" + std::to_string(r.id) + ": " +
+                                          std::to_string(r.generated.size()) + " generated tokens, more than its " +
+                                          kAttrMaxNewTokens + " " + std::to_string(r.max_new_tokens));
+      if (complete_) return s;
+      notes_.push_back(s.message());
+    }
+  }
+  if (!complete_) {
+    // What a kill cut short may be missing rows the requests still name (or hold rows of a
+    // request the kill left unreadable): a note, not a refusal.
+    if (Status s = CheckSampling(); !s.ok()) notes_.push_back(s.message() + " (incomplete trace)");
+    return Status::Ok();
+  }
+  return CheckSampling();
 }
 
-// A complete trace's /sampling holds one row per generated token of every request, the
-// same tokens its `generated` holds, drawn with the request's seed: a sampling table that
-// lost, moved or changed rows (or a request whose tokens or seed were edited) is refused.
+// A complete trace's /sampling holds one row per generated token of every request, each token
+// once, the same tokens its `generated` holds, drawn with the request's seed and sampling
+// parameters: a sampling table that lost, moved, duplicated or changed rows (or a request whose
+// tokens, seed or parameters were edited) is refused.
 Status TraceReader::CheckSampling() const {
   LS_ASSIGN_OR_RETURN(std::vector<SamplingRow> sampling, ReadSampling());
   std::map<int32_t, const RequestInfo*> by_id;
   std::map<int32_t, int64_t> seen;
-  for (const auto& r : requests_) by_id[r.id] = &r;
+  std::map<int32_t, std::vector<bool>> have;
+  for (const auto& r : requests_) {
+    by_id[r.id] = &r;
+    have[r.id].assign(r.generated.size(), false);
+  }
   for (size_t i = 0; i < sampling.size(); ++i) {
     const SamplingRow& s = sampling[i];
     auto it = by_id.find(s.request);
     const std::string where = std::string(kSamplingTable) + ": row " + std::to_string(i);
     if (it == by_id.end()) return Status::Corruption(where + " names request " + std::to_string(s.request) + ", not in the trace");
     const RequestInfo& r = *it->second;
+    const std::string which = where + " (request " + std::to_string(s.request) + ", token " + std::to_string(s.token_index) + ")";
     if (s.token_index < 0 || s.token_index >= static_cast<int64_t>(r.generated.size()) ||
-        r.generated[static_cast<size_t>(s.token_index)] != s.token || s.seed != r.seed) {
-      return Status::Corruption(where + " (request " + std::to_string(s.request) + ", token " +
-                                std::to_string(s.token_index) + ") does not match the request's generated tokens or seed");
+        r.generated[static_cast<size_t>(s.token_index)] != s.token) {
+      return Status::Corruption(which + " does not match the request's generated tokens");
     }
+    if (s.seed != r.seed) {
+      return Status::Corruption(which + " was drawn with seed " + std::to_string(s.seed) + ", the request says " +
+                                std::to_string(r.seed));
+    }
+    if (s.temperature != r.temperature || s.top_p != r.top_p || s.min_p != r.min_p || s.top_k != r.top_k) {
+      return Status::Corruption(which + " was drawn with other sampling parameters than the request's");
+    }
+    std::vector<bool>& h = have[s.request];
+    if (h[static_cast<size_t>(s.token_index)]) return Status::Corruption(which + " repeats an earlier row");
+    h[static_cast<size_t>(s.token_index)] = true;
     ++seen[s.request];
   }
   for (const auto& r : requests_) {

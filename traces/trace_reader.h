@@ -83,6 +83,10 @@ class TraceReader {
   // [steps, width] request ids, −1 padded.
   Result<std::vector<int64_t>> ReadStepBatch(int64_t* width) const;
 
+  // The open file, for traces/ code that reads a group this reader does not interpret (a pack's
+  // /pack, trace_pack.h). Valid while the reader lives.
+  hid_t hdf5_file() const { return file_.get(); }
+
   // What a table holds: dataset path → readable rows and chunk geometry.
   struct Table {
     std::string path;

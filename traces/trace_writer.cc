@@ -182,6 +182,12 @@ Result<std::unique_ptr<TraceWriter>> TraceWriter::Create(const std::filesystem::
   if (options.compression_threads < 0 || options.compression_threads > 64) {
     return Status::InvalidArgument("compression threads must be in 0..64");
   }
+  // The format's limits (trace_format.h) are refused here, not written: a reader refuses them.
+  if (options.batch_width > kMaxBatchWidth) {
+    return Status::InvalidArgument("a batch of " + std::to_string(options.batch_width) +
+                                   " requests: a trace holds at most " + std::to_string(kMaxBatchWidth) +
+                                   " a step (--max-batch)");
+  }
   std::unique_ptr<TraceWriter> w(new TraceWriter());
   w->batch_width_ = std::max<int64_t>(1, options.batch_width);
   w->impl_ = std::make_unique<Impl>(std::move(options));
@@ -222,6 +228,23 @@ Status TraceWriter::SetMeta(const std::string& key, const std::string& value) {
 }
 
 Status TraceWriter::AddRequest(const RequestRecord& request) {
+  // What the reader checks, refused before it is written (trace_format.h).
+  const std::string who = "request '" + request.name + "' (" + std::to_string(request.id) + "): ";
+  if (request.id < 0) return Status::InvalidArgument(who + "a request id is ≥ 0");
+  if (static_cast<int64_t>(request.prompt.size()) > kMaxRequestTokens ||
+      request.max_new_tokens > kMaxRequestTokens || request.max_new_tokens < 0) {
+    return Status::InvalidArgument(who + "prompt of " + std::to_string(request.prompt.size()) +
+                                   " tokens, max_new_tokens " + std::to_string(request.max_new_tokens) +
+                                   ": a trace holds at most 2^26 (" + std::to_string(kMaxRequestTokens) + ") of each");
+  }
+  if (static_cast<int64_t>(request.prompt_text.size()) > kMaxTextBytes) {
+    return Status::InvalidArgument(who + "a prompt text of more than 1 GiB");
+  }
+  if (!(request.temperature >= 0 && request.temperature <= kMaxTemperature) || !(request.top_p >= 0 && request.top_p <= 1) ||
+      !(request.min_p >= 0 && request.min_p <= 1) || request.top_k < 0 || request.top_k > kMaxTopK) {
+    return Status::InvalidArgument(who + "sampling parameters outside what a trace holds (temperature in [0, 1e6], "
+                                   "top_p and min_p in [0, 1], top_k in [0, 2^26])");
+  }
   Command c(Command::Kind::kAddRequest);
   c.request = request;
   return Enqueue(std::move(c));
@@ -242,8 +265,19 @@ Result<int32_t> TraceWriter::DefineTensor(const TensorSpec& spec) {
       spec.path.find("//") != std::string::npos) {
     return Status::InvalidArgument("tensor path '" + spec.path + "': must be relative like 'taps/name'");
   }
-  if (spec.cols <= 0 || spec.cols > (1 << 26)) {
-    return Status::InvalidArgument("tensor '" + spec.path + "': cols " + std::to_string(spec.cols) + " out of range");
+  if (spec.cols <= 0 || spec.cols > kMaxCols) {
+    return Status::InvalidArgument("tensor '" + spec.path + "': " + std::to_string(spec.cols) +
+                                   " columns; a trace holds 1 to 2^22 (" + std::to_string(kMaxCols) + ")");
+  }
+  // A layer index is what the reader accepts: digits, below kMaxLayer.
+  if (const size_t at = spec.path.find("/layers."); at != std::string::npos) {
+    const size_t b = at + 8, e = spec.path.find('.', b);
+    const std::string num = spec.path.substr(b, e == std::string::npos ? std::string::npos : e - b);
+    if (num.empty() || num.size() > 6 || num.find_first_not_of("0123456789") != std::string::npos ||
+        std::stoll(num) >= kMaxLayer) {
+      return Status::InvalidArgument("tensor '" + spec.path + "': layer index '" + num + "' is not a number below " +
+                                     std::to_string(kMaxLayer));
+    }
   }
   for (const auto& t : tensors_) {
     if (t.path == spec.path) return Status::InvalidArgument("tensor '" + spec.path + "' defined twice");

@@ -141,8 +141,11 @@ Result<int32_t> TraceWriter::Impl::MakeTable(const std::string& path, h5::Hid ty
   t->row_bytes = t->element_size * static_cast<size_t>(std::max<int64_t>(cols, 1));
   // Rows per chunk: a power of two near target_chunk_bytes, at least 8 rows (so decode's
   // one row per step still fills chunks) and at most 4096.
+  // A row so wide that 8 of them pass the format's decoded chunk limit (kMaxChunkDecodedBytes)
+  // gets fewer rows a chunk (a 2^22-column f32 row: 4).
   int64_t rows = 8;
-  while (rows < 4096 && static_cast<int64_t>(rows * 2 * t->row_bytes) <= opts_.target_chunk_bytes) rows *= 2;
+  while (rows < kMaxChunkRows && static_cast<int64_t>(rows * 2 * t->row_bytes) <= opts_.target_chunk_bytes) rows *= 2;
+  while (rows > 1 && static_cast<int64_t>(rows * t->row_bytes) > kMaxChunkDecodedBytes) rows /= 2;
   t->chunk_rows = rows;
   t->index = static_cast<int64_t>(tables_.size());
   t->path_hash = ContentHash(path.data(), path.size());

@@ -226,6 +226,162 @@ def make_cases():
     def _(p):
         rewrite(p, "sampling", lambda a: a["token_index"].__setitem__(0, 1 << 62))
 
+    # Sampling rows that disagree with their requests: another seed or temperature, a row
+    # repeated, a request that generated more than its max_new_tokens (issue 31: CheckSampling).
+    @case("sampling_seed_changed")
+    def _(p):
+        rewrite(p, "sampling", lambda a: a["seed"].__setitem__(0, a["seed"][0] + np.uint64(1)))
+
+    @case("sampling_temperature_changed")
+    def _(p):
+        rewrite(p, "sampling", lambda a: a["temperature"].__setitem__(6, a["temperature"][6] + 0.25))
+
+    @case("sampling_row_repeated")
+    def _(p):
+        rewrite(p, "sampling", lambda a: a.__setitem__(1, a[0]))
+
+    @case("sampling_rows_swapped_requests")
+    def _(p):
+        rewrite(p, "sampling", lambda a: a["request"].__setitem__(slice(None), 1 - a["request"]))
+
+    @case("request_max_new_tokens_below_generated")
+    def _(p):
+        edit(p, lambda f: f["requests/1"].attrs.__setitem__("max_new_tokens", np.int64(2)))
+
+    @case("request_seed_2e64_minus_1")
+    def _(p):
+        edit(p, lambda f: f["requests/1"].attrs.__setitem__("seed", np.int64(-1)))
+
+    @case("request_id_not_a_number")
+    def _(p):
+        edit(p, lambda f: f.move("requests/1", "requests/one"))
+
+    @case("request_id_2e31")
+    def _(p):
+        edit(p, lambda f: f.move("requests/1", "requests/2147483648"))
+
+    @case("prompt_2d")
+    def _(p):
+        def go(f):
+            a = f["requests/0/prompt"][...]
+            del f["requests/0/prompt"]
+            f["requests/0/prompt"] = np.stack([a, a]).astype(np.int32)
+
+        edit(p, go)
+
+    @case("step_batch_width_5000", lossy=False)
+    def _(p):
+        def go(f):
+            n = f["step_batch"].shape[0]
+            del f["step_batch"]
+            d = f.create_dataset("step_batch", shape=(n, 5000), maxshape=(None, 5000), dtype=np.int64, chunks=(8, 5000))
+            d.attrs["chunk_rows"] = np.int64(8)
+
+        edit(p, go)
+
+    @case("format_major_2", lossy=False)
+    def _(p):
+        edit(p, lambda f: f.attrs.__setitem__("format_version", np.array([2, 0], np.int32)))
+
+    @case("magic_missing", lossy=False)
+    def _(p):
+        edit(p, lambda f: f.attrs.__delitem__("lockstep_trace"))
+
+    @case("summary_type_changed")
+    def _(p):
+        t = "taps/layers.0.attn.out/summary"
+
+        def go(f):
+            a = f[t][...]
+            del f[t]
+            b = np.zeros(a.shape, [("position", "<i4"), ("hash", "<u8")])
+            b["position"] = a["position"]
+            b["hash"] = a["hash"]
+            d = f.create_dataset(t, data=b, maxshape=(None,), chunks=(64,))
+            d.attrs["chunk_rows"] = np.int64(64)
+
+        edit(p, go)
+
+    # KV streams: rows moved to another position, another stream's bytes, a byte offset past the token.
+    kvs = [n for n in names if n.startswith("kv/")]
+    if kvs:
+        k0 = kvs[0]
+
+        @case("kv_position_moved")
+        def _(p, k0=k0):
+            rewrite(p, k0 + "/summary", lambda a: a["position"].__setitem__(-1, a["position"][-1] + 7))
+
+        @case("kv_values_swapped", lossy=False)  # hashes still name the old bytes: --verify must see it
+        def _(p, k0=k0):
+            rewrite(p, k0 + "/values", lambda a: a.__setitem__(0, a[1].copy()))
+
+        @case("kv_byte_offset_huge", lossy=False)
+        def _(p, k0=k0):
+            edit(p, lambda f: f[k0].attrs.__setitem__("byte_offset", np.int64(1 << 62)))
+
+    # An incomplete trace whose chunk directory lies: records past the end of the file, torn
+    # records, an index claiming 2^40 chunks (read only when HDF5's own index is torn).
+    @case("chunk_directory_hostile", lossy=False)
+    def _(p):
+        import struct
+        import xxhash
+
+        with h5py.File(p, "r+") as f:
+            f.attrs["complete"] = np.uint8(0)
+        recs = b""
+        for table, index, addr, size in (("sampling", 0, 1 << 40, 100), ("steps", 1 << 40, 0, 10),
+                                         ("taps/embed/values", 0, 0, 1 << 62)):
+            body = struct.pack("<QqQQI", xxhash.xxh3_64_intdigest(table.encode()), index, addr, size, 0)
+            recs += body + struct.pack("<I", xxhash.xxh3_64_intdigest(body) & 0xFFFFFFFF)
+        recs += b"\x01" * 17  # a torn last record
+        with open(p + ".chunks", "wb") as c:
+            c.write(b"lschunk1" + recs)
+
+    # Packs (lockstep pack): a pack of the base, then damaged packs; replay must not call a
+    # damaged one good (the manifest), nor any without the model it names.
+    pack = os.path.join(WORK, "base.pack.h5")
+    subprocess.run([LS, "pack", BASE, "--request", "1", "-o", pack, "--no-tokenizer"], check=True,
+                   stdout=subprocess.DEVNULL)
+
+    def pack_case(name, lossy=True):
+        def wrap(fn):
+            p = os.path.join(CASES, name + ".h5")
+            shutil.copyfile(pack, p)
+            fn(p)
+            cases.append((name, p, lossy))
+            return fn
+
+        return wrap
+
+    @pack_case("pack_intact", lossy=False)
+    def _(p):
+        pass
+
+    @pack_case("pack_manifest_garbage")
+    def _(p):
+        def go(f):
+            del f["pack/manifest"]
+            f["pack/manifest"] = np.bytes_("not a manifest\n")
+
+        edit(p, go)
+
+    @pack_case("pack_manifest_deleted")
+    def _(p):
+        edit(p, lambda f: f.__delitem__("pack/manifest"))
+
+    @pack_case("pack_config_edited")
+    def _(p):
+        def go(f):
+            c = f["pack/config.json"][()]
+            del f["pack/config.json"]
+            f["pack/config.json"] = np.bytes_(c.replace(b"{", b'{"x": 1, ', 1))
+
+        edit(p, go)
+
+    @pack_case("pack_hash_edited")
+    def _(p):
+        rewrite(p, "taps/layers.1.resid_out/summary", lambda a: a["hash"].__setitem__(0, a["hash"][0] ^ np.uint64(1)))
+
     @case("steps_shrunk", lossy=False)  # timing records: nothing compared is lost
     def _(p):
         edit(p, lambda f: f["steps"].resize((1,)))
@@ -461,7 +617,8 @@ def commands(p):
         ("diff_self", [LS, "diff", p, p], False),
         ("export", [LS, "export", p, "-r", "0", "--tap", "layers.0.attn.out", "-o", out + ".npy"], False),
         ("export_summary", [LS, "export", p, "-r", "1", "--tap", "layers.1.resid_out", "--summary", "-o", out + ".s.npy"], False),
-    ]
+    ] + ([("replay_pack", [LS, "replay", p, "-m", MODEL, "-o", out + ".pack.h5"], True)]
+         if os.path.basename(p).startswith("pack_") else [])
 
 
 def run_one(name, argv, must_differ):
@@ -496,7 +653,8 @@ def run_case(c):
     name, p, lossy = c
     fails = []
     for cmd, argv, differ in commands(p):
-        verify_fails = name.startswith("value_changed") or name.startswith("raw_unfiltered_chunk_taps")
+        verify_fails = (name.startswith("value_changed") or name.startswith("raw_unfiltered_chunk_taps") or
+                        name == "kv_values_swapped")
         why = run_one(name, argv, differ and lossy or (cmd == "verify" and verify_fails))
         if why:
             fails.append("%s: %s" % (cmd, why))

@@ -150,6 +150,7 @@ TEST(TraceRoundTrip, TensorsSamplingRequestsAndFlushCopies) {
   rq.prompt_text = "héllo";
   rq.seed = 42;
   rq.temperature = 0.7;
+  rq.max_new_tokens = 60;  // the 60 steps below each sample one token
   ASSERT_TRUE(tw.AddRequest(rq).ok());
   TensorSpec full{"taps/layers.0.x", DType::kF32, kCols, true, {{"note", "a tap"}}};
   TensorSpec summ{"taps/layers.0.y", DType::kF32, kCols, false, {}};
@@ -176,6 +177,11 @@ TEST(TraceRoundTrip, TensorsSamplingRequestsAndFlushCopies) {
     sr.token = static_cast<int32_t>(step * 3);
     sr.token_index = step;
     sr.step = step;
+    sr.seed = rq.seed;  // what the recorder writes: the request's own sampling parameters
+    sr.temperature = rq.temperature;
+    sr.top_p = rq.top_p;
+    sr.top_k = rq.top_k;
+    sr.min_p = rq.min_p;
     sr.uniform = step / 100.0;
     sampled.push_back(sr);
     ASSERT_TRUE(tw.AppendSampling(sr).ok());
@@ -524,4 +530,62 @@ TEST(ZstdFilter, ShuffleIsHdf5sByteShuffleAndUnshuffleUndoesIt) {
   EXPECT_EQ(checked, 6 * static_cast<int64_t>(sizes.size()));
 }
 
+}  // namespace lockstep::traces
+
+namespace lockstep::traces {
+namespace {
+
+// What the reader refuses, the writer refuses to write (issue 31: `record --max-batch 5000`
+// wrote a trace no reader accepted): a batch wider than /step_batch holds, a tensor wider than
+// kMaxCols, a layer index past kMaxLayer, request numbers past the reader's ranges. And the widest
+// tensor it accepts gets chunks within the decoded-size limit, and reads back.
+TEST(TraceWriterLimits, RefusesWhatTheReaderRefuses) {
+  const fs::path path = TempPath("limits.h5");
+  TraceWriterOptions wide;
+  wide.batch_width = kMaxBatchWidth + 1;
+  EXPECT_FALSE(TraceWriter::Create(path, wide).ok());
+  auto w = TraceWriter::Create(path, {});
+  ASSERT_TRUE(w.ok()) << w.status().message();
+  EXPECT_FALSE((*w)->DefineTensor({"taps/x", DType::kF32, kMaxCols + 1, true, {}, {}}).ok());
+  EXPECT_FALSE((*w)->DefineTensor({"taps/layers.65536.x", DType::kF32, 4, true, {}, {}}).ok());
+  EXPECT_FALSE((*w)->DefineTensor({"kv/layers.-1.latent", DType::kU8, 4, true, {}, {}}).ok());
+  EXPECT_TRUE((*w)->DefineTensor({"taps/layers.65535.x", DType::kF32, 4, true, {}, {}}).ok());
+  RequestRecord r;
+  r.prompt = {1};
+  r.max_new_tokens = kMaxRequestTokens + 1;
+  EXPECT_FALSE((*w)->AddRequest(r).ok());
+  r.max_new_tokens = 1;
+  r.temperature = 2e6;
+  EXPECT_FALSE((*w)->AddRequest(r).ok());
+  r.temperature = 1;
+  r.top_k = kMaxTopK + 1;
+  EXPECT_FALSE((*w)->AddRequest(r).ok());
+  r.top_k = 0;
+  r.top_p = std::nan("");
+  EXPECT_FALSE((*w)->AddRequest(r).ok());
+  r.top_p = 1;
+  EXPECT_TRUE((*w)->AddRequest(r).ok());
+  // 2^22 f32 columns: 16 MiB a row, so chunks of 4 rows (64 MiB decoded), not 8.
+  auto t = (*w)->DefineTensor({"taps/widest", DType::kF32, kMaxCols, true, {}, {}});
+  ASSERT_TRUE(t.ok()) << t.status().message();
+  std::vector<float> row(kMaxCols);
+  for (int64_t i = 0; i < kMaxCols; ++i) row[i] = static_cast<float>(i % 97);
+  for (int i = 0; i < 5; ++i) {
+    SummaryRow s;
+    s.position = i;
+    Summarize(DType::kF32, row.data(), kMaxCols, &s);
+    ASSERT_TRUE((*w)->Append(*t, std::span(&s, 1), row.data()).ok());
+  }
+  ASSERT_TRUE((*w)->Close().ok()) << (*w)->status().message();
+  auto rd = TraceReader::Open(path);
+  ASSERT_TRUE(rd.ok()) << rd.status().message();
+  const TensorInfo* ti = (*rd)->FindTensor("widest");
+  ASSERT_TRUE(ti);
+  ASSERT_EQ(ti->rows, 5);
+  auto v = (*rd)->ReadValues(*ti, 4, 1);
+  ASSERT_TRUE(v.ok()) << v.status().message();
+  EXPECT_EQ(std::memcmp(v->data(), row.data(), v->size()), 0);
+}
+
+}  // namespace
 }  // namespace lockstep::traces
