@@ -138,15 +138,18 @@ class V4Loader {
 
 }  // namespace
 
-std::string V4OfficialToHf(const std::string& name) {
-  if (name.rfind("model.", 0) == 0 || name.rfind("lm_head.", 0) == 0 || name.rfind("mtp.", 0) == 0) return name;
+std::string V4OfficialToHf(const std::string& stored) {
+  // transformers' save_pretrained writes the official leaf names under "model." (model.layers.L.attn.wq_a…),
+  // DeepSeek's files without it: both map.
+  const bool prefixed = stored.rfind("model.", 0) == 0;
+  const std::string name = prefixed ? stored.substr(6) : stored;
+  if (name.rfind("lm_head.", 0) == 0 || name.rfind("mtp.", 0) == 0) return stored;
   if (name == "embed.weight") return "model.embed_tokens.weight";
   if (name == "head.weight") return "lm_head.weight";
-  if (name == "norm.weight") return "model.norm.weight";
   if (name.rfind("hc_head_", 0) == 0) return "model.hc_head.hc_" + name.substr(8);  // hc_head_fn → hc_head.hc_fn
-  if (name.rfind("layers.", 0) != 0) return name;
+  if (name.rfind("layers.", 0) != 0) return prefixed || name.rfind("norm.", 0) == 0 ? "model." + name : stored;
   const size_t dot = name.find('.', 7);
-  if (dot == std::string::npos) return name;
+  if (dot == std::string::npos) return stored;
   std::string rest = name.substr(dot + 1);
   for (const auto& [from, to] : kLayerRenames) {
     if (rest.rfind(from, 0) == 0) {
@@ -155,6 +158,7 @@ std::string V4OfficialToHf(const std::string& name) {
     }
   }
   for (const auto& [from, to] : kLeafRenames) rest = ReplaceComponent(rest, from, to);
+  rest = ReplaceComponent(rest, "self_attn.norm", "self_attn.kv_norm");  // the attention's kv norm
   rest = ReplaceComponent(rest, "compressor.norm", "compressor.kv_norm");
   rest = ReplaceComponent(rest, "indexer.norm", "indexer.kv_norm");
   rest = ReplaceComponent(rest, "gate.bias", "gate.e_score_correction_bias");

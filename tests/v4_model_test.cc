@@ -149,7 +149,20 @@ TEST(TinyV4, OfficialNamesMapToTransformers) {
   EXPECT_EQ(V4OfficialToHf("layers.3.ffn.experts.17.w1.weight"), "model.layers.3.mlp.experts.17.gate_proj.weight");
   EXPECT_EQ(V4OfficialToHf("layers.3.ffn.experts.17.w3.weight"), "model.layers.3.mlp.experts.17.up_proj.weight");
   EXPECT_EQ(V4OfficialToHf("layers.3.ffn.shared_experts.w2.weight"), "model.layers.3.mlp.shared_experts.down_proj.weight");
-  EXPECT_EQ(V4OfficialToHf("model.layers.0.self_attn.sinks"), "model.layers.0.self_attn.sinks");
+  EXPECT_EQ(V4OfficialToHf("layers.3.attn.norm.weight"), "model.layers.3.self_attn.kv_norm.weight");
+  EXPECT_EQ(V4OfficialToHf("norm.weight"), "model.norm.weight");
+  // transformers' save_pretrained: the official leaves under "model." (tests/fixtures/models_v4 are so written).
+  EXPECT_EQ(V4OfficialToHf("model.layers.1.attn.wq_a.weight"), "model.layers.1.self_attn.q_a_proj.weight");
+  EXPECT_EQ(V4OfficialToHf("model.layers.1.hc_ffn_fn"), "model.layers.1.ffn_hc.fn");
+  EXPECT_EQ(V4OfficialToHf("model.layers.1.attn.indexer.compressor.norm.weight"),
+            "model.layers.1.self_attn.compressor.indexer.kv_norm.weight");
+  // transformers' own names are left alone.
+  for (const char* hf : {"model.layers.0.self_attn.sinks", "model.layers.0.attn_hc.fn", "model.hc_head.hc_fn",
+                         "model.embed_tokens.weight", "lm_head.weight", "model.layers.0.mlp.experts.gate_up_proj",
+                         "model.layers.0.self_attn.compressor.kv_norm.weight", "model.layers.0.mlp.gate.tid2eid",
+                         "model.layers.0.self_attn.compressor.indexer.scorer.weights_proj.weight"}) {
+    EXPECT_EQ(V4OfficialToHf(hf), hf);
+  }
 }
 
 }  // namespace
