@@ -161,7 +161,7 @@ void PoolEntry(const float* kv, const float* gate, int64_t slots, int64_t width,
   RopeTrailing(e, width, rd, cos, sin);
 }
 
-void AttendWithSink(const float* q, const float* const* keys, int64_t n, int64_t d, float scale, float sink,
+float AttendWithSink(const float* q, const float* const* keys, int64_t n, int64_t d, float scale, float sink,
                     float* out) {
   std::vector<float> l(n);
   float mx = sink;
@@ -177,6 +177,7 @@ void AttendWithSink(const float* q, const float* const* keys, int64_t n, int64_t
   std::fill(out, out + d, 0.0f);
   const float inv = static_cast<float>(1.0 / den);
   for (int64_t t = 0; t < n; ++t) cpu::Axpy(l[t] * inv, keys[t], d, out);
+  return static_cast<float>(std::exp(static_cast<double>(sink) - mx) / den);
 }
 
 float SqrtSoftplus(float x) {

@@ -61,8 +61,9 @@ void PoolEntry(const float* kv, const float* gate, int64_t slots, int64_t width,
                int64_t rd, const float* cos, const float* sin, float* e);
 
 // Attention of one head over its keys with a sink: l_t = q·K_t·scale, p = softmax([l, sink])
-// without the sink's column, out[d] = Σ_t p_t·K_t (V = K). keys: pointers to rows [d].
-void AttendWithSink(const float* q, const float* const* keys, int64_t n, int64_t d, float scale, float sink,
+// without the sink's column, out[d] = Σ_t p_t·K_t (V = K). keys: pointers to rows [d]. Returns the
+// sink's share of the softmax (1 − Σ_t p_t).
+float AttendWithSink(const float* q, const float* const* keys, int64_t n, int64_t d, float scale, float sink,
                     float* out);
 
 // sqrt(softplus(x)) with torch's softplus (β 1, threshold 20).

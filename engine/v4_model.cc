@@ -54,8 +54,22 @@ struct Step {
       hook->OnTap(e);
     }
   }
-  std::string Name(int64_t l, const char* suffix) const {
-    return hook == nullptr ? std::string() : "layers." + std::to_string(l) + "." + suffix;
+  // One row of request row r's segment, at row r's position (taps with rows only where an event happens).
+  void TapRow(const std::string& name, int64_t r, const float* data, int64_t cols) const {
+    if (hook == nullptr) return;
+    TapEvent e;
+    e.name = name;
+    e.request_id = segs[seg_of[r]].request_id;
+    e.position = pos[r];
+    e.rows = 1;
+    e.cols = cols;
+    e.dtype = TapDType::kF32;
+    e.data = data;
+    hook->OnTap(e);
+  }
+  // The name of layer l's tap point `t` (engine/tap.h's table); built only with a hook.
+  std::string Name(int64_t l, TapId t) const {
+    return hook == nullptr ? std::string() : "layers." + std::to_string(l) + "." + std::string(kLayerTaps[t].name);
   }
 };
 
@@ -73,7 +87,8 @@ size_t StreamIndex(const PagedKvCache& cache, int64_t l, StreamKind kind) {
 // pools the window (CSA: with the previous window's first halves) into the entry stream.
 //   width: the entry's width (d, or di); CSA's projections are 2·width wide.
 void Compress(const Step& st, int64_t l, const V4CompressorWeights& cw, bool overlap, int64_t width, size_t state_stream,
-              size_t entry_stream, const float* xn) {
+              size_t entry_stream, const float* xn, TapId tap) {
+  const std::string tap_name = st.Name(l, tap);
   const ModelConfig& c = st.c;
   const int64_t D = c.hidden_size, m = c.layers[l].compress_rate, rd = c.v4.rope_dim;
   const int64_t pw = overlap ? 2 * width : width;  // projection width
@@ -123,6 +138,7 @@ void Compress(const Step& st, int64_t l, const V4CompressorWeights& cw, bool ove
     v4::PoolEntry(skv.data(), sgate.data(), slots, width, cw.kv_norm.ptr(), c.rms_norm_eps, rd, cs.data(), sn.data(),
                   e.data());
     st.cache.WriteRow(l, entry_stream, st.seq(r), w, e.data());
+    st.TapRow(tap_name, r, e.data(), width);
   }
 }
 
@@ -179,8 +195,8 @@ void Attention(Step& st, int64_t l, const float* xn, float* y) {
     }
     v4::RopeTrailing(&kv[r * d], d, rd, cs.data(), sn.data());
   }
-  st.Tap(st.Name(l, "attn.q"), q.data(), H * d);
-  st.Tap(st.Name(l, "attn.kv"), kv.data(), d);
+  st.Tap(st.Name(l, kTapQ), q.data(), H * d);
+  st.Tap(st.Name(l, kTapV4Kv), kv.data(), d);
   const size_t win = StreamIndex(st.cache, l, StreamKind::kV4Window);
   for (int64_t r = 0; r < R; ++r) st.cache.WriteRow(l, win, st.seq(r), st.pos[r], &kv[r * d]);
 
@@ -190,13 +206,15 @@ void Attention(Step& st, int64_t l, const float* xn, float* y) {
   size_t entries = 0, ikeys = 0;
   if (compressed) {
     entries = StreamIndex(st.cache, l, StreamKind::kV4Compressed);
-    Compress(st, l, L.compressor, csa, d, StreamIndex(st.cache, l, StreamKind::kV4CompressorState), entries, xn);
+    Compress(st, l, L.compressor, csa, d, StreamIndex(st.cache, l, StreamKind::kV4CompressorState), entries, xn,
+             kTapV4CompressorEntry);
   }
   std::vector<float> qi, iw;  // CSA: the indexer's queries [R, Hi, di] and head weights [R, Hi]
   const int64_t Hi = c.index_n_heads, di = c.index_head_dim;
   if (csa) {
     ikeys = StreamIndex(st.cache, l, StreamKind::kV4IndexerKey);
-    Compress(st, l, L.indexer, true, di, StreamIndex(st.cache, l, StreamKind::kV4IndexerState), ikeys, xn);
+    Compress(st, l, L.indexer, true, di, StreamIndex(st.cache, l, StreamKind::kV4IndexerState), ikeys, xn,
+             kTapV4IndexerKey);
     qi.resize(R * Hi * di);
     iw.resize(R * Hi);
     cpu::MatMulNT(q_res.data(), R, L.indexer_q_b.data, as_stored, qi.data());
@@ -209,7 +227,7 @@ void Attention(Step& st, int64_t l, const float* xn, float* y) {
 
   // Per row: keys = the window's W rows (itself included) + the compressed entries it may see;
   // sinks in the softmax; the output de-rotated.                                  [R, H, d]
-  std::vector<float> o(R * H * d);
+  std::vector<float> o(R * H * d), sink_share(R * H);
   std::vector<int32_t> topk(csa ? R * c.index_topk : 0, -1);
   const float scale = 1.0f / std::sqrt(static_cast<float>(d));
   std::vector<float> keybuf;
@@ -236,12 +254,13 @@ void Attention(Step& st, int64_t l, const float* xn, float* y) {
     rope.At(p, cs.data(), sn.data());
     for (int64_t h = 0; h < H; ++h) {
       float* oh = &o[(r * H + h) * d];
-      v4::AttendWithSink(&q[(r * H + h) * d], keys.data(), n, d, scale, L.sinks.ptr()[h], oh);
+      sink_share[r * H + h] = v4::AttendWithSink(&q[(r * H + h) * d], keys.data(), n, d, scale, L.sinks.ptr()[h], oh);
       v4::RopeTrailing(oh, d, rd, cs.data(), sn.data(), /*inverse=*/true);
     }
   }
-  if (csa) st.Tap(st.Name(l, "attn.indexer_topk"), topk.data(), c.index_topk, TapDType::kI32);
-  st.Tap(st.Name(l, "attn.heads"), o.data(), H * d);
+  if (csa) st.Tap(st.Name(l, kTapV4IndexerTopk), topk.data(), c.index_topk, TapDType::kI32);
+  st.Tap(st.Name(l, kTapV4SinkShare), sink_share.data(), H);
+  st.Tap(st.Name(l, kTapHeads), o.data(), H * d);
 
   // Grouped low-rank output: z_g = o_g · W_gᵀ (group g = heads g·H/G…), out = o_b(z)   [R, G·Ro] → [R, D]
   const int64_t gw = H * d / G;
@@ -273,6 +292,7 @@ void Moe(Step& st, int64_t l, const float* xn, float* y) {
     int32_t* id = &ids[r * k];
     if (hash) {
       std::memcpy(id, &L.tid2eid[static_cast<size_t>(st.token[r]) * k], k * 4);
+      std::sort(id, id + k);  // ascending, as top-k's (a repeated expert keeps both slots)
     } else {
       for (int64_t e = 0; e < E; ++e) choice[e] = s[e] + L.router_bias.ptr()[e];
       std::iota(order.begin(), order.end(), 0);
@@ -286,8 +306,8 @@ void Moe(Step& st, int64_t l, const float* xn, float* y) {
       wts[r * k + j] = s[id[j]] / (sum + 1e-20f) * static_cast<float>(c.routed_scaling_factor);
     }
   }
-  st.Tap(st.Name(l, "ffn.router.topk_ids"), ids.data(), k, TapDType::kI32);
-  st.Tap(st.Name(l, "ffn.router.topk_weights"), wts.data(), k);
+  st.Tap(st.Name(l, kTapTopkIds), ids.data(), k, TapDType::kI32);
+  st.Tap(st.Name(l, kTapTopkWeights), wts.data(), k);
   // Rows grouped per expert; each (row, slot) result in its own place, summed in slot order.
   std::vector<float> slot(R * k * D);
   for (int64_t e = 0; e < E; ++e) {
@@ -316,8 +336,8 @@ void Moe(Step& st, int64_t l, const float* xn, float* y) {
 
 // One hyper-connected sub-block around `block`: X [R, hc, D] ← post⊗block(norm(Σ pre·X)) + CᵀX.
 template <typename Block>
-void HyperConnected(Step& st, int64_t l, const V4HcWeights& hw, const Matrix& norm, const char* norm_tap,
-                    const char* mix_tap, std::vector<float>& X, Block block) {
+void HyperConnected(Step& st, int64_t l, const V4HcWeights& hw, const Matrix& norm, TapId norm_tap, TapId mix_tap,
+                    TapId streams_tap, std::vector<float>& X, Block block) {
   const ModelConfig& c = st.c;
   const int64_t R = st.R, D = c.hidden_size, hc = c.v4.hc_mult;
   std::vector<v4::HcMix> mix(R);
@@ -338,6 +358,7 @@ void HyperConnected(Step& st, int64_t l, const V4HcWeights& hw, const Matrix& no
   block(xn.data(), y.data());
   for (int64_t r = 0; r < R; ++r) v4::HcPost(mix[r], &X[r * hc * D], &y[r * D], hc, D, &Xn[r * hc * D]);
   X.swap(Xn);
+  st.Tap(st.Name(l, streams_tap), X.data(), hc * D);
 }
 
 }  // namespace
@@ -378,15 +399,16 @@ Status V4Forward(const ModelConfig& c, const ModelWeights& w, std::span<Segment>
 
   for (int64_t l = 0; l < c.num_hidden_layers; ++l) {
     const V4LayerWeights& L = st.w.layers[l];
-    HyperConnected(st, l, L.attn_hc, L.input_norm, "attn_norm", "attn_hc.mix", X, [&](const float* xn, float* y) {
+    HyperConnected(st, l, L.attn_hc, L.input_norm, kTapAttnNorm, kTapV4AttnHcMix, kTapV4StreamsMid, X,
+                   [&](const float* xn, float* y) {
       Attention(st, l, xn, y);
-      st.Tap(st.Name(l, "attn.out"), y, D);
+      st.Tap(st.Name(l, kTapAttnOut), y, D);
     });
-    HyperConnected(st, l, L.ffn_hc, L.post_attn_norm, "ffn_norm", "ffn_hc.mix", X, [&](const float* xn, float* y) {
+    HyperConnected(st, l, L.ffn_hc, L.post_attn_norm, kTapFfnNorm, kTapV4FfnHcMix, kTapV4Streams, X,
+                   [&](const float* xn, float* y) {
       Moe(st, l, xn, y);
-      st.Tap(st.Name(l, "ffn.out"), y, D);
+      st.Tap(st.Name(l, kTapFfnOut), y, D);
     });
-    st.Tap(st.Name(l, "hc.streams"), X.data(), hc * D);
   }
 
   // h = RMSNorm(hc_head(X)); logits for the rows that need them.
