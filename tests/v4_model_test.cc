@@ -121,6 +121,49 @@ TEST(TinyV4, ChunkedPrefillGivesTheSameBits) {
   EXPECT_NE(b.logits[0], whole.logits[0]) << "a BF16 cache that changes nothing stores nothing in bf16";
 }
 
+// Batch invariance: both prompts in one batch give each the bits it gets alone.
+TEST(TinyV4, ABatchedRequestHasItsOwnBits) {
+  auto model = engine::Model::Load(TinyV4());
+  ASSERT_TRUE(model.ok()) << model.status().message();
+  const nlohmann::json ref = Reference();
+  std::vector<std::vector<int32_t>> prompts;
+  for (int p = 0; p < 2; ++p) prompts.push_back(ref["prompts"][p]["prompt_ids"].get<std::vector<int32_t>>());
+  auto eng = engine::Engine::Create(*model, {});
+  ASSERT_TRUE(eng.ok());
+  std::vector<std::vector<std::vector<float>>> steps(2);
+  (*eng)->SetStepCallback([&](const engine::StepEvent& ev) {
+    steps[ev.request_id].push_back((*eng)->request(ev.request_id).last_logits);
+  });
+  for (const auto& p : prompts) {
+    engine::Request r;
+    r.prompt = p;
+    r.max_new_tokens = 12;
+    ASSERT_TRUE((*eng)->AddRequest(r).ok());
+  }
+  ASSERT_TRUE((*eng)->RunToCompletion().ok());
+  for (int p = 0; p < 2; ++p) {
+    const GenRun alone = Generate(*model, prompts[p], 12, {}, 12);
+    EXPECT_EQ((*eng)->request(p).generated, alone.generated) << "prompt " << p;
+    EXPECT_EQ(steps[p], alone.logits) << "prompt " << p << ": batched logits differ from alone";
+  }
+}
+
+// What the V4 path cannot run yet is refused when the engine is made, in one line.
+TEST(TinyV4, RefusesWhatItCannotRunYet) {
+  auto model = engine::Model::Load(TinyV4());
+  ASSERT_TRUE(model.ok()) << model.status().message();
+  engine::EngineOptions fp8;
+  fp8.kv_format = engine::KvFormat::kFp8E4m3;
+  auto e1 = engine::Engine::Create(*model, fp8);
+  ASSERT_FALSE(e1.ok());
+  EXPECT_NE(e1.status().message().find("--kv-cache fp8_e4m3"), std::string::npos) << e1.status().message();
+  engine::EngineOptions bf16;
+  bf16.kernels = {{"gemm", "bf16"}};
+  auto e2 = engine::Engine::Create(*model, bf16);
+  ASSERT_FALSE(e2.ok());
+  EXPECT_NE(e2.status().message().find("gemm"), std::string::npos) << e2.status().message();
+}
+
 TEST(TinyV4, OfficialNamesMapToTransformers) {
   using engine::V4OfficialToHf;
   EXPECT_EQ(V4OfficialToHf("embed.weight"), "model.embed_tokens.weight");
