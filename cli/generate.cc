@@ -24,6 +24,7 @@ struct GenerateArgs {
   bool echo = false;
   bool quiet = false;
   bool random_weights = false;
+  std::string prompt_logits;  // --prompt-logits FILE
   EngineFlags flags;
 };
 
@@ -41,6 +42,7 @@ Status RunGenerate(GenerateArgs& a) {
   for (size_t i = 0; i < specs.size(); ++i) {
     LS_ASSIGN_OR_RETURN(engine::Request r, MakeRequest(specs[i], i, a.flags, m));
     r.keep_logits = false;  // only tokens are printed: the device sampler's rows stay on the GPU
+    r.all_prompt_logits = !a.prompt_logits.empty();
     prompt_tokens += static_cast<int64_t>(r.prompt.size());
     LS_RETURN_IF_ERROR(eng->AddRequest(std::move(r)).status());
   }
@@ -76,6 +78,20 @@ Status RunGenerate(GenerateArgs& a) {
   const int64_t decode_tokens = generated - static_cast<int64_t>(specs.size());
 
   if (stream) std::cout << "\n";
+  if (!a.prompt_logits.empty()) {  // one JSON line a request: the logits at every prompt position
+    std::ofstream out(a.prompt_logits);
+    if (!out) return Status::IoError(a.prompt_logits + ": cannot write (--prompt-logits)");
+    for (int64_t id = 0; id < eng->num_requests(); ++id) {
+      const engine::RequestState& r = eng->request(id);
+      const size_t V = static_cast<size_t>(m.model->config().vocab_size);
+      json rows = json::array();
+      for (size_t p = 0; p + 1 <= r.prompt_logits.size() / V; ++p) {
+        rows.push_back(std::vector<float>(r.prompt_logits.begin() + p * V, r.prompt_logits.begin() + (p + 1) * V));
+      }
+      out << json{{"id", r.request.name}, {"prompt_ids", r.request.prompt}, {"logits", rows}}.dump() << "\n";
+    }
+    if (!out) return Status::IoError(a.prompt_logits + ": write failed (--prompt-logits)");
+  }
   for (int64_t id = 0; id < eng->num_requests(); ++id) {
     const engine::RequestState& r = eng->request(id);
     if (a.json) {
@@ -122,6 +138,8 @@ void RegisterGenerate(CLI::App& app, SetAction set_action) {
   cmd->add_option("--prompts", args->prompts_file, "JSONL file of prompts");
   cmd->add_option("--prompt-ids", args->prompt_ids, "Prompt as comma-separated token ids");
   cmd->add_flag("--json", args->json, "One JSON object per request on stdout instead of text");
+  cmd->add_option("--prompt-logits", args->prompt_logits,
+                  "Write the logits at every prompt position to FILE (JSONL: id, prompt_ids, logits [T][vocab])");
   cmd->add_flag("--echo", args->echo, "Print the prompt before the streamed completion");
   cmd->add_flag("--quiet,-q", args->quiet, "No progress or statistics on stderr");
   cmd->add_flag("--random-weights", args->random_weights,

@@ -10,6 +10,7 @@
 
 #include "cli/commands.h"
 #include "cli/common.h"
+#include "cli/model_info_v4.h"
 #include "engine/memory.h"
 
 namespace lockstep::cli {
@@ -93,6 +94,10 @@ Status RunInfo(const InfoArgs& a) {
   const engine::ModelConfig& c = config_only ? shapes_config : m.model->config();
   const engine::ModelWeights& w = config_only ? shapes : m.model->weights();
   const int64_t params = engine::ParameterCount(c, w), active = engine::ActiveParameterCount(c, w);
+  if (c.is_v4()) {
+    return PrintV4Info(c, w, m.dir.string(), params, active, config_only,
+                       m.tokenizer ? m.tokenizer->vocab_size() : 0, a.json);
+  }
   int64_t dense = 0, moe = 0;
   for (const auto& l : c.layers) (l.ffn == engine::FfnKind::kMoe ? moe : dense)++;
   nlohmann::json j;

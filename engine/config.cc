@@ -144,6 +144,7 @@ std::string_view FamilyName(ModelFamily f) {
     case ModelFamily::kDeepseekV2: return "deepseek_v2";
     case ModelFamily::kDeepseekV3: return "deepseek_v3";
     case ModelFamily::kDeepseekV32: return "deepseek_v32";
+    case ModelFamily::kDeepseekV4: return "deepseek_v4";
   }
   return "?";
 }
@@ -170,11 +171,14 @@ Result<ModelConfig> ModelConfig::FromJson(std::string_view text, const std::stri
     c.family = ModelFamily::kDeepseekV3;
   } else if (c.model_type == "deepseek_v32") {
     c.family = ModelFamily::kDeepseekV32;
+  } else if (c.model_type == "deepseek_v4") {
+    LS_RETURN_IF_ERROR(V4ConfigFromJson(text, origin, &c));
+    return c;
   } else if (c.model_type.empty()) {
     return Status::InvalidArgument(origin + ": field 'model_type' is missing");
   } else {
     return Status::Unsupported(origin + ": field 'model_type': '" + c.model_type +
-                               "' is not supported (deepseek_v2, deepseek_v3, deepseek_v32)");
+                               "' is not supported (deepseek_v2, deepseek_v3, deepseek_v32, deepseek_v4)");
   }
   const bool v2 = c.family == ModelFamily::kDeepseekV2;
   const bool v32 = c.family == ModelFamily::kDeepseekV32;

@@ -13,10 +13,11 @@
 #include <vector>
 
 #include "base/status.h"
+#include "engine/v4_config.h"
 
 namespace lockstep::engine {
 
-enum class ModelFamily { kDeepseekV2, kDeepseekV3, kDeepseekV32 };
+enum class ModelFamily { kDeepseekV2, kDeepseekV3, kDeepseekV32, kDeepseekV4 };
 std::string_view FamilyName(ModelFamily f);  // the config.json model_type
 
 // How RoPE rotates q/k pairs, and in which order the rotated values come out. All three are
@@ -30,12 +31,20 @@ enum class RopeStyle {
 
 enum class GateKind { kSoftmaxGreedy, kSoftmaxGroupLimited, kSigmoidNoauxTc };
 
-enum class AttentionKind { kMla, kMlaSparse };  // V4 adds its kinds here
-enum class FfnKind { kDense, kMoe };
+// V2/V3: MLA; V3.2: MLA with the lightning indexer. V4 (engine/v4_config.h): a sliding window
+// of W keys, CSA (window + overlapping compressed rows chosen by an indexer) or HCA (window + all
+// compressed rows), each with sinks.
+enum class AttentionKind { kMla, kMlaSparse, kSliding, kCompressedSparse, kHeavilyCompressed };
+// kMoe: the config's gate (V4: sqrt-softplus top-k); kHashMoe: V4's experts chosen by token id.
+enum class FfnKind { kDense, kMoe, kHashMoe };
+// kAdd: x + block(x); kHyperConnection: V4's hc_mult streams mixed around each block.
+enum class ResidualKind { kAdd, kHyperConnection };
 
 struct LayerSpec {
   AttentionKind attention = AttentionKind::kMla;
   FfnKind ffn = FfnKind::kDense;
+  ResidualKind residual = ResidualKind::kAdd;
+  int64_t compress_rate = 0;  // V4 CSA / HCA: tokens per compressed row (0 otherwise)
 };
 
 struct RopeConfig {
@@ -92,6 +101,9 @@ struct ModelConfig {
   int64_t fp8_block_rows = 0, fp8_block_cols = 0;
 
   std::vector<LayerSpec> layers;
+  V4Config v4;  // family kDeepseekV4 only
+
+  bool is_v4() const { return family == ModelFamily::kDeepseekV4; }
 
   int64_t qk_head_dim() const { return qk_nope_head_dim + qk_rope_head_dim; }
   bool has_indexer() const { return family == ModelFamily::kDeepseekV32; }

@@ -65,6 +65,12 @@ PagedKvCache::PagedKvCache(const ModelConfig& c, KvFormat format, int64_t page_s
   layer_streams_.resize(c.num_hidden_layers);
   storage_.resize(c.num_hidden_layers);
   for (int64_t l = 0; l < c.num_hidden_layers; ++l) {
+    if (c.is_v4()) {
+      for (const V4StreamSpec& v : V4LayerStreams(c, l)) layer_streams_[l].push_back(V4Stream(v));
+      storage_[l].resize(layer_streams_[l].size());
+      for (auto& s : storage_[l]) s.resize(max_pages);
+      continue;
+    }
     layer_streams_[l].push_back({StreamKind::kMlaLatent, "latent", latent_bytes_});
     if (c.layers[l].attention == AttentionKind::kMlaSparse) {
       layer_streams_[l].push_back({StreamKind::kIndexerKey, "indexer_k",
@@ -131,9 +137,55 @@ uint8_t* PagedKvCache::MutableTokenBytes(int64_t layer, size_t stream, const Seq
   return slot.get() + (pos % page_size_) * bpt;
 }
 
+// A V4 stream: window and compressed rows in the cache's format (bf16 or fp32; FP8 MODEL1 is
+// still to come and stays fp32 here — the V4 forward refuses it), the rest fp32.
+StreamSpec PagedKvCache::V4Stream(const V4StreamSpec& v) const {
+  StreamKind kind = StreamKind::kV4Window;
+  switch (v.kind) {
+    case engine::V4Stream::kWindow: kind = StreamKind::kV4Window; break;
+    case engine::V4Stream::kCompressorState: kind = StreamKind::kV4CompressorState; break;
+    case engine::V4Stream::kCompressed: kind = StreamKind::kV4Compressed; break;
+    case engine::V4Stream::kIndexerState: kind = StreamKind::kV4IndexerState; break;
+    case engine::V4Stream::kIndexerKey: kind = StreamKind::kV4IndexerKey; break;
+  }
+  const bool rows16 = format_ == KvFormat::kBf16 && (kind == StreamKind::kV4Window || kind == StreamKind::kV4Compressed);
+  return {kind, v.name, v.width * (rows16 ? 2 : 4), v.width, v.cadence, v.retention};
+}
+
+void PagedKvCache::WriteRow(int64_t layer, size_t stream, const SeqCache& seq, int64_t slot, const float* row) {
+  const StreamSpec& st = layer_streams_[layer][stream];
+  uint8_t* b = MutableTokenBytes(layer, stream, seq, slot);
+  if (st.bytes_per_token == st.cols * 4) {
+    std::memcpy(b, row, st.cols * 4);
+    return;
+  }
+  for (int64_t i = 0; i < st.cols; ++i) {
+    const uint16_t h = kernels::F32ToBf16(row[i]);
+    std::memcpy(b + 2 * i, &h, 2);
+  }
+}
+
+void PagedKvCache::ReadRow(int64_t layer, size_t stream, const SeqCache& seq, int64_t slot, float* row) const {
+  const StreamSpec& st = layer_streams_[layer][stream];
+  const uint8_t* b = TokenBytes(layer, stream, seq, slot);
+  if (st.bytes_per_token == st.cols * 4) {
+    std::memcpy(row, b, st.cols * 4);
+    return;
+  }
+  for (int64_t i = 0; i < st.cols; ++i) {
+    uint16_t h = 0;
+    std::memcpy(&h, b + 2 * i, 2);
+    row[i] = kernels::Bf16ToF32(h);
+  }
+}
+
 std::vector<KvPart> PagedKvCache::parts(int64_t layer, size_t stream) const {
   const StreamSpec& st = layer_streams_[layer][stream];
   const int64_t tb = st.bytes_per_token;
+  if (st.cols > 0) {  // a V4 stream: one part
+    const bool bf16 = tb == st.cols * 2;
+    return {{"", st.name, bf16 ? TapDType::kBf16 : TapDType::kF32, 0, st.cols}};
+  }
   if (st.kind == StreamKind::kMlaLatent && format_ == KvFormat::kFp8E4m3) {
     const int64_t tiles = (kv_lora_ + 127) / 128;
     return {{"", "latent_e4m3", TapDType::kFp8E4m3, 0, kv_lora_},

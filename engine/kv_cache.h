@@ -37,12 +37,25 @@ enum class KvFormat { kFp32, kBf16, kFp8E4m3 };
 std::string_view KvFormatName(KvFormat f);  // "fp32", "bf16", "fp8_e4m3"
 Result<KvFormat> ParseKvFormat(std::string_view s);
 
-enum class StreamKind { kMlaLatent, kIndexerKey };
+// V2/V3's latent and V3.2's index key; DeepSeek-V4's streams (engine/v4_config.h V4Stream):
+// window rows, compressor state, compressed rows, the indexer's state and compressed keys.
+enum class StreamKind {
+  kMlaLatent, kIndexerKey,
+  kV4Window, kV4CompressorState, kV4Compressed, kV4IndexerState, kV4IndexerKey
+};
 
+// A stream is a sequence of rows at slots 0, 1, …: one a token (cadence 1, slot = position) or
+// one per `cadence` tokens (slot = entry number, < position, so a request's pages hold it).
+// `retention`: how many of the latest rows a reader may still use (0 = all) — the window's W − 1,
+// a compressor's open and overlapped windows; older rows stay in the pages (the reference keeps
+// them; reading one is a bug that a test catches).
 struct StreamSpec {
   StreamKind kind;
-  std::string name;       // "latent", "indexer_k"
-  int64_t bytes_per_token;
+  std::string name;       // "latent", "indexer_k"; V4: "window", "compressor", "compressed", …
+  int64_t bytes_per_token;  // bytes a row (a slot)
+  int64_t cols = 0;       // V4 rows: fp32 values a row (WriteRow / ReadRow)
+  int64_t cadence = 1;
+  int64_t retention = 0;
 };
 
 // How a trace stores a stream's token bytes (kv/layers.L.<stream><suffix>): fp32 and bf16
@@ -91,6 +104,12 @@ class PagedKvCache {
   void ReadIndexKey(int64_t layer, const SeqCache& seq, int64_t pos, float* key) const;
   bool fp8_index_keys() const { return fp8_index_keys_; }
 
+  // A V4 stream's row at `slot` (streams(layer)[stream]: cols values): stored in the cache's
+  // format for the window and compressed rows (fp32 or bf16), fp32 for the compressor and indexer
+  // state and keys; read back as what attention sees.
+  void WriteRow(int64_t layer, size_t stream, const SeqCache& seq, int64_t slot, const float* row);
+  void ReadRow(int64_t layer, size_t stream, const SeqCache& seq, int64_t slot, float* row) const;
+
   // The bytes of one token of one stream exactly as stored (for the recorder).
   const uint8_t* TokenBytes(int64_t layer, size_t stream, const SeqCache& seq, int64_t pos) const;
   uint8_t* MutableTokenBytes(int64_t layer, size_t stream, const SeqCache& seq, int64_t pos);
@@ -106,6 +125,7 @@ class PagedKvCache {
   void SetHiddenFault(kernels::HiddenFault f) { hidden_ = f; }
 
  private:
+  StreamSpec V4Stream(const V4StreamSpec& v) const;
   int64_t kv_lora_, rope_, index_dim_;
   bool fp8_index_keys_ = false;
   KvFormat format_;

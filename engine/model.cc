@@ -13,6 +13,7 @@
 #include <cstring>
 #include <numeric>
 
+#include "engine/v4_model.h"
 #include "kernels/cpu/numerics.h"
 #include "kernels/cpu/ops.h"
 
@@ -363,6 +364,7 @@ struct Model::Impl {
 
 Status Model::Forward(std::span<Segment> segs, PagedKvCache& cache, const kernels::KernelPlan& plan,
                       TapHook* hook, ForwardOutput* out) {
+  if (config_.is_v4() && !random_weights()) return V4Forward(config_, weights_, segs, cache, plan, hook, out);
   const ModelConfig& c = config_;
   const int64_t H = c.hidden_size, nh = c.num_attention_heads, dn = c.qk_nope_head_dim, dr = c.qk_rope_head_dim,
                 dv = c.v_head_dim, C = c.kv_lora_rank, dqk = dn + dr, half = dr / 2;

@@ -25,13 +25,18 @@ enum class TapDType { kF32, kI32, kBf16, kFp8E4m3 };
 // docs/tap-points.md's table is `lockstep taps --markdown` (tests/cli/taps_doc_test.sh fails
 // when they disagree). Widths use the doc's symbols: H = hidden_size, nh = heads, dn/dr/dv =
 // qk_nope/qk_rope/v head dims, C = kv_lora_rank, k = experts per token, K = index_topk,
-// V = vocab_size.
+// V = vocab_size; DeepSeek-V4: d = head_dim, hc = hc_mult, di = index_head_dim.
 
 // The per-layer tap points, in the order a layer computes them; a tap's name is
 // "layers.<L>.<name>". Every backend emits the same names with the same shapes.
 enum TapId {
   kTapAttnNorm, kTapQ, kTapLatent, kTapKRope, kTapIndexerTopk, kTapHeads, kTapAttnOut, kTapResidMid,
-  kTapFfnNorm, kTapTopkIds, kTapTopkWeights, kTapFfnOut, kTapResidOut, kTapCount
+  kTapFfnNorm, kTapTopkIds, kTapTopkWeights, kTapFfnOut, kTapResidOut,
+  // DeepSeek-V4 (engine/v4_model.cc), which also emits attn_norm, attn.q, attn.heads, attn.out,
+  // ffn_norm, ffn.router.* and ffn.out above.
+  kTapV4AttnHcMix, kTapV4Kv, kTapV4CompressorEntry, kTapV4IndexerKey, kTapV4IndexerTopk, kTapV4SinkShare,
+  kTapV4StreamsMid, kTapV4FfnHcMix, kTapV4Streams,
+  kTapCount
 };
 
 struct TapPoint {
@@ -49,13 +54,15 @@ inline constexpr int kKvCacheOrder = 4;
 
 inline constexpr TapPoint kLayerTaps[kTapCount] = {
     {"attn_norm", true, TapDType::kF32, 0, "H", "RMSNorm(x): the attention input"},
-    {"attn.q", true, TapDType::kF32, 1, "nh·(dn+dr)", "queries per head `[nope | rope]`, RoPE applied"},
+    {"attn.q", true, TapDType::kF32, 1, "nh·(dn+dr); V4 nh·d",
+     "queries per head `[nope | rope]`, RoPE applied (V4: each head RMS-rescaled, RoPE on its last dr)"},
     {"attn.latent", true, TapDType::kF32, 2, "C",
      "`kv_a_layernorm(c_kv)` as computed (before the cache's quantisation)"},
     {"attn.k_rope", true, TapDType::kF32, 3, "dr", "the shared RoPE key, RoPE applied"},
     {"indexer.topk", true, TapDType::kI32, 5, "K",
      "V3.2: positions the indexer selected for each query, ascending, padded with −1"},
-    {"attn.heads", true, TapDType::kF32, 6, "nh·dv", "per-head attention outputs, before `o_proj`"},
+    {"attn.heads", true, TapDType::kF32, 6, "nh·dv; V4 nh·d",
+     "per-head attention outputs, before `o_proj` (V4: after the inverse RoPE, before the grouped `o_a_proj`)"},
     {"attn.out", true, TapDType::kF32, 7, "H", "`o_proj(heads)`: the attention block's output"},
     {"resid_mid", true, TapDType::kF32, 8, "H", "x + attention: the residual stream between the blocks"},
     {"ffn_norm", true, TapDType::kF32, 9, "H", "RMSNorm(resid_mid): the FFN input"},
@@ -65,6 +72,20 @@ inline constexpr TapPoint kLayerTaps[kTapCount] = {
     {"ffn.out", true, TapDType::kF32, 12, "H",
      "the FFN block's output (routed + shared experts, or the dense MLP)"},
     {"resid_out", true, TapDType::kF32, 13, "H", "the layer's output, the next layer's input"},
+    {"attn_hc.mix", true, TapDType::kF32, 0, "(2+hc)·hc",
+     "V4: the attention hyper-connection's weights `[pre | post | C]` (C row-major after Sinkhorn)"},
+    {"attn.kv", true, TapDType::kF32, 2, "d", "V4: the shared K = V row, normed and RoPE'd (the window stream's row)"},
+    {"attn.compressor.entry", true, TapDType::kF32, 4, "d",
+     "V4 CSA/HCA: the compressed row a window emits, at the position that closes it (no row elsewhere)"},
+    {"attn.indexer.key", true, TapDType::kF32, 4, "di",
+     "V4 CSA: the indexer's compressed key a window emits, at the position that closes it"},
+    {"attn.indexer_topk", true, TapDType::kI32, 5, "K",
+     "V4 CSA: the compressed rows the indexer picked for each query, ascending, padded with −1"},
+    {"attn.sink_share", true, TapDType::kF32, 6, "nh", "V4: per head, the softmax weight the sink took"},
+    {"hc.streams_mid", true, TapDType::kF32, 8, "hc·H", "V4: the hc residual streams between the blocks"},
+    {"ffn_hc.mix", true, TapDType::kF32, 9, "(2+hc)·hc", "V4: the FFN hyper-connection's weights `[pre | post | C]`"},
+    {"hc.streams", true, TapDType::kF32, 13, "hc·H",
+     "V4: the layer's output streams (routing: ffn.router.topk_ids carries hash layers' tid2eid picks)"},
 };
 
 // The model-level taps: before the first layer (order 0) and after the last (1, 2).

@@ -8,6 +8,7 @@
 #include <cstring>
 #include <set>
 
+#include "engine/v4_weights.h"
 #include "kernels/cpu/numerics.h"
 
 namespace lockstep::engine {
@@ -378,6 +379,10 @@ Status Build(const ModelConfig& c, Loader& ld, ModelWeights& w) {
 
 Result<ModelWeights> ModelWeights::Load(const ModelConfig& c, const Checkpoint& ck) {
   ModelWeights w;
+  if (c.is_v4()) {
+    LS_RETURN_IF_ERROR(LoadV4Weights(c, ck, &w));
+    return w;
+  }
   w.mapped_bytes = ck.file_bytes();
   Loader ld(c, &ck, &w, kernels::WeightDType::kF32);
   LS_RETURN_IF_ERROR(Build(c, ld, w));
@@ -404,11 +409,13 @@ int64_t ParameterCount(const ModelConfig& c, const ModelWeights& w) {
              mlp(L.shared);
     for (const auto& e : L.experts) total += mlp(e);
   }
+  if (w.v4 != nullptr) total += w.v4->parameters;
   return total;
 }
 
 int64_t ActiveParameterCount(const ModelConfig& c, const ModelWeights& w) {
   int64_t total = ParameterCount(c, w);
+  if (w.v4 != nullptr) total -= w.v4->inactive_experts;
   for (const auto& L : w.layers) {
     if (L.experts.empty()) continue;
     const auto& e = L.experts[0];
@@ -421,6 +428,7 @@ int64_t ActiveParameterCount(const ModelConfig& c, const ModelWeights& w) {
 ModelWeights ModelWeights::Shapes(const ModelConfig& c, kernels::WeightDType dtype) {
   ModelWeights w;
   w.shapes_only = true;
+  if (c.is_v4()) return w;  // not yet: `model info` prints V4's layer pattern and cache instead
   Loader ld(c, nullptr, &w, dtype);
   const Status s = Build(c, ld, w);
   assert(s.ok());  // no tensor to be missing or of the wrong shape

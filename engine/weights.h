@@ -111,11 +111,15 @@ struct LayerWeights {
   MlpWeights shared;               // n_shared_experts merged into one MLP (inter = moe_inter × n_shared)
 };
 
+struct V4Weights;  // engine/v4_weights.h
+
 struct ModelWeights {
   Matrix embed;    // [vocab, hidden]
   Matrix final_norm;
   Matrix lm_head;  // [vocab, hidden] (embed's view when tied: the same bytes)
   std::vector<LayerWeights> layers;
+  // DeepSeek-V4 (family kDeepseekV4): every other tensor; `layers` stays empty.
+  std::shared_ptr<const V4Weights> v4;
 
   // --random-weights: no tensor is materialised on the host; a device backend generates every
   // weight from this seed (engine/cuda_backend.cc). The CPU backend refuses such a model.

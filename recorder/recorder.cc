@@ -385,9 +385,22 @@ void Recorder::OnForward(std::span<const engine::Segment> segs, const engine::Pa
   if (came || !status_.ok() || p.mode == CapturePolicy::Mode::kNone || !p.kv) return;
   if (kv_parts_.empty()) DefineKvTensors(cache);
   for (const KvPart& part : kv_parts_) {
+    const int64_t cadence = cache.streams(part.layer)[part.stream].cadence;
     for (const auto& s : segs) {
+      const int64_t n = static_cast<int64_t>(s.tokens.size());
+      if (cadence > 1) {
+        // A row every `cadence` tokens (DeepSeek-V4's compressed rows): slot w is written at
+        // the position that closes its window, (w + 1)·cadence − 1, and recorded there.
+        for (int64_t p = s.start_pos; p < s.start_pos + n; ++p) {
+          if ((p + 1) % cadence != 0) continue;
+          CaptureRows(*part.tensor, s.request_id, p, 1, [&](int64_t) {
+            return cache.TokenBytes(part.layer, part.stream, *s.cache, (p + 1) / cadence - 1) + part.offset;
+          });
+        }
+        continue;
+      }
       // A token's bytes are contiguous in its page; tokens are not.
-      CaptureRows(*part.tensor, s.request_id, s.start_pos, static_cast<int64_t>(s.tokens.size()), [&](int64_t i) {
+      CaptureRows(*part.tensor, s.request_id, s.start_pos, n, [&](int64_t i) {
         return cache.TokenBytes(part.layer, part.stream, *s.cache, s.start_pos + i) + part.offset;
       });
     }

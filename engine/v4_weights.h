@@ -1,0 +1,76 @@
+// engine/v4_weights.h — the parameters of a DeepSeek-V4 checkpoint, held as stored.
+//
+// Names are transformers 5.17's (`model.layers.L.self_attn.q_a_proj.weight`, …); a checkpoint
+// in DeepSeek's official naming (`layers.L.attn.wq_a.weight`, `layers.L.ffn.experts.E.w1.weight`,
+// `layers.L.hc_attn_fn`, …) is read through V4OfficialToHf, the conversion_mapping of
+// transformers written out as an ordered list of renames. Matrices are kernels::WeightView
+// views of the mapped file (F32, BF16, F16, F8_E4M3 with 128×128 block scales); vectors are
+// decoded to fp32 at load. The routed experts are loaded through LoadMatrix too, so the 4-bit
+// formats (MXFP4, NVFP4: branch v4fmt's WeightView dtypes) arrive here as new dtypes of the same
+// Matrix, with nothing to change in this file but the scale-tensor names they bring.
+//
+// Lifetime: the matrices keep the checkpoint's mapping alive. Immutable after load.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "base/status.h"
+#include "engine/config.h"
+#include "engine/safetensors.h"
+#include "engine/weights.h"
+
+namespace lockstep::engine {
+
+// A hyper-connection's mixing weights: mix = RMS(flatten(X)) · fnᵀ, split into pre / post / comb.
+struct V4HcWeights {
+  Matrix fn;     // [(2 + hc)·hc, hc·D] (hc_head: [hc, hc·D])
+  Matrix base;   // [(2 + hc)·hc]        (hc_head: [hc])
+  Matrix scale;  // [3]                  (hc_head: [1])
+};
+
+// Gated pooling of m token rows into one entry (width w = d, or 2d for CSA's overlap; the
+// indexer's: di or 2di).
+struct V4CompressorWeights {
+  Matrix kv_proj, gate_proj;  // [w, D]
+  Matrix position_bias;       // [m, w]
+  Matrix kv_norm;             // [d] (indexer: [di])
+};
+
+struct V4LayerWeights {
+  V4HcWeights attn_hc, ffn_hc;
+  Matrix input_norm, post_attn_norm;  // [D]
+  // Attention.
+  Matrix q_a_proj, q_a_norm, q_b_proj;  // [r, D], [r], [H·d, r]
+  Matrix kv_proj, kv_norm;              // [d, D], [d]
+  Matrix sinks;                         // [H]
+  Matrix o_a_proj, o_b_proj;            // [G·R, H·d/G], [D, G·R]
+  V4CompressorWeights compressor;       // CSA / HCA
+  V4CompressorWeights indexer;          // CSA: the indexer's compressor
+  Matrix indexer_q_b;                   // CSA: [Hi·di, r]
+  Matrix indexer_weights;               // CSA: scorer.weights_proj [Hi, D]
+  // MoE.
+  Matrix router;                        // [E, D]
+  Matrix router_bias;                   // [E] e_score_correction_bias (kMoe), selection only
+  std::vector<int32_t> tid2eid;         // kHashMoe: [V, k] expert ids by token id
+  std::vector<MlpWeights> experts;      // E routed experts (gate = w1, up = w3, down = w2)
+  MlpWeights shared;                    // the shared expert (n_shared_experts 1), else empty
+};
+
+struct V4Weights {
+  V4HcWeights head;  // hc_head: the streams' weighted sum before the final norm
+  std::vector<V4LayerWeights> layers;
+  int64_t parameters = 0;         // every V4-only parameter (the embeddings, norm and head are ModelWeights')
+  int64_t inactive_experts = 0;   // parameters of the experts a token does not run (E − k per layer)
+};
+
+// The transformers name of an official-named tensor ("layers.3.attn.wq_a.weight" →
+// "model.layers.3.self_attn.q_a_proj.weight"); other names are returned unchanged.
+std::string V4OfficialToHf(const std::string& name);
+
+// Every V4 tensor of `ck` into w (embed, final_norm, lm_head and w->v4); unused tensors go to
+// w->skipped, MTP ones (layers ≥ num_hidden_layers, `mtp.*`) counted in w->mtp_tensors.
+Status LoadV4Weights(const ModelConfig& c, const Checkpoint& ck, ModelWeights* w);
+
+}  // namespace lockstep::engine

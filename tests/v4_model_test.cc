@@ -1,0 +1,212 @@
+// tests/v4_model_test.cc — models/lockstep-tiny-v4 (a DeepSeek-V4-architecture model trained by
+// tools/train-tiny-model) on the CPU reference against transformers 5.17: its 128 greedy tokens
+// for both prompts of tests/fixtures/tiny_v4_reference.json (made by DeepseekV4ForCausalLM in
+// fp32, one token a step through its cache), the 8 largest logits of the first 16 steps, and the
+// engine's own invariants: chunked prefill and token-by-token prefill give the same bits.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <fstream>
+
+#include <nlohmann/json.hpp>
+
+#include "engine/engine.h"
+#include "engine/tokenizer.h"
+#include "engine/v4_weights.h"
+#include "test_util.h"
+
+namespace lockstep {
+namespace {
+
+std::filesystem::path TinyV4() { return testing::SourceDir() / "models" / "lockstep-tiny-v4"; }
+
+nlohmann::json Reference() {
+  std::ifstream jf(testing::FixtureDir() / "tiny_v4_reference.json");
+  return nlohmann::json::parse(jf);
+}
+
+struct GenRun {
+  std::vector<int32_t> generated;
+  std::vector<std::vector<float>> logits;  // the first `keep` steps' logits
+};
+
+GenRun Generate(std::shared_ptr<engine::Model> model, const std::vector<int32_t>& prompt, int64_t steps,
+             engine::EngineOptions opts = {}, size_t keep = 16) {
+  GenRun out;
+  auto eng = engine::Engine::Create(model, opts);
+  EXPECT_TRUE(eng.ok()) << eng.status().message();
+  engine::Request r;
+  r.prompt = prompt;
+  r.max_new_tokens = steps;
+  (*eng)->SetStepCallback([&](const engine::StepEvent& ev) {
+    if (out.logits.size() < keep) out.logits.push_back((*eng)->request(ev.request_id).last_logits);
+  });
+  EXPECT_TRUE((*eng)->AddRequest(r).ok());
+  const Status s = (*eng)->RunToCompletion();
+  EXPECT_TRUE(s.ok()) << s.message();
+  out.generated = (*eng)->request(0).generated;
+  return out;
+}
+
+TEST(TinyV4, LoadsWithEveryTensorUsed) {
+  auto model = engine::Model::Load(TinyV4());
+  ASSERT_TRUE(model.ok()) << model.status().message();
+  const auto& w = (*model)->weights();
+  EXPECT_TRUE(w.skipped.empty()) << w.skipped.size() << " tensors skipped, e.g. " << w.skipped.front();
+  ASSERT_NE(w.v4, nullptr);
+  EXPECT_EQ(w.v4->layers.size(), 6u);
+  EXPECT_EQ(w.v4->layers[0].tid2eid.size(), 6144u * 2);
+  // 26.8 MB of bf16 (+ a few fp32 vectors): about 13.4 M parameters.
+  EXPECT_GT((*model)->ParameterCount(), 12'000'000);
+  EXPECT_LT((*model)->ParameterCount(), 14'000'000);
+  EXPECT_LT((*model)->ActiveParameterCount(), (*model)->ParameterCount());
+}
+
+TEST(TinyV4, GreedyDecodeMatchesTransformersFor128Steps) {
+  auto model = engine::Model::Load(TinyV4());
+  ASSERT_TRUE(model.ok()) << model.status().message();
+  auto tok = engine::Tokenizer::Load(TinyV4() / "tokenizer.json");
+  ASSERT_TRUE(tok.ok()) << tok.status().message();
+  const nlohmann::json ref = Reference();
+  for (int p = 0; p < 2; ++p) {
+    const auto& pr = ref["prompts"][p];
+    const std::vector<int32_t> prompt = pr["prompt_ids"].get<std::vector<int32_t>>();
+    const std::vector<int32_t> want = pr["decode_ids"].get<std::vector<int32_t>>();
+    EXPECT_EQ((*tok)->Encode(pr["text"].get<std::string>(), true), prompt);
+    const GenRun got = Generate(*model, prompt, static_cast<int64_t>(want.size()));
+    ASSERT_EQ(got.generated.size(), want.size());
+    for (size_t i = 0; i < want.size(); ++i) {
+      ASSERT_EQ(got.generated[i], want[i]) << "prompt " << p << ": first differing greedy token at step " << i;
+    }
+    // The 8 largest logits of each of the first 16 steps: |Δ| / max|ref| ≤ 1e-4 (fp32 with
+    // another summation order; the fixture's values are printed to 7 digits).
+    double worst = 0;
+    for (size_t s = 0; s < pr["top_logits"].size() && s < got.logits.size(); ++s) {
+      const auto& t = pr["top_logits"][s];
+      double mx = 0;
+      for (const auto& v : t["logits"]) mx = std::max(mx, std::fabs(v.get<double>()));
+      for (size_t i = 0; i < t["ids"].size(); ++i) {
+        const double e = std::fabs(got.logits[s][t["ids"][i].get<int>()] - t["logits"][i].get<double>()) / mx;
+        worst = std::max(worst, e);
+        EXPECT_LE(e, 1e-4) << "prompt " << p << " step " << s;
+      }
+    }
+    std::printf("[ prompt %d ] %zu/%zu greedy tokens equal; worst top-8 logit error (16 steps) %.3g\n", p,
+                want.size(), want.size(), worst);
+  }
+}
+
+// Chunked prefill (chunks of 5 and 1 tokens: compressor windows of 4 and 16 close inside chunks
+// and at their edges) and a BF16 cache's run against itself.
+TEST(TinyV4, ChunkedPrefillGivesTheSameBits) {
+  auto model = engine::Model::Load(TinyV4());
+  ASSERT_TRUE(model.ok()) << model.status().message();
+  const nlohmann::json ref = Reference();
+  const std::vector<int32_t> prompt = ref["prompts"][1]["prompt_ids"].get<std::vector<int32_t>>();
+  const GenRun whole = Generate(*model, prompt, 24, {}, 24);
+  for (int64_t chunk : {5, 1}) {
+    engine::EngineOptions o;
+    o.max_prefill_tokens = chunk;
+    const GenRun part = Generate(*model, prompt, 24, o, 24);
+    ASSERT_EQ(part.generated, whole.generated) << "chunk " << chunk;
+    ASSERT_EQ(part.logits.size(), whole.logits.size());
+    for (size_t s = 0; s < whole.logits.size(); ++s) {
+      ASSERT_EQ(part.logits[s], whole.logits[s]) << "chunk " << chunk << " step " << s;
+    }
+  }
+  engine::EngineOptions bf;
+  bf.kv_format = engine::KvFormat::kBf16;
+  const GenRun b = Generate(*model, prompt, 24, bf, 24);
+  ASSERT_EQ(b.generated.size(), 24u);
+  EXPECT_NE(b.logits[0], whole.logits[0]) << "a BF16 cache that changes nothing stores nothing in bf16";
+}
+
+// Batch invariance: both prompts in one batch give each the bits it gets alone.
+TEST(TinyV4, ABatchedRequestHasItsOwnBits) {
+  auto model = engine::Model::Load(TinyV4());
+  ASSERT_TRUE(model.ok()) << model.status().message();
+  const nlohmann::json ref = Reference();
+  std::vector<std::vector<int32_t>> prompts;
+  for (int p = 0; p < 2; ++p) prompts.push_back(ref["prompts"][p]["prompt_ids"].get<std::vector<int32_t>>());
+  auto eng = engine::Engine::Create(*model, {});
+  ASSERT_TRUE(eng.ok());
+  std::vector<std::vector<std::vector<float>>> steps(2);
+  (*eng)->SetStepCallback([&](const engine::StepEvent& ev) {
+    steps[ev.request_id].push_back((*eng)->request(ev.request_id).last_logits);
+  });
+  for (const auto& p : prompts) {
+    engine::Request r;
+    r.prompt = p;
+    r.max_new_tokens = 12;
+    ASSERT_TRUE((*eng)->AddRequest(r).ok());
+  }
+  ASSERT_TRUE((*eng)->RunToCompletion().ok());
+  for (int p = 0; p < 2; ++p) {
+    const GenRun alone = Generate(*model, prompts[p], 12, {}, 12);
+    EXPECT_EQ((*eng)->request(p).generated, alone.generated) << "prompt " << p;
+    EXPECT_EQ(steps[p], alone.logits) << "prompt " << p << ": batched logits differ from alone";
+  }
+}
+
+// What the V4 path cannot run yet is refused when the engine is made, in one line.
+TEST(TinyV4, RefusesWhatItCannotRunYet) {
+  auto model = engine::Model::Load(TinyV4());
+  ASSERT_TRUE(model.ok()) << model.status().message();
+  engine::EngineOptions fp8;
+  fp8.kv_format = engine::KvFormat::kFp8E4m3;
+  auto e1 = engine::Engine::Create(*model, fp8);
+  ASSERT_FALSE(e1.ok());
+  EXPECT_NE(e1.status().message().find("--kv-cache fp8_e4m3"), std::string::npos) << e1.status().message();
+  engine::EngineOptions bf16;
+  bf16.kernels = {{"gemm", "bf16"}};
+  auto e2 = engine::Engine::Create(*model, bf16);
+  ASSERT_FALSE(e2.ok());
+  EXPECT_NE(e2.status().message().find("gemm"), std::string::npos) << e2.status().message();
+}
+
+TEST(TinyV4, OfficialNamesMapToTransformers) {
+  using engine::V4OfficialToHf;
+  EXPECT_EQ(V4OfficialToHf("embed.weight"), "model.embed_tokens.weight");
+  EXPECT_EQ(V4OfficialToHf("head.weight"), "lm_head.weight");
+  EXPECT_EQ(V4OfficialToHf("hc_head_fn"), "model.hc_head.hc_fn");
+  EXPECT_EQ(V4OfficialToHf("layers.3.attn_norm.weight"), "model.layers.3.input_layernorm.weight");
+  EXPECT_EQ(V4OfficialToHf("layers.3.hc_attn_fn"), "model.layers.3.attn_hc.fn");
+  EXPECT_EQ(V4OfficialToHf("layers.3.hc_ffn_scale"), "model.layers.3.ffn_hc.scale");
+  EXPECT_EQ(V4OfficialToHf("layers.3.attn.wq_a.weight"), "model.layers.3.self_attn.q_a_proj.weight");
+  EXPECT_EQ(V4OfficialToHf("layers.3.attn.q_norm.weight"), "model.layers.3.self_attn.q_a_norm.weight");
+  EXPECT_EQ(V4OfficialToHf("layers.3.attn.wkv.weight"), "model.layers.3.self_attn.kv_proj.weight");
+  EXPECT_EQ(V4OfficialToHf("layers.3.attn.wo_a.weight"), "model.layers.3.self_attn.o_a_proj.weight");
+  EXPECT_EQ(V4OfficialToHf("layers.3.attn.attn_sink"), "model.layers.3.self_attn.sinks");
+  EXPECT_EQ(V4OfficialToHf("layers.3.attn.compressor.ape"), "model.layers.3.self_attn.compressor.position_bias");
+  EXPECT_EQ(V4OfficialToHf("layers.3.attn.compressor.norm.weight"), "model.layers.3.self_attn.compressor.kv_norm.weight");
+  EXPECT_EQ(V4OfficialToHf("layers.3.attn.compressor.wgate.weight"),
+            "model.layers.3.self_attn.compressor.gate_proj.weight");
+  EXPECT_EQ(V4OfficialToHf("layers.3.attn.indexer.compressor.wkv.weight"),
+            "model.layers.3.self_attn.compressor.indexer.kv_proj.weight");
+  EXPECT_EQ(V4OfficialToHf("layers.3.attn.indexer.wq_b.weight"),
+            "model.layers.3.self_attn.compressor.indexer.q_b_proj.weight");
+  EXPECT_EQ(V4OfficialToHf("layers.3.attn.indexer.weights_proj.weight"),
+            "model.layers.3.self_attn.compressor.indexer.scorer.weights_proj.weight");
+  EXPECT_EQ(V4OfficialToHf("layers.3.ffn.gate.bias"), "model.layers.3.mlp.gate.e_score_correction_bias");
+  EXPECT_EQ(V4OfficialToHf("layers.3.ffn.gate.tid2eid"), "model.layers.3.mlp.gate.tid2eid");
+  EXPECT_EQ(V4OfficialToHf("layers.3.ffn.experts.17.w1.weight"), "model.layers.3.mlp.experts.17.gate_proj.weight");
+  EXPECT_EQ(V4OfficialToHf("layers.3.ffn.experts.17.w3.weight"), "model.layers.3.mlp.experts.17.up_proj.weight");
+  EXPECT_EQ(V4OfficialToHf("layers.3.ffn.shared_experts.w2.weight"), "model.layers.3.mlp.shared_experts.down_proj.weight");
+  EXPECT_EQ(V4OfficialToHf("layers.3.attn.norm.weight"), "model.layers.3.self_attn.kv_norm.weight");
+  EXPECT_EQ(V4OfficialToHf("norm.weight"), "model.norm.weight");
+  // transformers' save_pretrained: the official leaves under "model." (tests/fixtures/models_v4 are so written).
+  EXPECT_EQ(V4OfficialToHf("model.layers.1.attn.wq_a.weight"), "model.layers.1.self_attn.q_a_proj.weight");
+  EXPECT_EQ(V4OfficialToHf("model.layers.1.hc_ffn_fn"), "model.layers.1.ffn_hc.fn");
+  EXPECT_EQ(V4OfficialToHf("model.layers.1.attn.indexer.compressor.norm.weight"),
+            "model.layers.1.self_attn.compressor.indexer.kv_norm.weight");
+  // transformers' own names are left alone.
+  for (const char* hf : {"model.layers.0.self_attn.sinks", "model.layers.0.attn_hc.fn", "model.hc_head.hc_fn",
+                         "model.embed_tokens.weight", "lm_head.weight", "model.layers.0.mlp.experts.gate_up_proj",
+                         "model.layers.0.self_attn.compressor.kv_norm.weight", "model.layers.0.mlp.gate.tid2eid",
+                         "model.layers.0.self_attn.compressor.indexer.scorer.weights_proj.weight"}) {
+    EXPECT_EQ(V4OfficialToHf(hf), hf);
+  }
+}
+
+}  // namespace
+}  // namespace lockstep
