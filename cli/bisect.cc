@@ -9,6 +9,7 @@
 #include <nlohmann/json.hpp>
 
 #include "cli/commands.h"
+#include "cli/common.h"
 #include "cli/progress.h"
 #include "cli/table.h"
 #include "replayer/bisect.h"
@@ -30,9 +31,7 @@ struct BisectArgs {
 };
 
 Status RunBisect(const BisectArgs& a) {
-  auto opened = traces::TraceReader::Open(a.trace);
-  if (!opened.ok()) return Status::InvalidArgument(opened.status().message());
-  auto& trace = *opened;
+  LS_ASSIGN_OR_RETURN(auto trace, OpenTrace(a.trace));
   replayer::BisectOptions o;
   o.work_dir = a.work_dir.empty() ? std::filesystem::path(a.trace).replace_extension(".bisect") : std::filesystem::path(a.work_dir);
   o.model_dir = a.model;

@@ -18,6 +18,7 @@
 #include "engine/engine.h"
 #include "engine/model.h"
 #include "engine/tokenizer.h"
+#include "traces/trace_reader.h"
 
 namespace lockstep::cli {
 
@@ -107,6 +108,13 @@ struct EngineFlags {
   Status Validate() const;
   engine::SamplingParams Sampling() const;
 };
+
+// Opens a trace that may be a stranger's (every command that reads one goes through this): first
+// in a child process, because libhdf5 1.10 itself crashes on some damaged object headers
+// (docs/fuzzing.md, tests/fuzz/regressions/hdf5-1.10/), so that such a file is refused with one
+// line instead of taking lockstep down (the child opens it and reads every table's summary and
+// first row, which is where those headers are decoded); then here, with every check of Open.
+Result<std::unique_ptr<traces::TraceReader>> OpenTrace(const std::string& path);
 
 // Prints "lockstep: <message>" to stderr and returns the exit code for `s` (0 when ok).
 int Report(const Status& s);

@@ -18,8 +18,8 @@ struct DiffArgs {
 };
 
 Status RunDiff(const DiffArgs& x) {
-  LS_ASSIGN_OR_RETURN(auto a, traces::TraceReader::Open(x.a));
-  LS_ASSIGN_OR_RETURN(auto b, traces::TraceReader::Open(x.b));
+  LS_ASSIGN_OR_RETURN(auto a, OpenTrace(x.a));
+  LS_ASSIGN_OR_RETURN(auto b, OpenTrace(x.b));
   diff::DiffOptions o;
   o.thresholds.rel_l2 = x.rel_l2;
   o.thresholds.kl = x.kl;

@@ -49,7 +49,7 @@ Status WriteNpy(const std::string& path, const std::string& descr, const std::ve
 }
 
 Status RunExport(const ExportArgs& a) {
-  LS_ASSIGN_OR_RETURN(auto reader, traces::TraceReader::Open(a.trace));
+  LS_ASSIGN_OR_RETURN(auto reader, OpenTrace(a.trace));
   const traces::TraceReader& r = *reader;
   const traces::TensorInfo* t = r.FindTensor(a.tap);
   if (!t && (a.tap == "logits" || a.tap == "taps/logits") && r.FindTensor("logits.topk_ids")) {

@@ -125,7 +125,7 @@ Status Verify(const traces::TraceReader& r, int64_t* rows_checked) {
 }
 
 Status RunInspect(const InspectArgs& a) {
-  LS_ASSIGN_OR_RETURN(auto reader, traces::TraceReader::Open(a.trace));
+  LS_ASSIGN_OR_RETURN(auto reader, OpenTrace(a.trace));
   const traces::TraceReader& r = *reader;
   LS_ASSIGN_OR_RETURN(std::vector<traces::StepRow> steps, r.ReadSteps());
   LS_ASSIGN_OR_RETURN(std::vector<traces::SamplingRow> sampling, r.ReadSampling());

@@ -46,7 +46,7 @@ Status RunPack(const PackArgs& a) {
       return Status::InvalidArgument("--output " + a.output + " is the trace being packed; name another file");
     }
   }
-  LS_ASSIGN_OR_RETURN(auto src, traces::TraceReader::Open(a.trace));
+  LS_ASSIGN_OR_RETURN(auto src, OpenTrace(a.trace));
   traces::PackOptions o;
   o.request = static_cast<int32_t>(a.request);
   o.output = a.output;

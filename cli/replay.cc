@@ -25,7 +25,7 @@ struct ReplayArgs {
 };
 
 Status RunReplay(const ReplayArgs& a) {
-  LS_ASSIGN_OR_RETURN(auto trace, traces::TraceReader::Open(a.trace));
+  LS_ASSIGN_OR_RETURN(auto trace, OpenTrace(a.trace));
   // A pack from someone else's machine: the manifest, the version and the model are checked
   // first, and each difference is named on its own line before the one-line refusal.
   if (auto pack = traces::ReadPack(*trace); pack.ok() || pack.status().code() != Status::Code::kNotFound) {

@@ -131,7 +131,7 @@ if [ -n "$a" ] && [ "$(printf '%s' "$a" | grep -o '"tokens":\[[0-9,]*\]')" = "$(
 else echo "FAIL chunked prefill: $a vs $b"; fail=1; fi
 expect_error "diff of a non-trace" "" "$LS" diff "$TMP/fails/degen-T0-p0-s0.h5" "$FIX/v3_basic/config.json"
 expect_error "degen bad temperatures" "--temperatures" "$LS" degen -p x --temperatures 0,hot -q
-expect_error "a count of 0" "--samples: must be > 0 (got 0)" "$LS" degen -p x --samples 0 -q
-expect_error "serve limit of 0" "--max-prompt-tokens: must be > 0" "$LS" serve --max-prompt-tokens 0
+expect_error "a count of 0" "--samples: must be a whole number from 1 to 2^20 (got 0)" "$LS" degen -p x --samples 0 -q
+expect_error "serve limit of 0" "--max-prompt-tokens: must be a whole number from 1 to 2^26 (got 0)" "$LS" serve --max-prompt-tokens 0
 
 exit $fail

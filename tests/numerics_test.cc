@@ -35,6 +35,38 @@ TEST(F16, DecodesNormalsSubnormalsAndSpecials) {
   EXPECT_EQ(F16ToF32(0x7c00), INFINITY);
 }
 
+// F32ToF16 is the fallback for compilers without _Float16 (engine/model.cc's fault-zoo fp16
+// softmax): hand-computed cases, then the compiler's own cast on every 11th fp32 bit pattern
+// (all exponents, signs and NaN payload classes; low mantissa bits in every residue) and on
+// every tie between two fp16 neighbours.
+TEST(F16, EncodesAsTheCompilersCast) {
+  EXPECT_EQ(F32ToF16(1.0f), 0x3c00);
+  EXPECT_EQ(F32ToF16(65504.0f), 0x7bff);
+  EXPECT_EQ(F32ToF16(65519.0f), 0x7bff);
+  EXPECT_EQ(F32ToF16(65520.0f), 0x7c00);  // the tie above the largest finite rounds to even: inf
+  EXPECT_EQ(F32ToF16(std::ldexp(1.0f, -24)), 0x0001);
+  EXPECT_EQ(F32ToF16(std::ldexp(1.0f, -25)), 0x0000);   // tie between 0 and 2^-24: even (0)
+  EXPECT_EQ(F32ToF16(std::ldexp(3.0f, -25)), 0x0002);   // tie between 2^-24 and 2^-23: even
+  EXPECT_EQ(F32ToF16(1.0f + std::ldexp(1.0f, -11)), 0x3c00);  // tie: stays 1
+  EXPECT_EQ(F32ToF16(-0.0f), 0x8000);
+  EXPECT_EQ(F32ToF16(-INFINITY), 0xfc00);
+  EXPECT_EQ(F32ToF16(std::ldexp(1.0f, -14) * (1023.0f / 1024.0f) + std::ldexp(1.0f, -25)), 0x0400);  // carry to normal
+#ifdef __FLT16_MAX__
+  auto cast = [](float f) { return std::bit_cast<uint16_t>(static_cast<_Float16>(f)); };
+  for (uint64_t u = 0; u <= 0xffffffffull; u += 11) {
+    const float f = std::bit_cast<float>(static_cast<uint32_t>(u));
+    ASSERT_EQ(F32ToF16(f), cast(f)) << std::hex << u;
+  }
+  for (uint32_t h = 0; h < 0x7c00; ++h) {  // the midpoint above each finite fp16, both signs
+    const float mid = (F16ToF32(static_cast<uint16_t>(h)) + F16ToF32(static_cast<uint16_t>(h + 1))) / 2;
+    ASSERT_EQ(F32ToF16(mid), cast(mid)) << h;
+    ASSERT_EQ(F32ToF16(-mid), cast(-mid)) << h;
+  }
+#else
+  GTEST_SKIP() << "this compiler has no _Float16 to compare with";
+#endif
+}
+
 TEST(Fp8E4m3, DecodesTheSpecTable) {
   EXPECT_EQ(Fp8E4m3ToF32(0x00), 0.0f);
   EXPECT_EQ(Fp8E4m3ToF32(0x38), 1.0f);                     // exp 7, man 0

@@ -11,6 +11,7 @@ target_link_libraries(openai_request_test PRIVATE lockstep_server nlohmann_json:
 # The request parser on arbitrary bytes (fuzz/fuzz_openai_request.cc; the seeds, *.req, begin
 # with the byte that picks the endpoint and the capture header, then the JSON body).
 lockstep_fuzz(fuzz_openai_request)
+lockstep_fuzz_run(fuzz_openai_request 8)
 target_link_libraries(fuzz_openai_request PRIVATE lockstep_server)
 target_compile_definitions(fuzz_openai_request PRIVATE LOCKSTEP_SOURCE_DIR="${CMAKE_SOURCE_DIR}")
 if(NOT LOCKSTEP_FUZZ)

@@ -38,6 +38,7 @@ if(LOCKSTEP_FUZZ)
   target_link_libraries(fuzz_tokenizer PRIVATE nlohmann_json::nlohmann_json PkgConfig::PCRE2)
   target_compile_options(fuzz_tokenizer PRIVATE -g -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=undefined)
   target_link_options(fuzz_tokenizer PRIVATE -fsanitize=fuzzer,address,undefined)
+  lockstep_fuzz_run(fuzz_tokenizer 8)
   target_compile_definitions(fuzz_tokenizer PRIVATE LOCKSTEP_SOURCE_DIR="${LOCKSTEP_TOKENIZER_ROOT}")
 elseif(EXISTS ${CMAKE_CURRENT_LIST_DIR}/fuzz/replay_main.cc)
   add_executable(fuzz_tokenizer ${CMAKE_CURRENT_LIST_DIR}/fuzz/fuzz_tokenizer.cc

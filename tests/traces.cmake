@@ -50,8 +50,14 @@ target_compile_definitions(trace_bad_input_test PRIVATE LOCKSTEP_BINARY="$<TARGE
 # records first.
 if(LOCKSTEP_FUZZ)
   add_executable(fuzz_trace_reader fuzz/fuzz_trace_reader.cc)
-  target_compile_options(fuzz_trace_reader PRIVATE -g -fsanitize=fuzzer,address,undefined)
-  target_link_options(fuzz_trace_reader PRIVATE -fsanitize=fuzzer,address,undefined)
+  target_compile_options(fuzz_trace_reader PRIVATE -fsanitize=fuzzer)
+  target_link_options(fuzz_trace_reader PRIVATE -fsanitize=fuzzer)
+  # Its bounded run tells crashes inside libhdf5 (known: tests/fuzz/regressions/hdf5-1.10/) from ours.
+  add_test(NAME fuzz_trace_reader_bounded
+           COMMAND bash ${CMAKE_CURRENT_SOURCE_DIR}/fuzz/bounded_trace_reader.sh $<TARGET_FILE:fuzz_trace_reader> 12
+                   ${CMAKE_BINARY_DIR}/fuzz-corpus/fuzz_trace_reader ${CMAKE_SOURCE_DIR}/tests/fuzz/corpus/fuzz_trace_reader)
+  set_tests_properties(fuzz_trace_reader_bounded PROPERTIES LABELS fuzz TIMEOUT 300
+                       ENVIRONMENT "ASAN_OPTIONS=detect_leaks=1;LSAN_OPTIONS=suppressions=${CMAKE_SOURCE_DIR}/tests/fuzz/lsan.supp;UBSAN_OPTIONS=halt_on_error=1:print_stacktrace=1")
 else()
   add_executable(fuzz_trace_reader fuzz/fuzz_trace_reader.cc fuzz/replay_main.cc)
   set(_trace_seeds ${CMAKE_CURRENT_BINARY_DIR}/fuzz_trace_seeds)
@@ -63,6 +69,22 @@ else()
   set_tests_properties(fuzz_trace_reader_replay PROPERTIES FIXTURES_REQUIRED trace_seeds)
 endif()
 target_link_libraries(fuzz_trace_reader PRIVATE lockstep_traces)
+
+# The structure-aware trace fuzzer: inputs are edits applied through HDF5 to a valid trace it
+# writes itself (valid HDF5, hostile values), then read, packed-checked and diffed. Without
+# LOCKSTEP_FUZZ the replay driver runs its corpus and mutants of it.
+if(LOCKSTEP_FUZZ)
+  add_executable(fuzz_trace_edits fuzz/fuzz_trace_edits.cc)
+  target_compile_options(fuzz_trace_edits PRIVATE -fsanitize=fuzzer)
+  target_link_options(fuzz_trace_edits PRIVATE -fsanitize=fuzzer)
+  lockstep_fuzz_run(fuzz_trace_edits 12)
+else()
+  add_executable(fuzz_trace_edits fuzz/fuzz_trace_edits.cc fuzz/replay_main.cc)
+  file(GLOB _edit_seeds ${CMAKE_SOURCE_DIR}/tests/fuzz/corpus/fuzz_trace_edits/*)
+  list(SORT _edit_seeds)
+  add_test(NAME fuzz_trace_edits_replay COMMAND fuzz_trace_edits --mutations 6 ${_edit_seeds})
+endif()
+target_link_libraries(fuzz_trace_edits PRIVATE lockstep_traces lockstep_diff)
 
 # Hostile input (issue 31): a real trace recorded here, damaged and crafted ~170 ways (rows
 # moved, tensors renamed, frames of the wrong size, memory bombs, truncations, bit flips), each

@@ -483,6 +483,28 @@ Status TraceReader::LoadRequests() {
       auto dims = h5::Dims(d.get(), 1);
       if (!dims.ok() || dims->size() != 1) return Status::Corruption(dp + ": expected a 1-D token list");
       if ((*dims)[0] > static_cast<hsize_t>(kMaxRequestTokens)) return Status::Corruption(dp + ": claims " + std::to_string((*dims)[0]) + " tokens");
+      // Token ids as the writer stores them: little-endian int32, uncompressed, every byte in
+      // the file (an unallocated list of 2^26 float64 "tokens" read as 800 MB of converted fill:
+      // tests/fuzz/corpus/fuzz_trace_edits/slow_unallocated_f64_prompt).
+      {
+        h5::Hid type(H5Dget_type(d.get()));
+        h5::Hid dcpl(H5Dget_create_plist(d.get()));
+        const hsize_t stored = H5Dget_storage_size(d.get());
+        // Contiguous, as written: a chunked list's chunk could be stored unfiltered and short,
+        // which HDF5 1.10 copies past (tests/fuzz/corpus/fuzz_trace_edits/crash_raw_prompt_chunk).
+        if (!dcpl.valid() || ((*dims)[0] > 0 && H5Pget_layout(dcpl.get()) != H5D_CONTIGUOUS)) {
+          h5::LastError();
+          return Status::Corruption(dp + ": a token list is stored contiguous, not chunked");
+        }
+        if (!type.valid() || H5Tequal(type.get(), H5T_STD_I32LE) <= 0) {
+          h5::LastError();
+          return Status::Corruption(dp + ": token ids must be stored as little-endian int32");
+        }
+        if (stored < (*dims)[0] * 4) {
+          return Status::Corruption(dp + ": claims " + std::to_string((*dims)[0]) + " tokens but stores " +
+                                    std::to_string(stored) + " bytes (token lists are stored uncompressed)");
+        }
+      }
       out->resize((*dims)[0]);
       if (!out->empty() && H5Dread(d.get(), H5T_NATIVE_INT32, H5S_ALL, H5S_ALL, H5P_DEFAULT, out->data()) < 0) {
         return h5::Error(dp);
@@ -621,6 +643,27 @@ Result<std::vector<uint8_t>> TraceReader::ReadRows(const Table& t, hid_t mem_typ
           (t.cols > 0 && (*dims)[1] != static_cast<hsize_t>(t.cols))) {
         h5::LastError();
         return Status::Corruption(TailsPath(path_).string() + ": " + dpath + " does not match " + t.path);
+      }
+    }
+    if (!tail) {
+      // A chunk stored with its filters skipped (filter mask set) reaches no filter that could
+      // check its size, and HDF5 copies a whole chunk out of whatever it stored: one shorter
+      // than the chunk is refused here, before the read (found by tests/fuzz/fuzz_trace_edits.cc,
+      // regression input tests/fuzz/corpus/fuzz_trace_edits/crash_unfiltered_short_chunk).
+      const hsize_t chunk_bytes = static_cast<hsize_t>(t.chunk_rows) * row_bytes;
+      for (int64_t c = first / t.chunk_rows; c <= (first + n - 1) / t.chunk_rows; ++c) {
+        hsize_t off[2] = {static_cast<hsize_t>(c * t.chunk_rows), 0};
+        unsigned mask = 0;
+        haddr_t addr = HADDR_UNDEF;
+        hsize_t size = 0;
+        if (H5Dget_chunk_info_by_coord(d.get(), off, &mask, &addr, &size) < 0) {
+          h5::LastError();  // not allocated: HDF5 reads the fill value
+          continue;
+        }
+        if (mask != 0 && addr != HADDR_UNDEF && size != chunk_bytes) {
+          return Status::Corruption(dpath + ": chunk " + std::to_string(c) + " is stored unfiltered as " +
+                                    std::to_string(size) + " bytes, not the chunk's " + std::to_string(chunk_bytes));
+        }
       }
     }
     h5::Hid fspace(H5Dget_space(d.get()));

@@ -39,6 +39,31 @@ inline float F16ToF32(uint16_t h) {
   return std::bit_cast<float>(sign | ((exp + 112u) << 23) | (man << 13));
 }
 
+// fp32 to fp16 (IEEE binary16), round to nearest, ties to even; past 65504 (after rounding)
+// ±inf; NaN stays a quiet NaN (sign kept). The same bits as a C++ cast to _Float16, which some
+// compilers lack on x86 (clang 14): tests/numerics_test.cc compares the two where it exists.
+inline uint16_t F32ToF16(float f) {
+  const uint32_t u = std::bit_cast<uint32_t>(f);
+  const uint16_t sign = static_cast<uint16_t>((u >> 16) & 0x8000u);
+  const uint32_t a = u & 0x7fffffffu;
+  if (a > 0x7f800000u) return static_cast<uint16_t>(sign | 0x7e00u | ((a >> 13) & 0x3ffu));
+  if (a >= 0x477ff000u) return static_cast<uint16_t>(sign | 0x7c00u);  // ≥ 65520: rounds past 65504
+  const int32_t exp = static_cast<int32_t>(a >> 23) - 127;
+  if (exp < -14) {
+    // Subnormal (or zero) in fp16: the value in units of 2^-24, rounded to nearest even.
+    if (exp < -25) return sign;  // below 2^-25: rounds to ±0
+    const uint32_t man = (a & 0x7fffffu) | 0x800000u;  // value = man × 2^(exp - 23)
+    const int shift = -exp - 1;                        // to units of 2^-24: man >> (exp·(-1) - 1)
+    const uint32_t q = man >> shift, rem = man & ((1u << shift) - 1u), half = 1u << (shift - 1);
+    const uint32_t r = q + (rem > half || (rem == half && (q & 1u)));
+    return static_cast<uint16_t>(sign | r);
+  }
+  // Normal: drop 13 mantissa bits with round to nearest even (a carry may bump the exponent).
+  const uint32_t base = a - (112u << 23);  // exponent rebased from 127 to 15
+  const uint32_t r = (base + 0xfffu + ((base >> 13) & 1u)) >> 13;
+  return static_cast<uint16_t>(sign | r);
+}
+
 // E4M3 (fn): 1 sign, 4 exponent bits (bias 7), 3 mantissa bits; subnormals 2^-6 × m/8.
 inline float Fp8E4m3ToF32(uint8_t b) {
   uint32_t sign = b & 0x80u;

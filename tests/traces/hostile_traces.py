@@ -562,6 +562,16 @@ def make_cases():
                 d.attrs["base"] = np.int64(n)
                 d.attrs["count"] = np.int64(count)
 
+    # Files whose damaged object headers crash libhdf5 1.10 itself (found by fuzz_trace_reader):
+    # every command opens a trace in a child process first, so they are refused with one line.
+    reg = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "fuzz", "regressions", "hdf5-1.10")
+    for fn in sorted(os.listdir(reg)) if os.path.isdir(reg) else []:
+        if fn.endswith(".h5"):
+            name = "hdf5_crasher_" + fn[:-3]
+            p = os.path.join(CASES, name + ".h5")
+            shutil.copyfile(os.path.join(reg, fn), p)
+            cases.append((name, p, False))
+
     # --- byte-level damage: truncations, bit flips, zeroed blocks (seeded) ---
     size = os.path.getsize(BASE)
     for frac in (0.001, 0.01, 0.05, 0.1, 0.25, 0.5, 0.75, 0.9, 0.99, 0.9999):
