@@ -49,8 +49,11 @@ set -e
 "$L" verify "$W/sum.h5" -q --work-dir "$W/v3" --json > "$W/v3.json" || fail "summary trace: exit $?"
 "$PY" -c "import json,sys; j=json.load(open(sys.argv[1])); assert j['upgraded_from_summary'] and j['clean'] and j['rows'] > 0, j" "$W/v3.json"
 "$L" replay "$W/sum.h5" --capture full -o "$W/up.h5" -q > /dev/null || fail "replay --capture full"
-"$L" inspect "$W/up.h5" | grep -q "capture: full" || fail "replay --capture full did not capture values"
+"$L" inspect "$W/up.h5" > "$W/up.txt"
+grep -q "capture: full" "$W/up.txt" || fail "replay --capture full did not capture values"
 
-"$L" verify --help | grep -q -- "--work-dir" || fail "help"
-"$L" bisect --help | grep -q -- "--seeds.*\[8\]" || fail "bisect help shows no default for --seeds"
+"$L" verify --help > "$W/h1.txt"
+grep -q -- "--work-dir" "$W/h1.txt" || fail "help"
+"$L" bisect --help > "$W/h2.txt"
+grep -q -- "--seeds.*default: 8" "$W/h2.txt" || fail "bisect help shows no default for --seeds"
 echo ok
