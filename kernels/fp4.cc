@@ -38,7 +38,7 @@ const float* E8m0Table() {
 
 uint8_t F32ToE2m1(float x) {
   if (std::isnan(x)) return 0;
-  const uint8_t sign = std::signbit(x) ? 8 : 0;
+  const uint8_t sign = x < 0.0f ? 8 : 0;  // −0 encodes as +0 (ModelOpt's rule: sign = x < 0)
   const float a = std::fabs(x);
   // Midpoints of the grid 0, 0.5, 1, 1.5, 2, 3, 4, 6; a tie goes to the even code (≤ where the
   // lower neighbour is even, < where the upper one is).

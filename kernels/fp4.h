@@ -38,7 +38,8 @@ const float* E2m1Table();
 const float* E8m0Table();
 
 // x on the E2M1 grid, rounded to nearest with ties to the even code (the one whose bit 0 is
-// 0), saturating at ±6; −0 and values that round to zero keep their sign (code 8 for negative).
+// 0), saturating at ±6; the sign bit is x < 0, so negative values that round to zero are code 8
+// (−0) and −0 itself is code 0 — ModelOpt's _cast_fp4 rule, whose rounding this equals too.
 // NaN maps to code 0 — callers that see NaN mark the block instead (see the quantisers).
 uint8_t F32ToE2m1(float x);
 

@@ -27,6 +27,8 @@ constexpr std::array kRows = {
     Row{"gemm", "w8a8_dot", V(Gemm::kW8a8Dot)},
     Row{"gemm", "fp32_heuristic", V(Gemm::kFp32Heuristic)},
     Row{"gemm", "bf16_heuristic", V(Gemm::kBf16Heuristic)},
+    Row{"gemm", "mxfp4_dot", V(Gemm::kMxfp4Dot)},
+    Row{"gemm", "nvfp4_dot", V(Gemm::kNvfp4Dot)},
     Row{"attn_prefill", "expanded", V(AttnPrefill::kExpanded)},
     Row{"attn_prefill", "absorbed", V(AttnPrefill::kAbsorbed)},
     Row{"attn_decode", "absorbed", V(AttnDecode::kAbsorbed)},

@@ -28,6 +28,8 @@ enum class Gemm : uint8_t {
   kW8a8Dot,        // kFp8Dot's weights and the linear layers' inputs through FP8
   kFp32Heuristic,  // kFp32 with cuBLAS's heuristic algorithm (not pinned)
   kBf16Heuristic,  // kBf16 likewise
+  kMxfp4Dot,       // routed experts in MXFP4 (the checkpoint's, else quantised at load), cpu::Dot's order
+  kNvfp4Dot,       // routed experts in NVFP4 likewise
 };
 enum class AttnPrefill : uint8_t { kExpanded, kAbsorbed };
 enum class AttnDecode : uint8_t { kAbsorbed, kExpanded };
@@ -57,9 +59,12 @@ struct KernelPlan {
   bool bf16() const { return gemm == Gemm::kBf16 || gemm == Gemm::kBf16Dot || gemm == Gemm::kBf16Heuristic; }
   bool w8a8() const { return gemm == Gemm::kW8a8Dot; }
   bool fp8_weights() const { return gemm == Gemm::kFp8Dot || gemm == Gemm::kW8a8Dot; }
+  // The routed experts held in a 4-bit format (kernels/fp4.h): mxfp4_dot, nvfp4_dot.
+  bool fp4_experts() const { return gemm == Gemm::kMxfp4Dot || gemm == Gemm::kNvfp4Dot; }
   // The products in cpu::Dot's order (the *_dot variants).
   bool dot() const {
-    return gemm == Gemm::kFp32Dot || gemm == Gemm::kBf16Dot || gemm == Gemm::kFp8Dot || gemm == Gemm::kW8a8Dot;
+    return gemm == Gemm::kFp32Dot || gemm == Gemm::kBf16Dot || gemm == Gemm::kFp8Dot || gemm == Gemm::kW8a8Dot ||
+           fp4_experts();
   }
   // cuBLAS with a pinned algorithm (batch-invariant); the *_heuristic variants let it choose.
   bool pinned_algorithm() const { return gemm != Gemm::kFp32Heuristic && gemm != Gemm::kBf16Heuristic; }

@@ -48,6 +48,16 @@ Registry::Registry() {
        "fp8_dot's weights, and each linear layer's input through FP8 e4m3 per 128 values (power-of-two scale >= "
        "amax/448: DeepSeek V3.1/V3.2's act_quant, scale_fmt ue8m0); kv_b, the router and lm_head keep fp32 inputs",
        true, true, false},
+      {"gemm", "mxfp4_dot", "cpu",
+       "DeepSeek-V4 routed experts in MXFP4 (E2M1, E8M0 scale per 32: the checkpoint's own, else quantised at "
+       "load by kernels/fp4.h), dequantised exactly in the GEMM; other weights as stored; fp32 activations, "
+       "cpu::Dot's order",
+       true, true, false},
+      {"gemm", "nvfp4_dot", "cpu",
+       "DeepSeek-V4 routed experts in NVFP4 (E2M1, E4M3 scale per 16, fp32 scale_2: the checkpoint's own, else "
+       "quantised at load as ModelOpt does), dequantised in the GEMM; other weights as stored; fp32 "
+       "activations, cpu::Dot's order",
+       true, true, false},
       {"attn_sparse", "reference", "cpu", "sparse attention reads exactly the indexer's selected keys", true, true,
        true},
       {"softmax", "reference", "cpu",

@@ -56,6 +56,22 @@ TEST(KernelPlan, GemmVariantsMeanWhatTheirNamesSay) {
   EXPECT_TRUE(plan_of("fp8_dot").fp8_weights() && plan_of("fp8_dot").dot() && !plan_of("fp8_dot").w8a8());
   EXPECT_TRUE(plan_of("w8a8_dot").fp8_weights() && plan_of("w8a8_dot").w8a8());
   EXPECT_FALSE(plan_of("fp32_heuristic").pinned_algorithm());
+  EXPECT_FALSE(plan_of("fp8_dot").fp4_experts());
+}
+
+// The 4-bit expert formats are CPU gemm variants (the CUDA backend has no kernels for them yet,
+// so it refuses the names rather than running something else).
+TEST(KernelPlan, Fp4ExpertVariants) {
+  for (const char* g : {"mxfp4_dot", "nvfp4_dot"}) {
+    auto p = *KernelPlan::From(*Registry::Get().Resolve({{"gemm", g}}, "cpu"));
+    EXPECT_TRUE(p.fp4_experts() && p.dot() && !p.bf16() && !p.fp8_weights() && !p.w8a8()) << g;
+    EXPECT_NE(p.Describe().find(std::string("gemm=") + g), std::string::npos);
+    auto cuda = Registry::Get().Resolve({{"gemm", g}}, "cuda");
+    ASSERT_FALSE(cuda.ok()) << g;
+    EXPECT_NE(cuda.status().message().find("unknown variant"), std::string::npos) << cuda.status().message();
+  }
+  EXPECT_EQ((*KernelPlan::From(*Registry::Get().Resolve({{"gemm", "mxfp4_dot"}}, "cpu"))).gemm, Gemm::kMxfp4Dot);
+  EXPECT_EQ((*KernelPlan::From(*Registry::Get().Resolve({{"gemm", "nvfp4_dot"}}, "cpu"))).gemm, Gemm::kNvfp4Dot);
 }
 
 TEST(KernelPlan, AFaultIsAValueOfItsOp) {
