@@ -57,9 +57,10 @@ def plugin_candidates(explicit=None):
     return out
 
 
-def ensure_plugin(explicit=None):
+def ensure_plugin(explicit=None, required=True):
     """Makes HDF5 (through h5py) able to read and write filter 32015; returns the folder that
-    provided it, or raises TraceError saying where it looked. HDF5_PLUGIN_PATH set before the
+    provided it, or raises TraceError saying where it looked (with required=False: returns
+    that TraceError instead, for a caller that may not need the filter). HDF5_PLUGIN_PATH set before the
     process started works too; a folder given here is added to HDF5's plugin search path."""
     import h5py
     for d in plugin_candidates(explicit):
@@ -71,10 +72,13 @@ def ensure_plugin(explicit=None):
         _plugin_dirs_added.add(d)
     if h5py.h5z.filter_avail(ZSTD_FILTER_ID):
         return sorted(_plugin_dirs_added)[0] if _plugin_dirs_added else os.environ.get("HDF5_PLUGIN_PATH", "")
-    raise TraceError("the Zstandard filter (HDF5 filter 32015) that lockstep traces use is not available: "
+    err = TraceError("the Zstandard filter (HDF5 filter 32015) that lockstep traces use is not available: "
                      "build lockstep (it builds build/hdf5-plugins/libh5zstd_lockstep.so) and set "
                      "HDF5_PLUGIN_PATH to that folder or pass plugin_path= (looked in: "
                      + ", ".join(plugin_candidates(explicit)) + ")")
+    if required:
+        raise err
+    return err
 
 
 def text(v):

@@ -50,7 +50,11 @@ class Trace:
         import h5py
         self.path = str(path)
         self._h5 = h5py
-        self.plugin_dir = ensure_plugin(plugin_path)
+        # Tables are zstd-compressed unless a writer was told not to (TraceWriter(compress=False)):
+        # without the plugin the first read of a compressed table raises this error.
+        found = ensure_plugin(plugin_path, required=False)
+        self._plugin_error = found if isinstance(found, TraceError) else None
+        self.plugin_dir = None if self._plugin_error else found
         if not os.path.exists(self.path):
             raise TraceError(f"{self.path}: no such file")
         with open(self.path, "rb") as fh:
@@ -280,6 +284,8 @@ class Trace:
         except TraceError:
             raise
         except Exception as e:
+            if self._plugin_error is not None and _uses_zstd(d):
+                raise TraceError(f"{self.path}: '{path}': {self._plugin_error}")
             raise self._err(f"'{path}'", f"unreadable ({_why(e)})")
         self._cache[path] = rows
         return rows
@@ -483,6 +489,14 @@ class Trace:
 
     def __exit__(self, *exc):
         self.close()
+
+
+def _uses_zstd(d):
+    try:
+        plist = d.id.get_create_plist()
+        return any(plist.get_filter(i)[0] == 32015 for i in range(plist.get_nfilters()))
+    except Exception:
+        return False
 
 
 def _why(e):

@@ -35,9 +35,14 @@ def chunk_rows_for(row_bytes, target=64 << 10):
 
 
 class TraceWriter:
-    def __init__(self, path, zstd_level=3, writer="lockstep-python 0.1.0", batch_width=8, plugin_path=None):
+    def __init__(self, path, zstd_level=3, writer="lockstep-python 0.1.0", batch_width=8, plugin_path=None,
+                 compress=True):
         self.path = str(path)
-        ensure_plugin(plugin_path)
+        # compress=False writes the tables without filters (lockstep reads them; so does any
+        # HDF5 reader without the plugin), for a machine where the plugin cannot be loaded.
+        self.compress = bool(compress)
+        if self.compress:
+            ensure_plugin(plugin_path)
         self.zstd_level = int(zstd_level)
         self.writer = writer
         self.batch_width = int(batch_width)
@@ -163,6 +168,7 @@ class TraceWriter:
         sb = np.stack(self.step_batch) if self.step_batch else np.zeros((0, self.batch_width), np.int64)
         self._table(f, "step_batch", sb.astype("<i8"))
         f.create_group("taps")
+        f.create_group("kv")
         for path in sorted(self.tensors):
             t = self.tensors[path]
             g = f.require_group(path)
@@ -184,9 +190,9 @@ class TraceWriter:
     def _table(self, parent, name, data):
         row_bytes = data.dtype.itemsize * int(np.prod(data.shape[1:], dtype=np.int64))
         cr = chunk_rows_for(row_bytes)
+        filters = dict(shuffle=True, compression=ZSTD_FILTER_ID, compression_opts=(self.zstd_level,)) if self.compress else {}
         d = parent.create_dataset(name, shape=data.shape, maxshape=(None,) + data.shape[1:], dtype=data.dtype,
-                                  chunks=(cr,) + data.shape[1:], shuffle=True, compression=ZSTD_FILTER_ID,
-                                  compression_opts=(self.zstd_level,))
+                                  chunks=(cr,) + data.shape[1:], **filters)
         if len(data):
             d[...] = data
         d.attrs.create("chunk_rows", np.int64(cr))
