@@ -94,6 +94,18 @@ void PrintDiffText(const diff::TraceDiffReport& r, const Detokenize& detok, bool
     }
     std::printf("\n");
   }
+  if (const auto& ls = r.logit_summary; ls.rows > 0) {
+    // llama.cpp's --kl-divergence figures, over every position with logits on both sides.
+    std::printf("\nlogits: %lld positions; mean KL %.6g nats, max %.6g; KL percentiles 99.9%% %.3g, 99%% %.3g, "
+                "95%% %.3g, 90%% %.3g, median %.3g, 10%% %.3g, 5%% %.3g, 1%% %.3g, min %.3g; same top p %.3f%%\n",
+                static_cast<long long>(ls.rows), ls.mean_kl, ls.max_kl, ls.kl_p999, ls.kl_p99, ls.kl_p95, ls.kl_p90,
+                ls.kl_median, ls.kl_p10, ls.kl_p05, ls.kl_p01, ls.kl_min, ls.same_top_pct);
+    if (ls.chosen_rows > 0) {
+      std::printf("chosen token (%lld positions where both give it): mean p %.6g (a) vs %.6g (b), mean Δp %.3g, "
+                  "RMS Δp %.3g\n",
+                  static_cast<long long>(ls.chosen_rows), ls.chosen_prob_a, ls.chosen_prob_b, ls.mean_dp, ls.rms_dp);
+    }
+  }
   if (r.has_divergence) {
     const auto& f = r.first;
     std::printf("\nFIRST DIVERGENCE: request %d, position %lld, layer %lld, %s — %s\n", f.request,
@@ -171,6 +183,21 @@ json DiffJson(const diff::TraceDiffReport& r, const Detokenize& detok) {
   for (double g : r.layer_growth) growth.push_back(g >= 0 ? json(g) : json(nullptr));
   j["layer_growth"] = growth;
   j["mean_logit_kl"] = r.mean_logit_kl >= 0 ? Num(r.mean_logit_kl) : json(nullptr);
+  if (const auto& ls = r.logit_summary; ls.rows > 0) {
+    const bool chosen = ls.chosen_rows > 0;
+    j["logit_summary"] = {{"rows", ls.rows}, {"top1_flips", ls.top1_flips}, {"same_top_pct", ls.same_top_pct},
+                   {"mean_kl", Num(ls.mean_kl)}, {"max_kl", Num(ls.max_kl)},
+                   {"kl_percentiles", {{"min", Num(ls.kl_min)}, {"1", Num(ls.kl_p01)}, {"5", Num(ls.kl_p05)},
+                                       {"10", Num(ls.kl_p10)}, {"50", Num(ls.kl_median)}, {"90", Num(ls.kl_p90)},
+                                       {"95", Num(ls.kl_p95)}, {"99", Num(ls.kl_p99)}, {"99.9", Num(ls.kl_p999)}}},
+                   {"chosen_rows", ls.chosen_rows},
+                   {"chosen_prob_a", chosen ? Num(ls.chosen_prob_a) : json(nullptr)},
+                   {"chosen_prob_b", chosen ? Num(ls.chosen_prob_b) : json(nullptr)},
+                   {"mean_dp", chosen ? Num(ls.mean_dp) : json(nullptr)},
+                   {"rms_dp", chosen ? Num(ls.rms_dp) : json(nullptr)}};
+  } else {
+    j["logit_summary"] = nullptr;
+  }
   json tensors = json::array();
   for (const auto* tp : NaturalTensors(r)) {
     const auto& t = *tp;
@@ -205,6 +232,12 @@ json DiffJson(const diff::TraceDiffReport& r, const Detokenize& detok) {
   json lg = json::array();
   for (const auto& d : r.logits) lg.push_back(row(d));
   j["logits"] = lg;
+  // Every request's logits rows, one a position (per position KL, top-1, chosen-token p).
+  json all = json::array();
+  for (const auto& det : r.details) {
+    for (const auto& d : det.logits) all.push_back(row(d));
+  }
+  j["logits_all"] = all;
   return j;
 }
 

@@ -265,8 +265,21 @@ Result<TraceDiffReport> CompareTraces(const traces::TraceReader& a, const traces
   for (const auto& t : b.tensors()) tb[t.path] = &t;
   std::set<std::string> in_a;
   for (const auto& t : a.tensors()) in_a.insert(t.path);
+  // An import of a server's logprobs (python/lockstep/import_openai.py) holds only the top-k
+  // rows of the logits: the full rows' summaries a recording always keeps (taps/logits, no
+  // values) have nothing to pair with there, and the logits compare through the top-k rows.
+  auto topk_only = [](const traces::TraceReader& t) {
+    return t.FindTensor("taps/logits.topk_ids") != nullptr && t.FindTensor("taps/logits") == nullptr;
+  };
+  auto summary_logits = [](const traces::TensorInfo& t) { return t.path == "taps/logits" && !t.has_values; };
   for (const auto& t : b.tensors()) {
-    if (!in_a.count(t.path)) rep.only_in_b.push_back(t.path);
+    if (in_a.count(t.path)) continue;
+    if (summary_logits(t) && topk_only(a)) {
+      rep.notes.push_back(rep.path_a + " holds only top-k logits rows (an import?): taps/logits of " + rep.path_b +
+                          " (summaries only) is compared through its top-k rows");
+      continue;
+    }
+    rep.only_in_b.push_back(t.path);
   }
   const Thresholds& th = opt.thresholds;
   std::map<int32_t, std::vector<RowDiff>> resid_rows;  // per request: layers.*.resid_out rows
@@ -278,7 +291,12 @@ Result<TraceDiffReport> CompareTraces(const traces::TraceReader& a, const traces
   for (const auto& ta : a.tensors()) {
     auto it = tb.find(ta.path);
     if (it == tb.end()) {
-      rep.only_in_a.push_back(ta.path);
+      if (summary_logits(ta) && topk_only(b)) {
+        rep.notes.push_back(rep.path_b + " holds only top-k logits rows (an import?): taps/logits of " + rep.path_a +
+                            " (summaries only) is compared through its top-k rows");
+      } else {
+        rep.only_in_a.push_back(ta.path);
+      }
       continue;
     }
     const traces::TensorInfo& tbi = *it->second;
@@ -458,6 +476,15 @@ Result<TraceDiffReport> CompareTraces(const traces::TraceReader& a, const traces
     const int64_t k = ia->cols;
     LS_ASSIGN_OR_RETURN(auto sa, a.ReadSummary(*ia));
     LS_ASSIGN_OR_RETURN(auto sb, b.ReadSummary(*ib));
+    // A row is bit-identical only when its ids, values and logsumexp all are (equal ids alone
+    // say nothing about the distribution: an import's logprobs, another cache format).
+    LS_ASSIGN_OR_RETURN(auto sva, a.ReadSummary(*va_));
+    LS_ASSIGN_OR_RETURN(auto svb, b.ReadSummary(*vb_));
+    LS_ASSIGN_OR_RETURN(auto sla, a.ReadSummary(*la));
+    LS_ASSIGN_OR_RETURN(auto slb, b.ReadSummary(*lb));
+    if (sva.size() < sa.size() || sla.size() < sa.size() || svb.size() < sb.size() || slb.size() < sb.size()) {
+      return Status::Corruption("taps/logits.topk_*: the top-k tensors hold different row counts");
+    }
     LS_ASSIGN_OR_RETURN(auto ida, a.ReadValues(*ia, 0, static_cast<int64_t>(sa.size())));
     LS_ASSIGN_OR_RETURN(auto vda, a.ReadValues(*va_, 0, static_cast<int64_t>(sa.size())));
     LS_ASSIGN_OR_RETURN(auto lda, a.ReadValues(*la, 0, static_cast<int64_t>(sa.size())));
@@ -518,8 +545,27 @@ Result<TraceDiffReport> CompareTraces(const traces::TraceReader& a, const traces
       d.logits.kl = std::isfinite(kl) ? std::max(0.0, kl) : INFINITY;  // NaN logits: infinitely far
       d.logits.top1_ref = i32(ida, i * k);
       d.logits.top1_cand = i32(idb, j * k);
+      // The chosen token (a's token at position + 1), where it is in both top-k lists.
+      if (auto rq = req_by_id.find(d.request); rq != req_by_id.end()) {
+        const auto& pr = rq->second->prompt;
+        const int64_t next = d.position + 1, gi = next - static_cast<int64_t>(pr.size());
+        const int32_t chosen = next < static_cast<int64_t>(pr.size()) ? pr[next]
+                               : gi < static_cast<int64_t>(rq->second->tokens_a.size()) ? rq->second->tokens_a[gi]
+                                                                                         : -1;
+        double la_chosen = NAN;
+        for (int64_t c = 0; c < k && chosen >= 0; ++c) {
+          if (i32(ida, i * k + c) == chosen) la_chosen = f32(vda, i * k + c) - lse_a;
+        }
+        auto q = qb.find(chosen);
+        if (chosen >= 0 && std::isfinite(la_chosen) && q != qb.end()) {
+          d.logits.chosen_known = true;
+          d.logits.chosen_prob_ref = std::exp(la_chosen);
+          d.logits.chosen_prob_cand = std::exp(q->second);
+        }
+      }
       d.logits.top1_agree = d.logits.top1_ref == d.logits.top1_cand;
-      d.hash_equal = sa[i].hash == sb[j].hash;
+      d.hash_equal = sa[i].hash == sb[j].hash && sva[i].hash == svb[j].hash && sla[i].hash == slb[j].hash;
+      if (!d.hash_equal) rep.identical = false;
       d.diverges = !d.hash_equal && Diverges(d.logits, th);
       char buf[96];
       std::snprintf(buf, sizeof buf, "KL %.3g (top-%lld), top-1 %s", d.logits.kl, static_cast<long long>(k),
@@ -587,6 +633,8 @@ Result<TraceDiffReport> CompareTraces(const traces::TraceReader& a, const traces
   {
     LogitSummary& ls = rep.logit_summary;
     double sum = 0;
+    std::vector<double> kls;  // for llama.cpp's figures: the same rows' KLs
+    double dp2 = 0;
     for (auto& [req, rows] : logit_rows) {
       // One row a position: the full logits' row when its values were compared (or its hash
       // matched), else the top-k row of the same position; a summary-only row whose hash
@@ -607,6 +655,16 @@ Result<TraceDiffReport> CompareTraces(const traces::TraceReader& a, const traces
           ls.max_kl_request = d->request;
           ls.max_kl_position = d->position;
         }
+        kls.push_back(std::isnan(kl) ? INFINITY : kl);
+        if (d->logits.chosen_known && std::isfinite(d->logits.chosen_prob_ref) &&
+            std::isfinite(d->logits.chosen_prob_cand)) {
+          const double dp = d->logits.chosen_prob_cand - d->logits.chosen_prob_ref;
+          ++ls.chosen_rows;
+          ls.chosen_prob_a += d->logits.chosen_prob_ref;
+          ls.chosen_prob_b += d->logits.chosen_prob_cand;
+          ls.mean_dp += dp;
+          dp2 += dp * dp;
+        }
         if (!d->hash_equal && !d->logits.top1_agree) {
           ++ls.top1_flips;
           if (ls.flips.size() < LogitSummary::kMaxFlipsListed) ls.flips.emplace_back(d->request, d->position);
@@ -614,6 +672,23 @@ Result<TraceDiffReport> CompareTraces(const traces::TraceReader& a, const traces
       }
     }
     if (ls.rows > 0) ls.mean_kl = sum / static_cast<double>(ls.rows);
+    if (!kls.empty()) {
+      std::sort(kls.begin(), kls.end());
+      auto rank = [&](double q) {  // nearest rank: the smallest value with at least q of the rows at or below it
+        const size_t n = kls.size();
+        size_t r = static_cast<size_t>(std::ceil(q * static_cast<double>(n)));
+        return kls[std::min(n - 1, r == 0 ? 0 : r - 1)];
+      };
+      ls.kl_min = kls.front();
+      ls.kl_p01 = rank(0.01), ls.kl_p05 = rank(0.05), ls.kl_p10 = rank(0.10), ls.kl_median = rank(0.5);
+      ls.kl_p90 = rank(0.90), ls.kl_p95 = rank(0.95), ls.kl_p99 = rank(0.99), ls.kl_p999 = rank(0.999);
+      ls.same_top_pct = 100.0 * static_cast<double>(ls.rows - ls.top1_flips) / static_cast<double>(ls.rows);
+    }
+    if (ls.chosen_rows > 0) {
+      const double n = static_cast<double>(ls.chosen_rows);
+      ls.chosen_prob_a /= n, ls.chosen_prob_b /= n, ls.mean_dp /= n;
+      ls.rms_dp = std::sqrt(dp2 / n);
+    }
   }
 
   // Error growth and heatmap for the request of the first divergence (else request 0).

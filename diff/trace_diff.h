@@ -94,6 +94,15 @@ struct LogitSummary {
   // The first flips in (request, position) order, at most kMaxFlipsListed of them.
   static constexpr size_t kMaxFlipsListed = 16;
   std::vector<std::pair<int32_t, int64_t>> flips;
+  // llama.cpp's KL-divergence figures (its perplexity tool, --kl-divergence) over the same rows:
+  // KL percentiles (nearest rank over the sorted KLs; an infinite KL sorts last), the share of
+  // positions whose most likely token agrees ("same top p"), and the chosen token's probability
+  // under each side where both know it (mean p_a, mean p_b, mean and RMS of p_b − p_a).
+  double kl_min = 0, kl_p01 = 0, kl_p05 = 0, kl_p10 = 0, kl_median = 0, kl_p90 = 0, kl_p95 = 0, kl_p99 = 0,
+         kl_p999 = 0;
+  double same_top_pct = 0;       // 100 · (rows − top1_flips) / rows
+  int64_t chosen_rows = 0;       // rows where both sides give the chosen token's probability
+  double chosen_prob_a = 0, chosen_prob_b = 0, mean_dp = 0, rms_dp = 0;
 };
 
 // One request's data for reports: what `heatmap`, `logits` and `layer_growth` hold for the

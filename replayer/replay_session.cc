@@ -3,6 +3,7 @@
 
 #include <cstring>
 #include <map>
+#include <set>
 #include <sstream>
 
 #include <nlohmann/json.hpp>
@@ -318,9 +319,24 @@ Result<ReplayResult> Replay(const traces::TraceReader& trace, const ReplayOption
   int64_t total = 0;
   std::vector<int32_t> eos;
   for (int64_t e : model->config().eos_token_ids) eos.push_back(static_cast<int32_t>(e));
+  // Requests whose recording holds logits rows at prompt positions (an import of a server's
+  // prompt_logprobs, python/lockstep/import_openai.py) get those rows from the replay too.
+  std::set<int32_t> prompt_logits;
+  for (const char* name : {"taps/logits", "taps/logits.topk_ids"}) {
+    const traces::TensorInfo* ti = trace.FindTensor(name);
+    if (ti == nullptr) continue;
+    LS_ASSIGN_OR_RETURN(auto sum, trace.ReadSummary(*ti));
+    std::map<int32_t, int64_t> prompt_len;
+    for (const auto& ri : trace.requests()) prompt_len[ri.id] = static_cast<int64_t>(ri.prompt.size());
+    for (const auto& s : sum) {
+      auto it = prompt_len.find(s.request);
+      if (it != prompt_len.end() && s.position + 1 < it->second) prompt_logits.insert(s.request);
+    }
+  }
   for (const auto& ri : trace.requests()) {
     engine::Request r;
     r.name = ri.name;
+    r.all_prompt_logits = prompt_logits.count(ri.id) > 0;
     r.prompt = ri.prompt;
     r.sampling.seed = ov.seed ? *ov.seed + static_cast<uint64_t>(reqs.size()) : ri.seed;
     r.sampling.temperature = ov.temperature.value_or(ri.temperature);

@@ -347,9 +347,11 @@ json CaptureJson(const Result<CaptureResult>& r) {
 // logprob, bytes, top_logprobs}]}, completions' {tokens, token_logprobs, top_logprobs,
 // text_offset} with offsets counted from `offset` (the text before token `from`). A streaming
 // chunk carries the tokens that arrived since the previous chunk; the non-streaming body, all.
+// With `ids` (vLLM's return_tokens_as_token_ids) every token reads "token_id:N": one piece of
+// text can be several tokens, and an importer needs the ids.
 json LogprobsJson(const engine::Tokenizer& tok, const ChoiceText& c, bool chat, int top_n, size_t from, size_t to,
-                  size_t* offset) {
-  auto piece = [&](int32_t id) { return tok.Decode(std::vector<int32_t>{id}); };
+                  size_t* offset, bool ids) {
+  auto piece = [&](int32_t id) { return ids ? "token_id:" + std::to_string(id) : tok.Decode(std::vector<int32_t>{id}); };
   auto bytes = [](const std::string& p) {
     json b = json::array();
     for (unsigned char ch : p) b.push_back(static_cast<int>(ch));
@@ -548,7 +550,7 @@ void Server::Routes() {
           const ChoiceText& c = st->choices[i];
           size_t offset = 0;
           json lp = g.top_logprobs >= 0
-                        ? LogprobsJson(*opts_.tokenizer, c, chat, g.top_logprobs, 0, c.tokens.size(), &offset)
+                        ? LogprobsJson(*opts_.tokenizer, c, chat, g.top_logprobs, 0, c.tokens.size(), &offset, g.tokens_as_ids)
                         : json(nullptr);
           if (chat) {
             choices.push_back({{"index", i},
@@ -557,6 +559,10 @@ void Server::Routes() {
                                {"finish_reason", c.finish_reason}});
           } else {
             choices.push_back({{"index", i}, {"text", c.text}, {"logprobs", lp}, {"finish_reason", c.finish_reason}});
+          }
+          if (g.return_token_ids) {
+            choices.back()["prompt_token_ids"] = g.prompt;
+            choices.back()["token_ids"] = c.tokens;
           }
         }
         json body = {{"id", object_id},
@@ -607,7 +613,8 @@ void Server::Routes() {
                 json fr = c.finished ? json(c.finish_reason) : json(nullptr);
                 json lp = nullptr;
                 if (g.top_logprobs >= 0 && c.tokens.size() > lp_sent[i]) {  // the tokens since the last chunk
-                  lp = LogprobsJson(*opts_.tokenizer, c, chat, g.top_logprobs, lp_sent[i], c.tokens.size(), &lp_offset[i]);
+                  lp = LogprobsJson(*opts_.tokenizer, c, chat, g.top_logprobs, lp_sent[i], c.tokens.size(), &lp_offset[i],
+                                    g.tokens_as_ids);
                   lp_sent[i] = c.tokens.size();
                 }
                 json ch = chat ? json{{"index", i}, {"delta", {{"content", d}}}, {"logprobs", lp}, {"finish_reason", fr}}

@@ -408,6 +408,11 @@ std::optional<ApiError> ParseGenerationRequest(const std::string& body, bool cha
     }
   }
   if (auto e = Bool(j, "ignore_eos", &r.ignore_eos, "ignore_eos", "ignore_eos")) return e;
+  if (auto e = Bool(j, "return_tokens_as_token_ids", &r.tokens_as_ids, "return_tokens_as_token_ids",
+                    "return_tokens_as_token_ids")) {
+    return e;
+  }
+  if (auto e = Bool(j, "return_token_ids", &r.return_token_ids, "return_token_ids", "return_token_ids")) return e;
   r.capture = capture_header;
   if (j.contains("lockstep")) {
     const json& l = j["lockstep"];

@@ -102,6 +102,9 @@ struct GenerationRequest {
   bool stream = false;
   bool include_usage = false;
   bool ignore_eos = false;         // lockstep extension (body "ignore_eos", as vLLM)
+  // vLLM's extensions, for importers that need ids, not text (python3 -m lockstep import openai):
+  bool tokens_as_ids = false;      // "return_tokens_as_token_ids": logprobs' tokens read "token_id:N"
+  bool return_token_ids = false;   // "return_token_ids": choices carry prompt_token_ids and token_ids
   std::string capture;             // "" | "summary" | "full": header or body {"lockstep":{"capture":…}}
 };
 
