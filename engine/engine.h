@@ -44,6 +44,10 @@ struct Request {
   std::string name;                // caller's label ("0", a request id, …)
   std::vector<int32_t> prompt;
   int64_t max_new_tokens = 16;
+  // What a trace records as this request's limit when it is not max_new_tokens (−1): an exact or
+  // forced replay runs to the recording's token count, but the request it replays asked for
+  // the recording's limit (a request that stopped at EOS early is not "another limit").
+  int64_t recorded_max_new_tokens = -1;
   SamplingParams sampling;
   std::vector<int32_t> stop_tokens;  // generation ends after emitting one of these
   bool all_prompt_logits = false;    // keep the logits of every prompt position (tests, traces)

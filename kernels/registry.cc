@@ -193,6 +193,10 @@ void Registry::DeclareBounds() {
       {"rope", "reference", "cpu", 0, ""},
       {"page_table", "reference", "cpu", 0, ""},
       {"kv_quant", "reference", "cpu", 0, ""},
+      // 4-bit experts (E2M1, measured 0.1 relative L2 on the tiny V4 model's experts): no forward
+      // pass holds its experts so yet (issue 32), so no fixture runs them; the twin test skips.
+      {"gemm", "mxfp4_dot", "cpu", 0.5, ""},
+      {"gemm", "nvfp4_dot", "cpu", 0.5, ""},
       // CUDA: where a variant has the CPU's bits its bound is the CPU variant's (and the test
       // checks the bits); cuBLAS's own orders get the bound of their number format.
       {"attn_prefill", "absorbed", "cuda", 1e-5, ""},
@@ -213,7 +217,11 @@ void Registry::DeclareBounds() {
       {"softmax", "reference", "cuda", 1e-5, ""},
       {"rope", "reference", "cuda", 1e-5, ""},
       {"page_table", "reference", "cuda", 1e-5, ""},
-      {"kv_quant", "reference", "cuda", 1e-5, ""},
+      // Under the CUDA defaults the FP8 cache rounds a latent whose last bits came from cuBLAS, not
+      // the CPU's order: a value near an e4m3 rounding boundary steps by 2^-4 (measured p90 6.1e-4,
+      // worst row 3.8e-3 on v2_qlora_group; ≤ 5.4e-6 elsewhere). With every op CPU-bitwise the
+      // bits are the CPU's (the twin test checks that too).
+      {"kv_quant", "reference", "cuda", 5e-3, ""},
   };
   for (const Declared& d : kDeclared) {
     for (auto& v : variants_) {

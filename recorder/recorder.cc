@@ -44,7 +44,7 @@ Status Recorder::AddRequest(int64_t id, const std::string& prompt_text) {
   rec.name = r.name;
   rec.prompt = r.prompt;
   rec.prompt_text = prompt_text;
-  rec.max_new_tokens = r.max_new_tokens;
+  rec.max_new_tokens = r.recorded_max_new_tokens >= 0 ? r.recorded_max_new_tokens : r.max_new_tokens;
   rec.seed = r.sampling.seed;
   rec.temperature = r.sampling.temperature;
   rec.top_k = r.sampling.top_k;

@@ -346,9 +346,11 @@ Result<ReplayResult> Replay(const traces::TraceReader& trace, const ReplayOption
     switch (opt.mode) {
       case ReplayMode::kExact:
         r.max_new_tokens = static_cast<int64_t>(ri.generated.size());
+        r.recorded_max_new_tokens = ri.max_new_tokens;
         break;
       case ReplayMode::kForced:
         r.max_new_tokens = static_cast<int64_t>(ri.generated.size());
+        r.recorded_max_new_tokens = ri.max_new_tokens;
         r.forced_tokens = ri.generated;
         break;
       case ReplayMode::kFree: {

@@ -264,6 +264,20 @@ EngineOptions With(const KernelVariant& v, const std::string& backend) {
   return o;
 }
 
+// Every op at a CUDA variant that has the CPU's bits and exists on the CPU (its default when
+// that one does), `v` for its own op.
+kernels::KernelChoice BitsConfig(const KernelVariant& v) {
+  kernels::KernelChoice c;
+  const Registry& r = Registry::Get();
+  for (const auto& x : r.variants()) {
+    if (x.backend != "cuda" || x.fault || !x.cpu_bits || r.Find(x.op, x.name, "cpu") == nullptr) continue;
+    auto it = c.find(x.op);
+    if (it == c.end() || x.is_default) c[x.op] = x.name;
+  }
+  c[v.op] = v.name;
+  return c;
+}
+
 std::string Label(const KernelVariant& v) { return v.backend + ":" + v.op + "=" + v.name; }
 
 class VariantTwin : public ::testing::TestWithParam<const KernelVariant*> {};
@@ -271,7 +285,8 @@ class VariantTwin : public ::testing::TestWithParam<const KernelVariant*> {};
 TEST_P(VariantTwin, KeepsWhatItDeclares) {
   const KernelVariant& v = *GetParam();
   ASSERT_FALSE(Fixtures().empty()) << "no model fixtures";
-  bool changed_somewhere = false;
+  bool changed_somewhere = false, ran = false;
+  std::string refused;
   double worst_all = 0;
   for (const Fixture& f : Fixtures()) {
     ASSERT_TRUE(f.baseline.ok) << f.name << ": the default configuration failed: " << f.baseline.error;
@@ -281,6 +296,11 @@ TEST_P(VariantTwin, KeepsWhatItDeclares) {
     const Rows& reference_rows = fp8 ? f.reference_rows_fp8 : f.reference_rows;
     const Outcome a = RunOne(f.model, f.ref, With(v, v.backend));
     if (!a.ok && v.backend == "cuda") GTEST_SKIP() << "no CUDA device: " << a.error;
+    if (!a.ok && a.error.find("4-bit routed experts") != std::string::npos) {
+      refused = a.error;  // a variant for another family's weights: refused in one line, not run
+      continue;
+    }
+    ran = true;
     ASSERT_TRUE(a.ok) << Label(v) << " on " << f.name << ": " << a.error;
     const bool differs = !SameBits(a, baseline);
     changed_somewhere |= differs;
@@ -327,10 +347,15 @@ TEST_P(VariantTwin, KeepsWhatItDeclares) {
           << Label(v) << " on " << f.name << ": the logits change with a neighbour in the batch";
     }
     if (v.backend == "cuda" && v.cpu_bits && Registry::Get().Find(v.op, v.name, "cpu") != nullptr) {
-      EXPECT_TRUE(SameBits(a, RunOne(f.model, f.ref, With(v, "cpu"))))
-          << Label(v) << " on " << f.name << " declares the CPU's bits";
+      // The CPU's bits hold when every op runs a variant with them: this one, and for every
+      // other op its CPU-bitwise variant (gemm=fp32_dot for cuBLAS's fp32), on both backends.
+      EngineOptions on_gpu = With(v, "cuda"), on_cpu = With(v, "cpu");
+      on_gpu.kernels = on_cpu.kernels = BitsConfig(v);
+      EXPECT_TRUE(SameBits(RunOne(f.model, f.ref, on_gpu), RunOne(f.model, f.ref, on_cpu)))
+          << Label(v) << " on " << f.name << " declares the CPU's bits (with every other op CPU-bitwise too)";
     }
   }
+  if (!ran) GTEST_SKIP() << Label(v) << " runs on no fixture model yet: " << refused;
   if (v.fault) {
     EXPECT_TRUE(changed_somewhere) << Label(v) << ": a fault that changes no fixture's bits tests nothing";
   }
