@@ -213,21 +213,25 @@ Result<BisectResult> Bisect(const traces::TraceReader& trace, const BisectOption
   if (opt.configuration) {
     const auto& reg = kernels::Registry::Get();
     std::map<std::string, std::vector<std::string>> alts;
+    // The variants of the backend the trace ran on (a CUDA trace replays on CUDA).
+    const std::string backend = rec.backend.empty() ? "cpu" : rec.backend;
+    auto cfg = trace.meta().find("model_config");
+    const bool v4 = cfg != trace.meta().end() && cfg->second.find("deepseek_v4") != std::string::npos;
     for (const auto& v : reg.variants()) {
-      if (v.backend == "cpu" && !v.fault) alts[v.op].push_back(v.name);
+      if (v.backend != backend || v.fault) continue;
+      // An alias gives another variant's bits (same_bits_as): swapping to it answers nothing new.
+      if (!v.same_bits_as.empty()) continue;
+      // 4-bit experts exist only in DeepSeek-V4's checkpoints.
+      if (!v4 && (v.name == "mxfp4_dot" || v.name == "nvfp4_dot")) continue;
+      alts[v.op].push_back(v.name);
     }
     std::vector<std::pair<std::string, Overrides>> swaps;
     std::vector<std::pair<std::string, std::string>> labels;
     for (const auto& [op, names] : alts) {
       if (names.size() < 2) continue;
-      const std::string from = ran.count(op) ? ran[op] : reg.Default(op);
+      const std::string from = ran.count(op) ? ran[op] : reg.Default(op, backend);
       for (const auto& to : names) {
         if (to == from) continue;
-        // The *_dot / *_heuristic gemm names equal their base variant on the CPU: one swap each.
-        if (op == "gemm" && (to.find("_dot") != std::string::npos || to.find("_heuristic") != std::string::npos) &&
-            to != "fp8_dot" && to != "w8a8_dot") {
-          continue;
-        }
         if (op == "indexer" && !trace.meta().count("model_config")) continue;
         Overrides s;
         s.kernels[op] = to;
