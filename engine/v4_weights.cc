@@ -74,30 +74,8 @@ class V4Loader {
   Status Get(const std::string& hf, const std::vector<int64_t>& shape, Matrix* out, int64_t* count) {
     const TensorView* t = Find(hf);
     if (t == nullptr) return Status::NotFound("checkpoint: tensor '" + hf + "' is missing");
-    const std::string name = Stored(hf);
-    used_.insert(name);
-    if (t->shape != shape) {
-      TensorView want;
-      want.shape = shape;
-      return Status::Corruption(t->file + ": tensor '" + name + "': shape " + t->ShapeString() +
-                                " but config.json implies " + want.ShapeString());
-    }
-    w_->dtype_counts[std::string(DTypeName(t->dtype))]++;
-    const int64_t br = c_.fp8_block_rows > 0 ? c_.fp8_block_rows : 128;
-    const int64_t bc = c_.fp8_block_cols > 0 ? c_.fp8_block_cols : 128;
-    LS_ASSIGN_OR_RETURN(*out, LoadMatrix(ck_, name, br, bc));
-    if (out->fp8 != nullptr) w_->fp8_tensors++;
-    // The scales a stored format brings with a weight (FP8's weight_scale_inv; the official
-    // `.scale` of FP8 and MXFP4; ModelOpt NVFP4's weight_scale / weight_scale_2 / input_scale):
-    // LoadMatrix reads the ones its dtype needs; none is an unused tensor.
-    if (name.ends_with(".weight")) {
-      const std::string stem = name.substr(0, name.size() - 7);
-      for (const std::string& s : {name + "_scale_inv", stem + ".scale", stem + ".weight_scale",
-                                   stem + ".weight_scale_2", stem + ".input_scale"}) {
-        if (ck_.Find(s) != nullptr) used_.insert(s);
-      }
-    }
-    if (count != nullptr) *count += t->numel();
+    LS_RETURN_IF_ERROR(LoadConfiguredMatrix(ck_, c_, Stored(hf), shape, out, w_, &used_));
+    if (count != nullptr) *count += out->rows * out->cols;
     return Status::Ok();
   }
 

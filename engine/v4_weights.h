@@ -3,11 +3,11 @@
 // Names are transformers 5.17's (`model.layers.L.self_attn.q_a_proj.weight`, …); a checkpoint
 // in DeepSeek's official naming (`layers.L.attn.wq_a.weight`, `layers.L.ffn.experts.E.w1.weight`,
 // `layers.L.hc_attn_fn`, …) is read through V4OfficialToHf, the conversion_mapping of
-// transformers written out as an ordered list of renames. Matrices are kernels::WeightView
-// views of the mapped file (F32, BF16, F16, F8_E4M3 with 128×128 block scales); vectors are
-// decoded to fp32 at load. The routed experts are loaded through LoadMatrix too, so the 4-bit
-// formats (MXFP4, NVFP4: branch v4fmt's WeightView dtypes) arrive here as new dtypes of the same
-// Matrix, with nothing to change in this file but the scale-tensor names they bring.
+// transformers written out as an ordered list of renames. Every matrix is read by
+// LoadConfiguredMatrix (engine/weights.h), as V2/V3's are: kernels::WeightView views of the
+// mapped file in F32, BF16, F16, F8_E4M3 with 128×128 block scales (`weight_scale_inv` F32 or the
+// official `.scale` F8_E8M0), or the routed experts' 4-bit MXFP4 (`.scale`) and NVFP4
+// (`.weight_scale`, `.weight_scale_2`); vectors are decoded to fp32 at load.
 //
 // Lifetime: the matrices keep the checkpoint's mapping alive. Immutable after load.
 #pragma once

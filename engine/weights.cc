@@ -10,6 +10,7 @@
 
 #include "engine/v4_weights.h"
 #include "kernels/cpu/numerics.h"
+#include "kernels/fp4.h"
 
 namespace lockstep::engine {
 namespace {
@@ -59,24 +60,7 @@ class Loader {
   // for stacked matrices): LoadMatrix's Matrix.
   Status Get(const std::string& name, std::vector<int64_t> shape, Matrix* out) {
     if (ck_ == nullptr) return Shape(name, shape, out);
-    const TensorView* t = ck_->Find(name);
-    if (t == nullptr) return Status::NotFound("checkpoint: tensor '" + name + "' is missing");
-    used_.insert(name);
-    if (t->shape != shape) {
-      TensorView want;
-      want.shape = shape;
-      return Status::Corruption(t->file + ": tensor '" + name + "': shape " + t->ShapeString() +
-                                " but config.json implies " + want.ShapeString());
-    }
-    w_->dtype_counts[std::string(DTypeName(t->dtype))]++;
-    const int64_t br = c_.fp8_block_rows > 0 ? c_.fp8_block_rows : 128;
-    const int64_t bc = c_.fp8_block_cols > 0 ? c_.fp8_block_cols : 128;
-    LS_ASSIGN_OR_RETURN(*out, LoadMatrix(*ck_, name, br, bc));
-    if (out->fp8 != nullptr) {
-      used_.insert(ScaleName(name));
-      w_->fp8_tensors++;
-    }
-    return Status::Ok();
+    return LoadConfiguredMatrix(*ck_, c_, name, shape, out, w_, &used_);
   }
 
   Status Linear(const std::string& prefix, int64_t out, int64_t in, Matrix* m) {
@@ -129,43 +113,123 @@ class Loader {
   std::set<std::string> used_;
 };
 
-// fp8 value × weight_scale_inv[row / block_rows, col / block_cols], both read in place.
-Result<Matrix> Fp8Matrix(const Checkpoint& ck, const TensorView& t, const std::string& name, int64_t br, int64_t bc) {
+// `<p>` of a `<p>.weight` name, else "" (a name with no companion tensors).
+std::string WeightStem(const std::string& name) {
+  return name.size() > 7 && name.ends_with(".weight") ? name.substr(0, name.size() - 7) : std::string();
+}
+
+// fp8 value × scale[row / block_rows, col / block_cols], both read in place: the scales are
+// `<name>_scale_inv` F32 (transformers) or `<p>.scale` F8_E8M0 / F32 (DeepSeek's official
+// files; E8M0 decoded to fp32 once: 2^(e − 127), exact).
+Result<Matrix> Fp8Matrix(const Checkpoint& ck, const TensorView& t, const std::string& name, int64_t br, int64_t bc,
+                         std::vector<std::string>* companions) {
   if (t.shape.size() != 2) return Status::Unsupported(t.file + ": tensor '" + name + "': F8_E4M3 must be 2-D");
-  const std::string sname = ScaleName(name);
+  std::string sname = ScaleName(name);
   const TensorView* s = ck.Find(sname);
+  if (s == nullptr && !WeightStem(name).empty() && ck.Find(WeightStem(name) + ".scale") != nullptr) {
+    sname = WeightStem(name) + ".scale";
+    s = ck.Find(sname);
+  }
   if (s == nullptr) {
-    return Status::NotFound(t.file + ": tensor '" + name + "' is F8_E4M3 but '" + sname + "' is missing");
+    return Status::NotFound(t.file + ": tensor '" + name + "' is F8_E4M3 but '" + ScaleName(name) + "' is missing");
   }
   const int64_t rows = t.shape[0], cols = t.shape[1];
   const std::vector<int64_t> want = {(rows + br - 1) / br, (cols + bc - 1) / bc};
-  if (s->shape != want || s->dtype != DType::kF32) {
+  const bool e8m0 = s->dtype == DType::kF8E8M0;
+  if (s->shape != want || (s->dtype != DType::kF32 && !e8m0)) {
     TensorView w;
     w.shape = want;
-    return Status::Corruption(s->file + ": tensor '" + sname + "': must be F32 " + w.ShapeString() + ", found " +
-                              std::string(DTypeName(s->dtype)) + " " + s->ShapeString());
+    return Status::Corruption(s->file + ": tensor '" + sname + "': must be F32 (or F8_E8M0) " + w.ShapeString() +
+                              ", found " + std::string(DTypeName(s->dtype)) + " " + s->ShapeString());
   }
+  if (companions != nullptr) companions->push_back(sname);
   auto f = std::make_shared<Fp8Blocks>();
   f->rows = rows;
   f->cols = cols;
   f->block_rows = br;
   f->block_cols = bc;
   std::shared_ptr<const void> scales_owner;
-  const uint8_t* scales = InPlaceOrCopy(*s, 4, &scales_owner);
+  const size_t nscales = static_cast<size_t>(want[0] * want[1]);
+  const uint8_t* scales = nullptr;
+  if (e8m0) {
+    auto decoded = std::make_shared<std::vector<float>>(nscales);
+    const float* table = kernels::E8m0Table();
+    for (size_t i = 0; i < nscales; ++i) (*decoded)[i] = table[s->data[i]];
+    scales = reinterpret_cast<const uint8_t*>(decoded->data());
+    scales_owner = std::move(decoded);
+  } else {
+    scales = InPlaceOrCopy(*s, 4, &scales_owner);
+  }
   f->values = {t.data, static_cast<size_t>(rows * cols)};
-  f->scales = {reinterpret_cast<const float*>(scales), static_cast<size_t>(want[0] * want[1])};
+  f->scales = {reinterpret_cast<const float*>(scales), nscales};
   // The mapping holds both, unless the scales had to be copied.
   using Pins = std::pair<std::shared_ptr<const void>, std::shared_ptr<const void>>;
   f->storage = scales_owner == t.mapping ? t.mapping : std::make_shared<const Pins>(t.mapping, scales_owner);
   return Matrix::FromFp8(std::move(f));
 }
 
+kernels::StoredTensor Stored(const TensorView& t) {
+  kernels::StoredTensor s;
+  s.name = t.name;
+  s.dtype = std::string(DTypeName(t.dtype));
+  s.shape = t.shape;
+  s.data = t.data;
+  s.nbytes = t.nbytes;
+  s.file = t.file;
+  return s;
+}
+
+// The 4-bit format a `<p>.weight` of I8 / U8 is stored in, from the tensors beside it: MXFP4
+// (`<p>.scale`), NVFP4 (`<p>.weight_scale` and `<p>.weight_scale_2`), or none.
+std::optional<kernels::WeightDType> Fp4Format(const Checkpoint& ck, const TensorView& t) {
+  const std::string stem = WeightStem(t.name);
+  if ((t.dtype != DType::kI8 && t.dtype != DType::kU8) || t.shape.size() != 2 || stem.empty()) return std::nullopt;
+  if (ck.Find(stem + ".scale") != nullptr) return kernels::WeightDType::kMxfp4;
+  if (ck.Find(stem + ".weight_scale") != nullptr && ck.Find(stem + ".weight_scale_2") != nullptr) {
+    return kernels::WeightDType::kNvfp4;
+  }
+  return std::nullopt;
+}
+
+// A 4-bit weight [rows, cols] from its codes [rows, cols/2] and scales, read in place.
+Result<Matrix> Fp4Matrix(const Checkpoint& ck, const TensorView& t, kernels::WeightDType format,
+                         std::vector<std::string>* companions) {
+  const std::vector<std::string> names = kernels::Fp4TensorNames(format, WeightStem(t.name));
+  std::vector<kernels::StoredTensor> parts;
+  for (const std::string& n : names) parts.push_back(Stored(*ck.Find(n)));  // Fp4Format saw each one
+  const int64_t rows = t.shape[0], cols = t.shape[1] * 2;
+  Result<kernels::WeightView> v = format == kernels::WeightDType::kMxfp4
+                                      ? kernels::Mxfp4View(parts[0], parts[1], rows, cols)
+                                      : kernels::Nvfp4View(parts[0], parts[1], parts[2], rows, cols);
+  if (!v.ok()) return v.status();
+  if (companions != nullptr) {
+    companions->insert(companions->end(), names.begin() + 1, names.end());
+    // NVFP4's activation scale (W4A4 kernels'): stored with the weight, read by nothing here.
+    const std::string input_scale = WeightStem(t.name) + ".input_scale";
+    if (format == kernels::WeightDType::kNvfp4 && ck.Find(input_scale) != nullptr) companions->push_back(input_scale);
+  }
+  Matrix m;
+  m.rows = rows;
+  m.cols = cols;
+  m.data = *v;
+  m.storage = t.mapping;  // one mapping holds a shard's tensors; a format's tensors share a shard
+  for (size_t i = 1; i < names.size(); ++i) {
+    if (ck.Find(names[i])->mapping != t.mapping) {
+      using Pins = std::pair<std::shared_ptr<const void>, std::shared_ptr<const void>>;
+      m.storage = std::make_shared<const Pins>(m.storage, ck.Find(names[i])->mapping);
+    }
+  }
+  return m;
+}
+
 }  // namespace
 
-Result<Matrix> LoadMatrix(const Checkpoint& ck, const std::string& name, int64_t block_rows, int64_t block_cols) {
+Result<Matrix> LoadMatrix(const Checkpoint& ck, const std::string& name, int64_t block_rows, int64_t block_cols,
+                          std::vector<std::string>* companions) {
   const TensorView* t = ck.Find(name);
   if (t == nullptr) return Status::NotFound("checkpoint: tensor '" + name + "' is missing");
-  if (t->dtype == DType::kF8E4M3) return Fp8Matrix(ck, *t, name, block_rows, block_cols);
+  if (t->dtype == DType::kF8E4M3) return Fp8Matrix(ck, *t, name, block_rows, block_cols, companions);
+  if (auto f = Fp4Format(ck, *t)) return Fp4Matrix(ck, *t, *f, companions);
   kernels::WeightDType dtype;
   switch (t->dtype) {
     case DType::kF32: dtype = kernels::WeightDType::kF32; break;
@@ -187,6 +251,40 @@ Result<Matrix> LoadMatrix(const Checkpoint& ck, const std::string& name, int64_t
   // Vectors are read whole by the norms and the router: fp32 once, here.
   if (t->shape.size() <= 1) return Matrix::Fp32(m.Dequantized(), rows, cols);
   return m;
+}
+
+std::vector<int64_t> LogicalShape(const Checkpoint& ck, const TensorView& t) {
+  std::vector<int64_t> shape = t.shape;
+  if (Fp4Format(ck, t)) shape.back() *= 2;
+  return shape;
+}
+
+Status LoadConfiguredMatrix(const Checkpoint& ck, const ModelConfig& c, const std::string& name,
+                            const std::vector<int64_t>& shape, Matrix* out, ModelWeights* w,
+                            std::set<std::string>* used) {
+  const TensorView* t = ck.Find(name);
+  if (t == nullptr) return Status::NotFound("checkpoint: tensor '" + name + "' is missing");
+  used->insert(name);
+  const std::optional<kernels::WeightDType> fp4 = Fp4Format(ck, *t);
+  const std::vector<int64_t> logical = LogicalShape(ck, *t);
+  if (logical != shape) {
+    TensorView want, held;
+    want.shape = shape;
+    held.shape = logical;
+    return Status::Corruption(t->file + ": tensor '" + name + "': shape " + t->ShapeString() +
+                              (fp4 ? std::string(" (") + kernels::WeightDTypeName(*fp4) + ": " + held.ShapeString() +
+                                         " values, two a byte)"
+                                   : "") +
+                              " but config.json implies " + want.ShapeString());
+  }
+  w->dtype_counts[fp4 ? std::string(kernels::WeightDTypeName(*fp4)) : std::string(DTypeName(t->dtype))]++;
+  const int64_t br = c.fp8_block_rows > 0 ? c.fp8_block_rows : 128;
+  const int64_t bc = c.fp8_block_cols > 0 ? c.fp8_block_cols : 128;
+  std::vector<std::string> companions;
+  LS_ASSIGN_OR_RETURN(*out, LoadMatrix(ck, name, br, bc, &companions));
+  if (out->fp8 != nullptr) w->fp8_tensors++;
+  used->insert(companions.begin(), companions.end());
+  return Status::Ok();
 }
 
 Matrix Matrix::Rows(int64_t first, int64_t n) const {

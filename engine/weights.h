@@ -15,6 +15,7 @@
 #include <map>
 #include <memory>
 #include <optional>
+#include <set>
 #include <span>
 #include <string>
 #include <vector>
@@ -76,11 +77,31 @@ struct Matrix {
 };
 
 // Checkpoint tensor `name` as a Matrix read in place: [rows, cols], or a stack [n, rows, cols]
-// held as [n·rows, cols] (F32, BF16, F16), or F8_E4M3 [rows, cols] with its block scales
-// `<name>_scale_inv` (F32 [⌈rows / block_rows⌉, ⌈cols / block_cols⌉]). A vector (1-D) is
-// decoded to fp32. The Matrix keeps the checkpoint's mapping alive.
+// held as [n·rows, cols] (F32, BF16, F16); or F8_E4M3 [rows, cols] with its block scales —
+// `<name>_scale_inv` (F32, transformers' name) or, for `<p>.weight`, `<p>.scale` (F8_E8M0 or
+// F32, DeepSeek's official name), [⌈rows / block_rows⌉, ⌈cols / block_cols⌉]; or a 4-bit
+// `<p>.weight` (I8 / U8 [rows, cols/2], two E2M1 codes a byte) with `<p>.scale` (MXFP4) or
+// `<p>.weight_scale` + `<p>.weight_scale_2` (NVFP4), kernels/fp4.h. A vector (1-D) is decoded
+// to fp32. The Matrix keeps the checkpoint's mapping alive. `companions`, when given, receives
+// the names of the scale tensors read with the weight.
 Result<Matrix> LoadMatrix(const Checkpoint& ck, const std::string& name, int64_t block_rows = 128,
-                          int64_t block_cols = 128);
+                          int64_t block_cols = 128, std::vector<std::string>* companions = nullptr);
+
+// The shape a stored tensor holds as a matrix: its shape, but a 4-bit one's last dimension ×2
+// (I8 / U8 [rows, cols/2] with scale tensors beside it, as LoadMatrix reads it).
+std::vector<int64_t> LogicalShape(const Checkpoint& ck, const TensorView& t);
+
+struct ModelWeights;
+
+// What every model family's loader does with one tensor the config implies: checkpoint tensor
+// `name` (as stored) must exist with LogicalShape `shape` ({n}, {rows, cols} or {n, rows, cols});
+// it is read by LoadMatrix with the config's FP8 block size, its dtype counted in
+// w->dtype_counts ("MXFP4" / "NVFP4" for the 4-bit ones), FP8 matrices in w->fp8_tensors, and
+// it and its scale tensors inserted into *used. A wrong shape is one line naming the file and
+// the tensor.
+Status LoadConfiguredMatrix(const Checkpoint& ck, const ModelConfig& c, const std::string& name,
+                            const std::vector<int64_t>& shape, Matrix* out, ModelWeights* w,
+                            std::set<std::string>* used);
 
 struct MlpWeights {  // SwiGLU: down(silu(gate(x)) · up(x))
   Matrix gate, up, down;

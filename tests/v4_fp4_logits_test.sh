@@ -15,9 +15,9 @@
 #      tests/fp4_formats_test.cc checks it equals the Python decoder's values; what is left is the
 #      forward pass reading the views) and the greedy tokens must agree.
 #
-# Until lockstep's forward pass accepts model_type deepseek_v4 (the V4 model, issue 32), step 2
-# cannot run: the script then prints "SKIP: ..." and exits 0 (CTest's SKIP_REGULAR_EXPRESSION).
-# Run it by hand: bash tests/v4_fp4_logits_test.sh build/lockstep path/to/tiny-v4-model
+# A lockstep that cannot run model_type deepseek_v4 prints "SKIP: ..." and exits 0 (CTest's
+# SKIP_REGULAR_EXPRESSION), as does a missing model directory.
+# Run it by hand: bash tests/v4_fp4_logits_test.sh build/lockstep models/lockstep-tiny-v4
 set -euo pipefail
 LOCKSTEP=${1:?usage: v4_fp4_logits_test.sh LOCKSTEP V4_MODEL_DIR [WORK_DIR]}
 MODEL=${2:?usage: v4_fp4_logits_test.sh LOCKSTEP V4_MODEL_DIR [WORK_DIR]}

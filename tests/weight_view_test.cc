@@ -242,6 +242,81 @@ TEST_F(HandMadeCheckpoint, EachDTypeReadsTheOldCopysValues) {
   ExpectSameBits(m->Dequantized(), before, "after the Checkpoint closed");
 }
 
+// DeepSeek's official spellings, through the loader every family uses (LoadConfiguredMatrix):
+// FP8 with `<p>.scale` in F8_E8M0, MXFP4 and NVFP4 experts, hand-computed values, the logical
+// shape, the companions marked used, and wrong tensors as one line naming them.
+TEST_F(HandMadeCheckpoint, OfficialScalesAnd4BitFormatsLoadThroughTheConfiguredLoader) {
+  // FP8 [2, 2] with one block; E8M0 scale byte 126 = 2^−1.
+  const uint8_t fp8[4] = {0x38, 0xb8, 0x40, 0x00};  // 1, −1, 2, 0
+  Add("a.weight", "F8_E4M3", {2, 2}, fp8, 4);
+  const uint8_t e8m0 = 126;
+  Add("a.scale", "F8_E8M0", {1, 1}, &e8m0, 1);
+  // MXFP4 [1, 32]: codes 0..15 then 15..0 packed low nibble first, scale byte 128 = 2.
+  uint8_t mx[16];
+  for (int j = 0; j < 16; ++j) {
+    const int lo = (2 * j) < 16 ? 2 * j : 31 - 2 * j, hi = (2 * j + 1) < 16 ? 2 * j + 1 : 30 - 2 * j;
+    mx[j] = static_cast<uint8_t>(lo | (hi << 4));
+  }
+  Add("m.weight", "I8", {1, 16}, mx, 16);
+  const uint8_t mscale = 128;
+  Add("m.scale", "F8_E8M0", {1, 1}, &mscale, 1);
+  // NVFP4 [1, 16]: code 2 (1.0) everywhere, block scale e4m3 0x40 (2), weight_scale_2 0.25.
+  uint8_t nv[8];
+  std::memset(nv, 0x22, 8);
+  Add("n.weight", "U8", {1, 8}, nv, 8);
+  const uint8_t nscale = 0x40;
+  Add("n.weight_scale", "F8_E4M3", {1, 1}, &nscale, 1);
+  const float s2 = 0.25f;
+  Add("n.weight_scale_2", "F32", {}, &s2, 4);
+  Add("n.input_scale", "F32", {}, &s2, 4);
+  // A 4-bit weight whose scale tensor has the wrong shape.
+  Add("bad.weight", "U8", {1, 16}, mx, 16);
+  const uint8_t two[2] = {127, 127};
+  Add("bad.scale", "F8_E8M0", {1, 2}, two, 2);
+  auto ck = Write();
+  ASSERT_NE(ck, nullptr);
+  ModelConfig c;
+  ModelWeights w;
+  std::set<std::string> used;
+  Matrix m;
+
+  ASSERT_TRUE(LoadConfiguredMatrix(*ck, c, "a.weight", {2, 2}, &m, &w, &used).ok());
+  ASSERT_NE(m.fp8, nullptr);
+  EXPECT_EQ(m.data.at(0, 0), 0.5f);
+  EXPECT_EQ(m.data.at(0, 1), -0.5f);
+  EXPECT_EQ(m.data.at(1, 0), 1.0f);
+  EXPECT_EQ(w.fp8_tensors, 1);
+
+  ASSERT_TRUE(LoadConfiguredMatrix(*ck, c, "m.weight", {1, 32}, &m, &w, &used).ok());
+  EXPECT_EQ(m.data.dtype, WeightDType::kMxfp4);
+  const float e2m1[8] = {0, 0.5f, 1, 1.5f, 2, 3, 4, 6};
+  for (int i = 0; i < 32; ++i) {
+    const int code = i < 16 ? i : 31 - i;
+    const float want = (code < 8 ? e2m1[code] : -e2m1[code - 8]) * 2.0f;
+    EXPECT_EQ(std::bit_cast<uint32_t>(m.data.at(0, i)), std::bit_cast<uint32_t>(want)) << i;
+  }
+  ASSERT_TRUE(LoadConfiguredMatrix(*ck, c, "n.weight", {1, 16}, &m, &w, &used).ok());
+  EXPECT_EQ(m.data.dtype, WeightDType::kNvfp4);
+  for (int i = 0; i < 16; ++i) EXPECT_EQ(m.data.at(0, i), 0.5f) << i;  // 1 × 2 × 0.25
+  EXPECT_EQ(w.dtype_counts["MXFP4"], 1);
+  EXPECT_EQ(w.dtype_counts["NVFP4"], 1);
+  for (const char* n : {"a.weight", "a.scale", "m.weight", "m.scale", "n.weight", "n.weight_scale",
+                        "n.weight_scale_2", "n.input_scale"}) {
+    EXPECT_EQ(used.count(n), 1u) << n;
+  }
+
+  // The stored [1, 16] bytes are [1, 32] values: the config's [1, 16] is a wrong shape, said so.
+  Status st = LoadConfiguredMatrix(*ck, c, "m.weight", {1, 16}, &m, &w, &used);
+  EXPECT_FALSE(st.ok());
+  EXPECT_NE(st.message().find("tensor 'm.weight': shape [1, 16] (MXFP4: [1, 32] values, two a byte) but config.json implies [1, 16]"),
+            std::string::npos) << st.message();
+  st = LoadConfiguredMatrix(*ck, c, "bad.weight", {1, 32}, &m, &w, &used);
+  EXPECT_FALSE(st.ok());
+  EXPECT_NE(st.message().find("tensor 'bad.scale': shape [1, 2], expected [1, 1] (MXFP4 block scales)"),
+            std::string::npos) << st.message();
+  EXPECT_EQ(st.message().find('\n'), std::string::npos);
+}
+
 // ---- Products through views against products over the old copies ----------------------------
 
 std::vector<std::string> AllModelDirs() {
