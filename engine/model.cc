@@ -28,9 +28,9 @@ struct Tapper {
   TapHook* hook;
   std::span<Segment> segs;
   const std::vector<int64_t>& row0;  // first row of each segment
-  void Emit(std::string_view name, const float* data, int64_t cols) const { EmitAny(name, data, cols, TapDType::kF32, 4); }
+  void Emit(std::string_view name, const float* data, int64_t cols) const { EmitAny(name, data, cols, TapDType::kF32); }
   void EmitI32(std::string_view name, const int32_t* data, int64_t cols) const {
-    EmitAny(name, data, cols, TapDType::kI32, 4);
+    EmitAny(name, data, cols, TapDType::kI32);
   }
   // Offers each segment's rows of a [R, cols] f32 buffer for overwriting (grafting).
   void Override(std::string_view name, float* data, int64_t cols) const {
@@ -47,19 +47,8 @@ struct Tapper {
       hook->Override(e, data + row0[s] * cols);
     }
   }
-  void EmitAny(std::string_view name, const void* data, int64_t cols, TapDType dt, int64_t esize) const {
-    if (hook == nullptr) return;
-    for (size_t s = 0; s < segs.size(); ++s) {
-      TapEvent e;
-      e.name = name;
-      e.request_id = segs[s].request_id;
-      e.position = segs[s].start_pos;
-      e.rows = static_cast<int64_t>(segs[s].tokens.size());
-      e.cols = cols;
-      e.dtype = dt;
-      e.data = static_cast<const uint8_t*>(data) + row0[s] * cols * esize;
-      hook->OnTap(e);
-    }
+  void EmitAny(std::string_view name, const void* data, int64_t cols, TapDType dt) const {
+    EmitSegmentRows(hook, segs, row0, name, data, cols, dt);
   }
 };
 
@@ -261,6 +250,22 @@ int64_t Model::ActiveParameterCount() const { return engine::ActiveParameterCoun
 
 // ---------------------------------------------------------------------------------------------
 // The forward pass.
+
+void EmitSegmentRows(TapHook* hook, std::span<const Segment> segs, std::span<const int64_t> row0,
+                     std::string_view name, const void* data, int64_t cols, TapDType dtype) {
+  if (hook == nullptr) return;
+  for (size_t s = 0; s < segs.size(); ++s) {
+    TapEvent e;
+    e.name = name;
+    e.request_id = segs[s].request_id;
+    e.position = segs[s].start_pos;
+    e.rows = static_cast<int64_t>(segs[s].tokens.size());
+    e.cols = cols;
+    e.dtype = dtype;
+    e.data = static_cast<const uint8_t*>(data) + row0[s] * cols * TapDTypeSize(dtype);
+    hook->OnTap(e);
+  }
+}
 
 Result<SegmentLayout> LayOutSegments(std::span<const Segment> segs, const ModelConfig& c) {
   SegmentLayout out;
@@ -786,31 +791,15 @@ Status Model::Forward(std::span<Segment> segs, PagedKvCache& cache, const kernel
   // Final norm, then logits for the rows that need them.
   rmsnorm(x.data(), W.final_norm.ptr(), R, H, c.rms_norm_eps, h.data());
   if (tapping) tap.Emit(kModelTaps[kTapFinalNorm].name, h.data(), H);
-  out->logits.assign(segs.size(), {});
-  for (size_t s = 0; s < segs.size(); ++s) {
-    const int64_t n = static_cast<int64_t>(segs[s].tokens.size());
-    const int64_t first = segs[s].all_logits ? 0 : n - 1;
-    const int64_t rows = n - first;
-    auto& lg = out->logits[s];
-    lg.resize(rows * c.vocab_size);
+  SegmentLogits(segs, row0, h.data(), H, c.vocab_size, hook, [&](const float* x, int64_t rows, float* lg) {
     if (hidden == HF::kLmHeadDropsLastHidden) {
-      std::vector<float> hx(&h[(row0[s] + first) * H], &h[(row0[s] + first + rows) * H]);
+      std::vector<float> hx(x, x + rows * H);
       for (int64_t r = 0; r < rows; ++r) hx[r * H + H - 1] = 0.0f;  // the loop's last element never read
-      gemm(hx.data(), rows, W.lm_head, c.vocab_size, H, lg.data());
+      gemm(hx.data(), rows, W.lm_head, c.vocab_size, H, lg);
     } else {
-      gemm(&h[(row0[s] + first) * H], rows, W.lm_head, c.vocab_size, H, lg.data());
+      gemm(x, rows, W.lm_head, c.vocab_size, H, lg);
     }
-    if (hook != nullptr) {
-      TapEvent e;
-      e.name = kModelTaps[kTapLogits].name;
-      e.request_id = segs[s].request_id;
-      e.position = segs[s].start_pos + first;
-      e.rows = rows;
-      e.cols = c.vocab_size;
-      e.data = lg.data();
-      hook->OnTap(e);
-    }
-  }
+  }, out);
   for (auto& g : segs) g.cache->length = g.start_pos + static_cast<int64_t>(g.tokens.size());
   return Status::Ok();
 }

@@ -85,6 +85,38 @@ struct ForwardOutput {
 // weights (normalised when norm_topk_prob, × routed_scaling_factor). The CUDA Route kernel's twin.
 void RouteExperts(const ModelConfig& c, const float* bias, const float* logits, int32_t* ids, float* weights);
 
+// Tap `name` for each segment: its rows of a step buffer [rows, cols] of `dtype` (4-byte
+// elements), segment s's first row at row0[s] — what the CPU forward passes emit at a tap
+// point. Nothing without a hook.
+void EmitSegmentRows(TapHook* hook, std::span<const Segment> segs, std::span<const int64_t> row0,
+                     std::string_view name, const void* data, int64_t cols, TapDType dtype = TapDType::kF32);
+
+// The step's logits, the CPU forward passes' last step: per segment its last row (every row
+// with all_logits) of the final hidden states h [rows, hidden] through head(x, n, dst) (x
+// [n, hidden] → dst [n, vocab]) into out->logits, each segment's emitted as tap "logits".
+template <typename Head>
+void SegmentLogits(std::span<const Segment> segs, std::span<const int64_t> row0, const float* h, int64_t hidden,
+                   int64_t vocab, TapHook* hook, Head&& head, ForwardOutput* out) {
+  out->logits.assign(segs.size(), {});
+  for (size_t s = 0; s < segs.size(); ++s) {
+    const int64_t n = static_cast<int64_t>(segs[s].tokens.size());
+    const int64_t first = segs[s].all_logits ? 0 : n - 1, rows = n - first;
+    auto& lg = out->logits[s];
+    lg.resize(rows * vocab);
+    head(h + (row0[s] + first) * hidden, rows, lg.data());
+    if (hook != nullptr) {
+      TapEvent e;
+      e.name = kModelTaps[kTapLogits].name;
+      e.request_id = segs[s].request_id;
+      e.position = segs[s].start_pos + first;
+      e.rows = rows;
+      e.cols = vocab;
+      e.data = lg.data();
+      hook->OnTap(e);
+    }
+  }
+}
+
 class Model {
  public:
   static Result<std::shared_ptr<Model>> Load(const std::filesystem::path& dir);

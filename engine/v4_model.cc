@@ -41,18 +41,7 @@ struct Step {
   }
   // Emits each segment's rows of a [R, cols] buffer as tap `name` (built only with a hook).
   void Tap(const std::string& name, const void* data, int64_t cols, TapDType dt = TapDType::kF32) const {
-    if (hook == nullptr) return;
-    for (size_t s = 0; s < segs.size(); ++s) {
-      TapEvent e;
-      e.name = name;
-      e.request_id = segs[s].request_id;
-      e.position = segs[s].start_pos;
-      e.rows = static_cast<int64_t>(segs[s].tokens.size());
-      e.cols = cols;
-      e.dtype = dt;
-      e.data = static_cast<const uint8_t*>(data) + row0[s] * cols * 4;
-      hook->OnTap(e);
-    }
+    EmitSegmentRows(hook, segs, row0, name, data, cols, dt);
   }
   // One row of request row r's segment, at row r's position (taps with rows only where an event happens).
   void TapRow(const std::string& name, int64_t r, const float* data, int64_t cols) const {
@@ -416,24 +405,9 @@ Status V4Forward(const ModelConfig& c, const ModelWeights& w, std::span<Segment>
   for (int64_t r = 0; r < R; ++r) v4::HcHead(st.w.head, c.v4, c.rms_norm_eps, &X[r * hc * D], D, &h[r * D]);
   cpu::RmsNorm(h.data(), w.final_norm.ptr(), R, D, c.rms_norm_eps, hn.data());
   st.Tap(std::string(kModelTaps[kTapFinalNorm].name), hn.data(), D);
-  out->logits.assign(segs.size(), {});
-  for (size_t s = 0; s < segs.size(); ++s) {
-    const int64_t n = static_cast<int64_t>(segs[s].tokens.size());
-    const int64_t first = segs[s].all_logits ? 0 : n - 1, rows = n - first;
-    auto& lg = out->logits[s];
-    lg.resize(rows * c.vocab_size);
-    cpu::MatMulNT(&hn[(st.row0[s] + first) * D], rows, w.lm_head.data, kernels::WeightRounding::kAsStored, lg.data());
-    if (hook != nullptr) {
-      TapEvent e;
-      e.name = kModelTaps[kTapLogits].name;
-      e.request_id = segs[s].request_id;
-      e.position = segs[s].start_pos + first;
-      e.rows = rows;
-      e.cols = c.vocab_size;
-      e.data = lg.data();
-      hook->OnTap(e);
-    }
-  }
+  SegmentLogits(segs, st.row0, hn.data(), D, c.vocab_size, hook, [&](const float* x, int64_t rows, float* lg) {
+    cpu::MatMulNT(x, rows, w.lm_head.data, kernels::WeightRounding::kAsStored, lg);
+  }, out);
   for (auto& g : segs) g.cache->length = g.start_pos + static_cast<int64_t>(g.tokens.size());
   return Status::Ok();
 }
