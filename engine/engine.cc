@@ -62,13 +62,16 @@ Result<std::unique_ptr<Engine>> Engine::Create(std::shared_ptr<Model> model, Eng
   // Test-only, and recorded nowhere: the trace names the defaults (kernels/hidden_fault.h).
   LS_ASSIGN_OR_RETURN(e->plan_.hidden, kernels::ActiveHiddenFault());
   LS_RETURN_IF_ERROR(CheckCacheFits(model->config(), options, e->plan_.indexer == kernels::Indexer::kFp8Paged));
-  // gemm=mxfp4_dot / nvfp4_dot hold DeepSeek-V4's routed experts in 4 bits (kernels/fp4.h); no
-  // forward pass of this build holds its experts so yet, so the names are refused rather than run
-  // at another precision. (DeepSeek-V4's forward lifts this for its own family.)
-  if (e->plan_.fp4_experts()) {
-    return Status::Unsupported("--kernel gemm=" + e->kernels_.at("gemm") + ": 4-bit routed experts are "
-                               "DeepSeek-V4's (model_type deepseek_v4); this model is " +
-                               model->config().model_type);
+  // A variant made for one family's weights (the 4-bit experts: DeepSeek-V4's) is refused
+  // elsewhere rather than run at another precision.
+  for (const auto& [op, name] : e->kernels_) {
+    const kernels::KernelVariant* v = kernels::Registry::Get().Find(op, name, options.backend);
+    if (v != nullptr && !v->RunsOn(model->config().model_type)) {
+      std::string types;
+      for (const std::string& t : v->model_types) types += (types.empty() ? "" : ", ") + t;
+      return Status::Unsupported("--kernel " + op + "=" + name + ": runs on model_type " + types + "; this model is " +
+                                 model->config().model_type);
+    }
   }
   e->cache_ = std::make_unique<PagedKvCache>(model->config(), options.kv_format, options.page_size,
                                              (options.kv_cache_tokens + options.page_size - 1) / options.page_size,

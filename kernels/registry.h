@@ -31,12 +31,24 @@ struct KernelVariant {
   // (tests/gpu/gpu_engine_test.cc SameVariantsGiveTheCpusBits); false where the order is
   // another library's (cuBLAS).
   bool cpu_bits = false;
-  // The most max|Δlogit| / max|logit| this variant may give against the fp32 reference
-  // (transformers' logits on the fixture models, tests/variant_twin_test.cc); NaN: not declared
-  // (faults declare none: they are wrong on purpose).
+  // What this variant promises against the CPU reference (the defaults, which
+  // model_reference_test holds to transformers' fp32 logits): a bound on a layer's own error —
+  // each layer started from the reference's input (grafted), what it adds to the residual
+  // stream against the reference's addition, max|Δ| / max|ref| a row, its 90th percentile over
+  // every layer and row of the fixture models (a low-precision path flips a few discrete
+  // choices, an expert or a selected key, which moves single rows by O(1)) — and on the logits
+  // from the reference's last hidden state, every row. tests/variant_twin_test.cc checks each;
+  // docs/determinism.md lists them with the measured worst case. By number format: fp32 in
+  // another order 1e-5; bf16 inputs (unit roundoff 2^-9) 3e-2; FP8 e4m3 weights (2^-4) 0.3, FP8
+  // activations too 0.4; the FP8 indexer's selection 0.2; E2M1 experts 0.5; a default is the
+  // reference: 0. NaN: not declared (faults declare none: they are wrong on purpose).
   double bound = std::numeric_limits<double>::quiet_NaN();
   // Not empty: this variant gives exactly the bits of that variant of the same op and backend.
   std::string same_bits_as = "";
+  // Not empty: the model types (config.json's model_type) this variant runs on — the 4-bit
+  // experts are DeepSeek-V4's. An engine of another model refuses it; bisect does not try it.
+  std::vector<std::string> model_types = {};
+  bool RunsOn(std::string_view model_type) const;
 };
 
 // The chosen variant per op, e.g. {"attn_decode": "absorbed", …}. Missing ops take the default.
@@ -55,7 +67,6 @@ class Registry {
 
  private:
   Registry();
-  void DeclareBounds();
   std::vector<KernelVariant> variants_;
 };
 

@@ -215,14 +215,18 @@ Result<BisectResult> Bisect(const traces::TraceReader& trace, const BisectOption
     std::map<std::string, std::vector<std::string>> alts;
     // The variants of the backend the trace ran on (a CUDA trace replays on CUDA).
     const std::string backend = rec.backend.empty() ? "cpu" : rec.backend;
-    auto cfg = trace.meta().find("model_config");
-    const bool v4 = cfg != trace.meta().end() && cfg->second.find("deepseek_v4") != std::string::npos;
+    // The recorded config.json's model_type (empty when the trace has none or it does not parse).
+    std::string model_type;
+    if (auto cfg = trace.meta().find("model_config"); cfg != trace.meta().end()) {
+      const nlohmann::json j = nlohmann::json::parse(cfg->second, nullptr, /*allow_exceptions=*/false);
+      if (j.is_object() && j.contains("model_type") && j["model_type"].is_string()) model_type = j["model_type"];
+    }
     for (const auto& v : reg.variants()) {
       if (v.backend != backend || v.fault) continue;
       // An alias gives another variant's bits (same_bits_as): swapping to it answers nothing new.
       if (!v.same_bits_as.empty()) continue;
-      // 4-bit experts exist only in DeepSeek-V4's checkpoints.
-      if (!v4 && (v.name == "mxfp4_dot" || v.name == "nvfp4_dot")) continue;
+      // A variant of another family's weights (KernelVariant::model_types) would be refused.
+      if (!v.RunsOn(model_type)) continue;
       alts[v.op].push_back(v.name);
     }
     std::vector<std::pair<std::string, Overrides>> swaps;

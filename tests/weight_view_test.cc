@@ -444,8 +444,9 @@ TEST(WeightView, RunsEqualRunsOverTheOldCopies) {
   std::vector<std::string> gemms;
   for (const auto& v : kernels::Registry::Get().variants()) {
     // mxfp4_dot / nvfp4_dot hold DeepSeek-V4's routed experts (kernels/fp4.h; tests/fp4_test.cc):
-    // these models' engines refuse them, checked below.
+    // they declare model_types, and these models' engines refuse them, checked below.
     const bool fp4 = v.name == "mxfp4_dot" || v.name == "nvfp4_dot";
+    EXPECT_EQ(fp4, !v.model_types.empty()) << v.op << "=" << v.name;
     if (v.op == "gemm" && v.backend == "cpu" && !v.fault && !fp4) gemms.push_back(v.name);
   }
   ASSERT_GE(gemms.size(), 6u);
@@ -457,7 +458,8 @@ TEST(WeightView, RunsEqualRunsOverTheOldCopies) {
       o.kernels = {{"gemm", fp4}};
       auto e = Engine::Create(*views, o);
       ASSERT_FALSE(e.ok()) << dir << " gemm=" << fp4 << " ran at another precision";
-      EXPECT_NE(e.status().message().find("4-bit routed experts are DeepSeek-V4's"), std::string::npos)
+      EXPECT_NE(e.status().message().find("--kernel gemm=" + std::string(fp4) + ": runs on model_type deepseek_v4; this model is "),
+                std::string::npos)
           << e.status().message();
     }
     auto old32 = Model::FromParts((*views)->config(), OldFp32Weights((*views)->weights(), false));
