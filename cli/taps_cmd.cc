@@ -18,6 +18,7 @@ const char* DTypeName(engine::TapDType d) {
     case engine::TapDType::kI32: return "i32";
     case engine::TapDType::kBf16: return "bf16";
     case engine::TapDType::kFp8E4m3: return "fp8_e4m3";
+    case engine::TapDType::kU8: return "u8";
   }
   return "?";
 }

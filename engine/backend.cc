@@ -30,11 +30,8 @@ class CpuBackend final : public Backend {
 Result<std::unique_ptr<Backend>> CreateBackend(std::string_view name, std::shared_ptr<Model> model,
                                                const PagedKvCache& cache, const kernels::KernelPlan& plan,
                                                const BackendOptions& options) {
-  if (model->config().is_v4()) {  // engine/v4_model.cc: the CPU reference, fp32 GEMMs, fp32 / bf16 cache
+  if (model->config().is_v4()) {  // engine/v4_model.cc: the CPU reference, fp32 GEMMs; caches fp32, bf16, FP8 MODEL1
     if (name == "cuda") return Status::Unsupported("--backend cuda: deepseek_v4 runs on the CPU reference only so far");
-    if (cache.format() == KvFormat::kFp8E4m3) {
-      return Status::Unsupported("--kv-cache fp8_e4m3: deepseek_v4's FP8 MODEL1 cache is not implemented yet (fp32, bf16)");
-    }
     if (plan.gemm != kernels::Gemm::kFp32) {
       return Status::Unsupported("--kernel gemm: deepseek_v4 runs gemm=fp32 only so far");
     }

@@ -528,6 +528,7 @@ static cu::RowType ToRowType(TapDType t) {
     case TapDType::kI32: return cu::RowType::kI32;
     case TapDType::kBf16: return cu::RowType::kBf16;
     case TapDType::kFp8E4m3: return cu::RowType::kFp8E4m3;
+    case TapDType::kU8:  // (V4's MODEL1 scales: no V4 on CUDA yet)
     case TapDType::kF32: break;
   }
   return cu::RowType::kF32;

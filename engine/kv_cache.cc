@@ -50,6 +50,7 @@ PagedKvCache::PagedKvCache(const ModelConfig& c, KvFormat format, int64_t page_s
                            bool fp8_index_keys)
     : kv_lora_(c.kv_lora_rank),
       rope_(c.qk_rope_head_dim),
+      v4_rope_(c.is_v4() ? c.v4.rope_dim : 0),
       index_dim_(c.index_head_dim),
       fp8_index_keys_(fp8_index_keys),
       format_(format),
@@ -80,6 +81,11 @@ PagedKvCache::PagedKvCache(const ModelConfig& c, KvFormat format, int64_t page_s
     storage_[l].resize(layer_streams_[l].size());
     for (auto& s : storage_[l]) s.resize(max_pages);
   }
+  for (auto& streams : layer_streams_) {
+    for (StreamSpec& st : streams) {
+      if (st.page_bytes == 0) st.page_bytes = page_size_ * st.bytes_per_token;
+    }
+  }
   free_.reserve(max_pages);
   for (int64_t p = max_pages - 1; p >= 0; --p) free_.push_back(static_cast<int32_t>(p));
   std::make_heap(free_.begin(), free_.end(), std::greater<>());
@@ -106,7 +112,7 @@ Status PagedKvCache::Reserve(SeqCache* seq, int64_t new_length) {
     for (size_t l = 0; l < storage_.size(); ++l) {
       for (size_t s = 0; s < storage_[l].size(); ++s) {
         auto& slot = storage_[l][s][page];
-        const size_t bytes = page_size_ * layer_streams_[l][s].bytes_per_token;
+        const size_t bytes = layer_streams_[l][s].page_bytes;
         if (!slot) slot.reset(new uint8_t[bytes]);
         std::memset(slot.get(), 0, bytes);  // a reused page must not leak its last owner's bytes
       }
@@ -124,21 +130,35 @@ void PagedKvCache::Release(SeqCache* seq) {
   seq->length = 0;
 }
 
-uint8_t* PagedKvCache::MutableTokenBytes(int64_t layer, size_t stream, const SeqCache& seq, int64_t pos) {
+// The page holding slot `pos`; a page never handed out reads as zeros. Only a page table that
+// points at one gets there (the fault zoo's cross-request fault): it reads zeros rather than
+// unallocated memory.
+uint8_t* PagedKvCache::PageOf(int64_t layer, size_t stream, const SeqCache& seq, int64_t pos) {
   const int32_t page = seq.pages[pos / page_size_];
-  const int64_t bpt = layer_streams_[layer][stream].bytes_per_token;
   auto& slot = storage_[layer][stream][page];
   if (!slot) {
-    // Only a page table that points at a page never handed out gets here (the fault zoo's
-    // cross-request fault): it reads zeros rather than unallocated memory.
-    if (zero_page_.size() < static_cast<size_t>(bpt)) zero_page_.assign(bpt, 0);
+    const size_t bytes = static_cast<size_t>(layer_streams_[layer][stream].page_bytes);
+    if (zero_page_.size() < bytes) zero_page_.assign(bytes, 0);
     return zero_page_.data();
   }
-  return slot.get() + (pos % page_size_) * bpt;
+  return slot.get();
 }
 
-// A V4 stream: window and compressed rows in the cache's format (bf16 or fp32; FP8 MODEL1 is
-// still to come and stays fp32 here — the V4 forward refuses it), the rest fp32.
+uint8_t* PagedKvCache::MutableTokenBytes(int64_t layer, size_t stream, const SeqCache& seq, int64_t pos) {
+  const StreamSpec& st = layer_streams_[layer][stream];
+  return PageOf(layer, stream, seq, pos) + (pos % page_size_) * (st.split > 0 ? st.split : st.bytes_per_token);
+}
+
+const uint8_t* PagedKvCache::PartBytes(int64_t layer, size_t stream, const SeqCache& seq, int64_t pos,
+                                       const KvPart& part) const {
+  const StreamSpec& st = layer_streams_[layer][stream];
+  if (st.split == 0 || part.offset < st.split) return TokenBytes(layer, stream, seq, pos) + part.offset;
+  const uint8_t* page = const_cast<PagedKvCache*>(this)->PageOf(layer, stream, seq, pos);
+  return page + page_size_ * st.split + (pos % page_size_) * (st.bytes_per_token - st.split) + (part.offset - st.split);
+}
+
+// A V4 stream: window and compressed rows in the cache's format (fp32, bf16, or fp8_e4m3 as
+// FlashMLA's MODEL1), the compressors' and indexer's state and keys fp32.
 StreamSpec PagedKvCache::V4Stream(const V4StreamSpec& v) const {
   StreamKind kind = StreamKind::kV4Window;
   switch (v.kind) {
@@ -148,42 +168,41 @@ StreamSpec PagedKvCache::V4Stream(const V4StreamSpec& v) const {
     case engine::V4Stream::kIndexerState: kind = StreamKind::kV4IndexerState; break;
     case engine::V4Stream::kIndexerKey: kind = StreamKind::kV4IndexerKey; break;
   }
-  const bool rows16 = format_ == KvFormat::kBf16 && (kind == StreamKind::kV4Window || kind == StreamKind::kV4Compressed);
-  return {kind, v.name, v.width * (rows16 ? 2 : 4), v.width, v.cadence, v.retention};
+  using F = kernels::V4KvFormat;
+  const bool rows = kind == StreamKind::kV4Window || kind == StreamKind::kV4Compressed;
+  const F f = !rows ? F::kFp32 : format_ == KvFormat::kBf16 ? F::kBf16 : format_ == KvFormat::kFp8E4m3 ? F::kFp8Model1 : F::kFp32;
+  const kernels::V4RowShape shape{v.width, v4_rope_};
+  StreamSpec st{kind, v.name, shape.token_bytes(f), v.width, v.cadence, v.retention, f};
+  if (f == F::kFp8Model1) {
+    st.split = shape.model1_data_bytes();
+    st.page_bytes = shape.page_bytes(f, page_size_);
+  }
+  return st;
 }
 
 void PagedKvCache::WriteRow(int64_t layer, size_t stream, const SeqCache& seq, int64_t slot, const float* row) {
   const StreamSpec& st = layer_streams_[layer][stream];
-  uint8_t* b = MutableTokenBytes(layer, stream, seq, slot);
-  if (st.bytes_per_token == st.cols * 4) {
-    std::memcpy(b, row, st.cols * 4);
-    return;
-  }
-  for (int64_t i = 0; i < st.cols; ++i) {
-    const uint16_t h = kernels::F32ToBf16(row[i]);
-    std::memcpy(b + 2 * i, &h, 2);
-  }
+  kernels::EncodeV4Row(st.row_format, {st.cols, v4_rope_}, page_size_, slot % page_size_, row,
+                       PageOf(layer, stream, seq, slot));
 }
 
 void PagedKvCache::ReadRow(int64_t layer, size_t stream, const SeqCache& seq, int64_t slot, float* row) const {
   const StreamSpec& st = layer_streams_[layer][stream];
-  const uint8_t* b = TokenBytes(layer, stream, seq, slot);
-  if (st.bytes_per_token == st.cols * 4) {
-    std::memcpy(row, b, st.cols * 4);
-    return;
-  }
-  for (int64_t i = 0; i < st.cols; ++i) {
-    uint16_t h = 0;
-    std::memcpy(&h, b + 2 * i, 2);
-    row[i] = kernels::Bf16ToF32(h);
-  }
+  kernels::DecodeV4Row(st.row_format, {st.cols, v4_rope_}, page_size_, slot % page_size_,
+                       const_cast<PagedKvCache*>(this)->PageOf(layer, stream, seq, slot), row);
 }
 
 std::vector<KvPart> PagedKvCache::parts(int64_t layer, size_t stream) const {
   const StreamSpec& st = layer_streams_[layer][stream];
   const int64_t tb = st.bytes_per_token;
-  if (st.cols > 0) {  // a V4 stream: one part
-    const bool bf16 = tb == st.cols * 2;
+  if (st.cols > 0) {  // a V4 stream: one part, or MODEL1's three
+    if (st.row_format == kernels::V4KvFormat::kFp8Model1) {
+      const kernels::V4RowShape shape{st.cols, v4_rope_};
+      return {{"", "nope_e4m3", TapDType::kFp8E4m3, 0, shape.nope()},
+              {".rope", "rope", TapDType::kBf16, shape.nope(), shape.rope_dim},
+              {".scales", "scales_ue8m0", TapDType::kU8, shape.model1_data_bytes(), shape.tiles()}};
+    }
+    const bool bf16 = st.row_format == kernels::V4KvFormat::kBf16;
     return {{"", st.name, bf16 ? TapDType::kBf16 : TapDType::kF32, 0, st.cols}};
   }
   if (st.kind == StreamKind::kMlaLatent && format_ == KvFormat::kFp8E4m3) {

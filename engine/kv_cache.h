@@ -30,6 +30,7 @@
 #include "engine/config.h"
 #include "engine/tap.h"
 #include "kernels/hidden_fault.h"
+#include "kernels/v4_kv_formats.h"
 
 namespace lockstep::engine {
 
@@ -56,17 +57,29 @@ struct StreamSpec {
   int64_t cols = 0;       // V4 rows: fp32 values a row (WriteRow / ReadRow)
   int64_t cadence = 1;
   int64_t retention = 0;
+  // V4 rows (cols > 0): how WriteRow stores them — fp32, bf16, or FlashMLA's MODEL1 (window and
+  // compressed rows under --kv-cache fp8_e4m3: kernels/v4_kv_formats.h).
+  kernels::V4KvFormat row_format = kernels::V4KvFormat::kFp32;
+  // A page's layout: split 0 — each slot's bytes_per_token bytes contiguous, slot after slot;
+  // split > 0 — every slot's first `split` bytes, then every slot's remaining bytes (MODEL1:
+  // the 576-byte data parts, then the 8-byte scale slots). page_bytes: a page's size (MODEL1
+  // rounds it up to a multiple of 576 B).
+  int64_t split = 0;
+  int64_t page_bytes = 0;
 };
 
 // How a trace stores a stream's token bytes (kv/layers.L.<stream><suffix>): fp32 and bf16
 // latents and fp32 index keys whole; the FP8 latent as its E4M3 values, fp32 scales and bf16
 // rope values; FP8 index keys as E4M3 values and fp32 scales. A device backend hands these
 // same parts to a tap hook as kv/ taps (TapHook::WantsKvTaps).
+// V4's MODEL1 rows: the nope values' e4m3 bytes, the bf16 rope values and the ue8m0 scales.
 struct KvPart {
   std::string suffix;  // "", ".scales", ".rope"
-  std::string what;    // the trace's `part` attribute: "latent", "latent_e4m3", "scales", "rope", "key", "key_e4m3"
+  // The trace's `part` attribute: "latent", "latent_e4m3", "scales", "rope", "key", "key_e4m3";
+  // V4: the stream's name (fp32 / bf16 rows), "nope_e4m3", "scales_ue8m0".
+  std::string what;
   TapDType type;
-  int64_t offset;      // bytes into the token
+  int64_t offset;      // bytes into the token's bytes_per_token (a split layout's second part from `split`)
   int64_t cols;        // values
 };
 
@@ -105,14 +118,17 @@ class PagedKvCache {
   bool fp8_index_keys() const { return fp8_index_keys_; }
 
   // A V4 stream's row at `slot` (streams(layer)[stream]: cols values): stored in the cache's
-  // format for the window and compressed rows (fp32 or bf16), fp32 for the compressor and indexer
-  // state and keys; read back as what attention sees.
+  // format for the window and compressed rows (fp32, bf16 or MODEL1: StreamSpec::row_format),
+  // fp32 for the compressor and indexer state and keys; read back as what attention sees.
   void WriteRow(int64_t layer, size_t stream, const SeqCache& seq, int64_t slot, const float* row);
   void ReadRow(int64_t layer, size_t stream, const SeqCache& seq, int64_t slot, float* row) const;
 
-  // The bytes of one token of one stream exactly as stored (for the recorder).
+  // The bytes of one token of one stream exactly as stored (for the recorder); a split
+  // stream's (StreamSpec::split) first part only — read split streams through PartBytes.
   const uint8_t* TokenBytes(int64_t layer, size_t stream, const SeqCache& seq, int64_t pos) const;
   uint8_t* MutableTokenBytes(int64_t layer, size_t stream, const SeqCache& seq, int64_t pos);
+  // Where part `part` (parts(layer, stream)) of slot `pos` lies, in either layout.
+  const uint8_t* PartBytes(int64_t layer, size_t stream, const SeqCache& seq, int64_t pos, const KvPart& part) const;
 
   int64_t latent_bytes_per_token() const { return latent_bytes_; }
   // The parts of one token's bytes of `layer`'s stream `stream` (KvPart).
@@ -126,7 +142,9 @@ class PagedKvCache {
 
  private:
   StreamSpec V4Stream(const V4StreamSpec& v) const;
+  uint8_t* PageOf(int64_t layer, size_t stream, const SeqCache& seq, int64_t pos);
   int64_t kv_lora_, rope_, index_dim_;
+  int64_t v4_rope_;  // DeepSeek-V4: the trailing RoPE dims of a window / compressed row (MODEL1's bf16 part)
   bool fp8_index_keys_ = false;
   KvFormat format_;
   int64_t page_size_, max_pages_;

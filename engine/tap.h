@@ -14,9 +14,10 @@
 
 namespace lockstep::engine {
 
-// kBf16 and kFp8E4m3 only for the KV cache's parts (engine/kv_cache.h KvPart), which come as
-// kv/ events (TapHook::WantsKvTaps); every tap point is fp32 or int32.
-enum class TapDType { kF32, kI32, kBf16, kFp8E4m3 };
+// kBf16, kFp8E4m3 and kU8 (MODEL1's ue8m0 scale bytes) only for the KV cache's parts
+// (engine/kv_cache.h KvPart), which come as kv/ events (TapHook::WantsKvTaps); every tap point
+// is fp32 or int32.
+enum class TapDType { kF32, kI32, kBf16, kFp8E4m3, kU8 };
 
 // ---- The tap table: the one list of tap points ----------------------------------------
 // Every tap's name, dtype, width, place in causal order and meaning. The CPU forward and the
@@ -151,7 +152,9 @@ struct TapEvent {
   std::shared_ptr<const void> owner;
 };
 
-inline int64_t TapDTypeSize(TapDType t) { return t == TapDType::kBf16 ? 2 : t == TapDType::kFp8E4m3 ? 1 : 4; }
+inline int64_t TapDTypeSize(TapDType t) {
+  return t == TapDType::kBf16 ? 2 : t == TapDType::kFp8E4m3 || t == TapDType::kU8 ? 1 : 4;
+}
 
 // One request's rows of a forward pass, for TapHook::OnStepTaps: its events' rows are the
 // segments' rows back to back, in this order.

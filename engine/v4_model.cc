@@ -358,9 +358,6 @@ Status V4Forward(const ModelConfig& c, const ModelWeights& w, std::span<Segment>
   if (plan.gemm != kernels::Gemm::kFp32) {
     return Status::Unsupported("deepseek_v4 runs gemm=fp32 only on the CPU reference so far");
   }
-  if (cache.format() == KvFormat::kFp8E4m3) {
-    return Status::Unsupported("--kv-cache fp8_e4m3: deepseek_v4's FP8 MODEL1 cache layout is not implemented yet (fp32, bf16)");
-  }
   LS_ASSIGN_OR_RETURN(SegmentLayout layout, LayOutSegments(segs, c));
   for (auto& g : segs) LS_RETURN_IF_ERROR(cache.Reserve(g.cache, g.start_pos + static_cast<int64_t>(g.tokens.size())));
   Step st{c, *w.v4, segs, cache, hook, layout.row0, {}, {}, {}, layout.rows,

@@ -142,6 +142,7 @@ traces::DType ToTraceDType(engine::TapDType t) {
     case engine::TapDType::kI32: return DType::kI32;
     case engine::TapDType::kBf16: return DType::kBf16;
     case engine::TapDType::kFp8E4m3: return DType::kFp8E4m3;
+    case engine::TapDType::kU8: return DType::kU8;
     case engine::TapDType::kF32: break;
   }
   return DType::kF32;
@@ -394,14 +395,14 @@ void Recorder::OnForward(std::span<const engine::Segment> segs, const engine::Pa
         for (int64_t p = s.start_pos; p < s.start_pos + n; ++p) {
           if ((p + 1) % cadence != 0) continue;
           CaptureRows(*part.tensor, s.request_id, p, 1, [&](int64_t) {
-            return cache.TokenBytes(part.layer, part.stream, *s.cache, (p + 1) / cadence - 1) + part.offset;
+            return cache.PartBytes(part.layer, part.stream, *s.cache, (p + 1) / cadence - 1, part.part);
           });
         }
         continue;
       }
-      // A token's bytes are contiguous in its page; tokens are not.
+      // A part's bytes are contiguous in its page; tokens are not.
       CaptureRows(*part.tensor, s.request_id, s.start_pos, n, [&](int64_t i) {
-        return cache.TokenBytes(part.layer, part.stream, *s.cache, s.start_pos + i) + part.offset;
+        return cache.PartBytes(part.layer, part.stream, *s.cache, s.start_pos + i, part.part);
       });
     }
   }
@@ -426,7 +427,7 @@ void Recorder::DefineKvTensors(const engine::PagedKvCache& cache) {
                                  {{"kv_format", fmt}, {"stream", st.name}, {"part", part.what}},
                                  {{"token_bytes", st.bytes_per_token}, {"byte_offset", part.offset}});
         if (!t) return;
-        kv_parts_.push_back({l, si, part.offset, t});
+        kv_parts_.push_back({l, si, part, t});
       }
     }
   }

@@ -197,7 +197,7 @@ class Recorder : public engine::TapHook {
   struct KvPart {
     int64_t layer;
     size_t stream;
-    int64_t offset;  // of the part within a token's bytes
+    engine::KvPart part;  // where it lies in a token's bytes (PagedKvCache::PartBytes)
     const Tensor* tensor;
   };
   std::vector<KvPart> kv_parts_;

@@ -451,14 +451,22 @@ class Trace:
     def kv(self, layer, stream="latent", request=None):
         """The KV cache rows of one layer and stream, dequantised to float32 as attention read
         them: fp32 as stored; bf16 decoded; fp8_e4m3 e4m3 × its 128-value tile's scale, then
-        the bf16 RoPE part (latent) — [rows, kv_lora + rope] or [rows, index_head_dim]."""
+        the bf16 RoPE part (latent) — [rows, kv_lora + rope] or [rows, index_head_dim];
+        DeepSeek-V4's MODEL1 rows (stream 'window' / 'compressed') e4m3 × the ue8m0 scale of
+        each 64 values, then the bf16 rope part — [rows, head_dim]."""
         base = f"kv/layers.{layer}.{stream}"
         t = self.tensor(base)
         v = self.stored(base, request)
         if t.dtype != "fp8_e4m3":
             return _dt.decode(v, t.dtype).astype(np.float32)
         scales = self.stored(base + ".scales", request)
-        out = _dt.dequantize_fp8(v, scales)
+        if self.tensor(base + ".scales").dtype == "u8":
+            # DeepSeek-V4's MODEL1 rows: e4m3 × 2^(ue8m0 − 127) per 64 values (0xFF: NaN).
+            exps = np.asarray(scales, dtype=np.int64)
+            s = np.where(exps == 0xFF, np.float32(np.nan), np.ldexp(np.float32(1), exps - 127)).astype(np.float32)
+            out = _dt.dequantize_fp8(v, s, tile=64)
+        else:
+            out = _dt.dequantize_fp8(v, scales)
         if base + ".rope" in self.tensors:
             out = np.concatenate([out, _dt.bf16_to_f32(self.stored(base + ".rope", request))], axis=1)
         return out
