@@ -32,9 +32,6 @@ Result<std::unique_ptr<Backend>> CreateBackend(std::string_view name, std::share
                                                const BackendOptions& options) {
   if (model->config().is_v4()) {  // engine/v4_model.cc: the CPU reference, fp32 GEMMs; caches fp32, bf16, FP8 MODEL1
     if (name == "cuda") return Status::Unsupported("--backend cuda: deepseek_v4 runs on the CPU reference only so far");
-    if (plan.gemm != kernels::Gemm::kFp32) {
-      return Status::Unsupported("--kernel gemm: deepseek_v4 runs gemm=fp32 only so far");
-    }
   }
   if (name == "cpu" && model->random_weights()) {
     return Status::Unsupported("--random-weights: the weights exist only on the GPU; run with --backend cuda");

@@ -13,6 +13,9 @@
 #include <cstring>
 #include <numeric>
 
+#include "engine/gemm.h"
+#include "engine/v4_weights.h"
+#include "kernels/fp4.h"
 #include "engine/v4_model.h"
 #include "kernels/cpu/numerics.h"
 #include "kernels/cpu/ops.h"
@@ -74,34 +77,6 @@ void SoftmaxNoMaxFp16Sum(float* x, int64_t n) {
 #endif
   for (int64_t i = 0; i < n; ++i) x[i] *= inv;
 }
-
-// Products with a weight matrix [out, in] as stored, y = x·wᵀ by cpu::MatMulNT, which
-// dequantises the weight's rows as it goes. gemm=fp32: x and the weights as they are.
-// gemm=bf16: x and each dequantised weight rounded to bf16 (the weights in the kernel, the
-// activations here), accumulation in fp32 — the precision of a bf16 GPU GEMM, on the
-// reference's fixed summation order. act_fp8 (gemm=w8a8_dot's linear layers): each row of x
-// through FP8 per 128 values (Fp8RoundTrip).
-struct Gemm {
-  bool bf16 = false;
-  bool act_fp8 = false;
-  kernels::WeightRounding weights() const {
-    return bf16 ? kernels::WeightRounding::kBf16 : kernels::WeightRounding::kAsStored;
-  }
-  void operator()(const float* x, int64_t rows, const Matrix& w, int64_t out, int64_t in, float* y) const {
-    assert(w.rows == out && w.cols == in);
-    if (!bf16 && !act_fp8) {
-      cpu::MatMulNT(x, rows, w.data, weights(), y);
-      return;
-    }
-    std::vector<float> xr(rows * in);
-    if (act_fp8) {
-      for (int64_t r = 0; r < rows; ++r) Fp8RoundTrip(x + r * in, in, &xr[r * in]);
-    } else {
-      for (int64_t i = 0; i < rows * in; ++i) xr[i] = kernels::Bf16ToF32(kernels::F32ToBf16(x[i]));
-    }
-    cpu::MatMulNT(xr.data(), rows, w.data, weights(), y);
-  }
-};
 
 // Head hd's W_UKᵀ [C, dn] (row c is W_UK's column c) from kv_b_proj [nh·(dn + dv), C]: the
 // head's first dn rows dequantised (rounded as the products round them) into `uk` [dn, C], then
@@ -190,14 +165,47 @@ const ModelWeights& Model::Fp8Weights() {
   std::lock_guard<std::mutex> lock(lazy_mu_);
   if (!fp8_weights_) {
     auto w = std::make_unique<ModelWeights>(weights_);  // views: no weight is copied
-    ForEachProductMatrix(*w, [](Matrix& m) {
+    auto quantize = [](Matrix& m) {
       if (m.empty()) return;
       const std::vector<float> v = m.Dequantized();
       m = Matrix::FromFp8(std::make_shared<const Fp8Blocks>(Fp8Blocks::Quantize(v.data(), m.rows, m.cols)));
-    });
+    };
+    ForEachProductMatrix(*w, quantize);
+    if (w->v4 != nullptr) {
+      auto v4 = std::make_shared<V4Weights>(*w->v4);
+      ForEachV4ProductMatrix(*v4, /*experts_only=*/false, quantize);
+      w->v4 = std::move(v4);
+    }
     fp8_weights_ = std::move(w);
   }
   return *fp8_weights_;
+}
+
+const ModelWeights& Model::Fp4Weights(kernels::WeightDType format) {
+  std::lock_guard<std::mutex> lock(lazy_mu_);
+  std::unique_ptr<ModelWeights>& slot = format == kernels::WeightDType::kMxfp4 ? mxfp4_weights_ : nvfp4_weights_;
+  if (!slot) {
+    auto w = std::make_unique<ModelWeights>(weights_);
+    if (w->v4 != nullptr) {
+      auto v4 = std::make_shared<V4Weights>(*w->v4);
+      ForEachV4ProductMatrix(*v4, /*experts_only=*/true, [&](Matrix& m) {
+        if (m.empty() || m.data.dtype == format) return;  // the checkpoint's own 4-bit experts
+        const std::vector<float> v = m.Dequantized();
+        auto q = std::make_shared<const kernels::Fp4Matrix>(format == kernels::WeightDType::kMxfp4
+                                                                ? kernels::QuantizeMxfp4(v.data(), m.rows, m.cols)
+                                                                : kernels::QuantizeNvfp4(v.data(), m.rows, m.cols));
+        Matrix f;
+        f.rows = m.rows;
+        f.cols = m.cols;
+        f.data = q->view();
+        f.storage = std::move(q);
+        m = std::move(f);
+      });
+      w->v4 = std::move(v4);
+    }
+    slot = std::move(w);
+  }
+  return *slot;
 }
 
 void Model::RopeTable(int64_t positions, std::vector<float>* cos, std::vector<float>* sin) {
@@ -380,7 +388,13 @@ struct Model::Impl {
 
 Status Model::Forward(std::span<Segment> segs, PagedKvCache& cache, const kernels::KernelPlan& plan,
                       TapHook* hook, ForwardOutput* out) {
-  if (config_.is_v4() && !random_weights()) return V4Forward(config_, weights_, segs, cache, plan, hook, out);
+  if (config_.is_v4() && !random_weights()) {
+    const ModelWeights& W = plan.fp8_weights() ? Fp8Weights()
+                            : plan.gemm == kernels::Gemm::kMxfp4Dot ? Fp4Weights(kernels::WeightDType::kMxfp4)
+                            : plan.gemm == kernels::Gemm::kNvfp4Dot ? Fp4Weights(kernels::WeightDType::kNvfp4)
+                                                                    : weights_;
+    return V4Forward(config_, W, segs, cache, plan, hook, out);
+  }
   const ModelConfig& c = config_;
   const int64_t H = c.hidden_size, nh = c.num_attention_heads, dn = c.qk_nope_head_dim, dr = c.qk_rope_head_dim,
                 dv = c.v_head_dim, C = c.kv_lora_rank, dqk = dn + dr, half = dr / 2;

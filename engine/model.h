@@ -147,6 +147,11 @@ class Model {
   // matrices — the ones gemm=bf16 rounds — are quantised here (Fp8Blocks::Quantize: 1 byte a
   // parameter held in memory, the other matrices shared with weights()).
   const ModelWeights& Fp8Weights();
+  // gemm=mxfp4_dot / nvfp4_dot's weights (DeepSeek-V4; made on first use, kept; thread-safe):
+  // the routed experts in `format` (kMxfp4 / kNvfp4) — the checkpoint's own where it stores
+  // them so, else quantised here (kernels/fp4.h QuantizeMxfp4 / QuantizeNvfp4: the bytes
+  // tools/fixtures/fp4_formats.py writes) — every other matrix shared with weights().
+  const ModelWeights& Fp4Weights(kernels::WeightDType format);
 
   // Parameter counts: total, and active per token (routed experts counted num_experts_per_tok times).
   int64_t ParameterCount() const;
@@ -156,6 +161,7 @@ class Model {
   Model(ModelConfig c, ModelWeights w);
   void EnsureRope(int64_t positions);
   std::unique_ptr<ModelWeights> fp8_weights_;  // made once under lazy_mu_, then read-only (unset for an FP8 checkpoint)
+  std::unique_ptr<ModelWeights> mxfp4_weights_, nvfp4_weights_;  // the same, for Fp4Weights
   std::mutex lazy_mu_;
   // Forward reads the RoPE tables under a shared lock; EnsureRope grows them under an
   // exclusive one (rarely: the tables double).

@@ -185,20 +185,18 @@ float SqrtSoftplus(float x) {
   return std::sqrt(sp);
 }
 
-void ClampedSwiGlu(const MlpWeights& m, double limit, const float* x, int64_t rows, int64_t D,
-                   kernels::WeightRounding round, float* y) {
+void ClampedSwiGlu(const MlpWeights& m, double limit, const float* x, int64_t rows, const Gemm& gemm, float* y) {
   const int64_t I = m.gate.rows;
   const float L = static_cast<float>(limit);
   std::vector<float> g(rows * I), u(rows * I);
-  cpu::MatMulNT(x, rows, m.gate.data, round, g.data());
-  cpu::MatMulNT(x, rows, m.up.data, round, u.data());
+  gemm(x, rows, m.gate, g.data());
+  gemm(x, rows, m.up, u.data());
   for (int64_t i = 0; i < rows * I; ++i) {
     g[i] = std::min(g[i], L);
     u[i] = std::clamp(u[i], -L, L);
   }
   cpu::SwiGlu(g.data(), u.data(), rows * I, g.data());
-  cpu::MatMulNT(g.data(), rows, m.down.data, round, y);
-  (void)D;
+  gemm(g.data(), rows, m.down, y);
 }
 
 }  // namespace lockstep::engine::v4

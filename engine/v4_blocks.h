@@ -11,6 +11,7 @@
 #include <cstdint>
 #include <vector>
 
+#include "engine/gemm.h"
 #include "engine/v4_config.h"
 #include "engine/v4_weights.h"
 #include "kernels/weight_view.h"
@@ -69,8 +70,8 @@ float AttendWithSink(const float* q, const float* const* keys, int64_t n, int64_
 // sqrt(softplus(x)) with torch's softplus (β 1, threshold 20).
 float SqrtSoftplus(float x);
 
-// The clamped SwiGLU of V4's experts on `rows` rows: down(silu(min(g, L)) · clamp(u, ±L)).
-void ClampedSwiGlu(const MlpWeights& m, double limit, const float* x, int64_t rows, int64_t D, kernels::WeightRounding round,
-                   float* y);
+// The clamped SwiGLU of V4's experts on `rows` rows: down(silu(min(g, L)) · clamp(u, ±L)), each
+// product by `gemm` (engine/gemm.h: the run's gemm variant).
+void ClampedSwiGlu(const MlpWeights& m, double limit, const float* x, int64_t rows, const Gemm& gemm, float* y);
 
 }  // namespace lockstep::engine::v4

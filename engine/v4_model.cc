@@ -12,6 +12,7 @@
 #include <numeric>
 #include <string>
 
+#include "engine/gemm.h"
 #include "engine/v4_blocks.h"
 #include "engine/v4_weights.h"
 #include "kernels/cpu/ops.h"
@@ -34,6 +35,11 @@ struct Step {
   std::vector<int32_t> token;      // per row
   int64_t R = 0;
   v4::RopeTable main_rope, compress_rope;
+  // The products (engine/gemm.h): `linear` for the layers DeepSeek's inference quantises the
+  // input of under gemm=w8a8_dot (q, kv, the output projections, the experts, the indexer's q);
+  // `gemm` for the compressors, the indexer's weights and lm_head. The router and the
+  // hyper-connections' mixing stay fp32 in every variant.
+  Gemm gemm, linear;
 
   const SeqCache& seq(int64_t r) const { return *segs[seg_of[r]].cache; }
   const v4::RopeTable& rope_of(const LayerSpec& s) const {
@@ -82,8 +88,8 @@ void Compress(const Step& st, int64_t l, const V4CompressorWeights& cw, bool ove
   const int64_t D = c.hidden_size, m = c.layers[l].compress_rate, rd = c.v4.rope_dim;
   const int64_t pw = overlap ? 2 * width : width;  // projection width
   std::vector<float> kv(st.R * pw), gate(st.R * pw), row(2 * pw);
-  cpu::MatMulNT(xn, st.R, cw.kv_proj.data, kernels::WeightRounding::kAsStored, kv.data());    // [R, pw]
-  cpu::MatMulNT(xn, st.R, cw.gate_proj.data, kernels::WeightRounding::kAsStored, gate.data());  // [R, pw]
+  st.gemm(xn, st.R, cw.kv_proj, kv.data());    // [R, pw]
+  st.gemm(xn, st.R, cw.gate_proj, gate.data());  // [R, pw]
   for (int64_t r = 0; r < st.R; ++r) {
     std::memcpy(row.data(), &kv[r * pw], pw * 4);
     std::memcpy(row.data() + pw, &gate[r * pw], pw * 4);
@@ -162,18 +168,17 @@ void Attention(Step& st, int64_t l, const float* xn, float* y) {
   const V4LayerWeights& L = st.w.layers[l];
   const int64_t R = st.R, D = c.hidden_size, H = c.num_attention_heads, d = v.head_dim, rd = v.rope_dim;
   const int64_t r_q = c.q_lora_rank, W = v.sliding_window, G = v.o_groups, Ro = v.o_lora_rank, m = spec.compress_rate;
-  const auto as_stored = kernels::WeightRounding::kAsStored;
   const v4::RopeTable& rope = st.rope_of(spec);
   std::vector<float> cs(rd / 2), sn(rd / 2);
 
   // q_res = RMSNorm(q_a(x)); q = q_b(q_res), each head RMS-rescaled, RoPE'd    [R, r], [R, H, d]
   std::vector<float> qa(R * r_q), q_res(R * r_q), q(R * H * d);
-  cpu::MatMulNT(xn, R, L.q_a_proj.data, as_stored, qa.data());
+  st.linear(xn, R, L.q_a_proj, qa.data());
   cpu::RmsNorm(qa.data(), L.q_a_norm.ptr(), R, r_q, c.rms_norm_eps, q_res.data());
-  cpu::MatMulNT(q_res.data(), R, L.q_b_proj.data, as_stored, q.data());
+  st.linear(q_res.data(), R, L.q_b_proj, q.data());
   // kv = RMSNorm(kv_proj(x)), RoPE'd: the one K = V head                        [R, d]
   std::vector<float> kv_raw(R * d), kv(R * d);
-  cpu::MatMulNT(xn, R, L.kv_proj.data, as_stored, kv_raw.data());
+  st.linear(xn, R, L.kv_proj, kv_raw.data());
   cpu::RmsNorm(kv_raw.data(), L.kv_norm.ptr(), R, d, c.rms_norm_eps, kv.data());
   for (int64_t r = 0; r < R; ++r) {
     rope.At(st.pos[r], cs.data(), sn.data());
@@ -206,8 +211,8 @@ void Attention(Step& st, int64_t l, const float* xn, float* y) {
              kTapV4IndexerKey);
     qi.resize(R * Hi * di);
     iw.resize(R * Hi);
-    cpu::MatMulNT(q_res.data(), R, L.indexer_q_b.data, as_stored, qi.data());
-    cpu::MatMulNT(xn, R, L.indexer_weights.data, as_stored, iw.data());
+    st.linear(q_res.data(), R, L.indexer_q_b, qi.data());
+    st.gemm(xn, R, L.indexer_weights, iw.data());
     for (int64_t r = 0; r < R; ++r) {
       st.compress_rope.At(st.pos[r], cs.data(), sn.data());
       for (int64_t h = 0; h < Hi; ++h) v4::RopeTrailing(&qi[(r * Hi + h) * di], di, rd, cs.data(), sn.data());
@@ -256,10 +261,10 @@ void Attention(Step& st, int64_t l, const float* xn, float* y) {
   std::vector<float> og(R * gw), z(R * G * Ro), zg(R * Ro);
   for (int64_t g = 0; g < G; ++g) {
     for (int64_t r = 0; r < R; ++r) std::memcpy(&og[r * gw], &o[r * H * d + g * gw], gw * 4);
-    cpu::MatMulNT(og.data(), R, L.o_a_proj.data.Rows(g * Ro, Ro), as_stored, zg.data());
+    st.linear(og.data(), R, L.o_a_proj.Rows(g * Ro, Ro), zg.data());
     for (int64_t r = 0; r < R; ++r) std::memcpy(&z[r * G * Ro + g * Ro], &zg[r * Ro], Ro * 4);
   }
-  cpu::MatMulNT(z.data(), R, L.o_b_proj.data, as_stored, y);
+  st.linear(z.data(), R, L.o_b_proj, y);
   (void)D;
 }
 
@@ -307,13 +312,13 @@ void Moe(Step& st, int64_t l, const float* xn, float* y) {
     if (rows.empty()) continue;
     std::vector<float> xin(rows.size() * D), yout(rows.size() * D);
     for (size_t i = 0; i < rows.size(); ++i) std::memcpy(&xin[i * D], &xn[(rows[i] / k) * D], D * 4);
-    v4::ClampedSwiGlu(L.experts[e], c.v4.swiglu_limit, xin.data(), static_cast<int64_t>(rows.size()), D,
-                      kernels::WeightRounding::kAsStored, yout.data());
+    v4::ClampedSwiGlu(L.experts[e], c.v4.swiglu_limit, xin.data(), static_cast<int64_t>(rows.size()), st.linear,
+                      yout.data());
     for (size_t i = 0; i < rows.size(); ++i) std::memcpy(&slot[rows[i] * D], &yout[i * D], D * 4);
   }
   std::vector<float> shared(R * D, 0.0f);
   if (c.n_shared_experts > 0) {
-    v4::ClampedSwiGlu(L.shared, c.v4.swiglu_limit, xn, R, D, kernels::WeightRounding::kAsStored, shared.data());
+    v4::ClampedSwiGlu(L.shared, c.v4.swiglu_limit, xn, R, st.linear, shared.data());
   }
   for (int64_t r = 0; r < R; ++r) {
     float* yr = &y[r * D];
@@ -355,13 +360,11 @@ void HyperConnected(Step& st, int64_t l, const V4HcWeights& hw, const Matrix& no
 Status V4Forward(const ModelConfig& c, const ModelWeights& w, std::span<Segment> segs, PagedKvCache& cache,
                  const kernels::KernelPlan& plan, TapHook* hook, ForwardOutput* out) {
   if (w.v4 == nullptr) return Status::Internal("V4Forward: the model has no V4 weights");
-  if (plan.gemm != kernels::Gemm::kFp32) {
-    return Status::Unsupported("deepseek_v4 runs gemm=fp32 only on the CPU reference so far");
-  }
   LS_ASSIGN_OR_RETURN(SegmentLayout layout, LayOutSegments(segs, c));
   for (auto& g : segs) LS_RETURN_IF_ERROR(cache.Reserve(g.cache, g.start_pos + static_cast<int64_t>(g.tokens.size())));
   Step st{c, *w.v4, segs, cache, hook, layout.row0, {}, {}, {}, layout.rows,
-          v4::RopeTable(c.v4.main_rope, c.v4.rope_dim), v4::RopeTable(c.v4.compress_rope, c.v4.rope_dim)};
+          v4::RopeTable(c.v4.main_rope, c.v4.rope_dim), v4::RopeTable(c.v4.compress_rope, c.v4.rope_dim),
+          Gemm::Of(plan, false), Gemm::Of(plan, true)};
   const int64_t R = st.R, D = c.hidden_size, hc = c.v4.hc_mult;
   st.pos.resize(R);
   st.seg_of.resize(R);
@@ -403,7 +406,7 @@ Status V4Forward(const ModelConfig& c, const ModelWeights& w, std::span<Segment>
   cpu::RmsNorm(h.data(), w.final_norm.ptr(), R, D, c.rms_norm_eps, hn.data());
   st.Tap(std::string(kModelTaps[kTapFinalNorm].name), hn.data(), D);
   SegmentLogits(segs, st.row0, hn.data(), D, c.vocab_size, hook, [&](const float* x, int64_t rows, float* lg) {
-    cpu::MatMulNT(x, rows, w.lm_head.data, kernels::WeightRounding::kAsStored, lg);
+    st.gemm(x, rows, w.lm_head, lg);
   }, out);
   for (auto& g : segs) g.cache->length = g.start_pos + static_cast<int64_t>(g.tokens.size());
   return Status::Ok();

@@ -65,6 +65,28 @@ struct V4Weights {
   int64_t inactive_experts = 0;   // parameters of the experts a token does not run (E − k per layer)
 };
 
+// f(m) for every V4 matrix of a product (GEMM) — the ones a lower-precision gemm variant computes
+// in its precision (engine/gemm.h): the attention's projections, the compressors' and the
+// indexer's, the routed and shared experts. The router, the hyper-connections' mixing weights,
+// position biases and norms stay fp32 (ForEachProductMatrix adds lm_head). `experts_only`: the
+// routed experts alone (the 4-bit variants' matrices).
+template <typename F>
+void ForEachV4ProductMatrix(V4Weights& w, bool experts_only, F f) {
+  for (V4LayerWeights& L : w.layers) {
+    for (MlpWeights& e : L.experts) {
+      f(e.gate);
+      f(e.up);
+      f(e.down);
+    }
+    if (experts_only) continue;
+    for (Matrix* m : {&L.q_a_proj, &L.q_b_proj, &L.kv_proj, &L.o_a_proj, &L.o_b_proj, &L.compressor.kv_proj,
+                      &L.compressor.gate_proj, &L.indexer.kv_proj, &L.indexer.gate_proj, &L.indexer_q_b,
+                      &L.indexer_weights, &L.shared.gate, &L.shared.up, &L.shared.down}) {
+      f(*m);
+    }
+  }
+}
+
 // The transformers name of an official-named tensor ("layers.3.attn.wq_a.weight" →
 // "model.layers.3.self_attn.q_a_proj.weight"); other names are returned unchanged.
 std::string V4OfficialToHf(const std::string& name);

@@ -122,7 +122,7 @@ TEST(V4Blocks, ClampedSwiGluClampsGateAboveAndUpBothWays) {
   m.down = Matrix::Fp32({1.0f}, 1, 1);
   const float x = 50.0f;  // g = 50 → 7, u = −50 → −7
   float y = 0;
-  v4::ClampedSwiGlu(m, 7.0, &x, 1, 1, kernels::WeightRounding::kAsStored, &y);
+  v4::ClampedSwiGlu(m, 7.0, &x, 1, engine::Gemm{}, &y);
   EXPECT_NEAR(y, 7.0 / (1.0 + std::exp(-7.0)) * -7.0, 1e-4);
 }
 

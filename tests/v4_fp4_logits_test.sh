@@ -3,7 +3,9 @@
 #
 # Issue 32's acceptance for the 4-bit expert formats: a DeepSeek-V4 model whose routed experts are
 # MXFP4 (resp. NVFP4) gives the logits of the same model with those experts replaced by the fp32
-# values an independent Python decoder reads from the same bytes.
+# values an independent Python decoder reads from the same bytes; and gemm=mxfp4_dot (nvfp4_dot)
+# on the unquantised model, which quantises the experts at load, gives the quantised checkpoint's
+# logits bit for bit (the C++ and the Python quantisers write the same bytes).
 #
 #   1. tools/fixtures/fp4_formats.py quantize writes <work>/mxfp4 and <work>/nvfp4 (routed experts in
 #      the published tensor names and dtypes, everything else copied) and each one's fp32 twin
@@ -42,10 +44,10 @@ fi
 VOCAB=$("$PY" -c "import json,sys; print(json.load(open(sys.argv[1]))['vocab_size'])" "$MODEL/config.json")
 IDS=$("$PY" -c "import sys; v=int(sys.argv[1]); print(','.join(str((7*i+3)%v) for i in range(40)))" "$VOCAB")
 
-run() {  # run MODEL_DIR NAME → $WORK/NAME.npy (logits), $WORK/NAME.tokens (greedy ids)
+run() {  # run MODEL_DIR NAME [GEMM] → $WORK/NAME.npy (logits), $WORK/NAME.tokens (greedy ids)
   local out
   if ! out=$("$LOCKSTEP" record -m "$1" --prompt-ids "$IDS" -n 32 -t 0 --ignore-eos --capture full --taps logits \
-               --logits full --no-kv -q -o "$WORK/$2.h5" 2>&1); then
+               --logits full --no-kv --kernel gemm="${3:-fp32}" -q -o "$WORK/$2.h5" 2>&1); then
     if grep -q "'deepseek_v4' is not supported" <<<"$out"; then
       echo "SKIP: lockstep does not run model_type deepseek_v4 yet: $(head -1 <<<"$out")"
       exit 0
@@ -86,6 +88,18 @@ EOF
     echo "$fmt: greedy tokens differ from the twin's: $(cat "$WORK/$fmt.tokens") vs $(cat "$WORK/${fmt}_twin.tokens")" >&2
     exit 1
   fi
+  # gemm=<fmt>_dot on the source quantises its experts at load (kernels/fp4.h); the Python tool
+  # quantised them by the same rules, written independently: the same bytes, the same logits.
+  run "$MODEL" "${fmt}_dot" "${fmt}_dot"
+  "$PY" - "$WORK/$fmt.npy" "$WORK/${fmt}_dot.npy" "$fmt" <<'EOF'
+import sys
+import numpy as np
+a, b = np.load(sys.argv[1]), np.load(sys.argv[2])
+if a.shape != b.shape or not (a.view(np.uint32) == b.view(np.uint32)).all():
+    sys.exit(f"{sys.argv[3]}: gemm={sys.argv[3]}_dot on the source differs from the {sys.argv[3]} checkpoint "
+             f"(max |diff| {np.max(np.abs(a.astype(np.float64) - b)) if a.shape == b.shape else a.shape})")
+print(f"{sys.argv[3]}: gemm={sys.argv[3]}_dot on the source gives the {sys.argv[3]} checkpoint's logits bit for bit")
+EOF
 done
 "$PY" - "$WORK/source.npy" "$WORK/mxfp4.npy" "$WORK/nvfp4.npy" <<'EOF'
 import sys
