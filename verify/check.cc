@@ -13,11 +13,13 @@
 #include <nlohmann/json.hpp>
 
 #include "engine/model.h"
+#include "verify/check_internal.h"
 #include "verify/golden.h"
 
 namespace lockstep::verify {
 namespace g = golden;
 using engine::Matrix;
+using namespace internal;
 
 bool CheckReport::clean() const {
   for (const auto& o : ops) {
@@ -26,211 +28,53 @@ bool CheckReport::clean() const {
   return true;
 }
 
-// ---- The twin table: one entry per op, in the causal order of a block. A new block kind (V4's
-// compressed attention, …) adds its ops here and a case in CheckTrace's layer loop.
-namespace {
-struct OpSpec {
-  const char* op;
-  const char* kernel_op;  // registry op of its variant ("" = none)
-  int layer_order;        // its place among the layer's taps (engine/tap.h orders)
-  const char* what;
-};
-constexpr OpSpec kOps[] = {
-    {"embed", "", -1, "embedding row of the token, as stored"},
-    {"attn_norm", "norm", 0, "RMSNorm(layer input) in fp64"},
-    {"q_proj", "gemm", 1, "q_b(RMSNorm(q_a(attn_norm))) (or q_proj), nope dims, from attn_norm"},
-    {"rope_q", "rope", 1, "q's rope dims: the q path then RoPE at the row's position (config's YaRN)"},
-    {"kv_a", "gemm", 2, "latent = RMSNorm(kv_a(attn_norm)[:C]) from attn_norm"},
-    {"rope_k", "rope", 3, "k_rope = RoPE(kv_a(attn_norm)[C:]) at the row's position"},
-    {"kv_cache", "kv_quant", 4, "stored latent row = the format's encoding of the recorded latent and k_rope (independent encoder, bit-exact)"},
-    {"indexer_key", "indexer", 4, "stored index key = RoPE(LayerNorm(wk·attn_norm)) (V3.2)"},
-    {"indexer", "indexer", 5, "top-k set of Σ_h w_h·ReLU(q_h·k_t/√d) over the request's own earlier attn_norm rows (V3.2)"},
-    {"attention", "attn_prefill", 6, "softmax(q·k/√d)·v over the request's OWN recorded latent/k_rope rows (encoded as the KV format stores them), sparse: the recorded selection"},
-    {"o_proj", "gemm", 7, "o_proj(attn.heads)"},
-    {"resid_mid", "", 8, "layer input + attn.out"},
-    {"ffn_norm", "norm", 9, "RMSNorm(resid_mid)"},
-    {"router", "", 10, "gate scores, correction bias, group-limited top-k, normalisation and scaling from ffn_norm"},
-    {"experts", "gemm", 12, "Σ_j w_j·expert_j(ffn_norm) + shared(ffn_norm) on the recorded choice, or the dense MLP"},
-    {"resid_out", "", 13, "resid_mid + ffn.out"},
-    {"final_norm", "norm", 100, "RMSNorm(last resid_out)"},
-    {"lm_head", "gemm", 101, "lm_head(final_norm): every stored logit (full rows, or the stored top-k and that they are the top-k)"},
-    {"sampler", "", 102, "the token redrawn from the recorded logits, sampling parameters and Philox counter"},
-};
-constexpr int kNumOps = sizeof(kOps) / sizeof(kOps[0]);
-// Model-level ops after the last layer sort after every layer.
-int64_t LayerRank(int op, int64_t layer) { return kOps[op].layer_order >= 100 ? int64_t{1} << 30 : layer; }
-int OpIndex(std::string_view op) {
-  for (int i = 0; i < kNumOps; ++i) {
-    if (op == kOps[i].op) return i;
-  }
-  return -1;
-}
-
-// One tensor of the trace, read whole, rows found by (request, position).
-struct Tensor {
-  const traces::TensorInfo* info = nullptr;
-  std::vector<uint8_t> raw;
-  std::vector<traces::SummaryRow> rows;
-  std::map<std::pair<int32_t, int64_t>, int64_t> at;
-  int64_t row_bytes = 0;
-  int64_t Row(int32_t req, int64_t pos) const {
-    auto it = at.find({req, pos});
-    return it == at.end() ? -1 : it->second;
-  }
-  const float* F(int64_t row) const { return reinterpret_cast<const float*>(raw.data() + row * row_bytes); }
-  const int32_t* I(int64_t row) const { return reinterpret_cast<const int32_t*>(raw.data() + row * row_bytes); }
-  const uint8_t* B(int64_t row) const { return raw.data() + row * row_bytes; }
-};
-
-// Per-op statistics as rows come in.
-struct Stats {
-  OpReport rep;
-  std::tuple<int64_t, int64_t, int, int32_t, int64_t> first_key{INT64_MAX, 0, 0, 0, 0};
-  double sa = 0, sa2 = 0, sb = 0, sb2 = 0;
-  int64_t bias_rows = 0;
-};
-
-struct Ctx {
-  const traces::TraceReader* trace = nullptr;
-  std::shared_ptr<engine::Model> model;
-  const engine::ModelConfig* c = nullptr;
-  const engine::ModelWeights* W = nullptr;
-  std::map<std::string, std::string> variants;
-  std::string kv_format;
-  g::Precision gemm, linear, fp32;
-  std::vector<double> inv_freq;
-  double af = 1;
-  g::RopeLayout layout = g::RopeLayout::kPairsToHalves;
-  std::map<std::string, std::unique_ptr<Tensor>> tensors;
-  std::unordered_map<const void*, std::vector<float>> dense;
-  std::vector<Stats> stats;
-  std::map<int32_t, int64_t> prompt_len;
-
-  const Tensor* T(const std::string& name) {
-    auto it = tensors.find(name);
-    if (it != tensors.end()) return it->second->info ? it->second.get() : nullptr;
-    auto t = std::make_unique<Tensor>();
-    const traces::TensorInfo* info = trace->FindTensor(name);
-    if (info != nullptr && info->has_values && info->rows > 0) {
-      auto s = trace->ReadSummary(*info);
-      auto v = trace->ReadValues(*info, 0, info->rows);
-      if (s.ok() && v.ok()) {
-        t->info = info;
-        t->rows = std::move(*s);
-        t->raw = std::move(*v);
-        t->row_bytes = static_cast<int64_t>(t->raw.size()) / info->rows;
-        for (size_t i = 0; i < t->rows.size(); ++i) t->at[{t->rows[i].request, t->rows[i].position}] = static_cast<int64_t>(i);
+// The LM head's twin on one row: lm_head(final_norm) against the stored logits (full rows, or
+// the stored top-k and that they are the top-k). Every family's last op.
+void internal::CheckLmHead(Ctx& cx, int32_t req, int64_t pos, int64_t plen, const Tensor* t_fin, int64_t rfin) {
+  const engine::ModelConfig& c = *cx.c;
+  const int64_t H = c.hidden_size;
+  const Tensor* t_lg = cx.T("logits");
+  const int64_t rlg = t_lg ? t_lg->Row(req, pos) : -1;
+  const Tensor* t_ti = t_lg ? nullptr : cx.T("logits.topk_ids");
+  const Tensor* t_tv = t_lg ? nullptr : cx.T("logits.topk_values");
+  const int64_t rti = t_ti ? t_ti->Row(req, pos) : -1, rtv = t_tv ? t_tv->Row(req, pos) : -1;
+  if (rlg >= 0 || (rti >= 0 && rtv >= 0)) {
+    const g::Vec lg = g::Linear(cx.Wt(cx.W->lm_head), Row(t_fin->F(rfin), H), cx.gemm);
+    Location w{req, -1, pos, t_fin->rows[rfin].step, "logits"};
+    w.prefill = pos < plen - 1;
+    if (rlg >= 0) {
+      Compare(cx, OpIndex("lm_head"), w, t_lg->F(rlg), lg);
+    } else {
+      const int64_t k = t_ti->info->cols;
+      const int32_t* ids = t_ti->I(rti);
+      const float* vals = t_tv->F(rtv);
+      g::Vec sub;
+      double ratio = 0, meas = 0, bud = 0;
+      std::string detail;
+      std::vector<bool> in(c.vocab_size, false);
+      double lo = INFINITY, lo_e = 0;
+      for (int64_t j = 0; j < k; ++j) {
+        if (ids[j] < 0 || ids[j] >= c.vocab_size) {
+          ratio = INFINITY;
+          detail = "top-k id out of range";
+          break;
+        }
+        in[ids[j]] = true;
+        const double err = std::fabs(vals[j] - lg.v[ids[j]]), b = lg.e[ids[j]] + 1e-30;
+        if (err / b > ratio) ratio = err / b, meas = err, bud = b, detail = "logit of token " + std::to_string(ids[j]);
+        if (lg.v[ids[j]] < lo) lo = lg.v[ids[j]], lo_e = lg.e[ids[j]];
       }
-    }
-    Tensor* p = t.get();
-    tensors[name] = std::move(t);
-    return p->info ? p : nullptr;
-  }
-  g::WeightRef Wt(const Matrix& m) {
-    auto it = dense.find(&m);
-    if (it == dense.end()) it = dense.emplace(&m, m.Dequantized()).first;
-    return {it->second.data(), m.rows, m.cols};
-  }
-  std::string Variant(const std::string& op) const {
-    auto it = variants.find(op);
-    return it == variants.end() ? "" : it->second;
-  }
-};
-
-std::string LayerTap(int64_t l, const char* name) { return "layers." + std::to_string(l) + "." + name; }
-
-// Compares a recorded row with its twin; returns whether it is within budget.
-bool Compare(Ctx& cx, int op, const Location& where, const float* meas, const g::Vec& twin, int64_t off = 0,
-             int64_t n = -1, bool bias = true) {
-  Stats& st = cx.stats[op];
-  if (n < 0) n = twin.size() - off;
-  double worst = 0, wm = 0, wb = 0, sum_b = 0, sa = 0, sb = 0;
-  int64_t wc = -1;
-  for (int64_t i = off; i < off + n; ++i) {
-    const double m = meas[i - off];
-    const double v = twin.v[i];
-    const double b = twin.e[i] + 1e-30;
-    double err = std::fabs(m - v);
-    if (std::isnan(m) != std::isnan(v) || (!std::isfinite(m) && m != v)) err = INFINITY;
-    if (std::isnan(m) && std::isnan(v)) err = 0;
-    const double r = err / b;
-    if (r > worst || wc < 0) {
-      worst = r;
-      wm = err;
-      wb = b;
-      wc = i - off;
-    }
-    if (std::isfinite(err)) {
-      sum_b += b;
-      sa += (m - v) * (v < 0 ? -1 : 1);
-      sb += m - v;
-    }
-  }
-  st.rep.rows += 1;
-  st.rep.values += n;
-  st.rep.prefill_rows += where.prefill;
-  Location loc = where;
-  loc.column = wc;
-  loc.measured = wm;
-  loc.budget = wb;
-  if (worst > st.rep.max_ratio || st.rep.rows == 1) {
-    st.rep.max_ratio = worst;
-    st.rep.max_error = wm;
-    st.rep.budget_at_max = wb;
-    st.rep.worst = loc;
-  }
-  if (bias && sum_b > 0) {
-    const double a = sa / sum_b, b2 = sb / sum_b;
-    st.sa += a;
-    st.sa2 += a * a;
-    st.sb += b2;
-    st.sb2 += b2 * b2;
-    ++st.bias_rows;
-  }
-  if (worst > 1) {
-    ++st.rep.failing_rows;
-    st.rep.failing_prefill_rows += where.prefill;
-    st.rep.failed = true;
-    const auto key = std::make_tuple(where.step, LayerRank(op, where.layer), kOps[op].layer_order, where.request, where.position);
-    if (key < st.first_key) {
-      st.first_key = key;
-      st.rep.first = loc;
-    }
-    return false;
-  }
-  return true;
-}
-
-// A set-valued op's verdict on one row: `ratio` (> 1 defect) with what differs.
-void CompareSet(Ctx& cx, int op, const Location& where, double ratio, double measured, double budget,
-                const std::string& detail) {
-  Stats& st = cx.stats[op];
-  st.rep.rows += 1;
-  st.rep.values += 1;
-  st.rep.prefill_rows += where.prefill;
-  Location loc = where;
-  loc.measured = measured;
-  loc.budget = budget;
-  loc.detail = detail;
-  if (ratio > st.rep.max_ratio || st.rep.rows == 1) {
-    st.rep.max_ratio = ratio;
-    st.rep.max_error = measured;
-    st.rep.budget_at_max = budget;
-    st.rep.worst = loc;
-  }
-  if (ratio > 1) {
-    ++st.rep.failing_rows;
-    st.rep.failing_prefill_rows += where.prefill;
-    st.rep.failed = true;
-    const auto key = std::make_tuple(where.step, LayerRank(op, where.layer), kOps[op].layer_order, where.request, where.position);
-    if (key < st.first_key) {
-      st.first_key = key;
-      st.rep.first = loc;
+      for (int64_t v = 0; v < c.vocab_size && std::isfinite(ratio); ++v) {
+        if (in[v] || lg.v[v] <= lo) continue;
+        const double r = (lg.v[v] - lo) / (lg.e[v] + lo_e + 1e-30);
+        if (r > ratio) ratio = r, meas = lg.v[v] - lo, bud = lg.e[v] + lo_e, detail = "token " + std::to_string(v) + " belongs in the stored top-k";
+      }
+      CompareSet(cx, OpIndex("lm_head"), w, ratio, meas, bud, ratio > 1 ? detail : "");
     }
   }
 }
 
-g::Vec Row(const float* x, int64_t n) { return g::Exact(x, n); }
+namespace {
 
 // The index key of one position from its attn_norm row (V3.2): RoPE(LayerNorm(wk·h)), Hadamard
 // when the variant rotates.
@@ -264,90 +108,14 @@ g::Vec IndexKey(Ctx& cx, const engine::LayerWeights& L, const float* h, int64_t 
   return k;
 }
 
-}  // namespace
-
-const OpReport* CheckReport::first_defect() const {
-  const OpReport* best = nullptr;
-  auto key = [](const OpReport& o) {
-    return std::make_tuple(o.first.step, LayerRank(OpIndex(o.op), o.first.layer), OpIndex(o.op), o.first.request,
-                           o.first.position);
-  };
-  for (const auto& o : ops) {
-    if (!o.failed) continue;
-    if (best == nullptr || key(o) < key(*best)) best = &o;
-  }
-  if (best == nullptr) {
-    for (const auto& o : ops) {
-      if (o.bias_failed) return &o;
-    }
-  }
-  return best;
-}
-
-Result<CheckReport> CheckTrace(const traces::TraceReader& trace, const CheckOptions& opt) {
-  Ctx cx;
-  cx.trace = &trace;
-  CheckReport rep;
-  rep.trace = trace.path();
-  const auto& meta = trace.meta();
-  std::filesystem::path model_dir = opt.model_dir;
-  if (model_dir.empty()) {
-    auto it = meta.find("model_dir");
-    if (it == meta.end()) return Status::InvalidArgument(trace.path().string() + ": meta.model_dir is missing (pass --model)");
-    model_dir = it->second;
-  }
-  LS_ASSIGN_OR_RETURN(cx.model, engine::Model::Load(model_dir));
-  const engine::ModelConfig& c = cx.model->config();
-  cx.c = &c;
-  {
-    auto it = meta.find("kernels");
-    const nlohmann::json j = nlohmann::json::parse(it == meta.end() ? "{}" : it->second, nullptr, false);
-    if (!j.is_object()) return Status::Corruption(trace.path().string() + ": meta.kernels is not JSON");
-    for (const auto& [k, v] : j.items()) {
-      if (v.is_string()) cx.variants[k] = v.get<std::string>();
-    }
-    auto kv = meta.find("kv_cache_format");
-    cx.kv_format = kv == meta.end() ? "fp32" : kv->second;
-  }
-  rep.kv_format = cx.kv_format;
-  const std::string gemm = cx.Variant("gemm");
-  const bool bf16 = gemm.rfind("bf16", 0) == 0;
-  const bool fp8w = gemm == "fp8_dot" || gemm == "w8a8_dot";
-  cx.W = fp8w ? &cx.model->Fp8Weights() : &cx.model->weights();
-  cx.gemm = {g::kFp32U, bf16 ? g::kBf16U : 0, bf16 ? g::kBf16U : 0};
-  cx.linear = cx.gemm;
-  if (gemm == "w8a8_dot") cx.linear.in_x = g::kFp8U;
-  cx.fp32 = {};
-  g::RopeSpec rs;
-  rs.theta = c.rope.theta;
-  rs.yarn = c.rope.yarn;
-  rs.factor = c.rope.factor;
-  rs.beta_fast = c.rope.beta_fast;
-  rs.beta_slow = c.rope.beta_slow;
-  rs.original_max_pos = static_cast<double>(c.rope.original_max_position_embeddings);
-  rs.truncate = c.rope.truncate;
-  cx.inv_freq = g::RopeInvFreq(rs, c.qk_rope_head_dim);
-  cx.af = c.rope.attention_factor;
-  cx.layout = c.rope_style == engine::RopeStyle::kHalves          ? g::RopeLayout::kHalves
-              : c.rope_style == engine::RopeStyle::kPairsAdjacent ? g::RopeLayout::kPairsAdjacent
-                                                                 : g::RopeLayout::kPairsToHalves;
-  for (const auto& q : trace.requests()) cx.prompt_len[q.id] = static_cast<int64_t>(q.prompt.size());
-  cx.stats.resize(kNumOps);
-  for (int i = 0; i < kNumOps; ++i) {
-    cx.stats[i].rep.op = kOps[i].op;
-    cx.stats[i].rep.kernel_op = kOps[i].kernel_op;
-    cx.stats[i].rep.variant = cx.Variant(kOps[i].kernel_op);
-    cx.stats[i].rep.what = kOps[i].what;
-  }
-  cx.stats[OpIndex("kv_cache")].rep.variant = cx.Variant("kv_quant") + " (" + cx.kv_format + ")";
-
+// DeepSeek V2 / V3 / V3.2's rows: every op of every layer of every (request, position) embed
+// holds, then the final norm and the LM head.
+void CheckMlaRows(Ctx& cx, const CheckOptions& opt) {
+  const traces::TraceReader& trace = *cx.trace;
+  const engine::ModelConfig& c = *cx.c;
   const int64_t H = c.hidden_size, nh = c.num_attention_heads, dn = c.qk_nope_head_dim, dr = c.qk_rope_head_dim,
                 dv = c.v_head_dim, C = c.kv_lora_rank, dqk = dn + dr, NL = c.num_hidden_layers;
   const Tensor* embed = cx.T("embed");
-  if (embed == nullptr) {
-    return Status::InvalidArgument(trace.path().string() +
-                                   ": no tap values (taps/embed): verify needs a full capture (lockstep replay --capture full)");
-  }
   // Rows: every (request, position) embed holds, in step order.
   std::vector<int64_t> order(embed->rows.size());
   for (size_t i = 0; i < order.size(); ++i) order[i] = static_cast<int64_t>(i);
@@ -855,49 +623,101 @@ Result<CheckReport> CheckTrace(const traces::TraceReader& trace, const CheckOpti
       Compare(cx, OpIndex("final_norm"), w, t_fin->F(rfin),
               g::RmsNorm(Row(x_in, H), cx.W->final_norm.ptr(), c.rms_norm_eps));
     }
-    if (rfin >= 0) {
-      const Tensor* t_lg = cx.T("logits");
-      const int64_t rlg = t_lg ? t_lg->Row(req, pos) : -1;
-      const Tensor* t_ti = t_lg ? nullptr : cx.T("logits.topk_ids");
-      const Tensor* t_tv = t_lg ? nullptr : cx.T("logits.topk_values");
-      const int64_t rti = t_ti ? t_ti->Row(req, pos) : -1, rtv = t_tv ? t_tv->Row(req, pos) : -1;
-      if (rlg >= 0 || (rti >= 0 && rtv >= 0)) {
-        const g::Vec lg = g::Linear(cx.Wt(cx.W->lm_head), Row(t_fin->F(rfin), H), cx.gemm);
-        Location w{req, -1, pos, t_fin->rows[rfin].step, "logits"};
-        w.prefill = pos < plen - 1;
-        if (rlg >= 0) {
-          Compare(cx, OpIndex("lm_head"), w, t_lg->F(rlg), lg);
-        } else {
-          const int64_t k = t_ti->info->cols;
-          const int32_t* ids = t_ti->I(rti);
-          const float* vals = t_tv->F(rtv);
-          g::Vec sub;
-          double ratio = 0, meas = 0, bud = 0;
-          std::string detail;
-          std::vector<bool> in(c.vocab_size, false);
-          double lo = INFINITY, lo_e = 0;
-          for (int64_t j = 0; j < k; ++j) {
-            if (ids[j] < 0 || ids[j] >= c.vocab_size) {
-              ratio = INFINITY;
-              detail = "top-k id out of range";
-              break;
-            }
-            in[ids[j]] = true;
-            const double err = std::fabs(vals[j] - lg.v[ids[j]]), b = lg.e[ids[j]] + 1e-30;
-            if (err / b > ratio) ratio = err / b, meas = err, bud = b, detail = "logit of token " + std::to_string(ids[j]);
-            if (lg.v[ids[j]] < lo) lo = lg.v[ids[j]], lo_e = lg.e[ids[j]];
-          }
-          for (int64_t v = 0; v < c.vocab_size && std::isfinite(ratio); ++v) {
-            if (in[v] || lg.v[v] <= lo) continue;
-            const double r = (lg.v[v] - lo) / (lg.e[v] + lo_e + 1e-30);
-            if (r > ratio) ratio = r, meas = lg.v[v] - lo, bud = lg.e[v] + lo_e, detail = "token " + std::to_string(v) + " belongs in the stored top-k";
-          }
-          CompareSet(cx, OpIndex("lm_head"), w, ratio, meas, bud, ratio > 1 ? detail : "");
-        }
-      }
-    }
+    if (rfin >= 0) CheckLmHead(cx, req, pos, plen, t_fin, rfin);
     ++done;
     if (opt.progress) opt.progress(done, total);
+  }
+
+}
+
+}  // namespace
+
+const OpReport* CheckReport::first_defect() const {
+  const OpReport* best = nullptr;
+  auto key = [](const OpReport& o) {
+    return std::make_tuple(o.first.step, LayerRank(OpIndex(o.op), o.first.layer), OpIndex(o.op), o.first.request,
+                           o.first.position);
+  };
+  for (const auto& o : ops) {
+    if (!o.failed) continue;
+    if (best == nullptr || key(o) < key(*best)) best = &o;
+  }
+  if (best == nullptr) {
+    for (const auto& o : ops) {
+      if (o.bias_failed) return &o;
+    }
+  }
+  return best;
+}
+
+Result<CheckReport> CheckTrace(const traces::TraceReader& trace, const CheckOptions& opt) {
+  Ctx cx;
+  cx.trace = &trace;
+  CheckReport rep;
+  rep.trace = trace.path();
+  const auto& meta = trace.meta();
+  std::filesystem::path model_dir = opt.model_dir;
+  if (model_dir.empty()) {
+    auto it = meta.find("model_dir");
+    if (it == meta.end()) return Status::InvalidArgument(trace.path().string() + ": meta.model_dir is missing (pass --model)");
+    model_dir = it->second;
+  }
+  LS_ASSIGN_OR_RETURN(cx.model, engine::Model::Load(model_dir));
+  const engine::ModelConfig& c = cx.model->config();
+  cx.c = &c;
+  {
+    auto it = meta.find("kernels");
+    const nlohmann::json j = nlohmann::json::parse(it == meta.end() ? "{}" : it->second, nullptr, false);
+    if (!j.is_object()) return Status::Corruption(trace.path().string() + ": meta.kernels is not JSON");
+    for (const auto& [k, v] : j.items()) {
+      if (v.is_string()) cx.variants[k] = v.get<std::string>();
+    }
+    auto kv = meta.find("kv_cache_format");
+    cx.kv_format = kv == meta.end() ? "fp32" : kv->second;
+  }
+  rep.kv_format = cx.kv_format;
+  const std::string gemm = cx.Variant("gemm");
+  const bool bf16 = gemm.rfind("bf16", 0) == 0;
+  const bool fp8w = gemm == "fp8_dot" || gemm == "w8a8_dot";
+  cx.W = fp8w                   ? &cx.model->Fp8Weights()
+         : gemm == "mxfp4_dot" ? &cx.model->Fp4Weights(kernels::WeightDType::kMxfp4)
+         : gemm == "nvfp4_dot" ? &cx.model->Fp4Weights(kernels::WeightDType::kNvfp4)
+                               : &cx.model->weights();
+  cx.gemm = {g::kFp32U, bf16 ? g::kBf16U : 0, bf16 ? g::kBf16U : 0};
+  cx.linear = cx.gemm;
+  if (gemm == "w8a8_dot") cx.linear.in_x = g::kFp8U;
+  cx.fp32 = {};
+  g::RopeSpec rs;
+  rs.theta = c.rope.theta;
+  rs.yarn = c.rope.yarn;
+  rs.factor = c.rope.factor;
+  rs.beta_fast = c.rope.beta_fast;
+  rs.beta_slow = c.rope.beta_slow;
+  rs.original_max_pos = static_cast<double>(c.rope.original_max_position_embeddings);
+  rs.truncate = c.rope.truncate;
+  cx.inv_freq = g::RopeInvFreq(rs, c.qk_rope_head_dim);
+  cx.af = c.rope.attention_factor;
+  cx.layout = c.rope_style == engine::RopeStyle::kHalves          ? g::RopeLayout::kHalves
+              : c.rope_style == engine::RopeStyle::kPairsAdjacent ? g::RopeLayout::kPairsAdjacent
+                                                                 : g::RopeLayout::kPairsToHalves;
+  for (const auto& q : trace.requests()) cx.prompt_len[q.id] = static_cast<int64_t>(q.prompt.size());
+  cx.stats.resize(kNumOps);
+  for (int i = 0; i < kNumOps; ++i) {
+    cx.stats[i].rep.op = kOps[i].op;
+    cx.stats[i].rep.kernel_op = kOps[i].kernel_op;
+    cx.stats[i].rep.variant = cx.Variant(kOps[i].kernel_op);
+    cx.stats[i].rep.what = kOps[i].what;
+  }
+  cx.stats[OpIndex("kv_cache")].rep.variant = cx.Variant("kv_quant") + " (" + cx.kv_format + ")";
+
+  if (cx.T("embed") == nullptr) {
+    return Status::InvalidArgument(trace.path().string() +
+                                   ": no tap values (taps/embed): verify needs a full capture (lockstep replay --capture full)");
+  }
+  if (c.is_v4()) {
+    CheckV4Rows(cx, opt);
+  } else {
+    CheckMlaRows(cx, opt);
   }
 
   // The sampler: every sampled token redrawn from its recorded logits row.
@@ -958,6 +778,8 @@ Result<CheckReport> CheckTrace(const traces::TraceReader& trace, const CheckOpti
       st.rep.bias_mean = use_a ? ma : mb;
       st.rep.bias_failed = std::fabs(st.rep.bias_t) > kBiasT && std::fabs(st.rep.bias_mean) > kBiasMinMean;
     }
+    const Family fam = kOps[i].family;
+    if (fam != kAny && (fam == kV4) != c.is_v4()) continue;  // another family's op
     if (st.rep.rows == 0 && st.rep.not_checked == 0) {
       rep.not_verified.push_back(std::string(kOps[i].op) + ": no rows (the trace holds none of its taps, or the model has none)");
     } else if (st.rep.not_checked > 0) {
