@@ -123,7 +123,7 @@ void PrintDiffText(const diff::TraceDiffReport& r, const Detokenize& detok, bool
       }
       std::printf("\n");
     }
-    std::printf("error growth (median rel L2 of layers.L.resid_out from that position on):");
+    std::printf("error growth (median rel L2 of layers.L.resid_out, V4 hc.streams, from that position on):");
     for (size_t l = 0; l < r.layer_growth.size(); ++l) {
       if (r.layer_growth[l] >= 0) std::printf(" L%zu %.2g", l, r.layer_growth[l]);
     }

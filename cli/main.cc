@@ -28,7 +28,7 @@ int main(int argc, char** argv) {
   using namespace lockstep;
   CLI::App app{
       "lockstep — a record-and-replay numerics debugger for LLM inference.\n"
-      "Runs DeepSeek-family checkpoints (V2, V3, V3.2) on the CPU in fp32 as the reference."};
+      "Runs DeepSeek-family checkpoints (V2, V3, V3.2, V4) on the CPU in fp32 as the reference, and V2–V3.2 on CUDA."};
   app.require_subcommand(1);
   // Every option's --help line shows its default ("[64]"): sub-commands inherit this.
   app.option_defaults()->always_capture_default();
@@ -96,8 +96,9 @@ int main(int argc, char** argv) {
   if (WIFEXITED(st)) return WEXITSTATUS(st);
   const int sig = WIFSIGNALED(st) ? WTERMSIG(st) : 0;
   if (sig == SIGINT || sig == SIGTERM) return 128 + sig;
-  std::cerr << "lockstep " << command << ": died of signal " << sig << " (" << strsignal(sig)
-            << ") reading its input: a trace damaged past what the HDF5 library can read does this "
-               "(libhdf5 1.10, docs/fuzzing.md); no result was produced\n";
+  std::cerr << "lockstep " << command << ": crashed (signal " << sig << ", " << strsignal(sig)
+            << "); no result was produced. A trace damaged past what libhdf5 1.10 can read does this "
+               "(docs/fuzzing.md; `lockstep inspect` shows what it holds); on an undamaged trace it is a "
+               "lockstep bug: please report it with this command line\n";
   return 1;
 }

@@ -282,7 +282,7 @@ Result<TraceDiffReport> CompareTraces(const traces::TraceReader& a, const traces
     rep.only_in_b.push_back(t.path);
   }
   const Thresholds& th = opt.thresholds;
-  std::map<int32_t, std::vector<RowDiff>> resid_rows;  // per request: layers.*.resid_out rows
+  std::map<int32_t, std::vector<RowDiff>> resid_rows;  // per request: layers.*.resid_out (V4: hc.streams) rows
   std::map<int32_t, std::vector<RowDiff>> logit_rows;
   std::vector<LayerCell> layer_cells;      // float layer taps of every request
   std::vector<std::string> tap_suffixes;   // LayerCell::tap → "attn.out", …
@@ -456,7 +456,9 @@ Result<TraceDiffReport> CompareTraces(const traces::TraceReader& a, const traces
           }
         }
       }
-      if (d.layer >= 0 && ta.path.ends_with("." + std::string(engine::kLayerTaps[engine::kTapResidOut].name))) {
+      // A layer's output: resid_out, or DeepSeek-V4's hc.streams (its residual is hc streams).
+      if (d.layer >= 0 && (ta.path.ends_with("." + std::string(engine::kLayerTaps[engine::kTapResidOut].name)) ||
+                           ta.path.ends_with("." + std::string(engine::kLayerTaps[engine::kTapV4Streams].name)))) {
         resid_rows[d.request].push_back(d);
       }
       if (is_logits) logit_rows[d.request].push_back(d);

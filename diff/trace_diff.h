@@ -139,10 +139,11 @@ struct TraceDiffReport {
   std::vector<RequestReport> requests;
   bool has_divergence = false;
   RowDiff first;                           // the earliest divergent row over all requests
-  // Error growth: per layer, the median rel L2 of layers.L.resid_out over the rows of the
-  // first divergent request at or after the first divergent position (−1: no data).
+  // Error growth: per layer, the median rel L2 of layers.L.resid_out (V4: hc.streams) over the
+  // rows of the first divergent request at or after the first divergent position (−1: no data).
   std::vector<double> layer_growth;
-  // Heatmap for reports: rel L2 of layers.L.resid_out, [layer][position], request = first's.
+  // Heatmap for reports: rel L2 of layers.L.resid_out (V4: hc.streams), [layer][position],
+  // request = first's.
   std::vector<std::vector<double>> heatmap;
   int64_t heatmap_request = -1;
   std::vector<RowDiff> logits;             // every compared logits row of heatmap_request

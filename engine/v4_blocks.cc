@@ -162,14 +162,15 @@ void PoolEntry(const float* kv, const float* gate, int64_t slots, int64_t width,
 }
 
 float AttendWithSink(const float* q, const float* const* keys, int64_t n, int64_t d, float scale, float sink,
-                    float* out) {
+                    float* out, bool fault_sink_one_side) {
   std::vector<float> l(n);
   float mx = sink;
   for (int64_t t = 0; t < n; ++t) {
     l[t] = cpu::Dot(q, keys[t], d) * scale;
     mx = std::max(mx, l[t]);
   }
-  double den = std::exp(static_cast<double>(sink) - mx);
+  // Fault zoo (softmax=fault_sink_one_side): the sink in the max, not in the denominator.
+  double den = fault_sink_one_side ? 0.0 : std::exp(static_cast<double>(sink) - mx);
   for (int64_t t = 0; t < n; ++t) {
     l[t] = cpu::ExpF(l[t] - mx);
     den += l[t];

@@ -63,9 +63,10 @@ void PoolEntry(const float* kv, const float* gate, int64_t slots, int64_t width,
 
 // Attention of one head over its keys with a sink: l_t = q·K_t·scale, p = softmax([l, sink])
 // without the sink's column, out[d] = Σ_t p_t·K_t (V = K). keys: pointers to rows [d]. Returns the
-// sink's share of the softmax (1 − Σ_t p_t).
+// sink's share of the softmax (1 − Σ_t p_t). fault_sink_one_side (the fault zoo's
+// softmax=fault_sink_one_side): the sink enters the max but not the denominator.
 float AttendWithSink(const float* q, const float* const* keys, int64_t n, int64_t d, float scale, float sink,
-                    float* out);
+                    float* out, bool fault_sink_one_side = false);
 
 // sqrt(softplus(x)) with torch's softplus (β 1, threshold 20).
 float SqrtSoftplus(float x);

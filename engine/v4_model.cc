@@ -40,6 +40,7 @@ struct Step {
   // `gemm` for the compressors, the indexer's weights and lm_head. The router and the
   // hyper-connections' mixing stay fp32 in every variant.
   Gemm gemm, linear;
+  const kernels::KernelPlan& plan;  // the variants (the fault zoo's V4 entries among them)
 
   const SeqCache& seq(int64_t r) const { return *segs[seg_of[r]].cache; }
   const v4::RopeTable& rope_of(const LayerSpec& s) const {
@@ -99,10 +100,11 @@ void Compress(const Step& st, int64_t l, const V4CompressorWeights& cw, bool ove
   const float* pb = cw.position_bias.ptr();  // [m, pw]
   const int64_t slots = overlap ? 2 * m : m;
   std::vector<float> skv(slots * width), sgate(slots * width), e(width), cs(rd / 2), sn(rd / 2);
+  const bool late = st.plan.compressor == kernels::Compressor::kFaultCloseLate;  // fault zoo
   for (int64_t r = 0; r < st.R; ++r) {
     const int64_t p = st.pos[r];
-    if ((p + 1) % m != 0) continue;  // no window closes here
-    const int64_t w = (p + 1) / m - 1;
+    if (late ? (p % m != 0 || p == 0) : (p + 1) % m != 0) continue;  // no window closes here
+    const int64_t w = late ? p / m - 1 : (p + 1) / m - 1;
     // Slots [0, m) (CSA): window w − 1's first halves, their gates with the bias; empty for w = 0.
     // Then window w's rows: CSA's second halves, HCA's whole rows.
     for (int64_t j = 0; j < m; ++j) {
@@ -148,8 +150,14 @@ std::vector<int64_t> IndexerPick(const Step& st, int64_t l, size_t key_stream, i
   if (T <= c.index_topk) return picks;  // every candidate: no score can change the choice
   std::vector<float> score(T), key(di);
   const float hs = 1.0f / std::sqrt(static_cast<float>(Hi)), ds = 1.0f / std::sqrt(static_cast<float>(di));
+  const bool wrong_layout = st.plan.indexer == kernels::Indexer::kFaultKeyLayout;  // fault zoo
+  const int64_t ps = st.cache.page_size();
   for (int64_t t = 0; t < T; ++t) {
     st.cache.ReadRow(l, key_stream, st.seq(r), t, key.data());
+    if (wrong_layout) {  // the page's fp32 keys read dim-major: element i of slot j at i·page_size + j
+      const float* page = reinterpret_cast<const float*>(st.cache.TokenBytes(l, key_stream, st.seq(r), t - t % ps));
+      for (int64_t i = 0; i < di; ++i) key[i] = page[i * ps + t % ps];
+    }
     float s = 0;
     for (int64_t h = 0; h < Hi; ++h) s += (wts[h] * hs) * (std::max(cpu::Dot(&qi[h * di], key.data(), di), 0.0f) * ds);
     score[t] = s;
@@ -227,7 +235,8 @@ void Attention(Step& st, int64_t l, const float* xn, float* y) {
   std::vector<float> keybuf;
   std::vector<const float*> keys;
   for (int64_t r = 0; r < R; ++r) {
-    const int64_t p = st.pos[r], first = std::max<int64_t>(0, p - W + 1);
+    const bool short_window = st.plan.attn_sparse == kernels::AttnSparse::kFaultWindowOneShort;  // fault zoo
+    const int64_t p = st.pos[r], first = std::max<int64_t>(0, p - W + (short_window ? 2 : 1));
     std::vector<int64_t> picked;
     if (compressed) {
       const int64_t T = (p + 1) / m;  // entries closed at or before p
@@ -248,7 +257,8 @@ void Attention(Step& st, int64_t l, const float* xn, float* y) {
     rope.At(p, cs.data(), sn.data());
     for (int64_t h = 0; h < H; ++h) {
       float* oh = &o[(r * H + h) * d];
-      sink_share[r * H + h] = v4::AttendWithSink(&q[(r * H + h) * d], keys.data(), n, d, scale, L.sinks.ptr()[h], oh);
+      sink_share[r * H + h] = v4::AttendWithSink(&q[(r * H + h) * d], keys.data(), n, d, scale, L.sinks.ptr()[h], oh,
+                                                 st.plan.softmax == kernels::Softmax::kFaultSinkOneSide);
       v4::RopeTrailing(oh, d, rd, cs.data(), sn.data(), /*inverse=*/true);
     }
   }
@@ -364,7 +374,7 @@ Status V4Forward(const ModelConfig& c, const ModelWeights& w, std::span<Segment>
   for (auto& g : segs) LS_RETURN_IF_ERROR(cache.Reserve(g.cache, g.start_pos + static_cast<int64_t>(g.tokens.size())));
   Step st{c, *w.v4, segs, cache, hook, layout.row0, {}, {}, {}, layout.rows,
           v4::RopeTable(c.v4.main_rope, c.v4.rope_dim), v4::RopeTable(c.v4.compress_rope, c.v4.rope_dim),
-          Gemm::Of(plan, false), Gemm::Of(plan, true)};
+          Gemm::Of(plan, false), Gemm::Of(plan, true), plan};
   const int64_t R = st.R, D = c.hidden_size, hc = c.v4.hc_mult;
   st.pos.resize(R);
   st.seg_of.resize(R);

@@ -35,12 +35,15 @@ constexpr std::array kRows = {
     Row{"attn_decode", "expanded", V(AttnDecode::kExpanded)},
     Row{"attn_sparse", "reference", V(AttnSparse::kReference)},
     Row{"attn_sparse", "fault_neg1_as_token0", V(AttnSparse::kFaultNeg1AsToken0)},
+    Row{"attn_sparse", "fault_window_one_short", V(AttnSparse::kFaultWindowOneShort)},
     Row{"indexer", "reference", V(Indexer::kReference)},
     Row{"indexer", "hadamard", V(Indexer::kHadamard)},
     Row{"indexer", "fp8_paged", V(Indexer::kFp8Paged)},
     Row{"indexer", "fault_skip_partial_page", V(Indexer::kFaultSkipPartialPage)},
+    Row{"indexer", "fault_key_layout", V(Indexer::kFaultKeyLayout)},
     Row{"softmax", "reference", V(Softmax::kReference)},
     Row{"softmax", "fault_no_max_fp16_sum", V(Softmax::kFaultNoMaxFp16Sum)},
+    Row{"softmax", "fault_sink_one_side", V(Softmax::kFaultSinkOneSide)},
     Row{"norm", "fp64", V(Norm::kFp64)},
     Row{"norm", "lanes256", V(Norm::kLanes256)},
     Row{"rope", "reference", V(Rope::kReference)},
@@ -49,6 +52,8 @@ constexpr std::array kRows = {
     Row{"page_table", "fault_cross_request", V(PageTable::kFaultCrossRequest)},
     Row{"kv_quant", "reference", V(KvQuant::kReference)},
     Row{"kv_quant", "fault_fp8_no_clamp", V(KvQuant::kFaultFp8NoClamp)},
+    Row{"compressor", "reference", V(Compressor::kReference)},
+    Row{"compressor", "fault_close_late", V(Compressor::kFaultCloseLate)},
 };
 
 std::string_view NameOf(std::string_view op, int value) {
@@ -82,6 +87,7 @@ Result<KernelPlan> KernelPlan::From(const KernelChoice& resolved) {
     else if (op == "rope") p.rope = static_cast<Rope>(v);
     else if (op == "page_table") p.page_table = static_cast<PageTable>(v);
     else if (op == "kv_quant") p.kv_quant = static_cast<KvQuant>(v);
+    else if (op == "compressor") p.compressor = static_cast<Compressor>(v);
     else return Status::Internal("kernel plan: op '" + op + "' has no plan field (kernels/plan.h)");
   }
   return p;
@@ -95,6 +101,7 @@ std::string KernelPlan::Describe() const {
   add("attn_decode", V(attn_decode));
   add("attn_prefill", V(attn_prefill));
   add("attn_sparse", V(attn_sparse));
+  add("compressor", V(compressor));
   add("gemm", V(gemm));
   add("indexer", V(indexer));
   add("kv_quant", V(kv_quant));

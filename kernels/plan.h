@@ -33,13 +33,15 @@ enum class Gemm : uint8_t {
 };
 enum class AttnPrefill : uint8_t { kExpanded, kAbsorbed };
 enum class AttnDecode : uint8_t { kAbsorbed, kExpanded };
-enum class AttnSparse : uint8_t { kReference, kFaultNeg1AsToken0 };
-enum class Indexer : uint8_t { kReference, kHadamard, kFp8Paged, kFaultSkipPartialPage };
-enum class Softmax : uint8_t { kReference, kFaultNoMaxFp16Sum };
+enum class AttnSparse : uint8_t { kReference, kFaultNeg1AsToken0, kFaultWindowOneShort };
+enum class Indexer : uint8_t { kReference, kHadamard, kFp8Paged, kFaultSkipPartialPage, kFaultKeyLayout };
+enum class Softmax : uint8_t { kReference, kFaultNoMaxFp16Sum, kFaultSinkOneSide };
 enum class Norm : uint8_t { kFp64, kLanes256 };
 enum class Rope : uint8_t { kReference, kFaultDecodeWrongInterleave };
 enum class PageTable : uint8_t { kReference, kFaultCrossRequest };
 enum class KvQuant : uint8_t { kReference, kFaultFp8NoClamp };
+// DeepSeek-V4's compressors (CSA / HCA): when a window of m rows closes.
+enum class Compressor : uint8_t { kReference, kFaultCloseLate };
 
 struct KernelPlan {
   Gemm gemm = Gemm::kFp32;
@@ -52,6 +54,7 @@ struct KernelPlan {
   Rope rope = Rope::kReference;
   PageTable page_table = PageTable::kReference;
   KvQuant kv_quant = KvQuant::kReference;
+  Compressor compressor = Compressor::kReference;
   // A hidden fault (kernels/hidden_fault.h) inside the defaults: not a variant, not in Describe().
   HiddenFault hidden = HiddenFault::kNone;
 

@@ -5,6 +5,12 @@
 
 namespace lockstep::kernels {
 
+namespace {
+// The variants only the MLA forward pass (DeepSeek V2, V3, V3.2) implements: DeepSeek-V4's
+// forward has no absorbed/expanded forms, no V3.2 indexer, its own norms and cache.
+const std::vector<std::string> kMlaFamilies = {"deepseek_v2", "deepseek_v3", "deepseek_v32"};
+}  // namespace
+
 Registry::Registry() {
   variants_ = {
       {.op = "attn_prefill", .name = "expanded", .backend = "cpu",
@@ -12,14 +18,14 @@ Registry::Registry() {
        .is_default = true, .bound = 0},
       {.op = "attn_prefill", .name = "absorbed", .backend = "cpu",
        .summary = "MLA prefill in the absorbed form, like decode (the CUDA kernels' bits)",
-       .bound = 1e-5},
+       .bound = 1e-5, .model_types = kMlaFamilies},
       {.op = "attn_decode", .name = "absorbed", .backend = "cpu",
        .summary = "MLA decode: W_UK folded into q, attention over the latent cache, W_UV after (FlashMLA's form; "
                  "the CUDA kernels' splits, tiles and online softmax: their bits)",
        .is_default = true, .bound = 0},
       {.op = "attn_decode", .name = "expanded", .backend = "cpu",
        .summary = "MLA decode with per-head K/V expanded from the latent (reference form)",
-       .bound = 1e-5},
+       .bound = 1e-5, .model_types = kMlaFamilies},
       {.op = "indexer", .name = "reference", .backend = "cpu",
        .summary = "V3.2 lightning indexer: Σ_h w_h·ReLU(q_h·k_t) over all causal keys, exact top-k (ties: lowest "
                  "position)",
@@ -27,12 +33,12 @@ Registry::Registry() {
       {.op = "indexer", .name = "hadamard", .backend = "cpu",
        .summary = "V3.2 indexer with the official Hadamard rotation of q and k (orthogonal: same scores up to "
                  "rounding)",
-       .bound = 1e-5},
+       .bound = 1e-5, .model_types = kMlaFamilies},
       {.op = "indexer", .name = "fp8_paged", .backend = "cpu",
        .summary = "V3.2 indexer as the official FP8 path: Hadamard-rotated q and k in FP8 e4m3 (power-of-two scale "
                  "per 128; keys stored so in the cache, 132 bytes); each q.k the rows' exact dot product, rounded "
                  "once; scored page by page up to the request's last page",
-       .bound = 0.2},
+       .bound = 0.2, .model_types = kMlaFamilies},
       {.op = "gemm", .name = "fp32", .backend = "cpu",
        .summary = "fp32 GEMM, 16-lane FMA dot products in a fixed order",
        .is_default = true, .bound = 0},
@@ -85,7 +91,7 @@ Registry::Registry() {
       {.op = "norm", .name = "lanes256", .backend = "cpu",
        .summary = "RMSNorm in the CUDA kernels' order: fp32 FMA sums in 256 interleaved lanes, butterflies, a fixed "
                  "tree, fp32 rsqrt — a GPU trace's norms bit for bit",
-       .bound = 1e-5},
+       .bound = 1e-5, .model_types = kMlaFamilies},
       {.op = "rope", .name = "reference", .backend = "cpu",
        .summary = "RoPE in the model's own layout, prefill and decode alike",
        .is_default = true, .bound = 0},
@@ -94,6 +100,10 @@ Registry::Registry() {
        .is_default = true, .bound = 0},
       {.op = "kv_quant", .name = "reference", .backend = "cpu",
        .summary = "FP8 cache writes: power-of-two scale ≥ amax/448, saturating e4m3",
+       .is_default = true, .bound = 0},
+      {.op = "compressor", .name = "reference", .backend = "cpu",
+       .summary = "DeepSeek-V4 CSA / HCA: a window of m rows closes at its last position, (w + 1)·m − 1, and its "
+                 "pooled entry is visible from there on (other models have no compressor)",
        .is_default = true, .bound = 0},
       // The CUDA backend (engine/cuda_backend.cc, kernels/cuda/). Same op names as the CPU's so
       // a kernel choice carries across a --backend override where both have the variant. Where a
@@ -172,22 +182,39 @@ Registry::Registry() {
       // The fault zoo (docs/fault-zoo.md): wrong on purpose, reachable only through --fault.
       {.op = "indexer", .name = "fault_skip_partial_page", .backend = "cpu",
        .summary = "FAULT: indexer early-exit never scores keys in the request's last, partial page",
-       .fault = true},
+       .fault = true, .model_types = kMlaFamilies},
       {.op = "attn_sparse", .name = "fault_neg1_as_token0", .backend = "cpu",
        .summary = "FAULT: selection padded to index_topk with -1, and -1 read as token 0",
-       .fault = true},
+       .fault = true, .model_types = kMlaFamilies},
       {.op = "kv_quant", .name = "fault_fp8_no_clamp", .backend = "cpu",
        .summary = "FAULT: FP8 scale rounded to the nearest power of two and no 448 clamp: overflow becomes NaN",
-       .fault = true},
+       .fault = true, .model_types = kMlaFamilies},
       {.op = "rope", .name = "fault_decode_wrong_interleave", .backend = "cpu",
        .summary = "FAULT: decode steps rotate q and k with the other RoPE layout (prefill is right)",
-       .fault = true},
+       .fault = true, .model_types = kMlaFamilies},
       {.op = "page_table", .name = "fault_cross_request", .backend = "cpu",
        .summary = "FAULT: reads of a request's second page go to the neighbouring physical page (another request's)",
-       .fault = true},
+       .fault = true, .model_types = kMlaFamilies},
       {.op = "softmax", .name = "fault_no_max_fp16_sum", .backend = "cpu",
        .summary = "FAULT: no max subtraction and an fp16 denominator: overflows to inf on long contexts",
-       .fault = true},
+       .fault = true, .model_types = kMlaFamilies},
+      // DeepSeek-V4's fault zoo: each refused on other models (model_types).
+      {.op = "compressor", .name = "fault_close_late", .backend = "cpu",
+       .summary = "FAULT (V4): a compressor closes its window one token late — at (w + 1)·m, not (w + 1)·m − 1 — "
+                 "so the query at the window's last position reads an entry not yet written (zeros)",
+       .fault = true, .model_types = {"deepseek_v4"}},
+      {.op = "indexer", .name = "fault_key_layout", .backend = "cpu",
+       .summary = "FAULT (V4): the CSA indexer's compressed keys are written token-major and read dim-major within "
+                 "a page, so every score past a page's first key reads other keys' values",
+       .fault = true, .model_types = {"deepseek_v4"}},
+      {.op = "softmax", .name = "fault_sink_one_side", .backend = "cpu",
+       .summary = "FAULT (V4): the attention sink enters the softmax's max but not its denominator: the sink's share "
+                 "is never taken, the weights sum to 1 without it",
+       .fault = true, .model_types = {"deepseek_v4"}},
+      {.op = "attn_sparse", .name = "fault_window_one_short", .backend = "cpu",
+       .summary = "FAULT (V4): the sliding window keeps W − 1 rows (itself included), one too few, once a request "
+                 "passes W tokens",
+       .fault = true, .model_types = {"deepseek_v4"}},
   };
 }
 

@@ -33,7 +33,14 @@ std::string Where(const verify::Location& l) {
 // The registry ops a verify op runs through, with the variants the trace ran.
 std::string KernelsOf(const verify::OpReport& o, const std::map<std::string, std::string>& ran) {
   std::vector<std::string> ops;
-  if (o.op == "attention") {
+  if (o.op == "attention" && o.kernel_op.rfind("softmax", 0) == 0) {
+    // DeepSeek-V4's attention names its ops itself ("softmax+attn_sparse", verify/check_v4.cc).
+    for (size_t a = 0, b; a <= o.kernel_op.size(); a = b + 1) {
+      b = o.kernel_op.find('+', a);
+      if (b == std::string::npos) b = o.kernel_op.size();
+      ops.push_back(o.kernel_op.substr(a, b - a));
+    }
+  } else if (o.op == "attention") {
     ops = {o.first.prefill ? "attn_prefill" : "attn_decode", "softmax", "page_table"};
     if (o.kernel_op.find("attn_sparse") != std::string::npos) ops.push_back("attn_sparse");
   } else if (o.op == "kv_cache") {

@@ -43,7 +43,7 @@ inline constexpr OpSpec kOps[] = {
     {"kv_proj", "gemm", 2, "V4: the K = V row RMSNorm(kv_proj(attn_norm)), RoPE on its trailing dims", kV4},
     {"rope_k", "rope", 3, "k_rope = RoPE(kv_a(attn_norm)[C:]) at the row's position", kMla},
     {"kv_cache", "kv_quant", 4, "stored latent row = the format's encoding of the recorded latent and k_rope (independent encoder, bit-exact; V4: the window and compressed rows of attn.kv and attn.compressor.entry)"},
-    {"compressor", "", 4, "V4: the compressed row, gated pooling of the window's recorded [kv | gate] rows with the position bias, RMSNorm, RoPE", kV4},
+    {"compressor", "compressor", 4, "V4: the compressed row, gated pooling of the window's recorded [kv | gate] rows with the position bias, RMSNorm, RoPE", kV4},
     {"indexer_key", "indexer", 4, "stored index key = RoPE(LayerNorm(wk·attn_norm)) (V3.2)"},
     {"indexer", "indexer", 5, "top-k set of Σ_h w_h·ReLU(q_h·k_t/√d) over the request's own earlier attn_norm rows (V3.2)"},
     {"attention", "attn_prefill", 6, "softmax(q·k/√d)·v over the request's OWN recorded latent/k_rope rows (encoded as the KV format stores them), sparse: the recorded selection (V4: the window's recorded rows and the compressed rows, with the sink)"},

@@ -7,13 +7,13 @@
 // pooling, attention with the sink over the request's OWN recorded window and compressed rows
 // (decoded from the trace's kv/ bytes), the grouped output projection, sqrt-softplus and hash
 // routing, the clamped SwiGLU experts, hc_head and the final norm. Each feeds on the recorded
-// inputs of its op, so a defect is placed at its op, layer and position.
+// inputs of its op, so a defect is placed at its op, layer and position. The compressors' and
+// the indexer's products from the layer input (their state rows) are taken as recorded.
 //
 // Budgets follow golden.h's first-order rules. Where the production computes a short chain in
 // fp32 (a sigmoid, Sinkhorn's normalisations), the budget is a few unit roundoffs per step
 // times the magnitudes involved, plus the input's budget times the chain's sensitivity (written
-// at each place). Not yet twinned: the CSA indexer's keys and selection (the recorded selection
-// is what attention is checked on; those rows are counted as not checked).
+// at each place).
 #include <algorithm>
 #include <cmath>
 #include <cstring>
@@ -262,6 +262,84 @@ g::Vec Expert(Ctx& cx, const engine::MlpWeights& m, const g::Vec& x, double limi
   return g::Linear(cx.Wt(m.down), g::SwiGlu(gt, up), cx.linear);
 }
 
+// The entry a compressor emits for window w (closing at (w + 1)·m − 1) from the recorded state
+// rows of `state` (kv/layers.L.compressor or .indexer_state: [kv | gate], 2·width each for the
+// overlapping CSA kind, width for HCA): per column a softmax over the slots of gate + position
+// bias — CSA's previous window's first halves (none for w = 0), then this window's rows (CSA: the
+// second halves) — the kv values pooled by it, RMSNorm, RoPE on the trailing dims at w·m.
+// False when a state row is not in the trace.
+bool PoolTwin(Ctx& cx, const engine::V4CompressorWeights& cw, const Tensor* state, int32_t req, int64_t w, int64_t m,
+              int64_t width, bool overlap, const std::vector<double>& freq, double af, g::Vec* out) {
+  if (state == nullptr) return false;
+  const int64_t pw = overlap ? 2 * width : width, slots = overlap ? 2 * m : m, rd = cx.c->v4.rope_dim;
+  const float* pb = cw.position_bias.ptr();
+  std::vector<const float*> row(slots, nullptr);
+  std::vector<int64_t> off(slots, 0), bias_row(slots, 0);
+  for (int64_t j = 0; j < m; ++j) {
+    if (overlap && w > 0) {
+      const int64_t r0 = state->Row(req, (w - 1) * m + j);
+      if (r0 < 0) return false;
+      row[j] = state->F(r0);
+      bias_row[j] = j;
+    }
+    const int64_t r1 = state->Row(req, w * m + j);
+    if (r1 < 0) return false;
+    const int64_t s = (overlap ? m : 0) + j;
+    row[s] = state->F(r1);
+    off[s] = overlap ? width : 0;
+    bias_row[s] = j;
+  }
+  g::Vec pooled;
+  pooled.v.assign(width, 0);
+  pooled.e.assign(width, 0);
+  for (int64_t col = 0; col < width; ++col) {
+    g::Vec gs;
+    std::vector<int64_t> used;
+    for (int64_t s = 0; s < slots; ++s) {
+      if (row[s] == nullptr) continue;  // CSA window 0: no previous window
+      const double gv = static_cast<double>(row[s][pw + off[s] + col]) + pb[bias_row[s] * pw + off[s] + col];
+      gs.v.push_back(gv);
+      gs.e.push_back(kU * std::fabs(gv));
+      used.push_back(s);
+    }
+    const g::Vec a = g::Softmax(gs);
+    double sum = 0, mag = 0, eb = 0;
+    for (size_t i = 0; i < used.size(); ++i) {
+      const double kvv = row[used[i]][off[used[i]] + col];
+      sum += a.v[i] * kvv;
+      mag += std::fabs(a.v[i] * kvv);
+      eb += a.e[i] * std::fabs(kvv);
+    }
+    pooled.v[col] = sum;
+    pooled.e[col] = eb + g::Gamma(static_cast<int64_t>(used.size()) + 1) * mag;
+  }
+  *out = g::RmsNorm(pooled, cw.kv_norm.ptr(), cx.c->rms_norm_eps);
+  g::Rope(out, width - rd, rd, w * m, freq, af, g::RopeLayout::kPairsAdjacent);
+  return true;
+}
+
+// `twin` with the rounding the stored format adds (bf16: half an ulp, 2^-9 relative; MODEL1's
+// e4m3: 2^-4 relative or 2^-10 of its tile's scale, its rope values bf16), to compare with a
+// stored row decoded.
+g::Vec WithStorageRounding(Ctx& cx, const std::string& base, int32_t req, int64_t pos, g::Vec twin, int64_t rd) {
+  const Tensor* t = cx.T(base);
+  const int64_t r = t ? t->Row(req, pos) : -1;
+  if (r < 0 || t->info->dtype == traces::DType::kF32) return twin;
+  const int64_t d = twin.size(), nope = d - rd;
+  const Tensor* ts = t->info->dtype == traces::DType::kFp8E4m3 ? cx.T(base + ".scales") : nullptr;
+  const int64_t rs = ts ? ts->Row(req, pos) : -1;
+  for (int64_t i = 0; i < d; ++i) {
+    const double v = std::fabs(twin.v[i]) + twin.e[i];
+    if (ts == nullptr || i >= nope) {
+      twin.e[i] += 0x1p-9 * v;
+    } else {
+      const double s = rs >= 0 ? std::ldexp(1.0, static_cast<int>(ts->B(rs)[i / 64]) - 127) : INFINITY;
+      twin.e[i] += std::max(0x1p-4 * v, 0x1p-10 * s);
+    }
+  }
+  return twin;
+}
+
 }  // namespace
 
 void CheckV4Rows(Ctx& cx, const CheckOptions& opt) {
@@ -280,6 +358,11 @@ void CheckV4Rows(Ctx& cx, const CheckOptions& opt) {
   for (const auto& q : trace.requests()) {
     tokens[q.id] = q.prompt;
     tokens[q.id].insert(tokens[q.id].end(), q.generated.begin(), q.generated.end());
+  }
+  {  // V4's attention: its softmax (with the sink) over the keys the window and the selection give
+    OpReport& a = cx.stats[OpIndex("attention")].rep;
+    a.kernel_op = "softmax+attn_sparse";
+    a.variant = cx.Variant("softmax") + "+" + cx.Variant("attn_sparse");
   }
   auto not_checked = [&](const char* op, const char* why) {
     Stats& st = cx.stats[OpIndex(op)];
@@ -369,74 +452,133 @@ void CheckV4Rows(Ctx& cx, const CheckOptions& opt) {
       const bool compressed = csa || spec.attention == engine::AttentionKind::kHeavilyCompressed;
       const int64_t m = spec.compress_rate;
       if (compressed && (pos + 1) % m == 0) {
+        // The entry of the window closing here, from the recorded state rows: against the entry
+        // emitted here (tap) and against the row the cache stores for it (decoded, with the
+        // format's rounding) — a compressor that emits late or writes elsewhere fails the second.
+        const int64_t w = (pos + 1) / m - 1;
         const Tensor* t_ce = tap("attn.compressor.entry");
         const int64_t rce = row_of(t_ce);
+        const std::string stored = "kv/" + LayerTap(l, "compressed");
+        g::Vec e;
+        if (PoolTwin(cx, L.compressor, cx.T("kv/" + LayerTap(l, "compressor")), req, w, m, d, csa, comp_freq,
+                     v.compress_rope.attention_factor, &e)) {
+          if (rce >= 0) Compare(cx, OpIndex("compressor"), loc("attn.compressor.entry", t_ce, rce), t_ce->F(rce), e);
+          std::vector<double> kr;
+          if (DecodeCacheRow(cx, stored, req, pos, d, rd, &kr)) {
+            std::vector<float> kf(kr.begin(), kr.end());
+            Location wl = loc("attn.compressor.entry", t_ce, rce >= 0 ? rce : 0);
+            wl.tensor = stored;
+            if (rce < 0) wl.step = sr.step;
+            Compare(cx, OpIndex("compressor"), wl, kf.data(), WithStorageRounding(cx, stored, req, pos, e, rd), 0, -1, false);
+          }
+        } else {
+          not_checked("compressor", "the window's kv/…compressor rows are not in the trace");
+        }
         if (rce >= 0) {
-          // Slots: CSA's previous window's first halves (empty for window 0), then this window's
-          // rows (CSA: second halves; HCA: whole); gate + position bias; per column a softmax.
-          const int64_t w = (pos + 1) / m - 1, pw = csa ? 2 * d : d, slots = csa ? 2 * m : m;
-          const float* pb = L.compressor.position_bias.ptr();
-          const Tensor* t_state = cx.T("kv/" + LayerTap(l, "compressor"));
-          bool have = t_state != nullptr;
-          std::vector<const float*> state(slots, nullptr);
-          std::vector<int64_t> off(slots, 0), bias_row(slots, 0);
-          for (int64_t j = 0; j < m && have; ++j) {
-            if (csa && w > 0) {
-              const int64_t r0 = t_state->Row(req, (w - 1) * m + j);
-              have &= r0 >= 0;
-              if (r0 >= 0) state[j] = t_state->F(r0);
-              off[j] = 0;
-              bias_row[j] = j;
-            }
-            const int64_t r1 = t_state->Row(req, w * m + j);
-            have &= r1 >= 0;
-            const int64_t s = (csa ? m : 0) + j;
-            if (r1 >= 0) state[s] = t_state->F(r1);
-            off[s] = csa ? d : 0;
-            bias_row[s] = j;
-          }
-          if (have) {
-            g::Vec pooled;
-            pooled.v.assign(d, 0);
-            pooled.e.assign(d, 0);
-            for (int64_t col = 0; col < d; ++col) {
-              g::Vec gs;
-              std::vector<int64_t> used;
-              for (int64_t s = 0; s < slots; ++s) {
-                if (state[s] == nullptr) continue;  // CSA window 0: no previous window
-                const double gv = static_cast<double>(state[s][pw + off[s] + col]) + pb[bias_row[s] * pw + off[s] + col];
-                gs.v.push_back(gv);
-                gs.e.push_back(kU * std::fabs(gv));
-                used.push_back(s);
-              }
-              const g::Vec a = g::Softmax(gs);
-              double sum = 0, mag = 0, eb = 0;
-              for (size_t i = 0; i < used.size(); ++i) {
-                const double kvv = state[used[i]][off[used[i]] + col];
-                sum += a.v[i] * kvv;
-                mag += std::fabs(a.v[i] * kvv);
-                eb += a.e[i] * std::fabs(kvv);
-              }
-              pooled.v[col] = sum;
-              pooled.e[col] = eb + g::Gamma(static_cast<int64_t>(used.size()) + 1) * mag;
-            }
-            g::Vec e = g::RmsNorm(pooled, L.compressor.kv_norm.ptr(), c.rms_norm_eps);
-            g::Rope(&e, d - rd, rd, w * m, comp_freq, v.compress_rope.attention_factor, g::RopeLayout::kPairsAdjacent);
-            Compare(cx, OpIndex("compressor"), loc("attn.compressor.entry", t_ce, rce), t_ce->F(rce), e);
-          } else {
-            not_checked("compressor", "the window's kv/…compressor rows are not in the trace");
-          }
-          const std::string why = CacheBytesDiffer(cx, "kv/" + LayerTap(l, "compressed"), req, pos, t_ce->F(rce), d, rd);
+          const std::string why = CacheBytesDiffer(cx, stored, req, pos, t_ce->F(rce), d, rd);
           if (why != "not recorded") {
             Location wl = loc("attn.compressor.entry", t_ce, rce);
-            wl.tensor = "kv/" + LayerTap(l, "compressed");
+            wl.tensor = stored;
             CompareSet(cx, OpIndex("kv_cache"), wl, why.empty() ? 0 : INFINITY, why.empty() ? 0 : 1, 0, why);
           }
         }
       }
       if (csa) {
-        not_checked("indexer_key", "DeepSeek-V4's CSA indexer keys have no twin yet");
-        not_checked("indexer", "DeepSeek-V4's CSA indexer selection has no twin yet (attention is checked on the recorded one)");
+        const int64_t Hi = c.index_n_heads, di = c.index_head_dim, K = c.index_topk;
+        // The indexer's compressed key of the window closing here: against its tap and the stored row.
+        if ((pos + 1) % m == 0) {
+          const Tensor* t_ik = tap("attn.indexer.key");
+          const int64_t rik = row_of(t_ik);
+          const std::string stored = "kv/" + LayerTap(l, "indexer_k");
+          g::Vec key;
+          if (PoolTwin(cx, L.indexer, cx.T("kv/" + LayerTap(l, "indexer_state")), req, (pos + 1) / m - 1, m, di, true,
+                       comp_freq, v.compress_rope.attention_factor, &key)) {
+            if (rik >= 0) Compare(cx, OpIndex("indexer_key"), loc("attn.indexer.key", t_ik, rik), t_ik->F(rik), key);
+            const Tensor* ts = cx.T(stored);
+            const int64_t rs = ts ? ts->Row(req, pos) : -1;
+            if (rs >= 0) {
+              Location wl = loc("attn.indexer.key", t_ik, rik >= 0 ? rik : 0);
+              wl.tensor = stored;
+              if (rik < 0) wl.step = sr.step;
+              Compare(cx, OpIndex("indexer_key"), wl, ts->F(rs), key, 0, -1, false);
+            }
+          } else {
+            not_checked("indexer_key", "the window's kv/…indexer_state rows are not in the trace");
+          }
+        }
+        // The selection: the top-k of Σ_h (w_h·Hi^−½)·ReLU(q_h·K_t)·di^−½ over the stored keys.
+        const Tensor* t_sel = tap("attn.indexer_topk");
+        const int64_t rsel = row_of(t_sel);
+        if (rsel >= 0) {
+          const int64_t T = (pos + 1) / m;
+          std::vector<int32_t> rec;
+          for (int64_t i = 0; i < t_sel->info->cols; ++i) {
+            if (t_sel->I(rsel)[i] >= 0) rec.push_back(t_sel->I(rsel)[i]);
+          }
+          double ratio = 0, meas = 0, bud = 0;
+          std::string detail;
+          bool checked = true;
+          if (T <= K) {
+            bool all = static_cast<int64_t>(rec.size()) == T;
+            for (int64_t t = 0; all && t < T; ++t) all = rec[t] == t;
+            if (!all) ratio = INFINITY, detail = std::to_string(T) + " entries visible, all must be picked; " +
+                                                 std::to_string(rec.size()) + " were";
+          } else {
+            g::Vec qi = g::Linear(cx.Wt(L.indexer_q_b), q_res, cx.linear);
+            for (int64_t h = 0; h < Hi; ++h) g::Rope(&qi, h * di + di - rd, rd, pos, comp_freq, v.compress_rope.attention_factor, g::RopeLayout::kPairsAdjacent);
+            const g::Vec iw = g::Linear(cx.Wt(L.indexer_weights), hv, cx.gemm);
+            const Tensor* tk = cx.T("kv/" + LayerTap(l, "indexer_k"));
+            std::vector<double> score(T), se(T);
+            const double hs = 1 / std::sqrt(static_cast<double>(Hi)), ds = 1 / std::sqrt(static_cast<double>(di));
+            for (int64_t t = 0; t < T && checked; ++t) {
+              const int64_t rk = tk ? tk->Row(req, (t + 1) * m - 1) : -1;
+              if (rk < 0) {
+                checked = false;
+                break;
+              }
+              const float* kt = tk->F(rk);
+              double sum = 0, mag = 0, eb = 0;
+              for (int64_t h = 0; h < Hi; ++h) {
+                double dot = 0, dm = 0, de = 0;
+                for (int64_t i = 0; i < di; ++i) {
+                  dot += qi.v[h * di + i] * kt[i];
+                  dm += std::fabs(qi.v[h * di + i] * kt[i]);
+                  de += qi.e[h * di + i] * std::fabs(kt[i]);
+                }
+                const double edot = de + g::Gamma(di) * dm;
+                const double relu = std::max(dot, 0.0);
+                const double term = iw.v[h] * hs * relu * ds;
+                sum += term;
+                mag += std::fabs(term);
+                eb += hs * ds * (std::fabs(iw.v[h]) * edot + iw.e[h] * relu) + 4 * kU * std::fabs(term);
+              }
+              score[t] = sum;
+              se[t] = eb + g::Gamma(Hi) * mag;
+            }
+            if (checked) {
+              std::vector<int32_t> order(T);
+              std::iota(order.begin(), order.end(), 0);
+              std::stable_sort(order.begin(), order.end(), [&](int32_t a, int32_t b) { return score[a] > score[b]; });
+              const int32_t kth = order[K - 1];
+              if (static_cast<int64_t>(rec.size()) != K) ratio = INFINITY, detail = std::to_string(rec.size()) + " entries picked of " + std::to_string(K);
+              for (int32_t e : rec) {
+                if (!std::isfinite(ratio)) break;
+                if (e >= T) {
+                  ratio = INFINITY, detail = "entry " + std::to_string(e) + " is not closed yet";
+                  break;
+                }
+                if (std::find(order.begin(), order.begin() + K, e) != order.begin() + K) continue;
+                const double gap = score[kth] - score[e], b = se[kth] + se[e] + 1e-30;
+                if (gap / b > ratio) ratio = gap / b, meas = gap, bud = b, detail = "entry " + std::to_string(e) + " is not among the top-k by its score";
+              }
+            }
+          }
+          if (checked) {
+            CompareSet(cx, OpIndex("indexer"), loc("attn.indexer_topk", t_sel, rsel), ratio, meas, bud, ratio > 1 ? detail : "");
+          } else {
+            not_checked("indexer", "a visible entry's kv/…indexer_k row is not in the trace");
+          }
+        }
       }
       // Attention over the window's recorded rows and the compressed rows it sees, with the sink.
       const Tensor* t_heads = tap("attn.heads");
