@@ -16,6 +16,15 @@
 namespace lockstep::diff {
 namespace {
 
+// What the per-layer views (error growth, heatmaps) hold at most: a hostile trace's tap names
+// and positions must not size an allocation. DeepSeek models have at most a few hundred layers;
+// a heatmap past 2^24 cells (layers × positions, 128 MB) is left out, with a note.
+constexpr int64_t kMaxPlotLayers = int64_t{1} << 12;
+constexpr int64_t kMaxPlotCells = int64_t{1} << 24;
+bool Plottable(int64_t layer, int64_t position) {
+  return layer >= 0 && layer < kMaxPlotLayers && position >= 0 && position < kMaxPlotCells;
+}
+
 using traces::DType;
 
 constexpr int64_t kAfterLayers = int64_t{1} << 40;  // final_norm and logits come after every layer
@@ -366,7 +375,9 @@ Result<TraceDiffReport> CompareTraces(const traces::TraceReader& a, const traces
       if (RequestReport* q = past_fork(sa[i].request, sa[i].position)) {
         ++tr.not_aligned_rows;
         ++q->not_aligned_rows;
-        if (layer_tap) layer_cells.push_back({sa[i].request, sa[i].position, LayerOfTensor(ta.path), tap_index, -3});
+        if (layer_tap && Plottable(tensor_layer, sa[i].position)) {
+          layer_cells.push_back({sa[i].request, sa[i].position, tensor_layer, tap_index, -3});
+        }
         continue;
       }
       auto jt = index_b.find({sa[i].request, sa[i].position});
@@ -439,7 +450,7 @@ Result<TraceDiffReport> CompareTraces(const traces::TraceReader& a, const traces
         d.logits.top1_ref = d.logits.top1_cand = st.top1;
         d.entropy_a = d.entropy_b = st.entropy;
       }
-      if (layer_tap) {
+      if (layer_tap && Plottable(d.layer, d.position)) {
         double e = -2;
         if (d.hash_equal) e = 0;
         else if (d.compared_values) e = d.values.rel_l2 > 0 ? d.values.rel_l2 : std::numeric_limits<double>::denorm_min();
@@ -457,7 +468,8 @@ Result<TraceDiffReport> CompareTraces(const traces::TraceReader& a, const traces
         }
       }
       // A layer's output: resid_out, or DeepSeek-V4's hc.streams (its residual is hc streams).
-      if (d.layer >= 0 && (ta.path.ends_with("." + std::string(engine::kLayerTaps[engine::kTapResidOut].name)) ||
+      if (Plottable(d.layer, d.position) &&
+          (ta.path.ends_with("." + std::string(engine::kLayerTaps[engine::kTapResidOut].name)) ||
                            ta.path.ends_with("." + std::string(engine::kLayerTaps[engine::kTapV4Streams].name)))) {
         resid_rows[d.request].push_back(d);
       }
@@ -701,11 +713,16 @@ Result<TraceDiffReport> CompareTraces(const traces::TraceReader& a, const traces
     layers = std::max(layers, d.layer + 1);
     positions = std::max(positions, d.position + 1);
   }
-  rep.heatmap.assign(layers, std::vector<double>(positions, -1.0));
+  const bool heatmap = layers * positions <= kMaxPlotCells;
+  if (!heatmap) {
+    rep.notes.push_back("the heatmap is left out: " + std::to_string(layers) + " layers × " + std::to_string(positions) +
+                        " positions is past " + std::to_string(kMaxPlotCells) + " cells");
+  }
+  rep.heatmap.assign(heatmap ? layers : 0, std::vector<double>(heatmap ? positions : 0, -1.0));
   std::vector<std::vector<double>> per_layer(layers);
   for (const auto& d : resid_rows[hr]) {
     const double e = d.hash_equal ? 0.0 : (d.compared_values ? d.values.rel_l2 : -1.0);
-    rep.heatmap[d.layer][d.position] = e;
+    if (heatmap) rep.heatmap[d.layer][d.position] = e;
     if (e >= 0 && (!rep.has_divergence || d.position >= rep.first.position)) per_layer[d.layer].push_back(e);
   }
   rep.layer_growth.assign(layers, -1.0);
@@ -759,15 +776,18 @@ Result<TraceDiffReport> CompareTraces(const traces::TraceReader& a, const traces
   std::vector<std::vector<std::vector<std::vector<double>>>> growth(
       rep.details.size(), std::vector<std::vector<std::vector<double>>>(tap_suffixes.size(),
                                                                           std::vector<std::vector<double>>(rep.num_layers)));
+  std::vector<bool> detail_heatmap(rep.details.size());
   for (size_t k = 0; k < rep.details.size(); ++k) {
-    rep.details[k].heatmap.assign(positions_of[k] > 0 ? rep.num_layers : 0, std::vector<double>(positions_of[k], -1.0));
+    detail_heatmap[k] = rep.num_layers * positions_of[k] <= kMaxPlotCells;
+    const bool keep = detail_heatmap[k] && positions_of[k] > 0;
+    rep.details[k].heatmap.assign(keep ? rep.num_layers : 0, std::vector<double>(keep ? positions_of[k] : 0, -1.0));
   }
   for (const auto& c : layer_cells) {
     auto it = detail_of.find(c.request);
     if (it == detail_of.end()) continue;
     const size_t k = it->second;
     const RequestReport& q = rep.requests[k];
-    if (c.tap == resid_tap) rep.details[k].heatmap[c.layer][c.position] = c.e;
+    if (c.tap == resid_tap && detail_heatmap[k]) rep.details[k].heatmap[c.layer][c.position] = c.e;
     if (c.e >= 0 && (!q.has_divergence || c.position >= q.first.position)) growth[k][c.tap][c.layer].push_back(c.e);
   }
   for (size_t k = 0; k < rep.details.size(); ++k) {

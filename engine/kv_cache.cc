@@ -177,17 +177,32 @@ StreamSpec PagedKvCache::V4Stream(const V4StreamSpec& v) const {
     st.split = shape.model1_data_bytes();
     st.page_bytes = shape.page_bytes(f, page_size_);
   }
+  if (kind == StreamKind::kV4IndexerKey && fp8_index_keys_) {  // a page's e4m3 keys, then its fp32 scales
+    st.key_format = kernels::V4IndexKeyFormat::kFp8;
+    st.bytes_per_token = kernels::IndexKeyTokenBytes(st.key_format, v.width);
+    st.split = v.width;
+    st.page_bytes = kernels::IndexKeyPageBytes(st.key_format, v.width, page_size_);
+  }
   return st;
 }
 
 void PagedKvCache::WriteRow(int64_t layer, size_t stream, const SeqCache& seq, int64_t slot, const float* row) {
   const StreamSpec& st = layer_streams_[layer][stream];
+  if (st.key_format == kernels::V4IndexKeyFormat::kFp8) {
+    kernels::EncodeIndexKey(st.key_format, st.cols, page_size_, slot % page_size_, row, PageOf(layer, stream, seq, slot));
+    return;
+  }
   kernels::EncodeV4Row(st.row_format, {st.cols, v4_rope_}, page_size_, slot % page_size_, row,
                        PageOf(layer, stream, seq, slot));
 }
 
 void PagedKvCache::ReadRow(int64_t layer, size_t stream, const SeqCache& seq, int64_t slot, float* row) const {
   const StreamSpec& st = layer_streams_[layer][stream];
+  if (st.key_format == kernels::V4IndexKeyFormat::kFp8) {
+    kernels::DecodeIndexKey(st.key_format, st.cols, page_size_, slot % page_size_,
+                            const_cast<PagedKvCache*>(this)->PageOf(layer, stream, seq, slot), row);
+    return;
+  }
   kernels::DecodeV4Row(st.row_format, {st.cols, v4_rope_}, page_size_, slot % page_size_,
                        const_cast<PagedKvCache*>(this)->PageOf(layer, stream, seq, slot), row);
 }
@@ -201,6 +216,10 @@ std::vector<KvPart> PagedKvCache::parts(int64_t layer, size_t stream) const {
       return {{"", "nope_e4m3", TapDType::kFp8E4m3, 0, shape.nope()},
               {".rope", "rope", TapDType::kBf16, shape.nope(), shape.rope_dim},
               {".scales", "scales_ue8m0", TapDType::kU8, shape.model1_data_bytes(), shape.tiles()}};
+    }
+    if (st.key_format == kernels::V4IndexKeyFormat::kFp8) {
+      const int64_t tiles = (st.cols + kernels::kIndexKeyTile - 1) / kernels::kIndexKeyTile;
+      return {{"", "key_e4m3", TapDType::kFp8E4m3, 0, st.cols}, {".scales", "scales", TapDType::kF32, st.cols, tiles}};
     }
     const bool bf16 = st.row_format == kernels::V4KvFormat::kBf16;
     return {{"", st.name, bf16 ? TapDType::kBf16 : TapDType::kF32, 0, st.cols}};

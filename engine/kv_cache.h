@@ -60,6 +60,9 @@ struct StreamSpec {
   // V4 rows (cols > 0): how WriteRow stores them — fp32, bf16, or FlashMLA's MODEL1 (window and
   // compressed rows under --kv-cache fp8_e4m3: kernels/v4_kv_formats.h).
   kernels::V4KvFormat row_format = kernels::V4KvFormat::kFp32;
+  // The CSA indexer's compressed keys (kV4IndexerKey): fp32, or vLLM's FP8 paged layout (132 B
+  // for 128 dims) under --kernel indexer=fp8_paged.
+  kernels::V4IndexKeyFormat key_format = kernels::V4IndexKeyFormat::kFp32;
   // A page's layout: split 0 — each slot's bytes_per_token bytes contiguous, slot after slot;
   // split > 0 — every slot's first `split` bytes, then every slot's remaining bytes (MODEL1:
   // the 576-byte data parts, then the 8-byte scale slots). page_bytes: a page's size (MODEL1

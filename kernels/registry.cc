@@ -37,8 +37,9 @@ Registry::Registry() {
       {.op = "indexer", .name = "fp8_paged", .backend = "cpu",
        .summary = "V3.2 indexer as the official FP8 path: Hadamard-rotated q and k in FP8 e4m3 (power-of-two scale "
                  "per 128; keys stored so in the cache, 132 bytes); each q.k the rows' exact dot product, rounded "
-                 "once; scored page by page up to the request's last page",
-       .bound = 0.2, .model_types = kMlaFamilies},
+                 "once; scored page by page up to the request's last page. DeepSeek-V4: the CSA indexer's compressed keys "
+                 "stored so (vLLM's paged layout, 132 bytes), read back dequantised; queries fp32",
+       .bound = 0.2},
       {.op = "gemm", .name = "fp32", .backend = "cpu",
        .summary = "fp32 GEMM, 16-lane FMA dot products in a fixed order",
        .is_default = true, .bound = 0},

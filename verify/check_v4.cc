@@ -318,9 +318,9 @@ bool PoolTwin(Ctx& cx, const engine::V4CompressorWeights& cw, const Tensor* stat
   return true;
 }
 
-// `twin` with the rounding the stored format adds (bf16: half an ulp, 2^-9 relative; MODEL1's
-// e4m3: 2^-4 relative or 2^-10 of its tile's scale, its rope values bf16), to compare with a
-// stored row decoded.
+// `twin` with the rounding the stored format adds (bf16: half an ulp, at most 2^-8 relative;
+// MODEL1's e4m3: 2^-4 relative or 2^-10 of its tile's scale, its rope values bf16), to compare
+// with a stored row decoded.
 g::Vec WithStorageRounding(Ctx& cx, const std::string& base, int32_t req, int64_t pos, g::Vec twin, int64_t rd) {
   const Tensor* t = cx.T(base);
   const int64_t r = t ? t->Row(req, pos) : -1;
@@ -331,13 +331,38 @@ g::Vec WithStorageRounding(Ctx& cx, const std::string& base, int32_t req, int64_
   for (int64_t i = 0; i < d; ++i) {
     const double v = std::fabs(twin.v[i]) + twin.e[i];
     if (ts == nullptr || i >= nope) {
-      twin.e[i] += 0x1p-9 * v;
+      twin.e[i] += g::kBf16U * v;
     } else {
       const double s = rs >= 0 ? std::ldexp(1.0, static_cast<int>(ts->B(rs)[i / 64]) - 127) : INFINITY;
-      twin.e[i] += std::max(0x1p-4 * v, 0x1p-10 * s);
+      twin.e[i] += std::max(g::kFp8U * v, 0x1p-10 * s);
     }
   }
   return twin;
+}
+
+// A stored indexer key as the indexer reads it: fp32 as stored, or FP8 (kv/….indexer_k e4m3,
+// .scales fp32 per 128 values) dequantised; `half_step` receives what the FP8 rounding may move
+// each value by (2^-4 relative, or 2^-10 of its scale; 0 for fp32). False when not recorded.
+bool StoredIndexKey(Ctx& cx, const std::string& base, int32_t req, int64_t pos, int64_t di, std::vector<double>* key,
+                    std::vector<double>* half_step) {
+  const Tensor* t = cx.T(base);
+  const int64_t r = t ? t->Row(req, pos) : -1;
+  if (r < 0) return false;
+  key->assign(di, 0);
+  half_step->assign(di, 0);
+  if (t->info->dtype == traces::DType::kF32) {
+    for (int64_t i = 0; i < di; ++i) (*key)[i] = t->F(r)[i];
+    return true;
+  }
+  const Tensor* ts = cx.T(base + ".scales");
+  const int64_t rs = ts ? ts->Row(req, pos) : -1;
+  if (rs < 0) return false;
+  for (int64_t i = 0; i < di; ++i) {
+    const double sc = ts->F(rs)[i / 128];
+    (*key)[i] = g::E4m3Value(t->B(r)[i]) * sc;
+    (*half_step)[i] = std::max(0x1p-4 * std::fabs((*key)[i]), 0x1p-10 * sc);
+  }
+  return true;
 }
 
 }  // namespace
@@ -494,13 +519,15 @@ void CheckV4Rows(Ctx& cx, const CheckOptions& opt) {
           if (PoolTwin(cx, L.indexer, cx.T("kv/" + LayerTap(l, "indexer_state")), req, (pos + 1) / m - 1, m, di, true,
                        comp_freq, v.compress_rope.attention_factor, &key)) {
             if (rik >= 0) Compare(cx, OpIndex("indexer_key"), loc("attn.indexer.key", t_ik, rik), t_ik->F(rik), key);
-            const Tensor* ts = cx.T(stored);
-            const int64_t rs = ts ? ts->Row(req, pos) : -1;
-            if (rs >= 0) {
+            std::vector<double> sk, step;
+            if (StoredIndexKey(cx, stored, req, pos, di, &sk, &step)) {
               Location wl = loc("attn.indexer.key", t_ik, rik >= 0 ? rik : 0);
               wl.tensor = stored;
               if (rik < 0) wl.step = sr.step;
-              Compare(cx, OpIndex("indexer_key"), wl, ts->F(rs), key, 0, -1, false);
+              g::Vec kr = key;
+              for (int64_t i = 0; i < di; ++i) kr.e[i] += step[i];
+              const std::vector<float> skf(sk.begin(), sk.end());
+              Compare(cx, OpIndex("indexer_key"), wl, skf.data(), kr, 0, -1, false);
             }
           } else {
             not_checked("indexer_key", "the window's kv/…indexer_state rows are not in the trace");
@@ -527,16 +554,14 @@ void CheckV4Rows(Ctx& cx, const CheckOptions& opt) {
             g::Vec qi = g::Linear(cx.Wt(L.indexer_q_b), q_res, cx.linear);
             for (int64_t h = 0; h < Hi; ++h) g::Rope(&qi, h * di + di - rd, rd, pos, comp_freq, v.compress_rope.attention_factor, g::RopeLayout::kPairsAdjacent);
             const g::Vec iw = g::Linear(cx.Wt(L.indexer_weights), hv, cx.gemm);
-            const Tensor* tk = cx.T("kv/" + LayerTap(l, "indexer_k"));
-            std::vector<double> score(T), se(T);
+            const std::string keys_at = "kv/" + LayerTap(l, "indexer_k");
+            std::vector<double> score(T), se(T), kt, unused;
             const double hs = 1 / std::sqrt(static_cast<double>(Hi)), ds = 1 / std::sqrt(static_cast<double>(di));
             for (int64_t t = 0; t < T && checked; ++t) {
-              const int64_t rk = tk ? tk->Row(req, (t + 1) * m - 1) : -1;
-              if (rk < 0) {
+              if (!StoredIndexKey(cx, keys_at, req, (t + 1) * m - 1, di, &kt, &unused)) {
                 checked = false;
                 break;
               }
-              const float* kt = tk->F(rk);
               double sum = 0, mag = 0, eb = 0;
               for (int64_t h = 0; h < Hi; ++h) {
                 double dot = 0, dm = 0, de = 0;

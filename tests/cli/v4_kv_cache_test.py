@@ -11,7 +11,12 @@ a 90-token prompt and 24 greedy tokens:
     nothing with the C++) applied to the fp32 row the engine computed (taps attn.kv, the window's
     row, and attn.compressor.entry, the compressed row at the position that closes its window) —
     read with h5py, not through lockstep;
-  * record → exact replay is bit-identical in fp32, bf16 and fp8_e4m3 (exit 0, "bit-identical");
+  * --kernel indexer=fp8_paged stores the CSA indexer's compressed keys in vLLM's FP8 paged layout
+    (132 B for 128 dims): each recorded key (kv/layers.L.indexer_k, .scales) equals the encoder's
+    bytes for the engine's fp32 key (tap attn.indexer.key);
+  * record → exact replay is bit-identical in fp32, bf16 and fp8_e4m3, and with FP8 index keys
+    (exit 0, "bit-identical");
+  * `lockstep verify` (V4's golden twins, the stored rows decoded independently) finds each clean;
   * forced replays FP8 → BF16 and BF16 → fp32 report the logits' KL, top-1 agreement and a first
     divergence in layer 0 (the first layer whose cache differs), as JSON numbers.
 """
@@ -27,7 +32,7 @@ lockstep, src, work = sys.argv[1:4]
 sys.path.insert(0, os.path.join(src, "tests", "traces"))
 sys.path.insert(0, os.path.join(src, "tools", "fixtures"))
 from check_trace import read_table  # noqa: E402  (reads a table, the crash sidecar merged)
-from v4_kv_formats import encode_model1  # noqa: E402  (the independent MODEL1 encoder)
+from v4_kv_formats import encode_index_fp8, encode_model1  # noqa: E402  (the independent encoders)
 
 os.makedirs(work, exist_ok=True)
 model = os.path.join(src, "models", "lockstep-tiny-v4")
@@ -45,8 +50,8 @@ def run(*args, ok=(0,)):
     return p
 
 
-def record(fmt, extra=()):
-    out = os.path.join(work, f"{fmt}.h5")
+def record(fmt, extra=(), name=None):
+    out = os.path.join(work, f"{name or fmt}.h5")
     run("record", "-m", model, "--prompt-ids", ids, "-n", "24", "-t", "0", "--ignore-eos", "--kv-cache", fmt,
         "--capture", "full", "-q", "-o", out, *extra)
     return out
@@ -94,8 +99,32 @@ for stream, n in compared.items():
         failures.append(f"no {stream} row compared")
 print(f"MODEL1: {compared['window']} window and {compared['compressed']} compressed rows equal the independent encoder's bytes")
 
+# 1b. FP8 index keys against the independent encoder.
+fp8k = record("fp8_e4m3", ("--kernel", "indexer=fp8_paged"), name="fp8_keys")
+keys = 0
+with h5py.File(fp8k, "r") as f:
+    for layer in range(cfg["num_hidden_layers"]):
+        kv = f"kv/layers.{layer}.indexer_k"
+        if kv not in f:
+            continue
+        vals, scales = by_position(f, kv), by_position(f, kv + ".scales")
+        rows = by_position(f, f"taps/layers.{layer}.attn.indexer.key")
+        if not vals or set(vals) != set(rows):
+            failures.append(f"{kv}: rows at {sorted(vals)[:5]}…, the tap at {sorted(rows)[:5]}…")
+            continue
+        for pos, x in rows.items():
+            x = np.asarray(x, dtype=np.float32)
+            page = encode_index_fp8(x[None, :], 1)[0]
+            got = np.concatenate([np.asarray(vals[pos], np.uint8), np.asarray(scales[pos], "<f4").view(np.uint8)])
+            if not np.array_equal(got, page):
+                failures.append(f"{kv} position {pos}: FP8 key bytes differ from the encoder's at byte {int(np.argmax(got != page))}")
+            keys += 1
+if keys == 0:
+    failures.append("no FP8 index key compared")
+print(f"FP8 index keys: {keys} keys equal the independent encoder's bytes")
+
 # 2. Exact replay, each format.
-traces = {"fp8_e4m3": fp8}
+traces = {"fp8_e4m3": fp8, "fp8_keys": fp8k}
 for fmt in ("fp32", "bf16"):
     traces[fmt] = record(fmt)
 for fmt, t in traces.items():
@@ -104,6 +133,14 @@ for fmt, t in traces.items():
         failures.append(f"exact replay of the {fmt} trace: not bit-identical: {(p.stdout + p.stderr).strip()[-400:]}")
     else:
         print(f"{fmt}: exact replay bit-identical")
+
+# 2b. verify's V4 twins (the cache rows against an independent decoder) find every trace clean.
+for fmt, t in traces.items():
+    p = run("verify", t, "-q", ok=(0, 3))
+    if p.returncode != 0:
+        failures.append(f"verify of the {fmt} trace: exit {p.returncode}: {(p.stdout + p.stderr).strip()[-600:]}")
+    else:
+        print(f"{fmt}: verify clean")
 
 # 3. Forced replays across formats: numbers, not strings; the divergence starts in layer 0.
 for src_fmt, to in (("fp8_e4m3", "bf16"), ("bf16", "fp32")):

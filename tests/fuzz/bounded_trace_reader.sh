@@ -20,7 +20,7 @@ for f in "$ART"/*; do
   [ -e "$f" ] || continue
   out=$(timeout 60 "$FUZZER" "$f" 2>&1)
   if ! grep -q "ERROR: \|runtime error" <<<"$out"; then continue; fi
-  first=$(grep -E '^ +#[0-9]+ ' <<<"$out" | grep -v 'interceptor\|malloc\|calloc\|realloc\|operator new\|libc.so' | head -1)
+  first=$(grep -E '^ +#[0-9]+ ' <<<"$out" | grep -v 'interceptor\|malloc\|calloc\|realloc\|operator new\|libc.so\|sysdeps/\|__mem' | head -1)
   if grep -q libhdf5 <<<"$first" && ! grep -q "runtime error" <<<"$out"; then
     hdf5=$((hdf5 + 1))
   else
