@@ -8,6 +8,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "base/json_text.h"
 #include "cli/commands.h"
 #include "cli/common.h"
 #include "cli/progress.h"
@@ -80,7 +81,7 @@ Status RunBisect(const BisectArgs& a) {
       sentences.push_back({{"text", s.text},
                            {"evidence", {{"run", s.evidence.run}, {"measured", s.evidence.measured}, {"otherwise", s.evidence.otherwise}}}});
     }
-    std::cout << nlohmann::json{{"trace", a.trace},
+    std::cout << JsonText(nlohmann::json{{"trace", a.trace},
                                 {"reproducible", r.reproducible},
                                 {"reproducible_detail", r.reproducible_detail},
                                 {"defects", defects},
@@ -90,8 +91,8 @@ Status RunBisect(const BisectArgs& a) {
                                 {"recorded_degenerate", r.recorded_degenerate},
                                 {"free_runs", free},
                                 {"evidence", sentences},
-                                {"verdict", r.verdict}}
-                     .dump(2)
+                                {"verdict", r.verdict}},
+                          2)
               << "\n";
     return Status::Ok();
   }

@@ -11,6 +11,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "base/json_text.h"
 #include "cli/commands.h"
 #include "cli/common.h"
 #include "cli/progress.h"
@@ -152,7 +153,7 @@ Status RunDegen(DegenArgs& a) {
                          {"distinct4", j.det.distinct}, {"zstd_ratio", j.sig.zstd_ratio},
                          {"compressible", j.sig.compressible}, {"tail_entropy", j.sig.tail_entropy},
                          {"entropy_collapse", j.sig.entropy_collapse}, {"tokens", j.tokens.size()},
-                         {"finish_reason", j.finish_reason}, {"tail_text", j.text.substr(j.text.size() > 200 ? j.text.size() - 200 : 0)}});
+                         {"finish_reason", j.finish_reason}, {"tail_text", Utf8Tail(j.text, 200)}});
     }
     const double n = static_cast<double>(judged.size());
     json setting = {{"temperature", temp},
@@ -222,7 +223,7 @@ Status RunDegen(DegenArgs& a) {
         "entropy over the tail, nats. At temperature 0 every seed gives the same tokens: one greedy run\n"
         "per prompt.\n");
   }
-  if (a.json) std::cout << json{{"model", m.dir.string()}, {"settings", report}}.dump(2) << "\n";
+  if (a.json) std::cout << JsonText(json{{"model", m.dir.string()}, {"settings", report}}, 2) << "\n";
   return Status::Ok();
 }
 

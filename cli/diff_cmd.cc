@@ -2,6 +2,7 @@
 #include <fstream>
 #include <iostream>
 
+#include "base/json_text.h"
 #include "cli/commands.h"
 #include "cli/common.h"
 #include "cli/diff_report.h"
@@ -28,7 +29,7 @@ Status RunDiff(const DiffArgs& x) {
   LS_ASSIGN_OR_RETURN(diff::TraceDiffReport r, diff::CompareTraces(*a, *b, o));
   const Detokenize detok = TokenizerFromTrace(a->meta());
   if (x.json) {
-    std::cout << DiffJson(r, detok).dump(2) << "\n";
+    std::cout << JsonText(DiffJson(r, detok), 2) << "\n";
   } else {
     PrintDiffText(r, detok, x.verbose);
   }

@@ -6,6 +6,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "base/json_text.h"
 #include "cli/commands.h"
 #include "cli/common.h"
 #include "cli/prompts.h"
@@ -88,7 +89,7 @@ Status RunGenerate(GenerateArgs& a) {
       for (size_t p = 0; p + 1 <= r.prompt_logits.size() / V; ++p) {
         rows.push_back(std::vector<float>(r.prompt_logits.begin() + p * V, r.prompt_logits.begin() + (p + 1) * V));
       }
-      out << json{{"id", r.request.name}, {"prompt_ids", r.request.prompt}, {"logits", rows}}.dump() << "\n";
+      out << JsonText(json{{"id", r.request.name}, {"prompt_ids", r.request.prompt}, {"logits", rows}}) << "\n";
     }
     if (!out) return Status::IoError(a.prompt_logits + ": write failed (--prompt-logits)");
   }
@@ -103,7 +104,7 @@ Status RunGenerate(GenerateArgs& a) {
                 {"finish_reason", r.finish_reason},
                 {"seed", r.request.sampling.seed}};
       if (!specs[id].text.empty()) j["prompt"] = specs[id].text;
-      std::cout << j.dump() << "\n";
+      std::cout << JsonText(j) << "\n";
     } else if (!stream) {
       std::cout << "=== request " << r.request.name << " (" << r.generated.size() << " tokens, " << r.finish_reason
                 << ") ===\n"

@@ -8,6 +8,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "base/json_text.h"
 #include "base/natural_order.h"
 #include "cli/commands.h"
 #include "cli/common.h"
@@ -216,7 +217,7 @@ Status RunInspect(const InspectArgs& a) {
                      {"tokenizer_hash", meta_of("tokenizer_hash")},
                      {"lockstep", meta_of(traces::kMetaRecordedWith)}}}};
     }
-    std::cout << j.dump(1) << "\n";
+    std::cout << JsonText(j, 1) << "\n";
     return Status::Ok();
   }
 

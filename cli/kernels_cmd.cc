@@ -3,6 +3,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "base/json_text.h"
 #include "cli/commands.h"
 #include "cli/table.h"
 #include "kernels/registry.h"
@@ -38,7 +39,7 @@ void RegisterKernels(CLI::App& app, SetAction set_action) {
           if (v.backend != "cpu") row["cpu_bits"] = v.cpu_bits;
           j.push_back(std::move(row));
         }
-        std::cout << j.dump(2) << "\n";
+        std::cout << JsonText(j, 2) << "\n";
         return Status::Ok();
       }
       Table t({"op", "variant", "backend", "summary"});

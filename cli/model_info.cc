@@ -8,6 +8,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "base/json_text.h"
 #include "cli/commands.h"
 #include "cli/common.h"
 #include "cli/model_info_v4.h"
@@ -166,7 +167,7 @@ Status RunInfo(const InfoArgs& a) {
       {"fp8_e4m3", c.kv_lora_rank + 4 * ((c.kv_lora_rank + 127) / 128) + 2 * c.qk_rope_head_dim}};
   j["tokenizer"] = m.tokenizer ? nlohmann::json{{"vocab_size", m.tokenizer->vocab_size()}} : nlohmann::json(nullptr);
   if (a.json) {
-    std::cout << j.dump(2) << "\n";
+    std::cout << JsonText(j, 2) << "\n";
     return Status::Ok();
   }
   auto M = [](int64_t n) { return std::to_string(n) + " (" + std::to_string(n / 1e6).substr(0, 6) + "M)"; };

@@ -2,6 +2,7 @@
 // (attention kind and compression rate, FFN kind), hyper-connections, and the KV cache per
 // token in each format — as serving engines store it (window rows per request, a compressed row
 // every m tokens, the indexer's keys) and as this reference's cache streams hold it.
+#include "base/json_text.h"
 #include "cli/model_info_v4.h"
 
 #include <cstdio>
@@ -94,7 +95,7 @@ Status PrintV4Info(const engine::ModelConfig& c, const engine::ModelWeights& w, 
   j["kv_cache"] = {{"served", served}, {"reference_bytes_per_token", reference}};
   j["tokenizer_vocab"] = tokenizer_vocab;
   if (json_out) {
-    std::cout << j.dump(2) << "\n";
+    std::cout << JsonText(j, 2) << "\n";
     return Status::Ok();
   }
   auto M = [](int64_t n) { return std::to_string(n) + " (" + std::to_string(n / 1e6).substr(0, 6) + "M)"; };

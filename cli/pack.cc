@@ -8,6 +8,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "base/json_text.h"
 #include "base/version.h"
 #include "cli/commands.h"
 #include "cli/common.h"
@@ -95,7 +96,7 @@ Status RunPack(const PackArgs& a) {
                                                         ? Meta(*src, traces::kMetaRecordedWith)
                                                         : src->writer())},
                         {"model_fingerprint", Meta(*src, "model_fingerprint")}};
-    std::cout << j.dump(2) << "\n";
+    std::cout << JsonText(j, 2) << "\n";
   } else {
     std::printf("packed request %lld of %s into %s: %lld rows of %lld tensors, %lld tokens, %.1f kB%s\n",
                 static_cast<long long>(a.request), a.trace.c_str(), a.output.c_str(), static_cast<long long>(s.rows),

@@ -3,6 +3,7 @@
 #include <fstream>
 #include <iostream>
 
+#include "base/json_text.h"
 #include "cli/commands.h"
 #include "cli/common.h"
 #include "cli/diff_report.h"
@@ -108,7 +109,7 @@ Status RunReplay(const ReplayArgs& a) {
     j["replay_trace"] = o.output.string();
     j["deterministic"] = r.deterministic;
     j["verdict"] = r.verdict;
-    std::cout << j.dump(2) << "\n";
+    std::cout << JsonText(j, 2) << "\n";
   } else {
     std::printf("%s\n", r.verdict.c_str());
     if (!(r.diff.identical && !r.diff.has_divergence)) {

@@ -5,6 +5,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "base/json_text.h"
 #include "cli/commands.h"
 #include "cli/table.h"
 #include "engine/tap.h"
@@ -65,7 +66,7 @@ void RegisterTaps(CLI::App& app, SetAction set_action) {
           j.push_back({{"name", r.name}, {"cols", r.cols}, {"dtype", r.dtype}, {"order", r.order},
                        {"per_layer", r.name.rfind("layers.L.", 0) == 0}, {"meaning", r.meaning}});
         }
-        std::cout << j.dump(2) << "\n";
+        std::cout << JsonText(j, 2) << "\n";
       } else if (as_md) {
         std::cout << "| name | cols | dtype | what it is |\n|---|---|---|---|\n";
         for (const Row& r : rows) {

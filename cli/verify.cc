@@ -5,6 +5,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "base/json_text.h"
 #include "cli/commands.h"
 #include "cli/progress.h"
 #include "cli/table.h"
@@ -138,7 +139,7 @@ Status RunVerify(const VerifyArgs& a) {
   bar.Done();
   if (!result.ok()) return Status::InvalidArgument(result.status().message());
   if (a.json) {
-    std::cout << VerifyJson(*result).dump(2) << "\n";
+    std::cout << JsonText(VerifyJson(*result), 2) << "\n";
   } else {
     PrintVerify(*result);
   }

@@ -1,4 +1,5 @@
 // server/capture.cc — see capture.h.
+#include "base/json_text.h"
 #include "server/capture.h"
 
 #include <sys/stat.h>
@@ -244,7 +245,7 @@ Result<CaptureResult> CaptureRequest(const std::shared_ptr<engine::Model>& model
   std::filesystem::path partial = r.live_json;
   partial += ".partial";
   std::ofstream out(partial);
-  out << LiveJson(live, r).dump(1) << "\n";
+  out << JsonText(LiveJson(live, r), 1) << "\n";
   out.close();
   if (!out) return Status::IoError(partial.string() + ": cannot write");
   std::error_code ec;

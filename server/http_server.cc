@@ -1,4 +1,5 @@
 // server/http_server.cc — see http_server.h.
+#include "base/json_text.h"
 #include "server/http_server.h"
 
 #include <httplib.h>
@@ -420,7 +421,7 @@ void Server::Routes() {
               {"created", UnixNow()},
               {"owned_by", "lockstep"},
               {"max_model_len", opts_.model->config().max_position_embeddings}};
-    res.set_content(json{{"object", "list"}, {"data", json::array({m})}}.dump(), "application/json");
+    res.set_content(JsonText(json{{"object", "list"}, {"data", json::array({m})}}), "application/json");
   });
 
   auto generate = [this, with_id](bool chat) {
@@ -572,7 +573,7 @@ void Server::Routes() {
                      {"choices", choices},
                      {"usage", usage()}};
         if (!g.capture.empty()) body["lockstep"] = {{"captures", captures()}};
-        res.set_content(body.dump(), "application/json");
+        res.set_content(JsonText(body), "application/json");
         return;
       }
 
@@ -581,7 +582,7 @@ void Server::Routes() {
           "text/event-stream",
           [=, this](size_t, httplib::DataSink& sink) {
             auto send = [&](const json& j) {
-              const std::string line = "data: " + j.dump() + "\n\n";
+              const std::string line = "data: " + JsonText(j) + "\n\n";
               return sink.write(line.data(), line.size());
             };
             auto chunk = [&](json choices) {
@@ -684,7 +685,7 @@ void Server::Routes() {
       const bool nf = r.status().code() == Status::Code::kNotFound;
       return SendError(res, Err(nf ? 404 : 400, r.status().message(), nf ? "not_found_error" : "invalid_request_error"));
     }
-    res.set_content(CaptureJson(r).dump(), "application/json");
+    res.set_content(JsonText(CaptureJson(r)), "application/json");
   }));
 
   // Any other POST/PUT/PATCH/DELETE: 404 at once, body or not (registered last: the library

@@ -1,4 +1,5 @@
 // server/openai.cc — see openai.h.
+#include "base/json_text.h"
 #include "server/openai.h"
 
 #include <cmath>
@@ -13,7 +14,7 @@ std::string ApiError::Body() const {
             {"type", type},
             {"param", param.empty() ? json(nullptr) : json(param)},
             {"code", code.empty() ? json(nullptr) : json(code)}};
-  return json{{"error", e}}.dump();
+  return JsonText(json{{"error", e}});
 }
 
 namespace {

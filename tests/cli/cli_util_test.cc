@@ -7,6 +7,7 @@
 #include <string>
 #include <vector>
 
+#include "base/json_text.h"
 #include "base/natural_order.h"
 #include "cli/progress.h"
 #include "cli/table.h"
@@ -69,6 +70,25 @@ TEST(Human, DurationsAndBytes) {
   EXPECT_EQ(cli::HumanBytes(812), "812 B");
   EXPECT_EQ(cli::HumanBytes(3.4e6), "3.4 MB");
   EXPECT_EQ(cli::HumanBytes(1.234e9), "1.23 GB");
+}
+
+// Model text is bytes: a token may end mid-character, a tail cut by bytes may start inside one.
+// Reports must still be written (nlohmann's dump throws on ill-formed UTF-8; lockstep degen
+// --json aborted on a sample's 200-byte tail).
+TEST(JsonText, IllFormedUtf8BecomesReplacementCharacters) {
+  const std::string cut = std::string("\x81\xbf") + "ok \xe2\x82";  // two stray continuation bytes, a cut €
+  const nlohmann::json j = {{"text", cut}};
+  EXPECT_THROW((void)j.dump(), nlohmann::json::type_error);
+  EXPECT_EQ(JsonText(j), "{\"text\":\"\xef\xbf\xbd\xef\xbf\xbdok \xef\xbf\xbd\"}");
+  EXPECT_EQ(JsonText(nlohmann::json{{"a", 1}}, 2), "{\n  \"a\": 1\n}");
+}
+
+TEST(JsonText, Utf8TailNeverStartsInsideACharacter) {
+  const std::string s = "ab\xe2\x82\xac" "cd";  // "ab€cd": € is 3 bytes
+  EXPECT_EQ(Utf8Tail(s, 4), "cd");          // the last 4 bytes start inside €: skip to its end
+  EXPECT_EQ(Utf8Tail(s, 5), "\xe2\x82\xac" "cd");
+  EXPECT_EQ(Utf8Tail(s, 100), s);
+  EXPECT_EQ(Utf8Tail("", 3), "");
 }
 
 }  // namespace
