@@ -148,6 +148,7 @@ std::vector<int64_t> IndexerPick(const Step& st, int64_t l, size_t key_stream, i
   std::vector<int64_t> picks(T);
   std::iota(picks.begin(), picks.end(), 0);
   if (T <= c.index_topk) return picks;  // every candidate: no score can change the choice
+  if (st.plan.indexer == kernels::Indexer::kDense) return picks;  // indexer=dense: no selection
   std::vector<float> score(T), key(di);
   const float hs = 1.0f / std::sqrt(static_cast<float>(Hi)), ds = 1.0f / std::sqrt(static_cast<float>(di));
   const bool wrong_layout = st.plan.indexer == kernels::Indexer::kFaultKeyLayout;  // fault zoo
@@ -242,7 +243,9 @@ void Attention(Step& st, int64_t l, const float* xn, float* y) {
       const int64_t T = (p + 1) / m;  // entries closed at or before p
       if (csa) {
         picked = IndexerPick(st, l, ikeys, r, T, &qi[r * Hi * di], &iw[r * Hi]);
-        for (size_t i = 0; i < picked.size(); ++i) topk[r * c.index_topk + i] = static_cast<int32_t>(picked[i]);
+        if (st.plan.indexer != kernels::Indexer::kDense) {  // dense: no selection to tap (−1)
+          for (size_t i = 0; i < picked.size(); ++i) topk[r * c.index_topk + i] = static_cast<int32_t>(picked[i]);
+        }
       } else {
         picked.resize(T);
         std::iota(picked.begin(), picked.end(), 0);

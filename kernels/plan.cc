@@ -41,6 +41,7 @@ constexpr std::array kRows = {
     Row{"indexer", "fp8_paged", V(Indexer::kFp8Paged)},
     Row{"indexer", "fault_skip_partial_page", V(Indexer::kFaultSkipPartialPage)},
     Row{"indexer", "fault_key_layout", V(Indexer::kFaultKeyLayout)},
+    Row{"indexer", "dense", V(Indexer::kDense)},
     Row{"softmax", "reference", V(Softmax::kReference)},
     Row{"softmax", "fault_no_max_fp16_sum", V(Softmax::kFaultNoMaxFp16Sum)},
     Row{"softmax", "fault_sink_one_side", V(Softmax::kFaultSinkOneSide)},

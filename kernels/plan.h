@@ -34,7 +34,7 @@ enum class Gemm : uint8_t {
 enum class AttnPrefill : uint8_t { kExpanded, kAbsorbed };
 enum class AttnDecode : uint8_t { kAbsorbed, kExpanded };
 enum class AttnSparse : uint8_t { kReference, kFaultNeg1AsToken0, kFaultWindowOneShort };
-enum class Indexer : uint8_t { kReference, kHadamard, kFp8Paged, kFaultSkipPartialPage, kFaultKeyLayout };
+enum class Indexer : uint8_t { kReference, kHadamard, kFp8Paged, kFaultSkipPartialPage, kFaultKeyLayout, kDense };
 enum class Softmax : uint8_t { kReference, kFaultNoMaxFp16Sum, kFaultSinkOneSide };
 enum class Norm : uint8_t { kFp64, kLanes256 };
 enum class Rope : uint8_t { kReference, kFaultDecodeWrongInterleave };

@@ -40,6 +40,10 @@ Registry::Registry() {
                  "once; scored page by page up to the request's last page. DeepSeek-V4: the CSA indexer's compressed keys "
                  "stored so (vLLM's paged layout, 132 bytes), read back dequantised; queries fp32",
        .bound = 0.2},
+      {.op = "indexer", .name = "dense", .backend = "cpu",
+       .summary = "DeepSeek-V4 CSA: no selection — attention over every closed compressed row (the dense reference "
+                 "the indexer's top-k approximates; the indexer_topk tap holds −1)",
+       .bound = 0.2, .model_types = {"deepseek_v4"}},
       {.op = "gemm", .name = "fp32", .backend = "cpu",
        .summary = "fp32 GEMM, 16-lane FMA dot products in a fixed order",
        .is_default = true, .bound = 0},

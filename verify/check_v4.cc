@@ -376,6 +376,7 @@ void CheckV4Rows(Ctx& cx, const CheckOptions& opt) {
   const int64_t G = v.o_groups, Ro = v.o_lora_rank, E = c.n_routed_experts, k = c.num_experts_per_tok;
   const int64_t NL = c.num_hidden_layers, Wn = v.sliding_window;
   const std::vector<double> main_freq = InvFreq(v.main_rope, rd), comp_freq = InvFreq(v.compress_rope, rd);
+  const bool dense = cx.Variant("indexer") == "dense";  // CSA attends every closed entry
   const Tensor* embed = cx.T("embed");
   const int64_t total = static_cast<int64_t>(embed->rows.size());
   int64_t done = 0;
@@ -535,7 +536,8 @@ void CheckV4Rows(Ctx& cx, const CheckOptions& opt) {
         }
         // The selection: the top-k of Σ_h (w_h·Hi^−½)·ReLU(q_h·K_t)·di^−½ over the stored keys.
         const Tensor* t_sel = tap("attn.indexer_topk");
-        const int64_t rsel = row_of(t_sel);
+        const int64_t rsel = dense ? -1 : row_of(t_sel);
+        if (dense) not_checked("indexer", "indexer=dense selects nothing: attention is checked over every closed entry");
         if (rsel >= 0) {
           const int64_t T = (pos + 1) / m;
           std::vector<int32_t> rec;
@@ -621,7 +623,9 @@ void CheckV4Rows(Ctx& cx, const CheckOptions& opt) {
         if (compressed && have) {
           std::vector<int64_t> picked;
           const int64_t T = (pos + 1) / m;
-          if (csa) {
+          if (csa && dense) {
+            for (int64_t e = 0; e < T; ++e) picked.push_back(e);
+          } else if (csa) {
             const Tensor* t_sel = tap("attn.indexer_topk");
             const int64_t rs = row_of(t_sel);
             have &= rs >= 0;
