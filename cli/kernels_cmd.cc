@@ -18,7 +18,8 @@ void RegisterKernels(CLI::App& app, SetAction set_action) {
       "[default]: the backend's choice when --kernel names none.\n"
       "[cpu bits]: a CUDA variant whose CPU namesake computes the same bits; a GPU run under such variants\n"
       "replays on the CPU bit for bit (lockstep replay gpu.h5 --backend cpu --mode forced). The cuBLAS GEMMs\n"
-      "(gemm=fp32, bf16, *_heuristic) have none: use gemm=fp32_dot, bf16_dot or fp8_dot for that.");
+      "(gemm=fp32, bf16, *_heuristic) have none: use gemm=fp32_dot, bf16_dot or fp8_dot for that.\n"
+      "[only …]: the model types (config.json's model_type) the variant runs on; other models refuse it.");
   cmd->add_flag("--json", *json, "Machine-readable output");
   cmd->add_flag("--faults", *faults, "List the fault zoo instead (deliberately wrong variants, for --fault)");
   cmd->callback([json, faults, set_action] {
@@ -37,6 +38,7 @@ void RegisterKernels(CLI::App& app, SetAction set_action) {
                                 {"summary", v.summary}};
           // Whether a trace run under it replays on the CPU bit for bit (cuda variants).
           if (v.backend != "cpu") row["cpu_bits"] = v.cpu_bits;
+          row["model_types"] = v.model_types;  // empty: every model
           j.push_back(std::move(row));
         }
         std::cout << JsonText(j, 2) << "\n";
@@ -47,9 +49,12 @@ void RegisterKernels(CLI::App& app, SetAction set_action) {
         if (v.fault != *faults) continue;
         // [cpu bits]: the CPU's variant of the same name gives the same bits (a GPU trace run
         // under it replays on the CPU bit for bit).
+        std::string only;
+        for (const std::string& m : v.model_types) only += (only.empty() ? "[only " : ", ") + m;
+        if (!only.empty()) only += "] ";
         t.Add({v.op, v.name, v.backend,
                std::string(v.is_default ? "[default] " : "") + (v.backend != "cpu" && v.cpu_bits ? "[cpu bits] " : "") +
-                   v.summary});
+                   only + v.summary});
       }
       t.Print();
       return Status::Ok();
