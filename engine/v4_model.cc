@@ -116,9 +116,10 @@ void Compress(const Step& st, int64_t l, const V4CompressorWeights& cw, bool ove
           std::fill(g0, g0 + width, kNegInf);
         } else {
           st.cache.ReadRow(l, state_stream, st.seq(r), (w - 1) * m + j, row.data());
+          const bool no_bias = st.plan.hidden == kernels::HiddenFault::kV4CompressorOverlapNoBias;  // hidden fault
           for (int64_t i = 0; i < width; ++i) {
             k0[i] = row[i];
-            g0[i] = row[pw + i] + pb[j * pw + i];
+            g0[i] = row[pw + i] + (no_bias ? 0.0f : pb[j * pw + i]);
           }
         }
       }
@@ -298,7 +299,9 @@ void Moe(Step& st, int64_t l, const float* xn, float* y) {
     for (int64_t e = 0; e < E; ++e) s[e] = v4::SqrtSoftplus(logits[r * E + e]);
     int32_t* id = &ids[r * k];
     if (hash) {
-      std::memcpy(id, &L.tid2eid[static_cast<size_t>(st.token[r]) * k], k * 4);
+      int64_t t = st.token[r];
+      if (st.plan.hidden == kernels::HiddenFault::kV4HashRouteNextToken) t = (t + 1) % c.vocab_size;  // hidden fault
+      std::memcpy(id, &L.tid2eid[static_cast<size_t>(t) * k], k * 4);
       std::sort(id, id + k);  // ascending, as top-k's (a repeated expert keeps both slots)
     } else {
       for (int64_t e = 0; e < E; ++e) choice[e] = s[e] + L.router_bias.ptr()[e];

@@ -30,6 +30,12 @@ const std::vector<HiddenFaultInfo>& HiddenFaults() {
        "the bf16 cache truncates (rounds toward zero) instead of rounding to nearest even"},
       {HiddenFault::kKvFp8ScaleFloor, "kv_fp8_scale_floor", "kv_quant",
        "the FP8 cache's tile scale is rounded down to a power of two and the largest values saturate at 448"},
+      {HiddenFault::kV4SinkhornOneRoundShort, "v4_sinkhorn_one_round_short", "hyper_connection",
+       "DeepSeek-V4: the hyper-connections' Sinkhorn runs one (rows, columns) round fewer than hc_sinkhorn_iters"},
+      {HiddenFault::kV4CompressorOverlapNoBias, "v4_compressor_overlap_no_bias", "compressor",
+       "DeepSeek-V4: CSA's compressor pools the previous window's slots without their position bias"},
+      {HiddenFault::kV4HashRouteNextToken, "v4_hash_route_next_token", "router",
+       "DeepSeek-V4: hash-routed layers look token t up as t + 1 in tid2eid"},
   };
   return kAll;
 }

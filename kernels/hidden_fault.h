@@ -29,6 +29,10 @@ enum class HiddenFault {
   kSamplerCdfTotalMass,    // sampler: inverse CDF against u × the total mass, not the top-p kept mass
   kKvBf16Truncate,         // kv_quant: the bf16 cache truncates instead of rounding to nearest even
   kKvFp8ScaleFloor,        // kv_quant: the FP8 scale rounds amax/448 DOWN to a power of two and saturates
+  // DeepSeek-V4's defaults (engine/v4_*.cc):
+  kV4SinkhornOneRoundShort,  // hyper-connections: Sinkhorn runs one (rows, columns) round fewer
+  kV4CompressorOverlapNoBias,  // compressor: CSA's previous-window slots pool without their position bias
+  kV4HashRouteNextToken,     // router: hash layers route token t by tid2eid of t + 1
 };
 
 struct HiddenFaultInfo {

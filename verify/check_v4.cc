@@ -777,7 +777,7 @@ void CheckV4Rows(Ctx& cx, const CheckOptions& opt) {
           std::sort(want.begin(), want.end());
         }
         if (hash && token >= 0 && !std::equal(want.begin(), want.end(), t_ids->I(rid))) {
-          ratio = INFINITY, detail = "the hash layer's ids are not tid2eid's for token " + std::to_string(token);
+          ratio = INFINITY, meas = 1, detail = "the hash layer's ids are not tid2eid's for token " + std::to_string(token);
         }
         CompareSet(cx, OpIndex("router"), loc("ffn.router.topk_ids", t_ids, rid), ratio, meas, bud, ratio > 1 ? detail : "");
         // Weights of the recorded ids.
