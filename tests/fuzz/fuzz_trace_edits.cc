@@ -226,8 +226,13 @@ void Resize(hid_t f, In& in) {
   const int rank = H5Sget_simple_extent_dims(s, dims, nullptr);
   const int64_t choice[] = {0, 1, -1, 2, 100, int64_t{1} << 20, int64_t{1} << 40};
   const int64_t c = in.Pick(choice);
+  const hsize_t before = dims[0];
   dims[0] = c < 0 ? (dims[0] > 0 ? dims[0] - 1 : 0) : (c == 2 ? dims[0] * 2 : static_cast<hsize_t>(c));
-  if (rank >= 1) H5Dset_extent(d, dims);
+  // Shrinking a dataset already grown past 2^20 rows makes libhdf5 walk every chunk slot of the
+  // old extent (H5D__chunk_prune_by_extent: minutes at 2^40) — the harness's own edit, not a
+  // read lockstep does; such an edit is skipped.
+  const bool slow_prune = before > (hsize_t{1} << 20) && dims[0] < before;
+  if (rank >= 1 && !slow_prune) H5Dset_extent(d, dims);
   H5Sclose(s);
   H5Dclose(d);
 }
