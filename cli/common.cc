@@ -155,7 +155,9 @@ void EngineFlags::Register(CLI::App* app) {
   app->add_option("--seed", seed,
                   "Per-request sampling seed (Philox key), 0 to 2^64 - 1; request i of --prompts uses seed + i")
       ->check(WholeIn(0, UINT64_MAX, "0 to 2^64 - 1"));
-  app->add_option("--kv-cache", kv_cache, "Latent KV cache storage: fp32 | bf16 | fp8_e4m3")
+  app->add_option("--kv-cache", kv_cache,
+                  "KV cache storage: fp32 | bf16 | fp8_e4m3 (V2-V3.2: FlashMLA's V3.2 FP8 latent layout; V4: its "
+                  "window and compressed rows in FlashMLA's MODEL1 layout)")
       ->check(CLI::IsMember({"fp32", "bf16", "fp8_e4m3"}));
   app->add_option("--kernel", kernels, "Kernel variant override op=variant (repeatable; `lockstep kernels` lists them)");
   app->add_option("--max-batch", max_batch, "Requests run together per step, 1 to 4096 (what a trace's step table holds)")

@@ -26,6 +26,20 @@ namespace cpu = kernels::cpu;
 
 namespace {
 
+// Segment g's rows of a step buffer [R, cols] of `dtype`, its first row at row0, as a tap event.
+TapEvent SegmentRowsEvent(const Segment& g, int64_t row0, std::string_view name, const void* data, int64_t cols,
+                          TapDType dtype) {
+  TapEvent e;
+  e.name = name;
+  e.request_id = g.request_id;
+  e.position = g.start_pos;
+  e.rows = static_cast<int64_t>(g.tokens.size());
+  e.cols = cols;
+  e.dtype = dtype;
+  e.data = static_cast<const uint8_t*>(data) + row0 * cols * TapDTypeSize(dtype);
+  return e;
+}
+
 // Emits one tap per segment: the segment's rows of a [R, cols] buffer.
 struct Tapper {
   TapHook* hook;
@@ -39,15 +53,7 @@ struct Tapper {
   void Override(std::string_view name, float* data, int64_t cols) const {
     if (hook == nullptr || !hook->WantsOverride()) return;
     for (size_t s = 0; s < segs.size(); ++s) {
-      TapEvent e;
-      e.name = name;
-      e.request_id = segs[s].request_id;
-      e.position = segs[s].start_pos;
-      e.rows = static_cast<int64_t>(segs[s].tokens.size());
-      e.cols = cols;
-      e.dtype = TapDType::kF32;
-      e.data = data + row0[s] * cols;
-      hook->Override(e, data + row0[s] * cols);
+      hook->Override(SegmentRowsEvent(segs[s], row0[s], name, data, cols, TapDType::kF32), data + row0[s] * cols);
     }
   }
   void EmitAny(std::string_view name, const void* data, int64_t cols, TapDType dt) const {
@@ -262,17 +268,7 @@ int64_t Model::ActiveParameterCount() const { return engine::ActiveParameterCoun
 void EmitSegmentRows(TapHook* hook, std::span<const Segment> segs, std::span<const int64_t> row0,
                      std::string_view name, const void* data, int64_t cols, TapDType dtype) {
   if (hook == nullptr) return;
-  for (size_t s = 0; s < segs.size(); ++s) {
-    TapEvent e;
-    e.name = name;
-    e.request_id = segs[s].request_id;
-    e.position = segs[s].start_pos;
-    e.rows = static_cast<int64_t>(segs[s].tokens.size());
-    e.cols = cols;
-    e.dtype = dtype;
-    e.data = static_cast<const uint8_t*>(data) + row0[s] * cols * TapDTypeSize(dtype);
-    hook->OnTap(e);
-  }
+  for (size_t s = 0; s < segs.size(); ++s) hook->OnTap(SegmentRowsEvent(segs[s], row0[s], name, data, cols, dtype));
 }
 
 Result<SegmentLayout> LayOutSegments(std::span<const Segment> segs, const ModelConfig& c) {

@@ -143,6 +143,33 @@ struct Ctx {
 
 inline std::string LayerTap(int64_t l, const char* name) { return "layers." + std::to_string(l) + "." + name; }
 
+// One checked row of op `op` at `loc` into its statistics: `values` elements, the row's worst
+// error/budget `ratio` (> 1: a defect) with the error and budget there. Returns ratio ≤ 1.
+inline bool Tally(Ctx& cx, int op, Location loc, int64_t values, double ratio, double measured, double budget) {
+  Stats& st = cx.stats[op];
+  st.rep.rows += 1;
+  st.rep.values += values;
+  st.rep.prefill_rows += loc.prefill;
+  loc.measured = measured;
+  loc.budget = budget;
+  if (ratio > st.rep.max_ratio || st.rep.rows == 1) {
+    st.rep.max_ratio = ratio;
+    st.rep.max_error = measured;
+    st.rep.budget_at_max = budget;
+    st.rep.worst = loc;
+  }
+  if (!(ratio > 1)) return true;
+  ++st.rep.failing_rows;
+  st.rep.failing_prefill_rows += loc.prefill;
+  st.rep.failed = true;
+  const auto key = std::make_tuple(loc.step, LayerRank(op, loc.layer), kOps[op].layer_order, loc.request, loc.position);
+  if (key < st.first_key) {
+    st.first_key = key;
+    st.rep.first = loc;
+  }
+  return false;
+}
+
 // Compares a recorded row with its twin; returns whether it is within budget.
 inline bool Compare(Ctx& cx, int op, const Location& where, const float* meas, const g::Vec& twin, int64_t off = 0,
              int64_t n = -1, bool bias = true) {
@@ -170,19 +197,6 @@ inline bool Compare(Ctx& cx, int op, const Location& where, const float* meas, c
       sb += m - v;
     }
   }
-  st.rep.rows += 1;
-  st.rep.values += n;
-  st.rep.prefill_rows += where.prefill;
-  Location loc = where;
-  loc.column = wc;
-  loc.measured = wm;
-  loc.budget = wb;
-  if (worst > st.rep.max_ratio || st.rep.rows == 1) {
-    st.rep.max_ratio = worst;
-    st.rep.max_error = wm;
-    st.rep.budget_at_max = wb;
-    st.rep.worst = loc;
-  }
   if (bias && sum_b > 0) {
     const double a = sa / sum_b, b2 = sb / sum_b;
     st.sa += a;
@@ -191,47 +205,17 @@ inline bool Compare(Ctx& cx, int op, const Location& where, const float* meas, c
     st.sb2 += b2 * b2;
     ++st.bias_rows;
   }
-  if (worst > 1) {
-    ++st.rep.failing_rows;
-    st.rep.failing_prefill_rows += where.prefill;
-    st.rep.failed = true;
-    const auto key = std::make_tuple(where.step, LayerRank(op, where.layer), kOps[op].layer_order, where.request, where.position);
-    if (key < st.first_key) {
-      st.first_key = key;
-      st.rep.first = loc;
-    }
-    return false;
-  }
-  return true;
+  Location loc = where;
+  loc.column = wc;
+  return Tally(cx, op, loc, n, worst, wm, wb);
 }
 
 // A set-valued op's verdict on one row: `ratio` (> 1 defect) with what differs.
 inline void CompareSet(Ctx& cx, int op, const Location& where, double ratio, double measured, double budget,
-                const std::string& detail) {
-  Stats& st = cx.stats[op];
-  st.rep.rows += 1;
-  st.rep.values += 1;
-  st.rep.prefill_rows += where.prefill;
+                       const std::string& detail) {
   Location loc = where;
-  loc.measured = measured;
-  loc.budget = budget;
   loc.detail = detail;
-  if (ratio > st.rep.max_ratio || st.rep.rows == 1) {
-    st.rep.max_ratio = ratio;
-    st.rep.max_error = measured;
-    st.rep.budget_at_max = budget;
-    st.rep.worst = loc;
-  }
-  if (ratio > 1) {
-    ++st.rep.failing_rows;
-    st.rep.failing_prefill_rows += where.prefill;
-    st.rep.failed = true;
-    const auto key = std::make_tuple(where.step, LayerRank(op, where.layer), kOps[op].layer_order, where.request, where.position);
-    if (key < st.first_key) {
-      st.first_key = key;
-      st.rep.first = loc;
-    }
-  }
+  Tally(cx, op, loc, 1, ratio, measured, budget);
 }
 
 inline g::Vec Row(const float* x, int64_t n) { return g::Exact(x, n); }

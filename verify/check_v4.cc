@@ -108,7 +108,8 @@ g::Vec HcMix(Ctx& cx, const engine::V4HcWeights& w, const float* X) {
   }
   // The softmax moves each entry by at most 2·dz relative (and 8u + γ_hc for its own fp32
   // rounding); a normalisation keeps a relative perturbation of its inputs (the sums move with
-  // them) and adds γ_(hc+1); 2·iters of them.
+  // them) and adds γ_(hc+1); 2·iters of them. The absolute term is a floor for entries near 0,
+  // chosen (not derived) at 10⁻³ of one row's total rounding: rows sum to about 1.
   const double rel = 2 * dz + 8 * kU + g::Gamma(hc + 1) * (1 + 2 * v.hc_sinkhorn_iters);
   for (int64_t i = 0; i < hc * hc; ++i) {
     out.v[2 * hc + i] = C[i];
