@@ -27,6 +27,11 @@ std::filesystem::path DefaultModelDir() {
   return LOCKSTEP_DEFAULT_MODEL_DIR;
 }
 
+std::string ModelOptionHelp() {
+  return "Model directory (HF layout) [default: " + DefaultModelDir().string() +
+         ", the embedded tiny DeepSeek-V4 model; models/lockstep-tiny-v32 is the V3.2 one, which also runs on CUDA]";
+}
+
 Result<LoadedModel> LoadModel(const std::filesystem::path& dir, bool quiet, bool random_weights) {
   if (!std::filesystem::is_directory(dir)) {
     return Status::NotFound(dir.string() + ": not a model directory (expected config.json, *.safetensors)");

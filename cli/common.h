@@ -57,6 +57,8 @@ bool InRange(const nlohmann::json& v, const FieldRange& r);
 
 // The model used when --model is not given: the trained tiny model shipped in models/.
 std::filesystem::path DefaultModelDir();
+// --model's help: what the default is, by path (LOCKSTEP_DEFAULT_MODEL overrides it).
+std::string ModelOptionHelp();
 
 struct LoadedModel {
   std::filesystem::path dir;

@@ -241,7 +241,7 @@ void RegisterDegen(CLI::App& app, SetAction set_action) {
       "  zstd      the text compresses below 0.15 of its size (≥ 256 bytes)\n"
       "  entropy   the model's mean next-token entropy over the last 64 steps < 0.1 nats\n"
       "Example: lockstep degen --prompt '<!DOCTYPE html>' --samples 16 --temperatures 0,0.6,1.0 --kv-cache fp8_e4m3");
-  cmd->add_option("--model,-m", args->model, "Model directory (HF layout); default: the embedded tiny model");
+  cmd->add_option("--model,-m", args->model, ModelOptionHelp());
   cmd->add_option("--prompt,-p", args->prompt, "Prompt text");
   cmd->add_option("--prompts", args->prompts_file, "JSONL file of prompts (see `lockstep generate --help`)");
   cmd->add_option("--prompt-ids", args->prompt_ids, "Prompt as comma-separated token ids");

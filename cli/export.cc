@@ -2,8 +2,10 @@
 // rows of one tensor as a NumPy .npy file (format 1.0), for notebooks. Rows are in position
 // order; --positions-out writes the positions beside them. bf16 is widened to float32
 // (exactly) unless --raw; an FP8 cache part is dequantised with its `.scales` rows (each value
-// e4m3(q) × the scale of its 128-value tile) unless --raw, which keeps the uint8 codes.
+// e4m3(q) × the scale of its tile: V3.2's float32 per 128 values, V4 MODEL1's UE8M0 2^(s−127)
+// per 64, with the row's BF16 RoPE tail appended) unless --raw, which keeps the uint8 codes.
 // --summary exports the per-row summaries as a structured array instead.
+#include <cmath>
 #include <cstdio>
 #include <cstring>
 #include <fstream>
@@ -112,41 +114,75 @@ Status RunExport(const ExportArgs& a) {
       case traces::DType::kFp8E4m3:
       case traces::DType::kU8: descr = "'|u1'"; break;
     }
-    // An FP8 part and its scales (kv/layers.L.latent + .scales; .indexer_k + .scales): the
-    // scale rows are found by (request, position), one a 128-value tile.
+    // An FP8 part and its scales, found by (request, position): V3.2's (kv/layers.L.latent +
+    // .scales, .indexer_k + .scales: one float32 a 128-value tile) or V4's MODEL1 (kv/….window,
+    // .compressed: .scales one UE8M0 exponent a 64-value tile, and the row's BF16 RoPE tail in
+    // .rope, appended so the row comes out whole, as the attention reads it).
     const traces::TensorInfo* scales = t->dtype == traces::DType::kFp8E4m3 ? r.FindTensor(t->path + ".scales") : nullptr;
     if (t->dtype == traces::DType::kFp8E4m3 && !a.raw) {
-      if (!scales || !scales->has_values || scales->dtype != traces::DType::kF32) {
-        return Status::NotFound(a.trace + ": " + t->path + " is FP8 without a '.scales' tensor of float32 values to "
-                                "dequantise it with (--raw exports the codes)");
+      const bool model1 = scales && scales->dtype == traces::DType::kU8;
+      if (!scales || !scales->has_values || (scales->dtype != traces::DType::kF32 && !model1)) {
+        return Status::NotFound(a.trace + ": " + t->path + " is FP8 without a '.scales' tensor (float32 or UE8M0 " +
+                                "values) to dequantise it with (--raw exports the codes)");
       }
-      constexpr int64_t kTile = 128;
-      const int64_t tiles = (t->cols + kTile - 1) / kTile;
+      const int64_t tile = model1 ? 64 : 128, tiles = (t->cols + tile - 1) / tile;
       if (scales->cols != tiles) {
         return Status::Corruption(a.trace + ": " + scales->path + ": " + std::to_string(scales->cols) +
                                   " scales a row, expected " + std::to_string(tiles) + " for " + std::to_string(t->cols) +
                                   " values");
       }
-      LS_ASSIGN_OR_RETURN(std::vector<traces::SummaryRow> ssum, r.ReadSummary(*scales));
-      std::map<std::pair<int32_t, int64_t>, int64_t> srow;
-      for (int64_t i = 0; i < static_cast<int64_t>(ssum.size()); ++i) srow[{ssum[i].request, ssum[i].position}] = i;
-      std::vector<float> wide(n * t->cols);
-      for (int64_t k = 0; k < n; ++k) {
-        auto it = srow.find({id, positions[k]});
-        if (it == srow.end()) {
-          return Status::Corruption(a.trace + ": " + scales->path + ": no row for request " + std::to_string(id) +
-                                    " position " + std::to_string(positions[k]));
+      const traces::TensorInfo* rope = model1 ? r.FindTensor(t->path + ".rope") : nullptr;
+      if (model1 && (!rope || !rope->has_values || rope->dtype != traces::DType::kBf16)) {
+        return Status::NotFound(a.trace + ": " + t->path + " is a MODEL1 row without its '.rope' tensor of bf16 " +
+                                "values (--raw exports the codes)");
+      }
+      auto rows_by_place = [&](const traces::TensorInfo& x) -> Result<std::map<std::pair<int32_t, int64_t>, int64_t>> {
+        LS_ASSIGN_OR_RETURN(std::vector<traces::SummaryRow> xs, r.ReadSummary(x));
+        std::map<std::pair<int32_t, int64_t>, int64_t> m;
+        for (int64_t i = 0; i < static_cast<int64_t>(xs.size()); ++i) m[{xs[i].request, xs[i].position}] = i;
+        return m;
+      };
+      auto row_of = [&](const traces::TensorInfo& x, const std::map<std::pair<int32_t, int64_t>, int64_t>& m,
+                        int64_t pos, size_t bytes) -> Result<std::vector<uint8_t>> {
+        auto it = m.find({id, pos});
+        if (it == m.end()) {
+          return Status::Corruption(a.trace + ": " + x.path + ": no row for request " + std::to_string(id) +
+                                    " position " + std::to_string(pos));
         }
-        LS_ASSIGN_OR_RETURN(std::vector<uint8_t> sv, r.ReadValues(*scales, it->second, 1));
-        if (sv.size() != static_cast<size_t>(tiles) * 4) return Status::Corruption(a.trace + ": " + scales->path + ": short row");
+        LS_ASSIGN_OR_RETURN(std::vector<uint8_t> v, r.ReadValues(x, it->second, 1));
+        if (v.size() != bytes) return Status::Corruption(a.trace + ": " + x.path + ": short row");
+        return v;
+      };
+      LS_ASSIGN_OR_RETURN(auto srow, rows_by_place(*scales));
+      std::map<std::pair<int32_t, int64_t>, int64_t> rrow;
+      if (rope) {
+        LS_ASSIGN_OR_RETURN(rrow, rows_by_place(*rope));
+      }
+      const int64_t width = t->cols + (rope ? rope->cols : 0);
+      std::vector<float> wide(n * width);
+      for (int64_t k = 0; k < n; ++k) {
+        LS_ASSIGN_OR_RETURN(std::vector<uint8_t> sv, row_of(*scales, srow, positions[k], tiles * (model1 ? 1 : 4)));
+        float* out = wide.data() + k * width;
         for (int64_t c = 0; c < t->cols; ++c) {
-          float s;
-          std::memcpy(&s, sv.data() + 4 * (c / kTile), 4);
-          wide[k * t->cols + c] = traces::Fp8E4m3ToFloat(values[k * rb + c]) * s;
+          float sc;
+          if (model1) {
+            sc = std::ldexp(1.0f, static_cast<int>(sv[c / tile]) - 127);
+          } else {
+            std::memcpy(&sc, sv.data() + 4 * (c / tile), 4);
+          }
+          out[c] = traces::Fp8E4m3ToFloat(values[k * rb + c]) * sc;
+        }
+        if (rope) {
+          LS_ASSIGN_OR_RETURN(std::vector<uint8_t> rv, row_of(*rope, rrow, positions[k], rope->cols * 2));
+          for (int64_t c = 0; c < rope->cols; ++c) {
+            uint16_t h;
+            std::memcpy(&h, rv.data() + 2 * c, 2);
+            out[t->cols + c] = traces::Bf16ToFloat(h);
+          }
         }
       }
       descr = "'<f4'";
-      LS_RETURN_IF_ERROR(WriteNpy(a.output, descr, {n, t->cols}, wide.data(), wide.size() * 4));
+      LS_RETURN_IF_ERROR(WriteNpy(a.output, descr, {n, width}, wide.data(), wide.size() * 4));
     } else if (t->dtype == traces::DType::kBf16 && !a.raw) {
       std::vector<float> wide(n * t->cols);
       for (size_t i = 0; i < wide.size(); ++i) {
@@ -181,7 +217,7 @@ void RegisterExport(CLI::App& app, SetAction set_action) {
   cmd->add_option("--positions-out", args->positions_out, "Also write the rows' positions (.npy, int64)");
   cmd->add_flag("--raw", args->raw,
                 "Keep values as stored: bf16 as its uint16 bits (else widened to float32), FP8 as its uint8 codes "
-                "(else dequantised with its .scales rows to float32)");
+                "(else dequantised with its .scales rows to float32; a V4 MODEL1 row gets its .rope tail appended)");
   cmd->add_flag("--summary", args->summary, "Export the per-row summaries (structured array) instead of values");
   cmd->footer("In Python: x = numpy.load('x.npy')");
   cmd->callback([args, set_action] { set_action([args] { return RunExport(*args); }); });

@@ -134,7 +134,7 @@ void RegisterGenerate(CLI::App& app, SetAction set_action) {
       "JSONL lines: {\"prompt\": \"…\"} or {\"prompt_ids\": [1,2,3]}, optionally with id, max_tokens,\n"
       "temperature, top_p, top_k, min_p, seed. Requests run batched; each one's tokens are the same\n"
       "as if it ran alone.");
-  cmd->add_option("--model,-m", args->model, "Model directory (HF layout); default: the embedded tiny model");
+  cmd->add_option("--model,-m", args->model, ModelOptionHelp());
   cmd->add_option("--prompt,-p", args->prompt, "Prompt text");
   cmd->add_option("--prompts", args->prompts_file, "JSONL file of prompts");
   cmd->add_option("--prompt-ids", args->prompt_ids, "Prompt as comma-separated token ids");

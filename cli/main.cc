@@ -96,6 +96,11 @@ int main(int argc, char** argv) {
   if (WIFEXITED(st)) return WEXITSTATUS(st);
   const int sig = WIFSIGNALED(st) ? WTERMSIG(st) : 0;
   if (sig == SIGINT || sig == SIGTERM) return 128 + sig;
+  if (sig == SIGPIPE) {  // the reader of the output went away (`inspect … | head -1`): no crash, exit as it would
+    std::signal(SIGPIPE, SIG_DFL);
+    std::raise(SIGPIPE);
+    return 128 + sig;
+  }
   std::cerr << "lockstep " << command << ": crashed (signal " << sig << ", " << strsignal(sig)
             << "); no result was produced. A trace damaged past what libhdf5 1.10 can read does this "
                "(docs/fuzzing.md; `lockstep inspect` shows what it holds); on an undamaged trace it is a "

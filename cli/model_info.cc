@@ -230,7 +230,7 @@ void RegisterModelInfo(CLI::App& app, SetAction set_action) {
   CLI::App* model = app.add_subcommand("model", "Inspect model directories");
   model->require_subcommand(1);
   CLI::App* info = model->add_subcommand("info", "Architecture, parameter counts, and what loads and what is skipped");
-  info->add_option("dir", args->dir, "Model directory (default: the embedded tiny model)");
+  info->add_option("dir", args->dir, ModelOptionHelp());
   info->add_flag("--json", args->json, "Machine-readable output");
   info->add_option("--tokens", args->tokens, "Prefill tokens the CPU activation estimate assumes")
       ->check(CLI::Range(int64_t{1}, int64_t{1} << 24));

@@ -83,8 +83,7 @@ Status PrintV4Info(const engine::ModelConfig& c, const engine::ModelWeights& w, 
                    {"kv_row_bytes", KvRowBytes(fmt, v.head_dim, v.rope_dim)},
                    {"index_key_bytes", IndexKeyBytes(fmt, c.index_head_dim)}};
   }
-  served["fp8_model1"]["implemented"] = false;  // the MODEL1 byte encoder lands with branch v4fmt
-  for (engine::KvFormat f : {engine::KvFormat::kFp32, engine::KvFormat::kBf16}) {
+  for (engine::KvFormat f : {engine::KvFormat::kFp32, engine::KvFormat::kBf16, engine::KvFormat::kFp8E4m3}) {
     const engine::PagedKvCache cache(c, f, 1, 0);
     int64_t slot_bytes = 0;
     for (int64_t l = 0; l < c.num_hidden_layers; ++l) {
@@ -125,7 +124,7 @@ Status PrintV4Info(const engine::ModelConfig& c, const engine::ModelWeights& w, 
   if (config_only) std::cout << "(no checkpoint)";
   std::cout << "\nskipped     " << w.skipped.size() << " tensors (" << w.mtp_tensors << " of MTP layers: reported, not run)\n";
   char buf[256];
-  std::snprintf(buf, sizeof buf, "fp32 %.1f B, bf16 %.1f B, fp8 MODEL1 %.1f B (not implemented yet)",
+  std::snprintf(buf, sizeof buf, "fp32 %.1f B, bf16 %.1f B, fp8 MODEL1 %.1f B",
                 served["fp32"]["bytes_per_token"].get<double>(), served["bf16"]["bytes_per_token"].get<double>(),
                 served["fp8_model1"]["bytes_per_token"].get<double>());
   std::cout << "kv cache    per token (compressed rows and index keys, all layers): " << buf << "\n";
@@ -135,7 +134,7 @@ Status PrintV4Info(const engine::ModelConfig& c, const engine::ModelWeights& w, 
             << served["bf16"]["kv_row_bytes"] << " B in bf16, " << served["fp8_model1"]["kv_row_bytes"]
             << " B in MODEL1\n"
             << "            this reference's streams keep every row: fp32 " << reference["fp32"] << " B, bf16 "
-            << reference["bf16"] << " B per token\n"
+            << reference["bf16"] << " B, fp8 MODEL1 " << reference["fp8_e4m3"] << " B per token\n"
             << "memory      cpu   checkpoint " << w.mapped_bytes << " B mapped read-only\n"
             << "            cuda  deepseek_v4 runs on the CPU reference only so far\n"
             << "tokenizer   " << (tokenizer_vocab > 0 ? std::to_string(tokenizer_vocab) + " tokens" : "none") << "\n";

@@ -145,7 +145,7 @@ void RegisterRecord(CLI::App& app, SetAction set_action) {
       "Capture: full = tensors + summaries; summary = per-row statistics and content hashes only;\n"
       "none = tokens, sampler records and meta. The trace format is docs/trace-format.md;\n"
       "h5py/h5dump read it with HDF5_PLUGIN_PATH=<build>/hdf5-plugins.");
-  cmd->add_option("--model,-m", args->model, "Model directory (HF layout); default: the embedded tiny model");
+  cmd->add_option("--model,-m", args->model, ModelOptionHelp());
   cmd->add_option("--prompt,-p", args->prompt, "Prompt text");
   cmd->add_option("--prompts", args->prompts_file, "JSONL file of prompts (see `lockstep generate --help`)");
   cmd->add_option("--prompt-ids", args->prompt_ids, "Prompt as comma-separated token ids");

@@ -151,7 +151,7 @@ void RegisterServe(CLI::App& app, SetAction set_action) {
       "a capture thread beside serving, into <capture-dir>/<id>.h5 and checks every token and tap hash\n"
       "against the live record; one that does not verify is reported loudly.\n"
       "See docs/server.md.");
-  cmd->add_option("--model,-m", a->model, "Model directory (HF layout); default: the embedded tiny model");
+  cmd->add_option("--model,-m", a->model, ModelOptionHelp());
   cmd->add_option("--model-name", a->model_name, "Name /v1/models lists (default: the directory's name)");
   cmd->add_option("--host", a->host, "Address to bind; 127.0.0.1 by default (the API has no authentication)");
   cmd->add_option("--port", a->port, "API port (0 = any free port)")->check(CLI::Range(0, 65535));

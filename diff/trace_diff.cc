@@ -766,7 +766,13 @@ Result<TraceDiffReport> CompareTraces(const traces::TraceReader& a, const traces
     }
     rep.details.push_back(std::move(det));
   }
-  const size_t resid_tap = std::find(tap_suffixes.begin(), tap_suffixes.end(), engine::kLayerTaps[engine::kTapResidOut].name) - tap_suffixes.begin();
+  // The layer's output as the heatmap shows it: resid_out, or DeepSeek-V4's hc.streams.
+  auto suffix_index = [&](int id) {
+    return static_cast<size_t>(std::find(tap_suffixes.begin(), tap_suffixes.end(), engine::kLayerTaps[id].name) -
+                               tap_suffixes.begin());
+  };
+  size_t resid_tap = suffix_index(engine::kTapResidOut);
+  if (resid_tap == tap_suffixes.size()) resid_tap = suffix_index(engine::kTapV4Streams);
   std::vector<int64_t> positions_of(rep.details.size(), 0);
   for (const auto& c : layer_cells) {
     auto it = detail_of.find(c.request);

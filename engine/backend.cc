@@ -31,7 +31,9 @@ Result<std::unique_ptr<Backend>> CreateBackend(std::string_view name, std::share
                                                const PagedKvCache& cache, const kernels::KernelPlan& plan,
                                                const BackendOptions& options) {
   if (model->config().is_v4()) {  // engine/v4_model.cc: the CPU reference, fp32 GEMMs; caches fp32, bf16, FP8 MODEL1
-    if (name == "cuda") return Status::Unsupported("--backend cuda: deepseek_v4 runs on the CPU reference only so far");
+    if (name == "cuda") return Status::Unsupported(
+          "--backend cuda: deepseek_v4 runs on the CPU reference only so far (V2, V3 and V3.2 run on CUDA: the "
+          "embedded V3.2 model is -m models/lockstep-tiny-v32)");
   }
   if (name == "cpu" && model->random_weights()) {
     return Status::Unsupported("--random-weights: the weights exist only on the GPU; run with --backend cuda");

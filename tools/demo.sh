@@ -1,9 +1,12 @@
 #!/usr/bin/env bash
-# tools/demo.sh — the main job on the embedded default model: installs what is missing,
-# builds the `lockstep` binary, prints what the model is, generates from an HTML prompt at
-# temperature 0.6 and greedily (where the model loops), then debugs the loop the way lockstep
-# is meant to be used: degeneration rates per setting, a trace of the greedy run with an FP8
-# KV cache, an exact replay (is it reproducible?) and a bisect (which component explains it?).
+# tools/demo.sh — the main job on the embedded default model (models/lockstep-tiny-v4, a small
+# DeepSeek-V4-architecture model; DEMO_MODEL=models/lockstep-tiny-v32 runs the V3.2 one):
+# installs what is missing, builds the `lockstep` binary, prints what the model is, generates
+# from an HTML prompt at temperature 0.6 and greedily (where the model loops), then debugs the
+# loop the way lockstep is meant to be used: degeneration rates per setting, a trace of the
+# greedy run with the FP8 KV cache (V4: FlashMLA's MODEL1 layout), an exact replay (is it
+# reproducible?), a teacher-forced replay with a BF16 cache and a bisect (which component
+# explains it?), whose verdict is the one measured on this run.
 # About 4–6 minutes on a fresh 2-core machine, nearly all of it compiling.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -12,6 +15,7 @@ BUILD=${BUILD_DIR:-build}
 cmake -S . -B "$BUILD" -G Ninja -DCMAKE_BUILD_TYPE=Release >/dev/null
 cmake --build "$BUILD" -j"$(nproc)" --target lockstep
 LS="$BUILD/lockstep"
+if [ -n "${DEMO_MODEL:-}" ]; then export LOCKSTEP_DEFAULT_MODEL=$(cd "$DEMO_MODEL" && pwd); fi
 "$LS" model info
 PROMPT=$'<!DOCTYPE html>\n<html>\n<head>\n<title>Counter</title>'
 echo; echo "=== temperature 0.6, seed 1 ==="
@@ -19,6 +23,7 @@ echo; echo "=== temperature 0.6, seed 1 ==="
 echo; echo "=== greedy (temperature 0) ==="
 "$LS" generate --prompt "$PROMPT" --echo --max-tokens 200 --temperature 0
 OUT=${DEMO_DIR:-$(mktemp -d)}
+mkdir -p "$OUT"
 echo; echo "=== how often does it degenerate? (lockstep degen) ==="
 "$LS" degen --prompt "$PROMPT" --samples 8 --temperatures 0,0.6,1.0 --max-tokens 256 --ignore-eos -q
 echo; echo "=== record the greedy run with an FP8 cache, replay it, bisect it (traces in $OUT) ==="

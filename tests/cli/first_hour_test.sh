@@ -53,8 +53,10 @@ else
 fi
 
 # record says what the capture will weigh; inspect lists layers in natural order and the
-# policy in words. The V3.2 fixture has 2 layers; v2_lite_like more? Use the model with the most.
-"$LS" record -p "$P" -n 24 -t 0 --kv-cache fp8_e4m3 -o "$TMP/run.h5" 2>"$TMP/rec.err" >/dev/null
+# policy in words. This part reads V3.2's FP8 latent cache: lockstep-tiny-v32 (the default,
+# V4, is checked below).
+V32=$SRC/models/lockstep-tiny-v32
+"$LS" record -m "$V32" -p "$P" -n 24 -t 0 --kv-cache fp8_e4m3 -o "$TMP/run.h5" 2>"$TMP/rec.err" >/dev/null
 grep -q "this capture takes ~.* a position before compression" "$TMP/rec.err" && ok "record estimates the trace size" ||
   bad "record gave no size estimate: $(cat "$TMP/rec.err")"
 "$LS" inspect "$TMP/run.h5" >"$TMP/inspect.txt"
@@ -98,6 +100,48 @@ assert np.array_equal(want.astype(np.float32), deq), "export's dequantisation di
 n = min(len(ref), len(deq))  # the tap holds every position the cache does
 err = np.abs(deq[:n] - ref[:n]).max() / np.abs(ref[:n]).max()
 assert err < 2 ** -3, err
+PY
+# The default model (DeepSeek-V4) with FlashMLA's MODEL1 cache: export gives the whole row, the
+# 448 nope values dequantised with their UE8M0 exponents (2^(s-127) a 64-value tile) and the
+# 64 BF16 RoPE values after them — checked against the same kind of independent decoder of the
+# three stored parts, and against the fp32 K = V tap (layers.0.attn.kv) within E4M3's rounding.
+"$LS" record -p "$P" -n 24 -t 0 --kv-cache fp8_e4m3 -o "$TMP/v4.h5" -q 2>/dev/null &&
+  "$LS" export "$TMP/v4.h5" --request 0 --tap kv/layers.0.window -o "$TMP/win.npy" 2>/dev/null &&
+  "$LS" export "$TMP/v4.h5" --request 0 --tap layers.0.attn.kv -o "$TMP/kv_f32.npy" 2>/dev/null ||
+  bad "record or export of the default (V4) model's MODEL1 window failed"
+HDF5_PLUGIN_PATH=$(dirname "$LS")/hdf5-plugins /usr/bin/python3 - "$TMP" <<'PY' && ok "export dequantises V4's MODEL1 rows whole" || bad "MODEL1 export"
+import sys, numpy as np, h5py
+d = sys.argv[1]
+deq, ref = np.load(f"{d}/win.npy"), np.load(f"{d}/kv_f32.npy")
+def e4m3(b):
+    b = b.astype(np.int64); s = np.where(b & 0x80, -1.0, 1.0); e = (b >> 3) & 0xF; m = b & 7
+    v = np.where(e == 0, m / 8.0 * 2.0 ** -6, (1 + m / 8.0) * 2.0 ** (e - 7))
+    return np.where((b & 0x7F) == 0x7F, np.nan, s * v)
+f = h5py.File(f"{d}/v4.h5", "r")
+def part(name):
+    summ = f[name + "/summary"][...]
+    mine = summ["request"] == 0
+    return f[name + "/values"][...][mine][np.argsort(summ["position"][mine], kind="stable")]
+codes, exps, rope = part("kv/layers.0.window"), part("kv/layers.0.window.scales"), part("kv/layers.0.window.rope")
+nope = e4m3(codes) * np.repeat(2.0 ** (exps.astype(np.int64) - 127), 64, axis=1)[:, : codes.shape[1]]
+tail = (rope.astype(np.uint32) << 16).view(np.float32)
+want = np.concatenate([nope, tail], axis=1).astype(np.float32)
+assert deq.dtype == np.float32 and deq.shape == want.shape == (codes.shape[0], 512), (deq.shape, want.shape)
+assert np.array_equal(want, deq), "export's MODEL1 row differs from the independent decoder"
+n = min(len(ref), len(deq))
+err = np.abs(deq[:n] - ref[:n]).max() / np.abs(ref[:n]).max()
+assert 0 < err < 2 ** -3, err
+PY
+# `inspect … | head -1`: a reader that goes away is no crash. Its stdout is a pipe whose read end
+# is closed before it starts, so its first write meets SIGPIPE every time.
+/usr/bin/python3 - "$LS" "$TMP/v4.h5" <<'PY' && ok "a closed pipe is not reported as a crash" || bad "inspect into a closed pipe"
+import os, subprocess, sys
+r, w = os.pipe()
+os.close(r)
+p = subprocess.run([sys.argv[1], "inspect", sys.argv[2]], stdout=w, stderr=subprocess.PIPE, text=True)
+os.close(w)
+assert p.returncode == -13, p.returncode  # killed by SIGPIPE, as any Unix filter
+assert "crash" not in p.stderr, p.stderr
 PY
 "$LS" export "$TMP/run.h5" --request 0 --tap logits -o "$TMP/l.npy" 2>"$TMP/e"
 grep -q "logits.topk_ids" "$TMP/e" && ok "export of top-k logits points at the top-k datasets" || bad "export logits: $(cat "$TMP/e")"

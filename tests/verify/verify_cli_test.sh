@@ -9,9 +9,11 @@ L=$1 PY=$2
 W=$(mktemp -d)
 trap 'rm -rf "$W"' EXIT
 fail() { echo "FAIL: $*"; exit 1; }
+# lockstep-tiny-v32: the planted fault below (lm_head_drops_last_hidden) lives in the MLA forward.
+V32=$(cd "$(dirname "$0")/../../models/lockstep-tiny-v32" && pwd)
 printf '{"prompt": "The quick brown fox"}\n{"prompt": "Once upon a time"}\n' > "$W/p.jsonl"
 
-"$L" record --prompts "$W/p.jsonl" -n 12 --ignore-eos -q -t 0 -o "$W/full.h5"
+"$L" record -m "$V32" --prompts "$W/p.jsonl" -n 12 --ignore-eos -q -t 0 -o "$W/full.h5"
 "$L" verify "$W/full.h5" -q --work-dir "$W/v1" --json > "$W/v1.json" || fail "clean trace: exit $?"
 "$PY" - "$W/v1.json" <<'PYEOF'
 import json, sys
@@ -25,7 +27,7 @@ PYEOF
 
 # A defect: exit 3, and the text names it.
 set +e
-LOCKSTEP_TEST_HIDDEN_FAULT=lm_head_drops_last_hidden "$L" record --prompts "$W/p.jsonl" -n 12 --ignore-eos -q -t 0 -o "$W/bad.h5"
+LOCKSTEP_TEST_HIDDEN_FAULT=lm_head_drops_last_hidden "$L" record -m "$V32" --prompts "$W/p.jsonl" -n 12 --ignore-eos -q -t 0 -o "$W/bad.h5"
 LOCKSTEP_TEST_HIDDEN_FAULT=lm_head_drops_last_hidden "$L" verify "$W/bad.h5" -q --work-dir "$W/v2" > "$W/v2.txt"
 rc=$?
 set -e
@@ -45,7 +47,7 @@ set -e
 [ "$rc" = 2 ] || fail "junk file: exit $rc, want 2"
 
 # Summary-only: upgraded by an exact replay with full capture, hashes checked.
-"$L" record --prompts "$W/p.jsonl" -n 12 --ignore-eos -q -t 0 --capture summary -o "$W/sum.h5"
+"$L" record -m "$V32" --prompts "$W/p.jsonl" -n 12 --ignore-eos -q -t 0 --capture summary -o "$W/sum.h5"
 "$L" verify "$W/sum.h5" -q --work-dir "$W/v3" --json > "$W/v3.json" || fail "summary trace: exit $?"
 "$PY" -c "import json,sys; j=json.load(open(sys.argv[1])); assert j['upgraded_from_summary'] and j['clean'] and j['rows'] > 0, j" "$W/v3.json"
 "$L" replay "$W/sum.h5" --capture full -o "$W/up.h5" -q > /dev/null || fail "replay --capture full"
