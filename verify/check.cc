@@ -741,26 +741,51 @@ Result<CheckReport> CheckTrace(const traces::TraceReader& trace, const CheckOpti
                    (s.temperature > 0 ? " (uniform " + std::to_string(s.uniform) + " recorded, " + std::to_string(d.uniform) + " redrawn)" : "");
         }
         CompareSet(cx, OpIndex("sampler"), w, same ? 0 : INFINITY, same ? 0 : 1, 0, detail);
-      } else if (t_ti && s.temperature <= 0) {
-        const int64_t ri = t_ti->Row(s.request, pos);
-        if (ri < 0) {
+      } else if (t_ti) {
+        // Only the top-K logits were recorded: the draw is redone where they decide it
+        // (golden::SampleFromTopK), else the row is not checked.
+        const Tensor* t_tv = cx.T("logits.topk_values");
+        const Tensor* t_ls = cx.T("logits.logsumexp");
+        const int64_t ri = t_ti->Row(s.request, pos), rv = t_tv ? t_tv->Row(s.request, pos) : -1;
+        if (ri < 0 || rv < 0 || t_tv->info->cols != t_ti->info->cols) {
           ++ss.rep.not_checked;
+          ss.rep.not_checked_why = "the row's logits.topk_ids / topk_values are not in the trace";
           continue;
         }
-        // Greedy from top-k: the argmax is the highest stored logit (lowest id on ties).
-        const Tensor* t_tv = cx.T("logits.topk_values");
-        const int64_t rv = t_tv ? t_tv->Row(s.request, pos) : -1;
-        int32_t best = -1;
-        float bv = -INFINITY;
-        for (int64_t j = 0; rv >= 0 && j < t_ti->info->cols; ++j) {
-          const int32_t id = t_ti->I(ri)[j];
-          const float v = t_tv->F(rv)[j];
-          if (v > bv || (v == bv && id < best)) bv = v, best = id;
+        const int64_t rs = t_ls ? t_ls->Row(s.request, pos) : -1;
+        const double lse = rs >= 0 && t_ls->info->cols >= 1 ? static_cast<double>(t_ls->F(rs)[0]) : NAN;
+        const int64_t K = t_ti->info->cols;
+        const std::span<const int32_t> ids(t_ti->I(ri), K);
+        const g::TopKDraw d = g::SampleFromTopK(ids, std::span<const float>(t_tv->F(rv), K), c.vocab_size, lse,
+                                                s.temperature, s.top_k, s.top_p, s.min_p, s.seed, s.counter);
+        if (d.outcome == g::TopKDraw::kUndecided) {
+          ++ss.rep.not_checked;
+          ss.rep.not_checked_why = "only the top-" + std::to_string(K) + " logits are recorded and " + d.why +
+                                   " (record with --logits full)";
+          continue;
         }
-        if (best < 0) best = 0;  // every stored logit NaN: NaN is never chosen over id 0 (docs/sampling.md)
-        const bool same = best == sampled;
-        CompareSet(cx, OpIndex("sampler"), w, same ? 0 : INFINITY, same ? 0 : 1, 0,
-                   same ? "" : "greedy sampled token " + std::to_string(sampled) + ", the argmax of the recorded logits is " + std::to_string(best));
+        const bool same_u = s.temperature <= 0 || d.uniform == s.uniform;
+        bool same = same_u;
+        std::string detail;
+        if (d.outcome == g::TopKDraw::kToken) {
+          same = same && d.token == sampled;
+          if (d.token != sampled) {
+            detail = "sampled token " + std::to_string(sampled) + "; redrawn from the recorded top-" + std::to_string(K) +
+                     " logits: " + std::to_string(d.token);
+          }
+        } else {  // the draw lands past the recorded K: any other token, none of them
+          const bool outside = sampled >= 0 && sampled < c.vocab_size && std::find(ids.begin(), ids.end(), sampled) == ids.end();
+          same = same && outside;
+          if (!outside) {
+            detail = "sampled token " + std::to_string(sampled) + "; redrawn from the recorded top-" + std::to_string(K) +
+                     " logits, the draw lands past all of them (a token outside the top-" + std::to_string(K) + ")";
+          }
+        }
+        if (!same_u) {
+          detail += std::string(detail.empty() ? "" : "; ") + "uniform " + std::to_string(s.uniform) + " recorded, " +
+                    std::to_string(d.uniform) + " redrawn";
+        }
+        CompareSet(cx, OpIndex("sampler"), w, same ? 0 : INFINITY, same ? 0 : 1, 0, detail);
       } else {
         ++ss.rep.not_checked;
         ss.rep.not_checked_why = "sampled rows need full logits (record with --logits full)";

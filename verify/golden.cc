@@ -421,3 +421,127 @@ Draw Sample(std::span<const float> logits, double T, int64_t top_k, double top_p
 }
 
 }  // namespace lockstep::verify::golden
+
+namespace lockstep::verify::golden {
+
+double LseRelMargin(double lse) { return 1e-7 + std::fabs(lse) * 0x1p-21; }
+
+TopKDraw SampleFromTopK(std::span<const int32_t> ids, std::span<const float> values, int64_t vocab, double lse,
+                        double T, int64_t top_k, double top_p, double min_p, uint64_t seed, uint64_t counter) {
+  TopKDraw d;
+  const int64_t K = static_cast<int64_t>(std::min(ids.size(), values.size()));
+  if (K == 0 || vocab <= 0) {
+    d.why = "no recorded logits";
+    return d;
+  }
+  auto val = [&](int64_t j) { return std::isnan(values[j]) ? -INFINITY : static_cast<double>(values[j]); };
+  std::vector<int64_t> ord(K);
+  std::iota(ord.begin(), ord.end(), 0);
+  std::stable_sort(ord.begin(), ord.end(), [&](int64_t a, int64_t b) {
+    return val(a) != val(b) ? val(a) > val(b) : ids[a] < ids[b];
+  });
+  if (T <= 0) {  // greedy: the highest recorded logit, lowest id on ties; all NaN: id 0
+    d.outcome = TopKDraw::kToken;
+    d.token = val(ord[0]) == -INFINITY && std::isnan(values[ord[0]]) ? 0 : ids[ord[0]];
+    return d;
+  }
+  const double lmax = val(ord[0]);
+  if (!std::isfinite(lmax)) {
+    d.why = "no finite recorded logit";
+    return d;
+  }
+  // Step 3's kept set has n tokens; `known` of them are recorded, in the sampler's order.
+  const int64_t n = top_k > 0 && top_k < vocab ? top_k : vocab, known = std::min(K, n);
+  std::vector<double> w(known), c(known);
+  for (int64_t i = 0; i < known; ++i) {
+    w[i] = std::exp((val(ord[i]) - lmax) / T);
+    c[i] = (i > 0 ? c[i - 1] : 0.0) + w[i];
+  }
+  // The unrecorded m = n − known weights: each in [0, w_K], so their sum in [0, m·w_K]. With
+  // the row's logsumexp, their sum at temperature 1 is R = e^(lse − lmax) − Σ_known e^(l − lmax)
+  // (all of it when n = V, else a bound), and with x_K = e^(l_K − lmax), p = 1/T, a sum of
+  // x_i^p over terms in [0, x_K] adding up to R lies between R^p·m^(1−p) (spread evenly) and
+  // R·x_K^(p−1) (packed at x_K): the lower of the two for p > 1, the upper for p < 1.
+  const double last = c[known - 1];
+  const double m = static_cast<double>(n - known);
+  double tail_lo = 0, tail_hi = m * w[known - 1];
+  if (m > 0 && std::isfinite(lse)) {
+    double c1 = 0;
+    for (int64_t i = 0; i < known; ++i) c1 += std::exp(val(ord[i]) - lmax);
+    const double t = std::exp(lse - lmax), rel = LseRelMargin(lse);
+    const double r_lo = n == vocab ? std::max(0.0, t * (1 - rel) - c1) : 0.0, r_hi = std::max(0.0, t * (1 + rel) - c1);
+    const double p = 1 / T, xk = std::exp(val(ord[known - 1]) - lmax);
+    double lo = r_lo, hi = r_hi;
+    if (p > 1) {
+      lo = std::pow(r_lo, p) * std::pow(m, 1 - p), hi = r_hi * std::pow(xk, p - 1);
+    } else if (p < 1) {
+      lo = r_lo * std::pow(xk, p - 1), hi = std::pow(r_hi, p) * std::pow(m, 1 - p);
+    }
+    // Slack for the bounds' own rounding; an inconsistent logsumexp (outside [0, m·w_K]) is not used.
+    lo *= 1 - 1e-9, hi *= 1 + 1e-9;
+    if (lo <= tail_hi && std::isfinite(hi)) tail_lo = std::max(tail_lo, lo), tail_hi = std::min(tail_hi, hi);
+  }
+  const double tot_lo = last + tail_lo, tot_hi = last + tail_hi;
+  auto first_at_least = [&](double x) -> int64_t {  // first i with c_i ≥ x; known when none
+    for (int64_t i = 0; i < known; ++i) {
+      if (c[i] >= x) return i;
+    }
+    return known;
+  };
+  // keep: the kept count when decided (≤ known), or -1 when it lies past the recorded tokens.
+  int64_t keep = n <= known ? n : -1;
+  if (top_p < 1) {
+    const int64_t a = first_at_least(top_p * tot_lo), b = first_at_least(top_p * tot_hi);
+    if (a == b && b < known) {
+      keep = b + 1;
+    } else if (a == known) {
+      keep = -1;
+    } else {
+      d.why = "top-p's cut falls where the unrecorded logits decide it";
+      return d;
+    }
+  }
+  if (min_p > 0) {
+    const int64_t lim = keep > 0 ? keep : known;
+    int64_t m = 1;
+    while (m < lim && w[m] >= min_p) ++m;
+    if (m < lim || keep > 0) keep = m;  // a cut among the recorded tokens (or the decided one)
+  }
+  d.uniform = PhiloxUniform(seed, counter, 0);
+  if (keep > 0) {
+    const double target = d.uniform * c[keep - 1];
+    int64_t chosen = keep - 1;
+    for (int64_t i = 0; i < keep; ++i) {
+      if (c[i] > target) {
+        chosen = i;
+        break;
+      }
+    }
+    d.outcome = TopKDraw::kToken;
+    d.token = ids[ord[chosen]];
+    return d;
+  }
+  // The kept mass lies in [s_lo, s_hi]: at least the recorded prefix (and top-p's share of the
+  // total), at most the total.
+  double s_lo = last;
+  if (min_p <= 0) s_lo = std::max(last, top_p < 1 ? top_p * tot_lo : tot_lo);
+  const double t_lo = d.uniform * s_lo, t_hi = d.uniform * tot_hi;
+  auto first_above = [&](double x) -> int64_t {
+    for (int64_t i = 0; i < known; ++i) {
+      if (c[i] > x) return i;
+    }
+    return known;
+  };
+  const int64_t i_lo = first_above(t_lo), i_hi = first_above(t_hi);
+  if (i_lo == known) {
+    d.outcome = TopKDraw::kOutsideTopK;
+  } else if (i_lo == i_hi) {
+    d.outcome = TopKDraw::kToken;
+    d.token = ids[ord[i_lo]];
+  } else {
+    d.why = "the draw falls where the unrecorded logits decide it";
+  }
+  return d;
+}
+
+}  // namespace lockstep::verify::golden

@@ -15,6 +15,7 @@
 
 #include <cstdint>
 #include <span>
+#include <string>
 #include <vector>
 
 namespace lockstep::verify::golden {
@@ -120,5 +121,22 @@ struct Draw {
 // CDF at u × the kept mass.
 Draw Sample(std::span<const float> logits, double temperature, int64_t top_k, double top_p, double min_p,
             uint64_t seed, uint64_t counter);
+
+// The same draw when only the row's K largest logits were recorded (`--logits topk`: ids,
+// values, and the row's logsumexp at temperature 1). The unrecorded V − K logits are each ≤ the
+// K-th, so every sum over them lies in [0, (n − K) × w_K]: the total, top-p's cut, min-p's cut
+// and the inverse CDF are carried as intervals, and a draw is decided when the interval falls
+// inside one token's CDF step (or past all K: the token is one of the others). `lse` (NaN when
+// absent; rounded to float as traces record it) narrows the unrecorded mass at any temperature.
+// LseRelMargin: how far e^(lse − lmax) may be off, relative: the float's rounding and some.
+double LseRelMargin(double lse);
+struct TopKDraw {
+  enum Outcome { kToken, kOutsideTopK, kUndecided } outcome = kUndecided;
+  int32_t token = -1;   // kToken: the token
+  double uniform = -1;  // the Philox draw (−1 greedy)
+  std::string why;      // kUndecided: which step the unrecorded tail leaves open
+};
+TopKDraw SampleFromTopK(std::span<const int32_t> ids, std::span<const float> values, int64_t vocab, double lse,
+                        double temperature, int64_t top_k, double top_p, double min_p, uint64_t seed, uint64_t counter);
 
 }  // namespace lockstep::verify::golden

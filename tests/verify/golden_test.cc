@@ -2,6 +2,10 @@
 // Random123 vector), and — for the sampler — against the engine's sampler on seeded inputs.
 #include <gtest/gtest.h>
 
+#include <algorithm>
+#include <array>
+#include <cstdio>
+#include <numeric>
 #include <cmath>
 #include <random>
 
@@ -170,6 +174,66 @@ TEST(GoldenTest, SamplerAgreesWithTheEngine) {
     EXPECT_EQ(d.token, e.token) << trial;
     EXPECT_EQ(d.uniform, e.uniform) << trial;
   }
+}
+
+
+// The draw from the recorded top-K (`--logits topk`) against the draw from the whole row: where
+// it decides, it must agree (a token, or "one outside the top-K" exactly when the full draw's
+// token is not among them) — on seeded rows from peaked to flat, under every filter. It decides
+// every greedy row, every row whose top-k fits in K, and nearly every row at temperature 1 with
+// no top-p (the row's logsumexp fixes the total there); the counts below are what it decides.
+TEST(GoldenTest, TopKDrawAgreesWithTheFullDrawWhereItDecides) {
+  constexpr int64_t kV = 2000, kK = 32;
+  std::mt19937 rng(7);
+  int decided = 0, outside = 0, total = 0;
+  int t1_rows = 0, t1_decided = 0, topp_rows = 0, topp_decided = 0;
+  for (int trial = 0; trial < 6000; ++trial) {
+    const float sigma = std::array<float, 3>{1.0f, 3.0f, 6.0f}[trial % 3];
+    std::normal_distribution<float> nd(0, sigma);
+    std::vector<float> l(kV);
+    for (auto& v : l) v = nd(rng);
+    const double T = std::array<double, 4>{0.0, 0.6, 1.0, 1.3}[(trial / 3) % 4];
+    const int64_t top_k = std::array<int64_t, 3>{0, 20, 50}[(trial / 12) % 3];
+    const double top_p = std::array<double, 3>{1.0, 0.95, 0.7}[(trial / 36) % 3];
+    const double min_p = (trial / 108) % 2 == 0 ? 0.0 : 0.05;
+    const uint64_t seed = 500 + trial;
+    // The trace's view of the row: the K largest (logit descending, id ascending) and the
+    // logsumexp at temperature 1, computed here in long double and rounded to float.
+    std::vector<int32_t> order(kV);
+    std::iota(order.begin(), order.end(), 0);
+    std::stable_sort(order.begin(), order.end(), [&](int32_t a, int32_t b) { return l[a] > l[b]; });
+    std::vector<int32_t> ids(order.begin(), order.begin() + kK);
+    std::vector<float> vals(kK);
+    for (int64_t j = 0; j < kK; ++j) vals[j] = l[ids[j]];
+    long double se = 0;
+    for (float v : l) se += std::exp(static_cast<long double>(v) - l[order[0]]);
+    const float lse = static_cast<float>(l[order[0]] + std::log(se));
+    const Draw full = Sample(l, T, top_k, top_p, min_p, seed, trial);
+    const TopKDraw tk = SampleFromTopK(ids, vals, kV, lse, T, top_k, top_p, min_p, seed, trial);
+    ++total;
+    const bool easy_t1 = T == 1 && top_k == 0 && top_p == 1 && min_p == 0;
+    t1_rows += easy_t1;
+    topp_rows += T > 0 && top_k == 0 && top_p < 1;
+    if (tk.outcome == TopKDraw::kUndecided) {
+      EXPECT_FALSE(T <= 0 || (top_k > 0 && top_k <= kK)) << trial << ": " << tk.why;
+      continue;
+    }
+    ++decided;
+    t1_decided += easy_t1;
+    topp_decided += T > 0 && top_k == 0 && top_p < 1;
+    if (T > 0) EXPECT_EQ(tk.uniform, full.uniform) << trial;
+    if (tk.outcome == TopKDraw::kToken) {
+      EXPECT_EQ(tk.token, full.token) << trial << " T " << T << " top_k " << top_k << " top_p " << top_p;
+    } else {
+      ++outside;
+      EXPECT_EQ(std::find(ids.begin(), ids.end(), full.token), ids.end()) << trial;
+    }
+  }
+  EXPECT_GE(t1_decided, t1_rows * 99 / 100) << t1_decided << " of " << t1_rows;
+  std::printf("decided %d of %d rows (%d outside the top-%lld); temperature 1, no filter: %d of %d; "
+              "top-p without top-k: %d of %d\n",
+              decided, total, outside, static_cast<long long>(kK), t1_decided, t1_rows, topp_decided, topp_rows);
+  EXPECT_GT(outside, 0);  // flat rows at temperature ≥ 1 draw from the tail: that case is exercised
 }
 
 }  // namespace

@@ -9,7 +9,7 @@
 #   OP is bisect's first defect's op (batch_invariance:<op> for a batch-dependence finding),
 #   LAYER "-" for model-level ops.
 set -euo pipefail
-L=$1 PY=$2 SRC=$3 FAULT=$4 OP=$5 REQ=$6 LAYER=$7 POS=$8
+L=$1 PY=$2 SRC=$3 FAULT=${4%%@*} OP=$5 REQ=$6 LAYER=$7 POS=$8  # FAULT@LABEL: the label names the test only
 shift 8
 W=$(mktemp -d)
 trap 'rm -rf "$W"' EXIT
