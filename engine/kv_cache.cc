@@ -335,6 +335,14 @@ void PagedKvCache::WriteIndexKey(int64_t layer, const SeqCache& seq, int64_t pos
   uint8_t* b = MutableTokenBytes(layer, 1, seq, pos);
   if (fp8_index_keys_) {
     QuantizeFp8Row(key, index_dim_, b);
+    if (hidden_ == kernels::HiddenFault::kIndexKeyFp8Truncate) {  // the hidden fault zoo: toward zero
+      const float* fp8 = kernels::Fp8E4m3Table();
+      for (int64_t i = 0; i < index_dim_; ++i) {
+        float s;
+        std::memcpy(&s, b + index_dim_ + 4 * (i / kFp8Tile), 4);
+        if ((b[i] & 0x7F) != 0 && std::fabs(fp8[b[i]]) * s > std::fabs(key[i])) --b[i];  // one code nearer zero
+      }
+    }
   } else {
     std::memcpy(b, key, index_dim_ * 4);
   }

@@ -30,6 +30,8 @@ const std::vector<HiddenFaultInfo>& HiddenFaults() {
        "the bf16 cache truncates (rounds toward zero) instead of rounding to nearest even"},
       {HiddenFault::kKvFp8ScaleFloor, "kv_fp8_scale_floor", "kv_quant",
        "the FP8 cache's tile scale is rounded down to a power of two and the largest values saturate at 448"},
+      {HiddenFault::kIndexKeyFp8Truncate, "index_key_fp8_truncate", "kv_quant",
+       "V3.2's FP8 index keys (indexer=fp8_paged) round each value toward zero, not to nearest: looks like rounding"},
       {HiddenFault::kV4SinkhornOneRoundShort, "v4_sinkhorn_one_round_short", "hyper_connection",
        "DeepSeek-V4: the hyper-connections' Sinkhorn runs one (rows, columns) round fewer than hc_sinkhorn_iters"},
       {HiddenFault::kV4CompressorOverlapNoBias, "v4_compressor_overlap_no_bias", "compressor",

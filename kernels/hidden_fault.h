@@ -29,6 +29,7 @@ enum class HiddenFault {
   kSamplerCdfTotalMass,    // sampler: inverse CDF against u × the total mass, not the top-p kept mass
   kKvBf16Truncate,         // kv_quant: the bf16 cache truncates instead of rounding to nearest even
   kKvFp8ScaleFloor,        // kv_quant: the FP8 scale rounds amax/448 DOWN to a power of two and saturates
+  kIndexKeyFp8Truncate,    // kv_quant: V3.2's FP8 index keys (indexer=fp8_paged) round toward zero
   // DeepSeek-V4's defaults (engine/v4_*.cc):
   kV4SinkhornOneRoundShort,  // hyper-connections: Sinkhorn runs one (rows, columns) round fewer
   kV4CompressorOverlapNoBias,  // compressor: CSA's previous-window slots pool without their position bias

@@ -28,6 +28,28 @@ bool CheckReport::clean() const {
   return true;
 }
 
+bool internal::StoredIndexKey(Ctx& cx, const std::string& base, int32_t req, int64_t pos, int64_t di,
+                              std::vector<double>* key, std::vector<double>* half_step) {
+  const Tensor* t = cx.T(base);
+  const int64_t r = t ? t->Row(req, pos) : -1;
+  if (r < 0) return false;
+  key->assign(di, 0);
+  half_step->assign(di, 0);
+  if (t->info->dtype == traces::DType::kF32) {
+    for (int64_t i = 0; i < di; ++i) (*key)[i] = t->F(r)[i];
+    return true;
+  }
+  const Tensor* ts = cx.T(base + ".scales");
+  const int64_t rs = ts ? ts->Row(req, pos) : -1;
+  if (rs < 0) return false;
+  for (int64_t i = 0; i < di; ++i) {
+    const double sc = ts->F(rs)[i / 128];
+    (*key)[i] = g::E4m3Value(t->B(r)[i]) * sc;
+    (*half_step)[i] = std::max(0x1p-4 * std::fabs((*key)[i]), 0x1p-10 * sc);
+  }
+  return true;
+}
+
 // The LM head's twin on one row: lm_head(final_norm) against the stored logits (full rows, or
 // the stored top-k and that they are the top-k). Every family's last op.
 void internal::CheckLmHead(Ctx& cx, int32_t req, int64_t pos, int64_t plen, const Tensor* t_fin, int64_t rfin) {
@@ -288,8 +310,18 @@ void CheckMlaRows(Ctx& cx, const CheckOptions& opt) {
         if (rik >= 0 && !ifp8) {
           Compare(cx, OpIndex("indexer_key"), loc("indexer_k", t_ik, rik), t_ik->F(rik), IndexKey(cx, L, h, pos, hadamard));
         } else if (rik >= 0) {
-          ++cx.stats[OpIndex("indexer_key")].rep.not_checked;
-          cx.stats[OpIndex("indexer_key")].rep.not_checked_why = "indexer=fp8_paged stores FP8 keys: no twin of that encoding yet";
+          // FP8 keys (vLLM's paged layout): the stored e4m3 × its tile's scale against the twin,
+          // within the twin's budget plus E4M3's half step.
+          std::vector<double> sk, step;
+          if (StoredIndexKey(cx, "kv/" + LayerTap(l, "indexer_k"), req, pos, c.index_head_dim, &sk, &step)) {
+            g::Vec kr = IndexKey(cx, L, h, pos, hadamard);
+            for (int64_t i = 0; i < c.index_head_dim; ++i) kr.e[i] += step[i];
+            const std::vector<float> skf(sk.begin(), sk.end());
+            Compare(cx, OpIndex("indexer_key"), loc("indexer_k", t_ik, rik), skf.data(), kr, 0, -1, false);
+          } else {
+            ++cx.stats[OpIndex("indexer_key")].rep.not_checked;
+            cx.stats[OpIndex("indexer_key")].rep.not_checked_why = "an FP8 key row without its .scales row";
+          }
         }
       }
       if (rtop >= 0 && c.q_lora_rank > 0) {

@@ -220,6 +220,13 @@ inline void CompareSet(Ctx& cx, int op, const Location& where, double ratio, dou
 
 inline g::Vec Row(const float* x, int64_t n) { return g::Exact(x, n); }
 
+// A stored indexer key as the indexer reads it (V3.2's and V4's kv/….indexer_k): fp32 as stored,
+// or FP8 (e4m3, .scales fp32 per 128 values) dequantised; `half_step` receives what the FP8
+// rounding may move each value by (2^-4 relative, or 2^-10 of its scale; 0 for fp32). False
+// when the row (or its scales) is not recorded.
+bool StoredIndexKey(Ctx& cx, const std::string& base, int32_t req, int64_t pos, int64_t di, std::vector<double>* key,
+                    std::vector<double>* half_step);
+
 // The LM head's twin on one row (request `req` at `pos`, its final_norm row `rfin` of `t_fin`).
 void CheckLmHead(Ctx& cx, int32_t req, int64_t pos, int64_t plen, const Tensor* t_fin, int64_t rfin);
 

@@ -341,31 +341,6 @@ g::Vec WithStorageRounding(Ctx& cx, const std::string& base, int32_t req, int64_
   return twin;
 }
 
-// A stored indexer key as the indexer reads it: fp32 as stored, or FP8 (kv/….indexer_k e4m3,
-// .scales fp32 per 128 values) dequantised; `half_step` receives what the FP8 rounding may move
-// each value by (2^-4 relative, or 2^-10 of its scale; 0 for fp32). False when not recorded.
-bool StoredIndexKey(Ctx& cx, const std::string& base, int32_t req, int64_t pos, int64_t di, std::vector<double>* key,
-                    std::vector<double>* half_step) {
-  const Tensor* t = cx.T(base);
-  const int64_t r = t ? t->Row(req, pos) : -1;
-  if (r < 0) return false;
-  key->assign(di, 0);
-  half_step->assign(di, 0);
-  if (t->info->dtype == traces::DType::kF32) {
-    for (int64_t i = 0; i < di; ++i) (*key)[i] = t->F(r)[i];
-    return true;
-  }
-  const Tensor* ts = cx.T(base + ".scales");
-  const int64_t rs = ts ? ts->Row(req, pos) : -1;
-  if (rs < 0) return false;
-  for (int64_t i = 0; i < di; ++i) {
-    const double sc = ts->F(rs)[i / 128];
-    (*key)[i] = g::E4m3Value(t->B(r)[i]) * sc;
-    (*half_step)[i] = std::max(0x1p-4 * std::fabs((*key)[i]), 0x1p-10 * sc);
-  }
-  return true;
-}
-
 }  // namespace
 
 void CheckV4Rows(Ctx& cx, const CheckOptions& opt) {
