@@ -30,7 +30,17 @@ command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1 && [ -f "
 git clone -q --no-hardlinks "$SRC" "$TMP/clone" 2>/dev/null || cp -r "$SRC" "$TMP/clone"
 cp "$SRC/README.md" "$TMP/clone/README.md"
 rm -rf "$TMP/clone/build"
-ln -s "$BUILD" "$TMP/clone/build"
+if [ -f "$BUILD/CMakeCache.txt" ]; then
+  ln -s "$BUILD" "$TMP/clone/build"
+else
+  # A folder of staged binaries (flat): build/ gets the layout a build tree has (bench/ under
+  # it), and the default model is this clone's, as the README says (staged binaries carry the
+  # build machine's absolute path to it).
+  mkdir -p "$TMP/clone/build/bench"
+  for f in "$BUILD"/*; do ln -s "$f" "$TMP/clone/build/"; done
+  for f in "$BUILD"/bench_*; do [ -e "$f" ] && ln -s "$f" "$TMP/clone/build/bench/"; done
+  export LOCKSTEP_DEFAULT_MODEL=$TMP/clone/models/lockstep-tiny-v4
+fi
 cd "$TMP/clone" || exit 1
 
 # The README's sh blocks, continuation lines joined.
