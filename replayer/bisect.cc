@@ -53,7 +53,7 @@ std::string KernelsOf(const verify::OpReport& o, const std::map<std::string, std
     auto it = ran.find(op);
     s += (s.empty() ? "" : " ") + op + "=" + (it == ran.end() ? "?" : it->second);
   }
-  return s.empty() ? "(no variants: " + o.op + ")" : s;
+  return s.empty() ? "no kernel variants" : s;
 }
 
 // The op a tap belongs to, for a batch-invariance difference.
