@@ -29,7 +29,8 @@ std::filesystem::path DefaultModelDir() {
 
 std::string ModelOptionHelp() {
   return "Model directory (HF layout) [default: " + DefaultModelDir().string() +
-         ", the embedded tiny DeepSeek-V4 model; models/lockstep-tiny-v32 is the V3.2 one, which also runs on CUDA]";
+         "] (the embedded default is models/lockstep-tiny-v4, DeepSeek-V4; models/lockstep-tiny-v32 is the V3.2 "
+         "model, which also runs on CUDA)";
 }
 
 Result<LoadedModel> LoadModel(const std::filesystem::path& dir, bool quiet, bool random_weights) {

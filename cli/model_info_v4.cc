@@ -2,8 +2,9 @@
 // (attention kind and compression rate, FFN kind), hyper-connections, and the KV cache per
 // token in each format — as serving engines store it (window rows per request, a compressed row
 // every m tokens, the indexer's keys) and as this reference's cache streams hold it.
-#include "base/json_text.h"
 #include "cli/model_info_v4.h"
+
+#include "base/json_text.h"
 
 #include <cstdio>
 #include <iostream>

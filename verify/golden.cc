@@ -420,10 +420,6 @@ Draw Sample(std::span<const float> logits, double T, int64_t top_k, double top_p
   return d;
 }
 
-}  // namespace lockstep::verify::golden
-
-namespace lockstep::verify::golden {
-
 double LseRelMargin(double lse) { return 1e-7 + std::fabs(lse) * 0x1p-21; }
 
 TopKDraw SampleFromTopK(std::span<const int32_t> ids, std::span<const float> values, int64_t vocab, double lse,
@@ -442,7 +438,7 @@ TopKDraw SampleFromTopK(std::span<const int32_t> ids, std::span<const float> val
   });
   if (T <= 0) {  // greedy: the highest recorded logit, lowest id on ties; all NaN: id 0
     d.outcome = TopKDraw::kToken;
-    d.token = val(ord[0]) == -INFINITY && std::isnan(values[ord[0]]) ? 0 : ids[ord[0]];
+    d.token = val(ord[0]) == -INFINITY ? 0 : ids[ord[0]];  // every logit −∞ or NaN: the full draw's id 0
     return d;
   }
   const double lmax = val(ord[0]);
