@@ -23,6 +23,7 @@ void RegisterDegen(CLI::App& app, SetAction set_action);
 void RegisterDiff(CLI::App& app, SetAction set_action);
 void RegisterReplay(CLI::App& app, SetAction set_action);
 void RegisterPack(CLI::App& app, SetAction set_action);
+void RegisterImport(CLI::App& app, SetAction set_action);
 void RegisterBisect(CLI::App& app, SetAction set_action);
 void RegisterServe(CLI::App& app, SetAction set_action);
 void RegisterVerify(CLI::App& app, SetAction set_action);

@@ -47,6 +47,7 @@ int main(int argc, char** argv) {
   cli::RegisterDiff(app, set_action);
   cli::RegisterReplay(app, set_action);
   cli::RegisterPack(app, set_action);
+  cli::RegisterImport(app, set_action);
   cli::RegisterBisect(app, set_action);
   cli::RegisterVerify(app, set_action);
   cli::RegisterServe(app, set_action);

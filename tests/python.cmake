@@ -19,3 +19,13 @@ add_test(NAME python_import_openai_test
          COMMAND /usr/bin/python3 ${CMAKE_CURRENT_SOURCE_DIR}/python/import_openai_test.py $<TARGET_FILE:lockstep>
                  ${LOCKSTEP_HDF5_PLUGIN_DIR} ${CMAKE_CURRENT_BINARY_DIR}/python_import_openai ${CMAKE_SOURCE_DIR})
 set_tests_properties(python_import_openai_test PROPERTIES TIMEOUT 300)
+
+# python3 -m lockstep import sglang: recordings written as sglang dumper files by the test's own
+# torch.save writer (old and current file naming, the non-intrusive dumper's module names, two
+# batched requests), imported and replayed forced (every tap aligned, rel L2 ≤ 1e-6, KL ≤ 1e-6),
+# a planted change named as the first divergence; hostile dumps refused with one line. Real
+# torch.save files only where torch imports (else skipped with a message).
+add_test(NAME python_import_sglang_test
+         COMMAND /usr/bin/python3 ${CMAKE_CURRENT_SOURCE_DIR}/python/import_sglang_test.py $<TARGET_FILE:lockstep>
+                 ${LOCKSTEP_HDF5_PLUGIN_DIR} ${CMAKE_CURRENT_BINARY_DIR}/python_import_sglang ${CMAKE_SOURCE_DIR})
+set_tests_properties(python_import_sglang_test PROPERTIES TIMEOUT 300)

@@ -57,8 +57,11 @@ def run(*args, ok=(0,)):
     return p
 
 
-def imp(src, model, out, ok=(0,)):
-    p = subprocess.run([sys.executable, "-m", "lockstep", "import", "openai", src, "-m", model, "-o", out, "--json"],
+def imp(src, model, out, ok=(0,), via_python=False):
+    """`lockstep import openai` (the binary runs the package of its checkout), or the package's own
+    `python3 -m lockstep import openai`."""
+    cmd = [sys.executable, "-m", "lockstep"] if via_python else [LOCKSTEP]
+    p = subprocess.run([*cmd, "import", "openai", src, "-m", model, "-o", out, "--json"],
                        capture_output=True, text=True)
     if p.returncode not in ok:
         raise SystemExit(f"import {src} exited {p.returncode}: {p.stderr.strip()[-400:]}")
@@ -288,7 +291,7 @@ for name, recs in (("vllm", vllm), ("sglang", sgl)):
     src = os.path.join(WORK, name + ".json")
     json.dump(recs, open(src, "w"))  # a JSON array this time
     out = os.path.join(WORK, name + ".h5")
-    info = json.loads(imp(src, FIX, out).stdout)
+    info = json.loads(imp(src, FIX, out, via_python=name == "sglang").stdout)
     t = lockstep.open_trace(out)
     check(name in t.meta["source"], f"{name}: meta.source = {t.meta['source']}")
     n_rows = 0
@@ -339,7 +342,7 @@ cases = {
 for name, textv in cases.items():
     path = os.path.join(WORK, f"bad-{name}.jsonl")
     open(path, "w").write(textv)
-    p = imp(path, TINY, os.path.join(WORK, "bad.h5"), ok=(0, 1, 2))
+    p = imp(path, TINY, os.path.join(WORK, "bad.h5"), ok=(0, 1, 2), via_python=len(path) % 2 == 0)
     err = p.stderr.strip()
     check(p.returncode == 1 and path in err and "\n" not in err and "Traceback" not in err, f"bad {name}: {err}")
 p = imp(src, os.path.join(WORK, "no-such-model"), os.path.join(WORK, "bad.h5"), ok=(0, 1))
