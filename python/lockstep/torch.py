@@ -1,5 +1,5 @@
-"""lockstep/torch.py — records a transformers DeepSeek model (DeepseekV2/V3/V32ForCausalLM, and
-V4 where its modules carry the same names) into a lockstep trace, so that
+"""lockstep/torch.py — records a transformers DeepSeek model (DeepseekV2/V3/V32/V4ForCausalLM)
+into a lockstep trace, so that
 
     lockstep replay recorded.h5 --mode forced
 
@@ -11,29 +11,33 @@ and tap where transformers and the reference part.
     out = rec.generate(prompt_ids, max_new_tokens=16)      # model.generate, greedy, batch 1
     rec.close()
 
-Each tap is the output (or input) of one module, by forward hooks (docs/python.md has the
-table; docs/tap-points.md defines the taps):
+Each tap is the output (or input) of one module, by forward hooks (docs/tap-points.md has the
+table and defines the taps):
 
   embed                         model.embed_tokens output
   layers.L.attn_norm            layers[L].input_layernorm output
-  layers.L.attn.latent          layers[L].self_attn.kv_a_layernorm output (c_kv normalised)
-  layers.L.attn.heads           layers[L].self_attn.o_proj input
-  layers.L.attn.out             layers[L].self_attn.o_proj output
-  layers.L.resid_mid            layers[L].post_attention_layernorm input
+  layers.L.attn.latent          layers[L].self_attn.kv_a_layernorm output (V2–V3.2: c_kv normalised)
+  layers.L.attn.heads           layers[L].self_attn.o_proj input (V4: o_a_proj's, the groups flattened)
+  layers.L.attn.out             layers[L].self_attn.o_proj output (V4: o_b_proj's)
+  layers.L.resid_mid            layers[L].post_attention_layernorm input (V2–V3.2)
+  layers.L.hc.streams_mid       layers[L].ffn_hc input (V4: the hc streams between the blocks)
   layers.L.ffn_norm             layers[L].post_attention_layernorm output
-  layers.L.ffn.router.topk_ids  layers[L].mlp.gate output's indices, ascending
+  layers.L.ffn.router.topk_ids  layers[L].mlp.gate output's indices, ascending (V4 hash layers:
+                                the tid2eid picks)
   layers.L.ffn.router.topk_weights  … and their weights, in that order
   layers.L.ffn.out              layers[L].mlp output
-  layers.L.resid_out            layers[L] output
+  layers.L.resid_out            layers[L] output (V2–V3.2)
+  layers.L.hc.streams           layers[L] output (V4: hc·H, stream-major)
   final_norm                    model.norm output
   logits                        lm_head output, the last position of each forward (full, or
                                 top-k + logsumexp for vocabularies > 4096)
 
-attn.q, attn.k_rope and indexer.topk are computed inside the attention's forward, not by a
-module of their own, so they are not recorded (a bug in RoPE shows first in attn.heads).
-Values are stored as float32 whatever the model's dtype. Positions: the prompt's at the
-prefill forward, then one a decode step. One request a generate call (batch 1); several calls
-make requests 0, 1, …. The trace's meta carries the checkpoint folder's fingerprint, so
+attn.q, attn.k_rope, indexer.topk and V4's attn.kv, attn_hc.mix/ffn_hc.mix (the HC module
+consumes `pre` itself) and attn.sink_share are computed inside a module's forward, not by a
+module of their own, so they are not recorded (a bug in RoPE or the sink shows first in
+attn.heads). Values are stored as float32 whatever the model's dtype. Positions: the prompt's
+at the prefill forward, then one a decode step. One request a generate call (batch 1); several
+calls make requests 0, 1, …. The trace's meta carries the checkpoint folder's fingerprint, so
 `lockstep replay -m` accepts it, and meta.source = "transformers <version>".
 """
 import json
@@ -93,16 +97,22 @@ class Recorder:
                 continue
             L = int(mm.group(1))
             p = f"layers.{L}."
-            self._out(mod, p + "resid_out")
-            self._out(mod.input_layernorm, p + "attn_norm")
             attn = mod.self_attn
-            if hasattr(attn, "kv_a_layernorm"):
-                self._out(attn.kv_a_layernorm, p + "attn.latent")
-            self._in(attn.o_proj, p + "attn.heads")
-            self._out(attn.o_proj, p + "attn.out")
-            self._in(mod.post_attention_layernorm, p + "resid_mid")
+            self._out(mod.input_layernorm, p + "attn_norm")
             self._out(mod.post_attention_layernorm, p + "ffn_norm")
             self._out(mod.mlp, p + "ffn.out")
+            if hasattr(mod, "attn_hc"):  # DeepSeek-V4: hyper-connection streams, grouped output projection
+                self._out(mod, p + "hc.streams")
+                self._in(mod.ffn_hc, p + "hc.streams_mid")
+                self._in(attn.o_a_proj, p + "attn.heads")
+                self._out(attn.o_b_proj, p + "attn.out")
+            else:
+                self._out(mod, p + "resid_out")
+                if hasattr(attn, "kv_a_layernorm"):
+                    self._out(attn.kv_a_layernorm, p + "attn.latent")
+                self._in(attn.o_proj, p + "attn.heads")
+                self._out(attn.o_proj, p + "attn.out")
+                self._in(mod.post_attention_layernorm, p + "resid_mid")
             gate = getattr(mod.mlp, "gate", None)
             if gate is not None and not isinstance(gate, torch.nn.Linear):
                 self.handles.append(gate.register_forward_hook(self._router(p)))
@@ -147,7 +157,11 @@ class Recorder:
     def _emit(self, tap, t):
         if t is None or not self.active:
             return
-        x = t.detach().reshape(-1, t.shape[-1]).to(torch.float32).cpu().numpy()
+        # [B, S, ...] → one row a token ([B, S, hc, H] streams and [B, S, G, nh·d/G] groups flatten
+        # in order); a tensor already flat ([N, C]) stays as it is.
+        t = t.detach()
+        x = (t.reshape(t.shape[0] * t.shape[1], -1) if t.dim() >= 3 else t.reshape(-1, t.shape[-1]))
+        x = x.to(torch.float32).cpu().numpy()
         x = x[-self.rows:]  # the current forward's tokens (batch 1)
         path = self._define(tap, "f32", x.shape[1])
         self.w.append(path, x, self.request, self._positions(len(x)), self.step)

@@ -2,18 +2,27 @@
 """tests/python/torch_recorder_test.py — lockstep.torch against lockstep's CPU reference (run by
 torch_recorder_test.sh on a machine with torch and transformers: the GPU machine).
 
-For each fixture model (V3, V3.2): load it with transformers in fp32, eager attention and eager
-experts, record a greedy generate through lockstep.torch, replay the trace teacher-forced with
-the lockstep binary on the CPU, and require
+For each fixture model (V3, V3.2, V4): load it with transformers in fp32, eager attention and
+eager experts, record a greedy generate through lockstep.torch, replay the trace teacher-forced
+with the lockstep binary on the CPU, and require
   * every recorded tap compared (nothing missing on either side, every row aligned) and within
     the fp32 parity bound of the parity tests: relative L2 ≤ 1e-4 per row (--rel-l2 1e-4);
   * the logits: no top-1 flip, KL ≤ 1e-6;
   * the replay's integer taps (router experts) equal as sets.
-Then plant a bug — RoPE with the sine's sign flipped, in layer 1's attention only, by
-monkeypatching transformers' rotary function at run time — record again, and require `diff`
-(through the forced replay) to name layer 1 and the first tap after RoPE that a module
-produces, attn.heads, as the first divergence, at a position > 0 (RoPE at position 0 is the
-identity).
+Then plant bugs into transformers' modules at run time, record again, and require `diff`
+(through the forced replay) to name the layer and the first recorded tap the bug reaches:
+  * V3/V3.2: RoPE with the sine's sign flipped in layer 1's attention (the rotary function of
+    the modeling module wrapped) → layer 1, attn.heads, at a position > 0 (RoPE at 0 is the
+    identity);
+  * V4: layer 1's attention sinks dropped (set to −∞: the softmax without its sink) → layer 1,
+    attn.heads;
+  * every model: one expert's down projection scaled by 1.05 in the first MoE layer (the expert
+    the clean run routed to most) → that layer, ffn.out, at a position that routed to it.
+Then the same models in bf16 (V3 with bf16 weights; V4 under autocast, see test_bf16): every row
+aligned, nothing missing, every float tap off the fp32 reference by a bf16-sized amount (worst
+rel L2 above 2^-12: it did run in bf16; at most 2^-4 unless a routing decision flipped), the
+logits within KL 0.01, and no first divergence at --rel-l2 2^-4 but a logits row or a routing
+flip (bf16's discrete effects), never an activation tap (what a misaligned tap would give).
 
 Usage: torch_recorder_test.py LOCKSTEP PLUGIN_DIR WORK_DIR SOURCE_DIR [MODEL ...]
 """
@@ -23,7 +32,8 @@ import subprocess
 import sys
 
 LOCKSTEP, PLUGIN, WORK, SRC = sys.argv[1:5]
-MODELS = sys.argv[5:] or ["v3_basic", "v32_sparse"]
+MODELS = sys.argv[5:] or ["v3_basic", "v32_sparse", "v4_mixed", "v4_topk_select"]
+BF16_MODELS = ["v3_basic", "v4_mixed"]
 sys.path.insert(0, os.path.join(SRC, "python"))
 os.environ["HDF5_PLUGIN_PATH"] = PLUGIN
 os.makedirs(WORK, exist_ok=True)
@@ -57,8 +67,16 @@ def check(cond, what):
         failures.append(what)
 
 
-def load(model_dir):
-    kw = dict(dtype=torch.float32, attn_implementation="eager")
+def fixture_dir(name):
+    for sub in ("models", "models_v4"):
+        d = os.path.join(SRC, "tests", "fixtures", sub, name)
+        if os.path.isdir(d):
+            return d
+    raise SystemExit(f"no fixture model {name}")
+
+
+def load(model_dir, dtype=torch.float32):
+    kw = dict(dtype=dtype, attn_implementation="eager")
     try:
         m = transformers.AutoModelForCausalLM.from_pretrained(model_dir, experts_implementation="eager", **kw)
     except (TypeError, ValueError) as e:
@@ -82,9 +100,9 @@ def record(model, model_dir, out, prompts, n):
     return gens, rec
 
 
-def replay(trace):
+def replay(trace, rel_l2="1e-4", kl="1e-6"):
     out = trace.replace(".h5", ".replay.h5")
-    p = subprocess.run([LOCKSTEP, "replay", trace, "--mode", "forced", "--rel-l2", "1e-4", "--kl", "1e-6", "-o", out,
+    p = subprocess.run([LOCKSTEP, "replay", trace, "--mode", "forced", "--rel-l2", rel_l2, "--kl", kl, "-o", out,
                         "--json"], capture_output=True, text=True)
     if p.returncode not in (0, 3):
         raise SystemExit(f"replay {trace}: exit {p.returncode}: {p.stderr[-600:]}")
@@ -126,9 +144,54 @@ class PlantedRope:
             h.remove()
 
 
+class DroppedSink:
+    """Layer L's attention sinks set to −∞ (each head's softmax without its sink), restored by remove()."""
+
+    def __init__(self, model, layer):
+        self.p = model.model.layers[layer].self_attn.sinks
+        self.saved = self.p.detach().clone()
+        with torch.no_grad():
+            self.p.fill_(float("-inf"))
+
+    def remove(self):
+        with torch.no_grad():
+            self.p.copy_(self.saved)
+
+
+class WrongExpert:
+    """One routed expert's down projection scaled by 1.05 in one layer (fused [E, D, I] experts or
+    a ModuleList of MLPs), restored by remove()."""
+
+    def __init__(self, model, layer, expert):
+        ex = model.model.layers[layer].mlp.experts
+        w = ex.down_proj if isinstance(getattr(ex, "down_proj", None), torch.nn.Parameter) else None
+        self.p = w if w is not None else ex[expert].down_proj.weight
+        self.sl = (expert,) if w is not None else (slice(None),)
+        self.saved = self.p.detach()[self.sl].clone()
+        with torch.no_grad():
+            self.p[self.sl] *= 1.05
+
+    def remove(self):
+        with torch.no_grad():
+            self.p[self.sl] = self.saved
+
+
+def first_moe_layer(model):
+    for i, layer in enumerate(model.model.layers):
+        if hasattr(layer.mlp, "experts"):
+            return i
+    return None
+
+
+def named(rep, layer, tap):
+    f = rep["first_divergence"]
+    return f is not None and f["layer"] == layer and f["tensor"].endswith(f"layers.{layer}.{tap}"), f
+
+
 def test_model(name):
-    model_dir = os.path.join(SRC, "tests", "fixtures", "models", name)
+    model_dir = fixture_dir(name)
     model = load(model_dir)
+    v4 = hasattr(model.model.layers[0], "attn_hc")
     p0 = prompt_of(model_dir)
     prompts = [p0, p0[3:9]]
     trace = os.path.join(WORK, f"{name}.h5")
@@ -153,18 +216,93 @@ def test_model(name):
     check(rows == want, f"{name}: {rows} rows compared, the recording holds {want}")
     ls = rep.get("logit_summary") or {}
     check(ls.get("top1_flips") == 0 and (ls.get("max_kl") or 0) <= 1e-6, f"{name}: logits agree ({ls.get('max_kl')})")
-    # The planted bug.
-    bug = PlantedRope(model, layer=1)
-    btrace = os.path.join(WORK, f"{name}.rope-bug.h5")
-    record(model, model_dir, btrace, prompts[:1], 6)
-    bug.remove()
-    brep, brc = replay(btrace)
-    f = brep["first_divergence"]
-    print(f"{name} with RoPE broken in layer 1: first divergence {f and (f['tensor'], f['layer'], f['position'], f['how'])}",
-          flush=True)
-    check(bug.calls > 0, f"{name}: the planted RoPE ran ({bug.calls} calls of {sorted(bug.saved)} in layer 1)")
-    check(f is not None and f["layer"] == 1 and f["tensor"].endswith("layers.1.attn.heads")
-          and f["position"] > 0, f"{name}: diff names layer 1, attn.heads")
+    # The planted bugs.
+    if v4:
+        bug = DroppedSink(model, layer=1)
+        btrace = os.path.join(WORK, f"{name}.sink-bug.h5")
+        record(model, model_dir, btrace, prompts[:1], 6)
+        bug.remove()
+        brep, _ = replay(btrace)
+        ok, f = named(brep, 1, "attn.heads")
+        print(f"{name} with layer 1's sinks dropped: first divergence "
+              f"{f and (f['tensor'], f['layer'], f['position'], f['how'])}", flush=True)
+        check(ok, f"{name}: diff names layer 1, attn.heads (sinks dropped)")
+    else:
+        bug = PlantedRope(model, layer=1)
+        btrace = os.path.join(WORK, f"{name}.rope-bug.h5")
+        record(model, model_dir, btrace, prompts[:1], 6)
+        bug.remove()
+        brep, brc = replay(btrace)
+        f = brep["first_divergence"]
+        print(f"{name} with RoPE broken in layer 1: first divergence "
+              f"{f and (f['tensor'], f['layer'], f['position'], f['how'])}", flush=True)
+        check(bug.calls > 0, f"{name}: the planted RoPE ran ({bug.calls} calls of {sorted(bug.saved)} in layer 1)")
+        check(f is not None and f["layer"] == 1 and f["tensor"].endswith("layers.1.attn.heads")
+              and f["position"] > 0, f"{name}: diff names layer 1, attn.heads")
+    L = first_moe_layer(model)
+    if L is not None:
+        ids = t.values(f"layers.{L}.ffn.router.topk_ids", request=0)
+        pos = t.positions(f"layers.{L}.ffn.router.topk_ids", 0)
+        e = int(np.bincount(ids.reshape(-1)).argmax())
+        bug = WrongExpert(model, L, e)
+        btrace = os.path.join(WORK, f"{name}.expert-bug.h5")
+        record(model, model_dir, btrace, prompts[:1], 6)
+        bug.remove()
+        brep, _ = replay(btrace)
+        ok, f = named(brep, L, "ffn.out")
+        routed = {int(p) for p, row in zip(pos, ids) if e in row}
+        print(f"{name} with expert {e}'s down_proj ×1.05 in layer {L} (routed at {len(routed)} positions): first "
+              f"divergence {f and (f['tensor'], f['layer'], f['position'], f['how'])}", flush=True)
+        check(ok and f["position"] in routed, f"{name}: diff names layer {L}, ffn.out, at a position routed to "
+              f"expert {e}")
+    if name in BF16_MODELS:
+        test_bf16(name, model_dir, prompts)
+
+
+def test_bf16(name, model_dir, prompts):
+    # V4: transformers 5.17's DeepseekV4 loaded in bf16 stops in its first forward (a Linear
+    # given a float32 input: "expected mat1 and mat2 to have the same dtype"), so it runs as its
+    # fp32 weights under torch.autocast(bfloat16) — the products in bf16 as a bf16 deployment's.
+    v4 = name.startswith("v4_")
+    model = load(model_dir, torch.float32 if v4 else torch.bfloat16)
+    trace = os.path.join(WORK, f"{name}.bf16.h5")
+    how = "fp32 weights under autocast(bfloat16)" if v4 else "bf16 weights"
+    if v4:
+        with torch.autocast(device_type=DEVICE, dtype=torch.bfloat16):
+            record(model, model_dir, trace, prompts, 8)
+    else:
+        record(model, model_dir, trace, prompts, 8)
+    bound = 2.0 ** -4
+    rep, _ = replay(trace, rel_l2=repr(bound), kl="1e-2")
+    floats = [x for x in rep["tensors"] if not x["integer"] and "logits" not in x["tensor"]]
+    lo = min(floats, key=lambda x: x["worst_rel_l2"] or 0.0)
+    hi = max(floats, key=lambda x: x["worst_rel_l2"] or 0.0)
+    flips = [x["tensor"] for x in rep["tensors"] if x["integer"] and x.get("max_set_diff", 0) > 0]
+    ls = rep.get("logit_summary") or {}
+    print(f"{name} bf16 ({how}): {len(floats)} float taps, worst rel L2 from {lo['worst_rel_l2']:.3g} ({lo['tensor']}) "
+          f"to {hi['worst_rel_l2']:.3g} ({hi['tensor']}); routing flips in {flips}; logits max KL {ls.get('max_kl')}, "
+          f"top-1 flips {ls.get('top1_flips')} of {ls.get('rows')}", flush=True)
+    for x in rep["tensors"]:
+        print(f"  {x['tensor']}: rows {x['rows']}, worst rel L2 {x['worst_rel_l2']}", flush=True)
+    check(not rep["missing"] and not rep["only_in_a"] and not rep["only_in_b"], f"{name} bf16: every tap on both sides")
+    check(all(x["not_aligned_rows"] == 0 for x in rep["tensors"]), f"{name} bf16: every row aligned")
+    # bf16 weights round every tap from the embedding on; autocast rounds only the products, so
+    # there the taps computed by a product (attention's, the FFN's and all after them) moved.
+    moved = floats if not v4 else [x for x in floats if x["tensor"].endswith(("attn.heads", "attn.out", "ffn.out",
+                                                                               "final_norm", "hc.streams"))]
+    lo = min(moved, key=lambda x: x["worst_rel_l2"] or 0.0)
+    check((lo["worst_rel_l2"] or 0.0) > 2.0 ** -12, f"{name} bf16: every {'product ' if v4 else ''}tap moved by "
+          f"bf16 (least {lo['worst_rel_l2']:.3g} in {lo['tensor']} > 2^-12, of {len(moved)})")
+    # A flipped discrete choice (an expert, the most likely token) is bf16's real effect and moves
+    # what follows it by O(1); a misaligned tap would move an activation tap with no flip before it.
+    if not flips:
+        check((hi["worst_rel_l2"] or 0.0) <= bound, f"{name} bf16: every activation tap within 2^-4 "
+              f"(worst {hi['worst_rel_l2']:.3g} in {hi['tensor']})")
+    check((ls.get("max_kl") or 0.0) <= 1e-2, f"{name} bf16: logits within a bf16-sized KL ({ls.get('max_kl')} ≤ 0.01)")
+    f = rep["first_divergence"]
+    check(f is None or "logits" in f["tensor"] or "router.topk_ids" in f["tensor"],
+          f"{name} bf16: the first divergence above 2^-4 is none, a logits row or a routing flip "
+          f"({f and (f['tensor'], f['position'], f['how'])})")
 
 
 for name in MODELS:
