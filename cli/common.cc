@@ -177,6 +177,11 @@ void EngineFlags::Register(CLI::App* app) {
   app->add_option("--kv-cache-tokens", kv_cache_tokens,
                   "KV-cache capacity in tokens, across all requests, 1 to 2^36 (and what memory holds)")
       ->check(WholeIn(1, kMaxKvCacheTokensFlag, "1 to 2^36"));
+  app->add_option("--emulate-tp", emulate_tp,
+                  "Tensor parallelism over N ranks emulated on the CPU reference, 1 to 64 (1 = none): heads and MLP "
+                  "dims sharded, experts split by rank, the partials all-reduced (--kernel allreduce=…; "
+                  "docs/parallelism.md); V2-V3.2")
+      ->check(WholeIn(1, 64, "1 to 64"));
   app->add_flag("--ignore-eos", ignore_eos, "Keep generating past the end-of-sequence token");
   app->add_flag("--no-special-tokens", no_special_tokens,
                 "Encode prompts without the tokenizer's template (no BOS); by default it is applied, as transformers does");
@@ -247,6 +252,7 @@ Result<engine::EngineOptions> EngineFlags::ToOptions() const {
   o.max_prefill_tokens = max_prefill_tokens;
   o.page_size = page_size;
   o.kv_cache_tokens = kv_cache_tokens;
+  o.emulate_tp = emulate_tp;
   return o;
 }
 

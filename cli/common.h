@@ -88,6 +88,7 @@ struct EngineFlags {
   int64_t max_prefill_tokens = 0;
   int64_t page_size = 64;
   int64_t kv_cache_tokens = 1 << 16;
+  int64_t emulate_tp = 1;
   bool ignore_eos = false;
   bool no_special_tokens = false;  // encode prompts without the tokenizer's template (BOS)
   std::string fault;

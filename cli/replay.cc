@@ -20,7 +20,7 @@ struct ReplayArgs {
   std::string trace, output, mode = "exact", model, html, kv_cache, fault, backend, capture;
   std::vector<std::string> kernels;
   std::optional<double> temperature, top_p, min_p;
-  std::optional<int64_t> top_k;
+  std::optional<int64_t> top_k, emulate_tp;
   bool graft = false, json = false, quiet = false, allow_model_mismatch = false;
   double rel_l2 = 1e-3, kl = 1e-3;
 };
@@ -68,6 +68,7 @@ Status RunReplay(const ReplayArgs& a) {
   o.overrides.top_p = a.top_p;
   o.overrides.top_k = a.top_k;
   o.overrides.min_p = a.min_p;
+  o.overrides.emulate_tp = a.emulate_tp;
   if (o.mode == replayer::ReplayMode::kExact && !o.overrides.empty()) {
     return Status::InvalidArgument("--mode exact replays the recorded configuration; with overrides use --mode forced or free");
   }
@@ -161,6 +162,10 @@ void RegisterReplay(CLI::App& app, SetAction set_action) {
   cmd->add_option("--top-p", a->top_p, "Override top-p")->check(CLI::Range(0.0, 1.0));
   cmd->add_option("--top-k", a->top_k, "Override top-k, 0 to 2^26")->check(WholeIn(0, uint64_t{1} << 26, "0 to 2^26"));
   cmd->add_option("--min-p", a->min_p, "Override min-p")->check(CLI::Range(0.0, 1.0));
+  cmd->add_option("--emulate-tp", a->emulate_tp,
+                  "Replay as tensor parallelism over N ranks emulated on the CPU (1 = none; default: the recorded "
+                  "degree): does TP=N's summation order explain a divergence? (docs/parallelism.md)")
+      ->check(WholeIn(1, 64, "1 to 64"));
   cmd->add_option("--capture", a->capture,
                   "Capture mode of the replay's trace: full | summary | none (default: the recording's); an exact "
                   "replay with full upgrades a summary trace, its hashes checked against the recording's")

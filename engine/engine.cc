@@ -6,6 +6,8 @@
 #include <algorithm>
 #include <cstdio>
 
+#include "engine/tensor_parallel.h"
+
 namespace lockstep::engine {
 namespace {
 
@@ -61,6 +63,12 @@ Result<std::unique_ptr<Engine>> Engine::Create(std::shared_ptr<Model> model, Eng
   LS_ASSIGN_OR_RETURN(e->plan_, kernels::KernelPlan::From(e->kernels_));
   // Test-only, and recorded nowhere: the trace names the defaults (kernels/hidden_fault.h).
   LS_ASSIGN_OR_RETURN(e->plan_.hidden, kernels::ActiveHiddenFault());
+  if (options.emulate_tp != 1 && options.backend != "cpu") {
+    return Status::Unsupported("--emulate-tp " + std::to_string(options.emulate_tp) + ": the " + options.backend +
+                               " backend runs TP 1 only; emulated tensor parallelism runs on the CPU reference");
+  }
+  LS_RETURN_IF_ERROR(CheckTensorParallel(model->config(), options.emulate_tp));
+  e->plan_.emulate_tp = static_cast<int>(options.emulate_tp);
   LS_RETURN_IF_ERROR(CheckCacheFits(model->config(), options, e->plan_.indexer == kernels::Indexer::kFp8Paged));
   // A variant made for one family's weights (the 4-bit experts: DeepSeek-V4's) is refused
   // elsewhere rather than run at another precision.

@@ -35,6 +35,9 @@ struct EngineOptions {
   // tokens are not counted); a longer prompt is fed over several steps. 0 = whole prompts.
   // A token's numbers do not depend on the chunking (batch invariance).
   int64_t max_prefill_tokens = 0;
+  // Tensor parallelism emulated on one device (engine/tensor_parallel.h): the sharded products and
+  // all-reduces of `emulate_tp` ranks. 1 = none. CPU backend, V2–V3.2.
+  int64_t emulate_tp = 1;
   kernels::KernelChoice kernels;      // op → variant; empty = defaults
   std::string fault;                  // a fault-zoo variant (docs/fault-zoo.md); empty = none
   BackendOptions device;              // how a device backend runs (graphs, profiling); no effect on results

@@ -14,6 +14,7 @@
 #include <numeric>
 
 #include "engine/gemm.h"
+#include "engine/tensor_parallel.h"
 #include "engine/v4_weights.h"
 #include "kernels/fp4.h"
 #include "engine/v4_model.h"
@@ -370,6 +371,17 @@ struct Model::Impl {
     cpu::SwiGlu(g.data(), u.data(), rows * inter, g.data());
     gemm(g.data(), rows, m.down, hidden, inter, y);
   }
+  // Emulated TP: the MLP's gate and up (column-parallel: the same values on every rank), then
+  // each rank's slice of the down projection — partials [rows, ranks, hidden].
+  static void MlpPartials(const Gemm& gemm, const MlpWeights& m, const float* x, int64_t rows, int64_t hidden, int ranks,
+                          float* partials) {
+    const int64_t inter = m.gate.rows;
+    std::vector<float> g(rows * inter), u(rows * inter);
+    gemm(x, rows, m.gate, inter, hidden, g.data());
+    gemm(x, rows, m.up, inter, hidden, u.data());
+    cpu::SwiGlu(g.data(), u.data(), rows * inter, g.data());
+    RowParallelPartials(gemm, g.data(), rows, m.down, ranks, 1, partials);
+  }
   // Hidden fault zoo: the down projection's K loop stops at the last full 64-wide tile.
   static void MlpDownKTail(const Gemm& gemm, const MlpWeights& m, const float* x, int64_t rows, int64_t hidden, float* y) {
     const int64_t inter = m.gate.rows, full = (inter / 64) * 64;
@@ -459,6 +471,7 @@ Status Model::Forward(std::span<Segment> segs, PagedKvCache& cache, const kernel
   }
   const Tapper tap{hook, segs, row0};
   const bool tapping = hook != nullptr;
+  const int tp = plan.emulate_tp;
 
   // x = embed(tokens)                                     [R, H]
   std::vector<float> x(R * H);
@@ -737,8 +750,16 @@ Status Model::Forward(std::span<Segment> segs, PagedKvCache& cache, const kernel
     }
     if (tapping) tap.Emit(names[kTapHeads], heads.data(), nh * dv);
 
-    // x = x + o_proj(heads)
-    linear(heads.data(), R, L.o_proj, H, nh * dv, o.data());
+    // x = x + o_proj(heads); emulated TP: each rank's heads through its slice of o_proj
+    // ([R, tp, H]), then the all-reduce.
+    if (tp > 1) {
+      std::vector<float> parts(R * tp * H);
+      RowParallelPartials(linear, heads.data(), R, L.o_proj, tp, dv, parts.data());
+      if (tapping) tap.Emit(names[kTapAttnPartials], parts.data(), tp * H);
+      AllReduce(plan.allreduce, parts.data(), tp, R, H, o.data());
+    } else {
+      linear(heads.data(), R, L.o_proj, H, nh * dv, o.data());
+    }
     if (tapping) tap.Emit(names[kTapAttnOut], o.data(), H);
     for (int64_t i = 0; i < R * H; ++i) x[i] += o[i];
     if (tapping) tap.Emit(names[kTapResidMid], x.data(), H);
@@ -746,7 +767,12 @@ Status Model::Forward(std::span<Segment> segs, PagedKvCache& cache, const kernel
     // FFN on RMSNorm(x).
     rmsnorm(x.data(), L.post_attn_norm.ptr(), R, H, c.rms_norm_eps, h.data());
     if (tapping) tap.Emit(names[kTapFfnNorm], h.data(), H);
-    if (c.layers[l].ffn == FfnKind::kDense) {
+    // Emulated TP: each rank's partial FFN output ([R, tp, H]: its slice of the dense MLP or
+    // shared experts' intermediate dims, plus its block of routed experts), then the all-reduce.
+    std::vector<float> fparts(tp > 1 ? R * tp * H : 0);
+    if (c.layers[l].ffn == FfnKind::kDense && tp > 1) {
+      Impl::MlpPartials(linear, L.mlp, h.data(), R, H, tp, fparts.data());
+    } else if (c.layers[l].ffn == FfnKind::kDense) {
       Impl::Mlp(linear, L.mlp, h.data(), R, H, o.data());
     } else {
       const int64_t k = c.num_experts_per_tok, E = c.n_routed_experts;
@@ -777,9 +803,30 @@ Status Model::Forward(std::span<Segment> segs, PagedKvCache& cache, const kernel
         }
         for (size_t i = 0; i < rows.size(); ++i) std::memcpy(&slot[rows[i] * H], &yout[i * H], H * sizeof(float));
       }
-      std::vector<float> shared(R * H, 0.0f);
-      if (c.n_shared_experts > 0) Impl::Mlp(linear, L.shared, h.data(), R, H, shared.data());
-      for (int64_t r = 0; r < R; ++r) {
+      if (tp > 1) {
+        // Rank q holds experts ShardOf(E, tp, q) and its slice of the shared experts.
+        if (c.n_shared_experts > 0) Impl::MlpPartials(linear, L.shared, h.data(), R, H, tp, fparts.data());
+        for (int64_t r = 0; r < R; ++r) {
+          for (int q = 0; q < tp; ++q) {
+            const Shard mine = ShardOf(E, tp, q);
+            float* prow = &fparts[(r * tp + q) * H];
+            std::vector<float> acc(H, 0.0f);
+            for (int64_t j = 0; j < k; ++j) {
+              if (ids[r * k + j] < mine.begin || ids[r * k + j] >= mine.end) continue;
+              const float w = wts[r * k + j];
+              const float* y = &slot[(r * k + j) * H];
+              for (int64_t i = 0; i < H; ++i) acc[i] += y[i] * w;
+            }
+            if (c.n_shared_experts > 0) {
+              for (int64_t i = 0; i < H; ++i) acc[i] += prow[i];
+            }
+            std::copy(acc.begin(), acc.end(), prow);
+          }
+        }
+      }
+      std::vector<float> shared(tp > 1 ? 0 : R * H, 0.0f);
+      if (c.n_shared_experts > 0 && tp == 1) Impl::Mlp(linear, L.shared, h.data(), R, H, shared.data());
+      for (int64_t r = 0; r < R && tp == 1; ++r) {
         float* orow = &o[r * H];
         std::fill(orow, orow + H, 0.0f);
         for (int64_t j = 0; j < k; ++j) {
@@ -789,6 +836,10 @@ Status Model::Forward(std::span<Segment> segs, PagedKvCache& cache, const kernel
         }
         for (int64_t i = 0; i < H; ++i) orow[i] += shared[r * H + i];
       }
+    }
+    if (tp > 1) {
+      if (tapping) tap.Emit(names[kTapFfnPartials], fparts.data(), tp * H);
+      AllReduce(plan.allreduce, fparts.data(), tp, R, H, o.data());
     }
     if (tapping) tap.Emit(names[kTapFfnOut], o.data(), H);
     for (int64_t i = 0; i < R * H; ++i) x[i] += o[i];

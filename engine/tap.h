@@ -26,7 +26,8 @@ enum class TapDType { kF32, kI32, kBf16, kFp8E4m3, kU8 };
 // docs/tap-points.md's table is `lockstep taps --markdown` (tests/cli/taps_doc_test.sh fails
 // when they disagree). Widths use the doc's symbols: H = hidden_size, nh = heads, dn/dr/dv =
 // qk_nope/qk_rope/v head dims, C = kv_lora_rank, k = experts per token, K = index_topk,
-// V = vocab_size; DeepSeek-V4: d = head_dim, hc = hc_mult, di = index_head_dim.
+// V = vocab_size; DeepSeek-V4: d = head_dim, hc = hc_mult, di = index_head_dim; tp = the emulated
+// tensor-parallel degree.
 
 // The per-layer tap points, in the order a layer computes them; a tap's name is
 // "layers.<L>.<name>". Every backend emits the same names with the same shapes.
@@ -37,6 +38,8 @@ enum TapId {
   // ffn_norm, ffn.router.* and ffn.out above.
   kTapV4AttnHcMix, kTapV4Kv, kTapV4CompressorEntry, kTapV4IndexerKey, kTapV4IndexerTopk, kTapV4SinkShare,
   kTapV4StreamsMid, kTapV4FfnHcMix, kTapV4Streams,
+  // Emulated tensor parallelism (engine/tensor_parallel.h): the ranks' partials before each all-reduce.
+  kTapAttnPartials, kTapFfnPartials,
   kTapCount
 };
 
@@ -51,42 +54,46 @@ struct TapPoint {
 
 // Where the KV cache's rows (kv/layers.L.*, written by the cache, not a tap) fall among a
 // layer's taps: right after attn.k_rope, before anything reads them.
-inline constexpr int kKvCacheOrder = 4;
+inline constexpr int kKvCacheOrder = 8;
 
 inline constexpr TapPoint kLayerTaps[kTapCount] = {
     {"attn_norm", true, TapDType::kF32, 0, "H", "RMSNorm(x): the attention input"},
-    {"attn.q", true, TapDType::kF32, 1, "nh·(dn+dr); V4 nh·d",
+    {"attn.q", true, TapDType::kF32, 2, "nh·(dn+dr); V4 nh·d",
      "queries per head `[nope | rope]`, RoPE applied (V4: each head RMS-rescaled, RoPE on its last dr)"},
-    {"attn.latent", true, TapDType::kF32, 2, "C",
+    {"attn.latent", true, TapDType::kF32, 4, "C",
      "`kv_a_layernorm(c_kv)` as computed (before the cache's quantisation)"},
-    {"attn.k_rope", true, TapDType::kF32, 3, "dr", "the shared RoPE key, RoPE applied"},
-    {"indexer.topk", true, TapDType::kI32, 5, "K",
+    {"attn.k_rope", true, TapDType::kF32, 6, "dr", "the shared RoPE key, RoPE applied"},
+    {"indexer.topk", true, TapDType::kI32, 10, "K",
      "V3.2: positions the indexer selected for each query, ascending, padded with −1"},
-    {"attn.heads", true, TapDType::kF32, 6, "nh·dv; V4 nh·d",
+    {"attn.heads", true, TapDType::kF32, 12, "nh·dv; V4 nh·d",
      "per-head attention outputs, before `o_proj` (V4: after the inverse RoPE, before the grouped `o_a_proj`)"},
-    {"attn.out", true, TapDType::kF32, 7, "H", "`o_proj(heads)`: the attention block's output"},
-    {"resid_mid", true, TapDType::kF32, 8, "H", "x + attention: the residual stream between the blocks"},
-    {"ffn_norm", true, TapDType::kF32, 9, "H", "RMSNorm(resid_mid): the FFN input"},
-    {"ffn.router.topk_ids", true, TapDType::kI32, 10, "k", "MoE layers: the chosen experts, ascending id"},
-    {"ffn.router.topk_weights", true, TapDType::kF32, 11, "k",
+    {"attn.out", true, TapDType::kF32, 14, "H", "`o_proj(heads)`: the attention block's output"},
+    {"resid_mid", true, TapDType::kF32, 16, "H", "x + attention: the residual stream between the blocks"},
+    {"ffn_norm", true, TapDType::kF32, 18, "H", "RMSNorm(resid_mid): the FFN input"},
+    {"ffn.router.topk_ids", true, TapDType::kI32, 20, "k", "MoE layers: the chosen experts, ascending id"},
+    {"ffn.router.topk_weights", true, TapDType::kF32, 22, "k",
      "MoE layers: their weights (after normalisation and scaling)"},
-    {"ffn.out", true, TapDType::kF32, 12, "H",
+    {"ffn.out", true, TapDType::kF32, 24, "H",
      "the FFN block's output (routed + shared experts, or the dense MLP)"},
-    {"resid_out", true, TapDType::kF32, 13, "H", "the layer's output, the next layer's input"},
+    {"resid_out", true, TapDType::kF32, 26, "H", "the layer's output, the next layer's input"},
     {"attn_hc.mix", true, TapDType::kF32, 0, "(2+hc)·hc",
      "V4: the attention hyper-connection's weights `[pre | post | C]` (C row-major after Sinkhorn)"},
-    {"attn.kv", true, TapDType::kF32, 2, "d", "V4: the shared K = V row, normed and RoPE'd (the window stream's row)"},
-    {"attn.compressor.entry", true, TapDType::kF32, 4, "d",
+    {"attn.kv", true, TapDType::kF32, 4, "d", "V4: the shared K = V row, normed and RoPE'd (the window stream's row)"},
+    {"attn.compressor.entry", true, TapDType::kF32, 8, "d",
      "V4 CSA/HCA: the compressed row a window emits, at the position that closes it (no row elsewhere)"},
-    {"attn.indexer.key", true, TapDType::kF32, 4, "di",
+    {"attn.indexer.key", true, TapDType::kF32, 8, "di",
      "V4 CSA: the indexer's compressed key a window emits, at the position that closes it"},
-    {"attn.indexer_topk", true, TapDType::kI32, 5, "K",
+    {"attn.indexer_topk", true, TapDType::kI32, 10, "K",
      "V4 CSA: the compressed rows the indexer picked for each query, ascending, padded with −1"},
-    {"attn.sink_share", true, TapDType::kF32, 6, "nh", "V4: per head, the softmax weight the sink took"},
-    {"hc.streams_mid", true, TapDType::kF32, 8, "hc·H", "V4: the hc residual streams between the blocks"},
-    {"ffn_hc.mix", true, TapDType::kF32, 9, "(2+hc)·hc", "V4: the FFN hyper-connection's weights `[pre | post | C]`"},
-    {"hc.streams", true, TapDType::kF32, 13, "hc·H",
+    {"attn.sink_share", true, TapDType::kF32, 12, "nh", "V4: per head, the softmax weight the sink took"},
+    {"hc.streams_mid", true, TapDType::kF32, 16, "hc·H", "V4: the hc residual streams between the blocks"},
+    {"ffn_hc.mix", true, TapDType::kF32, 18, "(2+hc)·hc", "V4: the FFN hyper-connection's weights `[pre | post | C]`"},
+    {"hc.streams", true, TapDType::kF32, 26, "hc·H",
      "V4: the layer's output streams (routing: ffn.router.topk_ids carries hash layers' tid2eid picks)"},
+    {"attn.partials", true, TapDType::kF32, 13, "tp·H",
+     "emulated TP (--emulate-tp): each rank's o_proj output over its heads, `[rank 0 | rank 1 | …]`, before the all-reduce"},
+    {"ffn.partials", true, TapDType::kF32, 23, "tp·H",
+     "emulated TP: each rank's FFN output (its slice of the MLP or shared experts, its block of routed experts), before the all-reduce"},
 };
 
 // The model-level taps: before the first layer (order 0) and after the last (1, 2).

@@ -55,6 +55,9 @@ constexpr std::array kRows = {
     Row{"kv_quant", "fault_fp8_no_clamp", V(KvQuant::kFaultFp8NoClamp)},
     Row{"compressor", "reference", V(Compressor::kReference)},
     Row{"compressor", "fault_close_late", V(Compressor::kFaultCloseLate)},
+    Row{"allreduce", "ordered", V(AllReduce::kOrdered)},
+    Row{"allreduce", "ring", V(AllReduce::kRing)},
+    Row{"allreduce", "fault_rotate_by_row", V(AllReduce::kFaultRotateByRow)},
 };
 
 std::string_view NameOf(std::string_view op, int value) {
@@ -89,6 +92,7 @@ Result<KernelPlan> KernelPlan::From(const KernelChoice& resolved) {
     else if (op == "page_table") p.page_table = static_cast<PageTable>(v);
     else if (op == "kv_quant") p.kv_quant = static_cast<KvQuant>(v);
     else if (op == "compressor") p.compressor = static_cast<Compressor>(v);
+    else if (op == "allreduce") p.allreduce = static_cast<AllReduce>(v);
     else return Status::Internal("kernel plan: op '" + op + "' has no plan field (kernels/plan.h)");
   }
   return p;
@@ -99,6 +103,7 @@ std::string KernelPlan::Describe() const {
   auto add = [&](std::string_view op, int v) {
     s += (s.empty() ? "" : " ") + std::string(op) + "=" + std::string(NameOf(op, v));
   };
+  add("allreduce", V(allreduce));
   add("attn_decode", V(attn_decode));
   add("attn_prefill", V(attn_prefill));
   add("attn_sparse", V(attn_sparse));

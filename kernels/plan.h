@@ -42,6 +42,8 @@ enum class PageTable : uint8_t { kReference, kFaultCrossRequest };
 enum class KvQuant : uint8_t { kReference, kFaultFp8NoClamp };
 // DeepSeek-V4's compressors (CSA / HCA): when a window of m rows closes.
 enum class Compressor : uint8_t { kReference, kFaultCloseLate };
+// Emulated tensor parallelism (--emulate-tp N): how the ranks' partial outputs are summed.
+enum class AllReduce : uint8_t { kOrdered, kRing, kFaultRotateByRow };
 
 struct KernelPlan {
   Gemm gemm = Gemm::kFp32;
@@ -55,6 +57,9 @@ struct KernelPlan {
   PageTable page_table = PageTable::kReference;
   KvQuant kv_quant = KvQuant::kReference;
   Compressor compressor = Compressor::kReference;
+  AllReduce allreduce = AllReduce::kOrdered;
+  // Tensor parallelism emulated on one device (EngineOptions::emulate_tp): 1 = none.
+  int emulate_tp = 1;
   // A hidden fault (kernels/hidden_fault.h) inside the defaults: not a variant, not in Describe().
   HiddenFault hidden = HiddenFault::kNone;
 

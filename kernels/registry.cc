@@ -110,6 +110,16 @@ Registry::Registry() {
        .summary = "DeepSeek-V4 CSA / HCA: a window of m rows closes at its last position, (w + 1)·m − 1, and its "
                  "pooled entry is visible from there on (other models have no compressor)",
        .is_default = true, .bound = 0},
+      // Emulated tensor parallelism (--emulate-tp N, engine/tensor_parallel.h): the all-reduce
+      // that sums the ranks' partial outputs of o_proj and of the FFN. Nothing to do at TP 1.
+      {.op = "allreduce", .name = "ordered", .backend = "cpu",
+       .summary = "emulated TP: every element summed over the ranks in rank order 0, 1, …, N − 1 (fp32), whatever "
+                 "the batch",
+       .is_default = true, .bound = 0},
+      {.op = "allreduce", .name = "ring", .backend = "cpu",
+       .summary = "emulated TP: a ring all-reduce's order — the step's buffer cut into N chunks, chunk c summed "
+                 "from rank c + 1 round to rank c — so a row's bits depend on its place in the batch",
+       .batch_invariant = false, .bound = 1e-5, .model_types = kMlaFamilies},
       // The CUDA backend (engine/cuda_backend.cc, kernels/cuda/). Same op names as the CPU's so
       // a kernel choice carries across a --backend override where both have the variant. Where a
       // variant has the CPU's bits its bound is the CPU variant's (and the twin test checks the
@@ -184,6 +194,9 @@ Registry::Registry() {
       {.op = "kv_quant", .name = "reference", .backend = "cuda",
        .summary = "FP8 cache writes byte-identical to the CPU cache's",
        .is_default = true, .cpu_bits = true, .bound = 5e-3},
+      {.op = "allreduce", .name = "ordered", .backend = "cuda",
+       .summary = "emulated TP's rank-order sum (the CUDA backend runs TP 1 only: nothing to sum)",
+       .is_default = true, .cpu_bits = true, .bound = 0},
       // The fault zoo (docs/fault-zoo.md): wrong on purpose, reachable only through --fault.
       {.op = "indexer", .name = "fault_skip_partial_page", .backend = "cpu",
        .summary = "FAULT: indexer early-exit never scores keys in the request's last, partial page",
@@ -202,6 +215,10 @@ Registry::Registry() {
        .fault = true, .model_types = kMlaFamilies},
       {.op = "softmax", .name = "fault_no_max_fp16_sum", .backend = "cpu",
        .summary = "FAULT: no max subtraction and an fp16 denominator: overflows to inf on long contexts",
+       .fault = true, .model_types = kMlaFamilies},
+      {.op = "allreduce", .name = "fault_rotate_by_row", .backend = "cpu",
+       .summary = "FAULT: emulated TP's all-reduce claims rank order but starts row i's sum at rank i mod N (a "
+                 "chunking bug): rows past the first of a step change bits, and with them the batch",
        .fault = true, .model_types = kMlaFamilies},
       // DeepSeek-V4's fault zoo: each refused on other models (model_types).
       {.op = "compressor", .name = "fault_close_late", .backend = "cpu",

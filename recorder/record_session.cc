@@ -89,6 +89,7 @@ Result<RecordSessionResult> RecordRun(engine::Engine& eng, const std::vector<Rec
                          {"fault", eo.fault},
                          {"backend", eo.backend},
                          {"max_prefill_tokens", eo.max_prefill_tokens},
+                         {"emulate_tp", eo.emulate_tp},
                          {"cuda_graphs", eo.device.cuda_graphs},
                          {"side_stream", eo.device.side_stream},
                          {"overlapped_launch", eo.device.overlapped_launch},

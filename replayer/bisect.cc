@@ -68,6 +68,7 @@ std::string OpOfTensor(const std::string& path) {
   if (ends("attn.q") || ends("attn.latent") || ends("attn.k_rope")) return "q/kv projections and rope";
   if (ends("indexer.topk")) return "indexer";
   if (ends("attn.heads")) return "attention";
+  if (ends("attn.partials") || ends("ffn.partials")) return "the ranks' partial products (emulated TP)";
   if (ends("attn.out")) return "o_proj";
   if (ends("topk_ids") || ends("topk_weights")) return "router";
   if (ends("ffn.out")) return "experts";
@@ -196,11 +197,31 @@ Result<BisectResult> Bisect(const traces::TraceReader& trace, const BisectOption
            "|t| ≤ " + Fmt("%.0f", verify::kBiasT) + ": rounding to nearest has no preferred sign"});
     }
   }
+  LS_ASSIGN_OR_RETURN(engine::EngineOptions rec, RecordedEngineOptions(trace));
+  const std::string tp_text = "emulated TP " + std::to_string(rec.emulate_tp);
+  for (Defect& d : res.defects) {
+    if (d.op == "allreduce") d.kernels += " (parallelism: " + tp_text + ")";
+  }
+  for (Sentence& st : res.sentences) {
+    const std::string from = "Defect in allreduce (allreduce=";
+    if (st.text.rfind(from, 0) == 0) {
+      const size_t close = st.text.find(')');
+      if (close != std::string::npos) st.text.insert(close, " — parallelism: " + tp_text);
+    }
+  }
   const BatchCheck& b = res.verify.batch;
   if (b.run && !b.invariant) {
     Defect d;
     d.op = "batch_invariance";
     d.kernels = OpOfTensor(b.first.tensor);
+    // Under emulated TP a block's output that differs while every tap before it — the ranks'
+    // partials included — was bit-identical alone is the all-reduce's doing.
+    const bool block_out = b.first.tensor.ends_with("attn.out") || b.first.tensor.ends_with("ffn.out");
+    if (rec.emulate_tp > 1 && block_out) {
+      auto it = ran.find("allreduce");
+      d.kernels = "allreduce=" + (it == ran.end() ? std::string("ordered") : it->second) + " (parallelism: " + tp_text +
+                  "; the ranks' partials before it were bit-identical alone)";
+    }
     d.first = b.first;
     d.failing_rows = b.rows_differing;
     d.rows = b.rows_compared;
@@ -216,7 +237,6 @@ Result<BisectResult> Bisect(const traces::TraceReader& trace, const BisectOption
   }
 
   // 3. Configuration questions.
-  LS_ASSIGN_OR_RETURN(engine::EngineOptions rec, RecordedEngineOptions(trace));
   if (opt.configuration) {
     const auto& reg = kernels::Registry::Get();
     std::map<std::string, std::vector<std::string>> alts;
@@ -240,6 +260,7 @@ Result<BisectResult> Bisect(const traces::TraceReader& trace, const BisectOption
     std::vector<std::pair<std::string, std::string>> labels;
     for (const auto& [op, names] : alts) {
       if (names.size() < 2) continue;
+      if (op == "allreduce" && rec.emulate_tp <= 1) continue;  // nothing is all-reduced at TP 1
       const std::string from = ran.count(op) ? ran[op] : reg.Default(op, backend);
       for (const auto& to : names) {
         if (to == from) continue;
@@ -256,6 +277,13 @@ Result<BisectResult> Bisect(const traces::TraceReader& trace, const BisectOption
       s.kv_cache = f;
       swaps.push_back({"kv_cache", s});
       labels.push_back({std::string(engine::KvFormatName(rec.kv_format)), std::string(engine::KvFormatName(f))});
+    }
+    // Parallelism: the recorded emulated TP degree against one device (the reduction order only).
+    if (rec.emulate_tp > 1) {
+      Overrides s;
+      s.emulate_tp = 1;
+      swaps.push_back({"parallelism", s});
+      labels.push_back({tp_text, "TP 1"});
     }
     for (size_t i = 0; i < swaps.size(); ++i) {
       ReplayOptions so;
@@ -290,8 +318,10 @@ Result<BisectResult> Bisect(const traces::TraceReader& trace, const BisectOption
                             : "") +
                 ".";
       }
-      say(text, {"lockstep replay --mode forced " + std::string(e.op == "kv_cache" ? "--kv-cache " : "--kernel " + e.op + "=") + e.to +
-                     " " + tname + " → " + e.trace,
+      const std::string flag = e.op == "kv_cache"      ? "--kv-cache " + e.to
+                               : e.op == "parallelism" ? std::string("--emulate-tp 1")
+                                                       : "--kernel " + e.op + "=" + e.to;
+      say(text, {"lockstep replay --mode forced " + flag + " " + tname + " → " + e.trace,
                  "mean logit KL " + Fmt("%.3g", e.mean_logit_kl) + ", max " + Fmt("%.3g", e.max_logit_kl) + " over " +
                      std::to_string(r->diff.logit_summary.rows) + " logit rows",
                  "KL 0 and no top-1 flip: the two variants give the same logits"});

@@ -9,6 +9,7 @@
 #include <nlohmann/json.hpp>
 
 #include "base/version.h"
+#include "engine/tensor_parallel.h"
 #include "engine/tokenizer.h"
 #include "recorder/fingerprint.h"
 
@@ -125,7 +126,7 @@ Result<ReplayMode> ParseReplayMode(std::string_view s) {
 }
 
 bool Overrides::empty() const {
-  return !kv_cache && !backend && kernels.empty() && !fault && !temperature && !top_p && !min_p && !top_k && !max_batch && !seed;
+  return !kv_cache && !backend && kernels.empty() && !fault && !temperature && !top_p && !min_p && !top_k && !max_batch && !emulate_tp && !seed;
 }
 
 std::string Overrides::Describe() const {
@@ -139,6 +140,7 @@ std::string Overrides::Describe() const {
   if (top_k) os << "top_k=" << *top_k << " ";
   if (min_p) os << "min_p=" << *min_p << " ";
   if (max_batch) os << "max_batch=" << *max_batch << " ";
+  if (emulate_tp) os << "emulate_tp=" << *emulate_tp << " ";
   if (seed) os << "seed=" << *seed << " ";
   std::string s = os.str();
   if (s.empty()) return "none";
@@ -168,6 +170,7 @@ Result<engine::EngineOptions> RecordedEngineOptions(const traces::TraceReader& t
   LS_RETURN_IF_ERROR(count("kv_cache_tokens", 1, INT64_MAX, &o.kv_cache_tokens));
   LS_RETURN_IF_ERROR(count("max_batch", 1, traces::kMaxBatchWidth, &o.max_batch));
   LS_RETURN_IF_ERROR(count("max_prefill_tokens", 0, INT64_MAX, &o.max_prefill_tokens));
+  LS_RETURN_IF_ERROR(count("emulate_tp", 1, engine::kMaxEmulatedTp, &o.emulate_tp));
   try {
     LS_ASSIGN_OR_RETURN(o.kv_format, engine::ParseKvFormat(j.value("kv_cache", "fp32")));
     o.kernels = j.value("kernels", kernels::KernelChoice{});
@@ -299,6 +302,7 @@ Result<ReplayResult> Replay(const traces::TraceReader& trace, const ReplayOption
   for (const auto& [op, v] : ov.kernels) eo.kernels[op] = v;
   if (ov.fault) eo.fault = *ov.fault;
   if (ov.max_batch) eo.max_batch = *ov.max_batch;
+  if (ov.emulate_tp) eo.emulate_tp = *ov.emulate_tp;
   // Kernel choices that were defaults when recorded are recorded as such; a fault that was
   // replaced must not linger as the op's choice.
   if (ov.fault && ov.fault->empty()) {

@@ -41,6 +41,7 @@ struct Overrides {
   std::optional<double> temperature, top_p, min_p;
   std::optional<int64_t> top_k;
   std::optional<int64_t> max_batch;
+  std::optional<int64_t> emulate_tp;    // the emulated tensor-parallel degree (1 = none)
   std::optional<uint64_t> seed;         // request i samples with seed + i (free runs over seeds)
 
   bool empty() const;

@@ -5,10 +5,14 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <filesystem>
 #include <map>
 #include <random>
+#include <set>
+#include <vector>
 
 #include "engine/engine.h"
+#include "engine/tap_cols.h"
 #include "kernels/cpu/ops.h"
 #include "kernels/registry.h"
 #include "test_util.h"
@@ -591,6 +595,52 @@ TEST(Replay, GraftingFeedsEachLayerTheRecordedInput) {
   EXPECT_EQ(g.seen[key(0)], free_run.recorded[key(0)]);
   EXPECT_NE(g.seen[key(0)], g.recorded[key(0)]) << "the fault shows in layer 0's own output";
   EXPECT_NE(g.seen[key(2)], free_run.recorded[key(2)]) << "grafted layer 2 starts from the clean input";
+}
+
+}  // namespace
+}  // namespace lockstep::engine
+
+namespace lockstep::engine {
+namespace {
+
+// The tap table's widths (engine/tap.h `cols`, evaluated by TapCols) are the widths each family's
+// forward emits: every event of a prefill and a decode step on five fixture models (V2, V3,
+// V3.2, two V4 layouts) and one at emulated TP 2 — the widths verify checks a stranger's trace
+// against.
+TEST(Taps, TheTableWidthsAreWhatEveryFamilyEmits) {
+  // (model, emulated TP degree): TP 2 adds the ranks' partials (`tp·H`).
+  const std::vector<std::pair<std::filesystem::path, int64_t>> runs = {
+      {testing::FixtureDir() / "models" / "v2_lite_like", 1}, {testing::FixtureDir() / "models" / "v3_basic", 1},
+      {testing::FixtureDir() / "models" / "v32_sparse", 1},   {testing::FixtureDir() / "models_v4" / "v4_mixed", 1},
+      {testing::FixtureDir() / "models_v4" / "v4_topk_select", 1}, {testing::FixtureDir() / "models" / "v3_basic", 2}};
+  std::set<std::string> kinds;  // table entries seen
+  for (const auto& [dir, tp] : runs) {
+    auto m = Model::Load(dir);
+    ASSERT_TRUE(m.ok()) << dir << ": " << m.status().message();
+    const ModelConfig& c = (*m)->config();
+    EngineOptions o;
+    o.emulate_tp = tp;
+    auto e = Engine::Create(*m, o);
+    ASSERT_TRUE(e.ok()) << dir;
+    Collect tap;
+    (*e)->SetTapHook(&tap);
+    Request r;
+    for (int i = 0; i < 40; ++i) r.prompt.push_back(2 + (i * 7) % static_cast<int>(c.vocab_size - 2));
+    r.max_new_tokens = 2;
+    ASSERT_TRUE((*e)->AddRequest(r).ok());
+    ASSERT_TRUE((*e)->Step().ok());
+    ASSERT_TRUE((*e)->Step().ok());
+    ASSERT_FALSE(tap.events.empty()) << dir;
+    for (const auto& ev : tap.events) {
+      const TapPoint* point = FindTapPoint(ev.name);
+      ASSERT_NE(point, nullptr) << dir << ": " << ev.name << " is not in the tap table";
+      EXPECT_EQ(TapCols(*point, c, tp), ev.cols) << dir << ": " << ev.name << " (table: " << point->cols << ")";
+      kinds.insert(std::string(point->name));
+    }
+  }
+  // Every entry of the table fired somewhere (a width no run checks would be a guess).
+  for (const TapPoint& t : kLayerTaps) EXPECT_TRUE(kinds.count(std::string(t.name))) << t.name;
+  for (const TapPoint& t : kModelTaps) EXPECT_TRUE(kinds.count(std::string(t.name))) << t.name;
 }
 
 }  // namespace

@@ -24,6 +24,7 @@
 #include <set>
 
 #include "engine/engine.h"
+#include "engine/tensor_parallel.h"
 #include "kernels/registry.h"
 #include "test_util.h"
 
@@ -252,10 +253,19 @@ const std::vector<Fixture>& Fixtures() {
   return all;
 }
 
-EngineOptions With(const KernelVariant& v, const std::string& backend) {
+// The all-reduce has nothing to sum at TP 1, and at TP 2 every order gives the same bits
+// (a + b = b + a): its CPU variants run (and are judged against the default) at emulated TP 4
+// where the model splits so, else 2.
+int64_t TpFor(const KernelVariant& v, const std::string& backend, const engine::ModelConfig& c) {
+  if (v.op != "allreduce" || backend != "cpu") return 1;
+  return engine::CheckTensorParallel(c, 4).ok() ? 4 : 2;
+}
+
+EngineOptions With(const KernelVariant& v, const std::string& backend, int64_t tp = 1) {
   EngineOptions o;
   o.backend = backend;
   o.kv_format = CacheFor(v);
+  o.emulate_tp = tp;
   if (v.fault) {
     o.fault = v.name;
   } else {
@@ -292,9 +302,20 @@ TEST_P(VariantTwin, KeepsWhatItDeclares) {
     ASSERT_TRUE(f.baseline.ok) << f.name << ": the default configuration failed: " << f.baseline.error;
     const int64_t V = f.model->config().vocab_size;
     const bool fp8 = CacheFor(v) == engine::KvFormat::kFp8E4m3;
-    const Outcome& baseline = fp8 ? f.baseline_fp8 : f.baseline;
-    const Rows& reference_rows = fp8 ? f.reference_rows_fp8 : f.reference_rows;
-    const Outcome a = RunOne(f.model, f.ref, With(v, v.backend));
+    Outcome baseline_tp;
+    Rows reference_rows_tp;
+    const int64_t tpn = TpFor(v, v.backend, f.model->config());
+    const bool tp = tpn > 1;
+    if (tp) {
+      EngineOptions o;
+      o.emulate_tp = tpn;
+      GraftHook keep(nullptr);
+      baseline_tp = RunOne(f.model, f.ref, o, nullptr, &keep);
+      reference_rows_tp = std::move(baseline_tp.rows);
+    }
+    const Outcome& baseline = tp ? baseline_tp : fp8 ? f.baseline_fp8 : f.baseline;
+    const Rows& reference_rows = tp ? reference_rows_tp : fp8 ? f.reference_rows_fp8 : f.reference_rows;
+    const Outcome a = RunOne(f.model, f.ref, With(v, v.backend, tpn));
     if (!a.ok && v.backend == "cuda") GTEST_SKIP() << "no CUDA device: " << a.error;
     if (!v.RunsOn(f.model->config().model_type)) {
       // A variant for another family's weights: refused in one line, not run.
@@ -310,7 +331,7 @@ TEST_P(VariantTwin, KeepsWhatItDeclares) {
     if (v.fault) continue;
     // Each layer's own error, every layer starting from the reference's input.
     GraftHook grafted(&reference_rows);
-    const Outcome g = RunOne(f.model, f.ref, With(v, v.backend), nullptr, &grafted);
+    const Outcome g = RunOne(f.model, f.ref, With(v, v.backend, tpn), nullptr, &grafted);
     ASSERT_TRUE(g.ok) << Label(v) << " on " << f.name << " (grafted): " << g.error;
     const LocalError local = Local(g.rows, reference_rows, f.model->config().num_hidden_layers);
     double logits_err = 0;
@@ -337,16 +358,16 @@ TEST_P(VariantTwin, KeepsWhatItDeclares) {
     if (!v.same_bits_as.empty()) {
       kernels::KernelVariant alias = v;
       alias.name = v.same_bits_as;
-      EXPECT_TRUE(SameBits(a, RunOne(f.model, f.ref, With(alias, v.backend))))
+      EXPECT_TRUE(SameBits(a, RunOne(f.model, f.ref, With(alias, v.backend, tpn))))
           << Label(v) << " on " << f.name << " declares the bits of " << v.same_bits_as;
     }
     if (v.deterministic) {
-      EXPECT_TRUE(SameBits(a, RunOne(f.model, f.ref, With(v, v.backend)))) << Label(v) << " on " << f.name
+      EXPECT_TRUE(SameBits(a, RunOne(f.model, f.ref, With(v, v.backend, tpn)))) << Label(v) << " on " << f.name
                                                                           << ": two runs differ";
     }
     if (v.batch_invariant) {
       const std::vector<int32_t> other = Neighbour(f.ref);
-      EXPECT_TRUE(SameBits(a, RunOne(f.model, f.ref, With(v, v.backend), &other)))
+      EXPECT_TRUE(SameBits(a, RunOne(f.model, f.ref, With(v, v.backend, tpn), &other)))
           << Label(v) << " on " << f.name << ": the logits change with a neighbour in the batch";
     }
     if (v.backend == "cuda" && v.cpu_bits && Registry::Get().Find(v.op, v.name, "cpu") != nullptr) {

@@ -12,7 +12,10 @@
 
 #include <nlohmann/json.hpp>
 
+#include "engine/kv_cache.h"
 #include "engine/model.h"
+#include "engine/tap_cols.h"
+#include "engine/tensor_parallel.h"
 #include "verify/check_internal.h"
 #include "verify/golden.h"
 
@@ -531,12 +534,34 @@ void CheckMlaRows(Ctx& cx, const CheckOptions& opt) {
           sa.rep.not_checked_why = "a key's latent/k_rope rows (or the selection) are not in the trace";
         }
       }
+      // Emulated TP sums each block's output over the ranks: the twin's budget grows by that
+      // sum's own fp32 rounding, tp·u·Σ_r |partial_r| an element (the recorded partials).
+      auto widen = [&](const char* parts_name, g::Vec v) {
+        const Tensor* t_p = cx.tp > 1 ? tap(parts_name) : nullptr;
+        const int64_t rp = t_p ? t_p->Row(req, pos) : -1;
+        if (rp < 0) return v;
+        const float* p = t_p->F(rp);
+        for (int64_t i = 0; i < H; ++i) {
+          double mag = 0;
+          for (int64_t r = 0; r < cx.tp; ++r) mag += std::fabs(p[r * H + i]);
+          v.e[i] += static_cast<double>(cx.tp) * g::kFp32U * mag;
+        }
+        return v;
+      };
       // o_proj and the residual.
       const Tensor* t_o = tap("attn.out");
       const int64_t ro = t_o ? t_o->Row(req, pos) : -1;
       if (ro >= 0 && rh >= 0) {
-        Compare(cx, OpIndex("o_proj"), loc("attn.out", t_o, ro), t_o->F(ro), g::Linear(cx.Wt(L.o_proj), Row(t_heads->F(rh), nh * dv), cx.linear));
+        Compare(cx, OpIndex("o_proj"), loc("attn.out", t_o, ro), t_o->F(ro),
+                widen("attn.partials", g::Linear(cx.Wt(L.o_proj), Row(t_heads->F(rh), nh * dv), cx.linear)));
       }
+      // Emulated TP: attn.out and ffn.out are the ranks' partials all-reduced.
+      auto allreduce = [&](const char* out_name, const Tensor* t_y, int64_t ry, const char* parts_name) {
+        const Tensor* t_p = cx.tp > 1 ? tap(parts_name) : nullptr;
+        const int64_t rp = t_p ? t_p->Row(req, pos) : -1;
+        if (rp >= 0 && ry >= 0) CheckAllReduce(cx, loc(out_name, t_y, ry), t_y->F(ry), t_p->F(rp), H);
+      };
+      allreduce("attn.out", t_o, ro, "attn.partials");
       const Tensor* t_mid = tap("resid_mid");
       const int64_t rm = t_mid ? t_mid->Row(req, pos) : -1;
       if (rm >= 0 && ro >= 0 && x_in != nullptr) {
@@ -556,7 +581,7 @@ void CheckMlaRows(Ctx& cx, const CheckOptions& opt) {
           return g::Linear(cx.Wt(m.down), g::SwiGlu(g::Linear(cx.Wt(m.gate), hf, cx.linear), g::Linear(cx.Wt(m.up), hf, cx.linear)), cx.linear);
         };
         if (c.layers[l].ffn == engine::FfnKind::kDense) {
-          if (rfo >= 0) Compare(cx, OpIndex("experts"), loc("ffn.out", t_ffo, rfo), t_ffo->F(rfo), mlp(cx.W->layers[l].mlp));
+          if (rfo >= 0) Compare(cx, OpIndex("experts"), loc("ffn.out", t_ffo, rfo), t_ffo->F(rfo), widen("ffn.partials", mlp(cx.W->layers[l].mlp)));
         } else {
           const Tensor* t_ids = tap("ffn.router.topk_ids");
           const Tensor* t_w = tap("ffn.router.topk_weights");
@@ -639,11 +664,12 @@ void CheckMlaRows(Ctx& cx, const CheckOptions& opt) {
                   y.e[i] += ye.e[i] * std::fabs(rwts[j]) + (k + 2) * g::kFp32U * (std::fabs(t) + std::fabs(y.v[i]));
                 }
               }
-              Compare(cx, OpIndex("experts"), loc("ffn.out", t_ffo, rfo), t_ffo->F(rfo), y);
+              Compare(cx, OpIndex("experts"), loc("ffn.out", t_ffo, rfo), t_ffo->F(rfo), widen("ffn.partials", y));
             }
           }
         }
       }
+      allreduce("ffn.out", t_ffo, rfo, "ffn.partials");
       const Tensor* t_out = tap("resid_out");
       const int64_t rou = t_out ? t_out->Row(req, pos) : -1;
       if (rou >= 0 && rm >= 0 && rfo >= 0) {
@@ -687,6 +713,122 @@ const OpReport* CheckReport::first_defect() const {
   return best;
 }
 
+void internal::CheckAllReduce(Ctx& cx, const Location& where, const float* out, const float* partials, int64_t H) {
+  const int op = OpIndex("allreduce");
+  const int64_t tp = cx.tp;
+  if (cx.Variant("allreduce") == "ring") {
+    g::Vec y;
+    y.v.assign(H, 0.0);
+    y.e.assign(H, 0.0);
+    for (int64_t i = 0; i < H; ++i) {
+      double mag = 0;
+      for (int64_t r = 0; r < tp; ++r) {
+        y.v[i] += partials[r * H + i];
+        mag += std::fabs(partials[r * H + i]);
+      }
+      y.e[i] = static_cast<double>(tp) * g::kFp32U * mag;
+    }
+    Compare(cx, op, where, out, y, 0, -1, false);
+    return;
+  }
+  int64_t bad = 0, first = -1;
+  double worst = 0;
+  for (int64_t i = 0; i < H; ++i) {
+    float s = partials[i];
+    for (int64_t r = 1; r < tp; ++r) s += partials[r * H + i];
+    if (std::memcmp(&s, &out[i], 4) != 0) {
+      if (first < 0) first = i;
+      ++bad;
+      worst = std::max(worst, std::fabs(static_cast<double>(s) - out[i]));
+    }
+  }
+  Location w = where;
+  w.column = first;
+  CompareSet(cx, op, w, bad > 0 ? INFINITY : 0, worst, 0,
+             bad > 0 ? std::to_string(bad) + " of " + std::to_string(H) + " values are not the " + std::to_string(tp) +
+                           " ranks' partials summed in rank order (emulated TP)"
+                     : "");
+}
+
+namespace {
+
+traces::DType TraceDType(engine::TapDType t) {
+  switch (t) {
+    case engine::TapDType::kF32: return traces::DType::kF32;
+    case engine::TapDType::kI32: return traces::DType::kI32;
+    case engine::TapDType::kBf16: return traces::DType::kBf16;
+    case engine::TapDType::kFp8E4m3: return traces::DType::kFp8E4m3;
+    case engine::TapDType::kU8: return traces::DType::kU8;
+  }
+  return traces::DType::kF32;
+}
+
+// Every tensor verify may read, against the width and element type this model gives it, before
+// any row is indexed: taps by the tap table (TapCols), the cache's rows by the streams and parts
+// the recorder wrote them with (PagedKvCache::parts), the top-k logits by the vocabulary. A
+// trace whose tensor disagrees (a stranger's file, or one recorded with another model) is
+// refused naming the tensor; a tensor verify does not read is left alone.
+Status CheckShapes(const traces::TraceReader& trace, const engine::ModelConfig& c, const std::string& kv_format,
+                   bool fp8_index_keys, int64_t tp) {
+  const std::string file = trace.path().string();
+  auto fmt = engine::ParseKvFormat(kv_format);
+  if (!fmt.ok()) return Status::Corruption(file + ": meta.kv_cache_format '" + kv_format + "' is no cache format");
+  std::map<std::string, std::pair<int64_t, engine::TapDType>> kv;  // "layers.L.<stream><suffix>"
+  const engine::PagedKvCache probe(c, *fmt, 1, 0, fp8_index_keys);  // no page allocated
+  for (int64_t l = 0; l < c.num_hidden_layers; ++l) {
+    const auto& streams = probe.streams(l);
+    for (size_t si = 0; si < streams.size(); ++si) {
+      for (const engine::KvPart& p : probe.parts(l, si)) {
+        kv["layers." + std::to_string(l) + "." + streams[si].name + p.suffix] = {p.cols, p.type};
+      }
+    }
+  }
+  auto bad = [&](const traces::TensorInfo& t, int64_t cols, traces::DType dt, const std::string& why) {
+    return Status::Corruption(file + ": " + t.path + ": " + std::to_string(t.cols) + " columns of " +
+                              traces::DTypeName(t.dtype) + ", where this model (" + why + ") has " +
+                              std::to_string(cols) + " of " + traces::DTypeName(dt) +
+                              ": the trace was not recorded with this model (pass the recorded one with --model)");
+  };
+  const traces::TensorInfo* top_ids = nullptr;
+  const traces::TensorInfo* top_values = nullptr;
+  for (const traces::TensorInfo& t : trace.tensors()) {
+    int64_t cols = -1;
+    traces::DType dt = traces::DType::kF32;
+    std::string why;
+    if (t.group == "kv") {
+      auto it = kv.find(t.name);
+      if (it == kv.end()) continue;
+      cols = it->second.first;
+      dt = TraceDType(it->second.second);
+      why = kv_format + " cache";
+    } else if (t.name == "logits.topk_ids" || t.name == "logits.topk_values") {
+      (t.name == "logits.topk_ids" ? top_ids : top_values) = &t;
+      dt = t.name == "logits.topk_ids" ? traces::DType::kI32 : traces::DType::kF32;
+      if (t.dtype != dt || t.cols < 1 || t.cols > c.vocab_size) return bad(t, std::min<int64_t>(t.cols, c.vocab_size), dt, "top-k ≤ vocab_size");
+      continue;
+    } else if (t.name == "logits.logsumexp") {
+      cols = 1;
+      why = "one value a row";
+    } else {
+      int64_t layer = -1;
+      const engine::TapPoint* point = engine::FindTapPoint(t.name, &layer);
+      if (point == nullptr || layer >= c.num_hidden_layers) continue;
+      cols = engine::TapCols(*point, c, tp);
+      if (cols < 0) continue;
+      dt = TraceDType(point->dtype);
+      why = std::string(point->cols);
+    }
+    if (t.cols != cols || t.dtype != dt) return bad(t, cols, dt, why);
+  }
+  if (top_ids != nullptr && top_values != nullptr && top_ids->cols != top_values->cols) {
+    return Status::Corruption(file + ": " + top_values->path + ": " + std::to_string(top_values->cols) +
+                              " columns, its " + top_ids->path + " has " + std::to_string(top_ids->cols));
+  }
+  return Status::Ok();
+}
+
+}  // namespace
+
 Result<CheckReport> CheckTrace(const traces::TraceReader& trace, const CheckOptions& opt) {
   Ctx cx;
   cx.trace = &trace;
@@ -713,6 +855,21 @@ Result<CheckReport> CheckTrace(const traces::TraceReader& trace, const CheckOpti
     cx.kv_format = kv == meta.end() ? "fp32" : kv->second;
   }
   rep.kv_format = cx.kv_format;
+  {
+    // The emulated TP degree the partials were recorded at (1 when the trace says none).
+    auto it = meta.find("engine_options");
+    const nlohmann::json j = nlohmann::json::parse(it == meta.end() ? "{}" : it->second, nullptr, false);
+    if (j.is_object() && j.contains("emulate_tp")) {
+      if (!j["emulate_tp"].is_number_integer() || j["emulate_tp"].get<int64_t>() < 1 ||
+          j["emulate_tp"].get<int64_t>() > engine::kMaxEmulatedTp) {
+        return Status::Corruption(trace.path().string() + ": meta.engine_options: emulate_tp is " +
+                                  j["emulate_tp"].dump() + ", not a whole number from 1 to " +
+                                  std::to_string(engine::kMaxEmulatedTp));
+      }
+      cx.tp = j["emulate_tp"].get<int64_t>();
+    }
+  }
+  LS_RETURN_IF_ERROR(CheckShapes(trace, c, cx.kv_format, cx.Variant("indexer") == "fp8_paged", cx.tp));
   const std::string gemm = cx.Variant("gemm");
   const bool bf16 = gemm.rfind("bf16", 0) == 0;
   const bool fp8w = gemm == "fp8_dot" || gemm == "w8a8_dot";

@@ -48,6 +48,7 @@ inline constexpr OpSpec kOps[] = {
     {"indexer", "indexer", 5, "top-k set of Σ_h w_h·ReLU(q_h·k_t/√d) over the request's own earlier attn_norm rows (V3.2)"},
     {"attention", "attn_prefill", 6, "softmax(q·k/√d)·v over the request's OWN recorded latent/k_rope rows (encoded as the KV format stores them), sparse: the recorded selection (V4: the window's recorded rows and the compressed rows, with the sink)"},
     {"o_proj", "gemm", 7, "o_proj(attn.heads) (V4: the grouped o_a, then o_b)"},
+    {"allreduce", "allreduce", 7, "emulated TP (--emulate-tp): attn.out and ffn.out = the recorded attn.partials / ffn.partials summed over the ranks in rank order, bit-exact (allreduce=ring: within the sum's fp32 bound)", kMla},
     {"resid_mid", "", 8, "layer input + attn.out", kMla},
     {"attn_hc_post", "", 8, "V4: the streams after attention, post_k·attn.out + Σ_j C_jk·stream_j (recorded mix)", kV4},
     {"ffn_hc", "", 9, "V4: the FFN hyper-connection's [pre | post | C] from hc.streams_mid", kV4},
@@ -109,6 +110,7 @@ struct Ctx {
   std::unordered_map<const void*, std::vector<float>> dense;
   std::vector<Stats> stats;
   std::map<int32_t, int64_t> prompt_len;
+  int64_t tp = 1;  // the recording's emulated tensor-parallel degree (meta.engine_options.emulate_tp)
 
   const Tensor* T(const std::string& name) {
     auto it = tensors.find(name);
@@ -219,6 +221,11 @@ inline void CompareSet(Ctx& cx, int op, const Location& where, double ratio, dou
 }
 
 inline g::Vec Row(const float* x, int64_t n) { return g::Exact(x, n); }
+
+// Emulated TP's all-reduce on one row: `out` (H values) against the ranks' recorded partials
+// ([tp][H]) summed in rank order, bit for bit — or, under allreduce=ring (whose order depends on
+// the row's place in the batch), within the fp32 bound of a tp-term sum.
+void CheckAllReduce(Ctx& cx, const Location& where, const float* out, const float* partials, int64_t H);
 
 // A stored indexer key as the indexer reads it (V3.2's and V4's kv/….indexer_k): fp32 as stored,
 // or FP8 (e4m3, .scales fp32 per 128 values) dequantised; `half_step` receives what the FP8

@@ -146,6 +146,21 @@ void MatMulNT(const float* x, int64_t rows, const WeightView& w, WeightRounding 
   MatMulNTRows(x, in, rows, rows_of, in, out, in, y, out);
 }
 
+void MatMulNTCols(const float* x, int64_t rows, const WeightView& w, WeightRounding round, int64_t k0, int64_t k1,
+                  float* y, int64_t ldy) {
+  const int64_t out = w.rows, in = w.cols, n = k1 - k0;
+  if (const float* f = w.f32(); f != nullptr && round == WeightRounding::kAsStored) {
+    MatMulNTStrided(x + k0, in, rows, f + k0, in, out, n, y, ldy);
+    return;
+  }
+  auto rows_of = [&w, round, in, k0](int64_t j0, int64_t m) {
+    float* s = WeightRowScratch(4 * in);
+    w.DecodeRows(j0, m, s, round);
+    return static_cast<const float*>(s + k0);
+  };
+  MatMulNTRows(x + k0, in, rows, rows_of, in, out, n, y, ldy);
+}
+
 void RmsNormLanes256(const float* x, const float* weight, int64_t rows, int64_t n, double eps, float* y) {
   constexpr int kLanes = 256, kWarp = 32;
   const float epsf = static_cast<float>(eps);

@@ -35,6 +35,12 @@ void MatMulNT(const float* x, int64_t rows, const float* w, int64_t out, int64_t
 // an fp32 copy of the decoded (and rounded) matrix bit for bit. An fp32 view without rounding
 // is read in place.
 void MatMulNT(const float* x, int64_t rows, const WeightView& w, WeightRounding round, float* y);
+// One rank's share of a row-parallel product (emulated tensor parallelism): y[r, j] =
+// Dot(x_r[k0:k1], w_j[k0:k1], k1 − k0) — what that rank's own MatMulNT over its slice of the
+// input dim gives, bit for bit (the lanes start at k0 as they start at 0 on the rank).
+// x: [rows, w.cols]; y: rows `ldy` elements apart, w.rows values each.
+void MatMulNTCols(const float* x, int64_t rows, const WeightView& w, WeightRounding round, int64_t k0, int64_t k1,
+                  float* y, int64_t ldy);
 // The same with explicit row strides (elements): x rows `ldx` apart, w rows `ldw` apart, y
 // rows `ldy` apart.
 void MatMulNTStrided(const float* x, int64_t ldx, int64_t rows, const float* w, int64_t ldw, int64_t out,

@@ -135,8 +135,9 @@ def test_read(trace, kv_format):
     return t
 
 
-def copy_trace(src, dst, mutate=None):
-    """The Python writer's copy of a trace: same meta, requests, tables and rows."""
+def copy_trace(src, dst, mutate=None, narrow=None):
+    """The Python writer's copy of a trace: same meta, requests, tables and rows (tensor `mutate`
+    with one bit flipped; tensor `narrow` stored 8 columns short, a shape no model of the trace has)."""
     t = lockstep.open_trace(src)
     w = lockstep.TraceWriter(dst)
     for k, v in t.meta.items():
@@ -152,12 +153,15 @@ def copy_trace(src, dst, mutate=None):
     for s, b in zip(t.steps(), t._read_table("step_batch")):
         w.append_step(int(s["step"]), [int(x) for x in b if x >= 0], int(s["tokens"]), int(s["wall_ns"]), int(s["stall_ns"]))
     for p, ten in t.tensors.items():
-        w.define_tensor(p, ten.dtype, ten.cols, ten.has_values, ten.attrs)
+        cut = 8 if p == narrow else 0
+        w.define_tensor(p, ten.dtype, ten.cols - cut, ten.has_values, ten.attrs)
         s = t.summary(p)
         if not ten.has_values:
             w.append_summaries(p, s)
             continue
         v = t.stored(p).copy()
+        if cut:
+            v = np.ascontiguousarray(v[:, :ten.cols - cut])
         if mutate and p == mutate:
             v.view(np.uint8)[0, 0] ^= 1
         for i in range(len(s)):  # one row at a time, each with its own request, position, step
@@ -183,6 +187,14 @@ def test_write(trace):
     copy_trace(trace, bad, mutate="taps/layers.1.attn.out")
     d = run("diff", trace, bad, ok=(0, 3))
     check(d.returncode == 3 and "layers.1.attn.out" in d.stdout, f"{bad}: a changed value is not found by diff")
+    # A tensor narrower than the model makes it (a stranger's file, or another model's trace):
+    # verify refuses it with one line naming it before any row is read.
+    narrow = trace.replace(".h5", ".narrow.h5")
+    copy_trace(trace, narrow, narrow="taps/layers.0.attn_norm")
+    v = run("verify", narrow, "-q", ok=(0, 1, 2, 3))
+    err = v.stderr.strip()
+    check(v.returncode in (1, 2) and "taps/layers.0.attn_norm" in err and "columns" in err and "\n" not in err,
+          f"{narrow}: verify of a narrowed tap: exit {v.returncode}: {err[-300:]}")
 
 
 def hostile(good):

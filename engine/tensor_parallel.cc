@@ -1,0 +1,77 @@
+// engine/tensor_parallel.cc — see tensor_parallel.h.
+#include "engine/tensor_parallel.h"
+
+#include <string>
+#include <vector>
+
+#include "kernels/cpu/ops.h"
+
+namespace lockstep::engine {
+
+Status CheckTensorParallel(const ModelConfig& c, int64_t ranks) {
+  if (ranks < 1 || ranks > kMaxEmulatedTp) {
+    return Status::InvalidArgument("--emulate-tp " + std::to_string(ranks) + ": not in 1.." + std::to_string(kMaxEmulatedTp));
+  }
+  if (ranks == 1) return Status::Ok();
+  if (c.is_v4()) {
+    return Status::Unsupported("--emulate-tp " + std::to_string(ranks) +
+                               ": DeepSeek-V4's blocks are not sharded yet (V2, V3 and V3.2 are)");
+  }
+  auto need = [&](const char* field, int64_t v) -> Status {
+    if (v % ranks != 0) {
+      return Status::InvalidArgument("--emulate-tp " + std::to_string(ranks) + ": config.json's " + field + " " +
+                                     std::to_string(v) + " does not split " + std::to_string(ranks) + " ways");
+    }
+    return Status::Ok();
+  };
+  LS_RETURN_IF_ERROR(need("num_attention_heads", c.num_attention_heads));
+  bool dense = false, moe = false;
+  for (const auto& l : c.layers) (l.ffn == FfnKind::kDense ? dense : moe) = true;
+  if (dense) LS_RETURN_IF_ERROR(need("intermediate_size", c.intermediate_size));
+  if (moe) {
+    LS_RETURN_IF_ERROR(need("n_routed_experts", c.n_routed_experts));
+    if (c.n_shared_experts > 0) LS_RETURN_IF_ERROR(need("moe_intermediate_size × n_shared_experts", c.moe_intermediate_size * c.n_shared_experts));
+  }
+  return Status::Ok();
+}
+
+void RowParallelPartials(const Gemm& gemm, const float* x, int64_t rows, const Matrix& w, int ranks, int64_t unit,
+                         float* partials) {
+  const int64_t out = w.rows, in = w.cols, units = in / unit;
+  // The activations as the product sees them (bf16 / FP8 rounding is element- or block-wise on
+  // the whole row, as Gemm does), then each rank's slice.
+  std::vector<float> xr;
+  const float* xs = x;
+  if (gemm.bf16 || gemm.act_fp8) {
+    xr.resize(rows * in);
+    for (int64_t r = 0; r < rows; ++r) {
+      if (gemm.act_fp8) {
+        Fp8RoundTrip(x + r * in, in, &xr[r * in]);
+      } else {
+        for (int64_t i = 0; i < in; ++i) xr[r * in + i] = kernels::Bf16ToF32(kernels::F32ToBf16(x[r * in + i]));
+      }
+    }
+    xs = xr.data();
+  }
+  for (int r = 0; r < ranks; ++r) {
+    const Shard s = ShardOf(units, ranks, r);
+    kernels::cpu::MatMulNTCols(xs, rows, w.data, gemm.weights(), s.begin * unit, s.end * unit, partials + r * out,
+                               ranks * out);
+  }
+}
+
+void AllReduce(kernels::AllReduce v, const float* partials, int ranks, int64_t rows, int64_t cols, float* y) {
+  const int64_t n = rows * cols, chunk = (n + ranks - 1) / ranks;
+  for (int64_t e = 0; e < n; ++e) {
+    const int64_t i = e / cols, j = e % cols;
+    int first = 0;  // the rank whose partial the sum starts from
+    if (v == kernels::AllReduce::kRing) first = static_cast<int>((e / chunk + 1) % ranks);
+    if (v == kernels::AllReduce::kFaultRotateByRow) first = static_cast<int>(i % ranks);
+    const float* p = partials + i * ranks * cols + j;
+    float s = p[first * cols];
+    for (int k = 1; k < ranks; ++k) s += p[((first + k) % ranks) * cols];
+    y[e] = s;
+  }
+}
+
+}  // namespace lockstep::engine
