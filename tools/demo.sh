@@ -7,7 +7,8 @@
 # greedy run with the FP8 KV cache (V4: FlashMLA's MODEL1 layout), an exact replay (is it
 # reproducible?), a teacher-forced replay with a BF16 cache and a bisect (which component
 # explains it?), whose verdict is the one measured on this run.
-# About 4–6 minutes on a fresh 2-core machine, nearly all of it compiling.
+# About 11 minutes on a fresh 2-core machine: ~8 to compile `lockstep`, ~3 to run (readme_test: 213 s
+# for the demo and the README's other commands on a built tree).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash tools/install-deps.sh
