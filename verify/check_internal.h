@@ -227,6 +227,12 @@ inline g::Vec Row(const float* x, int64_t n) { return g::Exact(x, n); }
 // the row's place in the batch), within the fp32 bound of a tp-term sum.
 void CheckAllReduce(Ctx& cx, const Location& where, const float* out, const float* partials, int64_t H);
 
+// Every tensor verify may read against the width and element type model `c` gives it (taps by
+// the tap table at emulated TP `tp`, the cache's rows by its streams' parts, the top-k logits by
+// the vocabulary): a mismatch is one error naming the file and the tensor (verify/check_shapes.cc).
+Status CheckShapes(const traces::TraceReader& trace, const engine::ModelConfig& c, const std::string& kv_format,
+                   bool fp8_index_keys, int64_t tp);
+
 // A stored indexer key as the indexer reads it (V3.2's and V4's kv/….indexer_k): fp32 as stored,
 // or FP8 (e4m3, .scales fp32 per 128 values) dequantised; `half_step` receives what the FP8
 // rounding may move each value by (2^-4 relative, or 2^-10 of its scale; 0 for fp32). False
