@@ -71,6 +71,7 @@ Status RunImport(const std::vector<std::string>& args) {
     const std::string v = pkg + (old != nullptr && *old != '\0' ? std::string(":") + old : std::string());
     ::setenv("PYTHONPATH", v.c_str(), 1);
   }
+  ::setenv("LOCKSTEP_PROG", "lockstep", 1);  // the importer's usage lines name this command
   std::vector<char*> cargv;
   for (auto& a : argv) cargv.push_back(a.data());
   cargv.push_back(nullptr);

@@ -7,6 +7,7 @@
 Errors are one line on stderr naming the file and the field, exit 1; usage errors exit 2."""
 import argparse
 import json
+import os
 import sys
 
 from ._format import TraceError
@@ -22,7 +23,10 @@ def _sglang_epilog():
 
 
 def main(argv=None):
-    ap = argparse.ArgumentParser(prog="python3 -m lockstep", description=__doc__.splitlines()[0])
+    # `lockstep import …` (cli/import_cmd.cc) runs this with LOCKSTEP_PROG=lockstep, so usage lines
+    # name the command the user typed.
+    ap = argparse.ArgumentParser(prog=os.environ.get("LOCKSTEP_PROG") or "python3 -m lockstep",
+                                 description=__doc__.splitlines()[0])
     ap.add_argument("--plugin-path", help="folder holding libh5zstd_lockstep.so (default: $HDF5_PLUGIN_PATH, "
                     "$LOCKSTEP_HDF5_PLUGIN_DIR, the checkout's build/hdf5-plugins)")
     sub = ap.add_subparsers(dest="cmd", required=True)
