@@ -806,11 +806,12 @@ Status Model::Forward(std::span<Segment> segs, PagedKvCache& cache, const kernel
       if (tp > 1) {
         // Rank q holds experts ShardOf(E, tp, q) and its slice of the shared experts.
         if (c.n_shared_experts > 0) Impl::MlpPartials(linear, L.shared, h.data(), R, H, tp, fparts.data());
+        std::vector<float> acc(H);
         for (int64_t r = 0; r < R; ++r) {
           for (int q = 0; q < tp; ++q) {
             const Shard mine = ShardOf(E, tp, q);
             float* prow = &fparts[(r * tp + q) * H];
-            std::vector<float> acc(H, 0.0f);
+            std::fill(acc.begin(), acc.end(), 0.0f);
             for (int64_t j = 0; j < k; ++j) {
               if (ids[r * k + j] < mine.begin || ids[r * k + j] >= mine.end) continue;
               const float w = wts[r * k + j];
@@ -823,18 +824,19 @@ Status Model::Forward(std::span<Segment> segs, PagedKvCache& cache, const kernel
             std::copy(acc.begin(), acc.end(), prow);
           }
         }
-      }
-      std::vector<float> shared(tp > 1 ? 0 : R * H, 0.0f);
-      if (c.n_shared_experts > 0 && tp == 1) Impl::Mlp(linear, L.shared, h.data(), R, H, shared.data());
-      for (int64_t r = 0; r < R && tp == 1; ++r) {
-        float* orow = &o[r * H];
-        std::fill(orow, orow + H, 0.0f);
-        for (int64_t j = 0; j < k; ++j) {
-          const float w = wts[r * k + j];
-          const float* y = &slot[(r * k + j) * H];
-          for (int64_t i = 0; i < H; ++i) orow[i] += y[i] * w;
+      } else {
+        std::vector<float> shared(R * H, 0.0f);
+        if (c.n_shared_experts > 0) Impl::Mlp(linear, L.shared, h.data(), R, H, shared.data());
+        for (int64_t r = 0; r < R; ++r) {
+          float* orow = &o[r * H];
+          std::fill(orow, orow + H, 0.0f);
+          for (int64_t j = 0; j < k; ++j) {
+            const float w = wts[r * k + j];
+            const float* y = &slot[(r * k + j) * H];
+            for (int64_t i = 0; i < H; ++i) orow[i] += y[i] * w;
+          }
+          for (int64_t i = 0; i < H; ++i) orow[i] += shared[r * H + i];
         }
-        for (int64_t i = 0; i < H; ++i) orow[i] += shared[r * H + i];
       }
     }
     if (tp > 1) {

@@ -156,6 +156,8 @@ Result<BisectResult> Bisect(const traces::TraceReader& trace, const BisectOption
       }
     }
   }
+  LS_ASSIGN_OR_RETURN(engine::EngineOptions rec, RecordedEngineOptions(trace));
+  const std::string tp_text = "emulated TP " + std::to_string(rec.emulate_tp);
   std::vector<const verify::OpReport*> failed;
   for (const auto& o : chk.ops) {
     if (o.failed || o.bias_failed) failed.push_back(&o);
@@ -169,7 +171,7 @@ Result<BisectResult> Bisect(const traces::TraceReader& trace, const BisectOption
   for (const auto* o : failed) {
     Defect d;
     d.op = o->op;
-    d.kernels = KernelsOf(*o, ran);
+    d.kernels = KernelsOf(*o, ran) + (o->op == "allreduce" ? " — parallelism: " + tp_text : std::string());
     d.first = o->failed ? o->first : o->worst;
     d.failing_rows = o->failing_rows;
     d.rows = o->rows;
@@ -195,18 +197,6 @@ Result<BisectResult> Bisect(const traces::TraceReader& trace, const BisectOption
           {verify_run + ": bias test over " + std::to_string(o->rows) + " rows of " + o->op,
            "t = " + Fmt("%.2f", o->bias_t) + ", mean error/budget " + Fmt("%.3g", o->bias_mean),
            "|t| ≤ " + Fmt("%.0f", verify::kBiasT) + ": rounding to nearest has no preferred sign"});
-    }
-  }
-  LS_ASSIGN_OR_RETURN(engine::EngineOptions rec, RecordedEngineOptions(trace));
-  const std::string tp_text = "emulated TP " + std::to_string(rec.emulate_tp);
-  for (Defect& d : res.defects) {
-    if (d.op == "allreduce") d.kernels += " (parallelism: " + tp_text + ")";
-  }
-  for (Sentence& st : res.sentences) {
-    const std::string from = "Defect in allreduce (allreduce=";
-    if (st.text.rfind(from, 0) == 0) {
-      const size_t close = st.text.find(')');
-      if (close != std::string::npos) st.text.insert(close, " — parallelism: " + tp_text);
     }
   }
   const BatchCheck& b = res.verify.batch;

@@ -538,12 +538,7 @@ void CheckMlaRows(Ctx& cx, const CheckOptions& opt) {
         const Tensor* t_p = cx.tp > 1 ? tap(parts_name) : nullptr;
         const int64_t rp = t_p ? t_p->Row(req, pos) : -1;
         if (rp < 0) return v;
-        const float* p = t_p->F(rp);
-        for (int64_t i = 0; i < H; ++i) {
-          double mag = 0;
-          for (int64_t r = 0; r < cx.tp; ++r) mag += std::fabs(p[r * H + i]);
-          v.e[i] += static_cast<double>(cx.tp) * g::kFp32U * mag;
-        }
+        for (int64_t i = 0; i < H; ++i) v.e[i] += AllReduceRounding(t_p->F(rp), cx.tp, H, i);
         return v;
       };
       // o_proj and the residual.
@@ -719,12 +714,8 @@ void internal::CheckAllReduce(Ctx& cx, const Location& where, const float* out, 
     y.v.assign(H, 0.0);
     y.e.assign(H, 0.0);
     for (int64_t i = 0; i < H; ++i) {
-      double mag = 0;
-      for (int64_t r = 0; r < tp; ++r) {
-        y.v[i] += partials[r * H + i];
-        mag += std::fabs(partials[r * H + i]);
-      }
-      y.e[i] = static_cast<double>(tp) * g::kFp32U * mag;
+      for (int64_t r = 0; r < tp; ++r) y.v[i] += partials[r * H + i];
+      y.e[i] = AllReduceRounding(partials, tp, H, i);
     }
     Compare(cx, op, where, out, y, 0, -1, false);
     return;

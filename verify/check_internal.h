@@ -226,6 +226,13 @@ inline g::Vec Row(const float* x, int64_t n) { return g::Exact(x, n); }
 // ([tp][H]) summed in rank order, bit for bit — or, under allreduce=ring (whose order depends on
 // the row's place in the batch), within the fp32 bound of a tp-term sum.
 void CheckAllReduce(Ctx& cx, const Location& where, const float* out, const float* partials, int64_t H);
+// What summing element i of the tp ranks' partials ([tp][H]) in fp32 may round by, in any order:
+// tp·u·Σ_r |partial_r[i]|.
+inline double AllReduceRounding(const float* partials, int64_t tp, int64_t H, int64_t i) {
+  double mag = 0;
+  for (int64_t r = 0; r < tp; ++r) mag += std::fabs(partials[r * H + i]);
+  return static_cast<double>(tp) * golden::kFp32U * mag;
+}
 
 // Every tensor verify may read against the width and element type model `c` gives it (taps by
 // the tap table at emulated TP `tp`, the cache's rows by its streams' parts, the top-k logits by
