@@ -16,7 +16,7 @@ function(lockstep_gpu_test name)
   endif()
   add_executable(${name} gpu/${name}.cc)
   target_link_libraries(${name} PRIVATE lockstep_cuda ${_libs} GTest::gtest_main)
-  # Only what a binary uses: without this every test would need libcublasLt to start.
+  # Only what a binary uses.
   target_link_options(${name} PRIVATE -Wl,--as-needed)
   target_compile_definitions(${name} PRIVATE LOCKSTEP_SOURCE_DIR="${CMAKE_SOURCE_DIR}")
   gtest_discover_tests(${name} WORKING_DIRECTORY ${CMAKE_SOURCE_DIR} DISCOVERY_TIMEOUT 60

@@ -12,6 +12,7 @@
 #include <string>
 
 #include "base/status.h"
+#include "kernels/cuda/cublaslt_api.h"
 
 namespace lockstep::kernels::cuda {
 
@@ -24,8 +25,7 @@ inline Status CudaStatus(cudaError_t e, const char* expr, const char* file, int 
 inline Status CublasStatus(cublasStatus_t e, const char* expr, const char* file, int line) {
   if (e == CUBLAS_STATUS_SUCCESS) return Status::Ok();
   return Status::Internal(std::string(file) + ":" + std::to_string(line) + ": " + expr + ": cuBLAS status " +
-                          std::to_string(static_cast<int>(e)) + " (" + cublasLtGetStatusName(e) + ": " +
-                          cublasLtGetStatusString(e) + ")");
+                          std::to_string(static_cast<int>(e)) + CublasStatusText(e));
 }
 
 }  // namespace lockstep::kernels::cuda

@@ -10,7 +10,6 @@
 // and used for every row count. An element's reduction over k then runs in one CTA through
 // the same k-loop whatever n is. The choice itself depends on the device (its SM count
 // steers the heuristic) and the cuBLAS version: Describe() names it so a trace can record it.
-#include <cublasLt.h>
 #include <cuda_runtime.h>
 
 #include <array>
@@ -18,10 +17,14 @@
 #include <string>
 
 #include "kernels/cuda/check.cuh"
+#include "kernels/cuda/cublaslt_api.h"
 #include "kernels/cuda/ops.h"
 
 namespace lockstep::kernels::cuda {
 namespace {
+
+// The API Gemm::Create loaded (every other use follows a successful Create).
+const CublasLtApi& Lt() { return *LoadedCublasLt(); }
 
 // Owns the four descriptors of one matmul.
 struct Descs {
@@ -32,10 +35,10 @@ struct Descs {
   Descs& operator=(const Descs&) = delete;
   ~Descs() { Reset(); }
   void Reset() {
-    if (c) cublasLtMatrixLayoutDestroy(c);
-    if (b) cublasLtMatrixLayoutDestroy(b);
-    if (a) cublasLtMatrixLayoutDestroy(a);
-    if (op) cublasLtMatmulDescDestroy(op);
+    if (c) Lt().MatrixLayoutDestroy(c);
+    if (b) Lt().MatrixLayoutDestroy(b);
+    if (a) Lt().MatrixLayoutDestroy(a);
+    if (op) Lt().MatmulDescDestroy(op);
     op = nullptr;
     a = b = c = nullptr;
   }
@@ -44,7 +47,7 @@ struct Descs {
 struct Preference {
   cublasLtMatmulPreference_t pref = nullptr;
   ~Preference() {
-    if (pref) cublasLtMatmulPreferenceDestroy(pref);
+    if (pref) Lt().MatmulPreferenceDestroy(pref);
   }
 };
 
@@ -67,7 +70,7 @@ struct Gemm::Impl {
   std::map<std::array<int64_t, 8>, cublasLtMatmulAlgo_t> pinned;
 
   ~Impl() {
-    if (lt) cublasLtDestroy(lt);
+    if (lt) Lt().Destroy(lt);
   }
 
   size_t elem() const { return options.variant == GemmVariant::kFp32Pedantic ? 4 : 2; }
@@ -76,13 +79,13 @@ struct Gemm::Impl {
                    Descs* d) const {
     const bool fp32 = options.variant == GemmVariant::kFp32Pedantic;
     const cudaDataType_t in_type = fp32 ? CUDA_R_32F : CUDA_R_16BF;
-    LS_CUBLAS_RETURN_IF_ERROR(cublasLtMatmulDescCreate(&d->op, compute, CUDA_R_32F));
+    LS_CUBLAS_RETURN_IF_ERROR(Lt().MatmulDescCreate(&d->op, compute, CUDA_R_32F));
     const cublasOperation_t ta = CUBLAS_OP_T, tb = CUBLAS_OP_N;
-    LS_CUBLAS_RETURN_IF_ERROR(cublasLtMatmulDescSetAttribute(d->op, CUBLASLT_MATMUL_DESC_TRANSA, &ta, sizeof(ta)));
-    LS_CUBLAS_RETURN_IF_ERROR(cublasLtMatmulDescSetAttribute(d->op, CUBLASLT_MATMUL_DESC_TRANSB, &tb, sizeof(tb)));
-    LS_CUBLAS_RETURN_IF_ERROR(cublasLtMatrixLayoutCreate(&d->a, in_type, in, out, w_stride));
-    LS_CUBLAS_RETURN_IF_ERROR(cublasLtMatrixLayoutCreate(&d->b, in_type, in, rows, x_stride));
-    LS_CUBLAS_RETURN_IF_ERROR(cublasLtMatrixLayoutCreate(&d->c, CUDA_R_32F, out, rows, y_stride));
+    LS_CUBLAS_RETURN_IF_ERROR(Lt().MatmulDescSetAttribute(d->op, CUBLASLT_MATMUL_DESC_TRANSA, &ta, sizeof(ta)));
+    LS_CUBLAS_RETURN_IF_ERROR(Lt().MatmulDescSetAttribute(d->op, CUBLASLT_MATMUL_DESC_TRANSB, &tb, sizeof(tb)));
+    LS_CUBLAS_RETURN_IF_ERROR(Lt().MatrixLayoutCreate(&d->a, in_type, in, out, w_stride));
+    LS_CUBLAS_RETURN_IF_ERROR(Lt().MatrixLayoutCreate(&d->b, in_type, in, rows, x_stride));
+    LS_CUBLAS_RETURN_IF_ERROR(Lt().MatrixLayoutCreate(&d->c, CUDA_R_32F, out, rows, y_stride));
     return Status::Ok();
   }
 
@@ -99,28 +102,28 @@ struct Gemm::Impl {
   Result<cublasLtMatmulAlgo_t> HeuristicOnce(const Descs& d, uint32_t align_a, uint32_t align_b, uint32_t align_c,
                                              bool no_split_k, bool mask_split_k) const {
     Preference pr;
-    LS_CUBLAS_RETURN_IF_ERROR(cublasLtMatmulPreferenceCreate(&pr.pref));
+    LS_CUBLAS_RETURN_IF_ERROR(Lt().MatmulPreferenceCreate(&pr.pref));
     const uint64_t ws = workspace.size();
     LS_CUBLAS_RETURN_IF_ERROR(
-        cublasLtMatmulPreferenceSetAttribute(pr.pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws, sizeof(ws)));
-    LS_CUBLAS_RETURN_IF_ERROR(cublasLtMatmulPreferenceSetAttribute(
+        Lt().MatmulPreferenceSetAttribute(pr.pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws, sizeof(ws)));
+    LS_CUBLAS_RETURN_IF_ERROR(Lt().MatmulPreferenceSetAttribute(
         pr.pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, &align_a, sizeof(align_a)));
-    LS_CUBLAS_RETURN_IF_ERROR(cublasLtMatmulPreferenceSetAttribute(
+    LS_CUBLAS_RETURN_IF_ERROR(Lt().MatmulPreferenceSetAttribute(
         pr.pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, &align_b, sizeof(align_b)));
-    LS_CUBLAS_RETURN_IF_ERROR(cublasLtMatmulPreferenceSetAttribute(
+    LS_CUBLAS_RETURN_IF_ERROR(Lt().MatmulPreferenceSetAttribute(
         pr.pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, &align_c, sizeof(align_c)));
-    LS_CUBLAS_RETURN_IF_ERROR(cublasLtMatmulPreferenceSetAttribute(
+    LS_CUBLAS_RETURN_IF_ERROR(Lt().MatmulPreferenceSetAttribute(
         pr.pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, &align_c, sizeof(align_c)));
     if (mask_split_k) {
       const uint32_t mask = CUBLASLT_REDUCTION_SCHEME_NONE;
-      LS_CUBLAS_RETURN_IF_ERROR(cublasLtMatmulPreferenceSetAttribute(
+      LS_CUBLAS_RETURN_IF_ERROR(Lt().MatmulPreferenceSetAttribute(
           pr.pref, CUBLASLT_MATMUL_PREF_REDUCTION_SCHEME_MASK, &mask, sizeof(mask)));
     }
     constexpr int kAsk = 8;
     cublasLtMatmulHeuristicResult_t results[kAsk] = {};
     int n = 0;
     LS_CUBLAS_RETURN_IF_ERROR(
-        cublasLtMatmulAlgoGetHeuristic(lt, d.op, d.a, d.b, d.c, d.c, pr.pref, kAsk, results, &n));
+        Lt().MatmulAlgoGetHeuristic(lt, d.op, d.a, d.b, d.c, d.c, pr.pref, kAsk, results, &n));
     for (int i = 0; i < n; ++i) {
       if (results[i].state != CUBLAS_STATUS_SUCCESS) continue;
       cublasLtMatmulAlgo_t algo = results[i].algo;
@@ -128,19 +131,19 @@ struct Gemm::Impl {
         // Belt and braces: whatever the filter did, run this algorithm without split-K.
         int32_t split = 0;
         size_t written = 0;
-        LS_CUBLAS_RETURN_IF_ERROR(cublasLtMatmulAlgoConfigGetAttribute(&algo, CUBLASLT_ALGO_CONFIG_SPLITK_NUM, &split,
+        LS_CUBLAS_RETURN_IF_ERROR(Lt().MatmulAlgoConfigGetAttribute(&algo, CUBLASLT_ALGO_CONFIG_SPLITK_NUM, &split,
                                                                        sizeof(split), &written));
         if (split > 1) {
           const int32_t one = 1;
           const uint32_t none = CUBLASLT_REDUCTION_SCHEME_NONE;
-          if (cublasLtMatmulAlgoConfigSetAttribute(&algo, CUBLASLT_ALGO_CONFIG_SPLITK_NUM, &one, sizeof(one)) !=
+          if (Lt().MatmulAlgoConfigSetAttribute(&algo, CUBLASLT_ALGO_CONFIG_SPLITK_NUM, &one, sizeof(one)) !=
                   CUBLAS_STATUS_SUCCESS ||
-              cublasLtMatmulAlgoConfigSetAttribute(&algo, CUBLASLT_ALGO_CONFIG_REDUCTION_SCHEME, &none,
+              Lt().MatmulAlgoConfigSetAttribute(&algo, CUBLASLT_ALGO_CONFIG_REDUCTION_SCHEME, &none,
                                                    sizeof(none)) != CUBLAS_STATUS_SUCCESS) {
             continue;
           }
           cublasLtMatmulHeuristicResult_t check{};
-          if (cublasLtMatmulAlgoCheck(lt, d.op, d.a, d.b, d.c, d.c, &algo, &check) != CUBLAS_STATUS_SUCCESS) continue;
+          if (Lt().MatmulAlgoCheck(lt, d.op, d.a, d.b, d.c, d.c, &algo, &check) != CUBLAS_STATUS_SUCCESS) continue;
         }
       }
       return algo;
@@ -163,11 +166,11 @@ struct Gemm::Impl {
       it = pinned.emplace(key, *algo).first;
     }
     cublasLtMatmulHeuristicResult_t check{};
-    const cublasStatus_t st = cublasLtMatmulAlgoCheck(lt, d.op, d.a, d.b, d.c, d.c, &it->second, &check);
+    const cublasStatus_t st = Lt().MatmulAlgoCheck(lt, d.op, d.a, d.b, d.c, d.c, &it->second, &check);
     if (st != CUBLAS_STATUS_SUCCESS) {
       return Status::Unsupported("Gemm: the algorithm pinned for out=" + std::to_string(p.out) +
                                  " in=" + std::to_string(p.in) + " does not accept rows=" + std::to_string(p.rows) +
-                                 " (cublasLtMatmulAlgoCheck: " + cublasLtGetStatusName(st) + ")");
+                                 " (cublasLtMatmulAlgoCheck: " + Lt().GetStatusName(st) + ")");
     }
     if (check.workspaceSize > workspace.size()) {
       return Status::Internal("Gemm: pinned algorithm needs " + std::to_string(check.workspaceSize) +
@@ -202,7 +205,9 @@ Result<std::unique_ptr<Gemm>> Gemm::Create(const GemmOptions& options) {
   auto impl = std::make_unique<Impl>();
   impl->options = options;
   impl->compute = options.variant == GemmVariant::kFp32Pedantic ? CUBLAS_COMPUTE_32F_PEDANTIC : CUBLAS_COMPUTE_32F;
-  LS_CUBLAS_RETURN_IF_ERROR(cublasLtCreate(&impl->lt));
+  Result<const CublasLtApi*> api = LoadCublasLt();
+  if (!api.ok()) return api.status().WithContext("Gemm: ");
+  LS_CUBLAS_RETURN_IF_ERROR(Lt().Create(&impl->lt));
   Result<DeviceBuffer> ws = DeviceBuffer::Allocate(options.workspace_bytes);
   if (!ws.ok()) return ws.status().WithContext("Gemm: workspace: ");
   impl->workspace = std::move(ws).value();
@@ -229,7 +234,7 @@ Status Gemm::Run(const GemmParams& p, Stream stream) {
   Result<cublasLtMatmulAlgo_t> algo = impl_->Prepare(p, &d);
   if (!algo.ok()) return algo.status();
   const float alpha = 1.0f, beta = 0.0f;
-  LS_CUBLAS_RETURN_IF_ERROR(cublasLtMatmul(impl_->lt, d.op, &alpha, p.w, d.a, p.x, d.b, &beta, p.y, d.c, p.y, d.c,
+  LS_CUBLAS_RETURN_IF_ERROR(Lt().Matmul(impl_->lt, d.op, &alpha, p.w, d.a, p.x, d.b, &beta, p.y, d.c, p.y, d.c,
                                            &algo.value(), impl_->workspace.data(), impl_->workspace.size(), stream));
   return Status::Ok();
 }
@@ -249,7 +254,7 @@ Result<std::string> Gemm::Describe(int64_t rows, int64_t out, int64_t in) {
   auto get = [&](cublasLtMatmulAlgoConfigAttributes_t a) {
     uint32_t v = 0;  // every attribute read here is 32-bit (int32 or uint32)
     size_t written = 0;
-    cublasLtMatmulAlgoConfigGetAttribute(&algo.value(), a, &v, sizeof(v), &written);
+    Lt().MatmulAlgoConfigGetAttribute(&algo.value(), a, &v, sizeof(v), &written);
     return std::to_string(v);
   };
   return std::string("algo ") + get(CUBLASLT_ALGO_CONFIG_ID) + " tile " + get(CUBLASLT_ALGO_CONFIG_TILE_ID) +
