@@ -5,30 +5,44 @@
 # acts; the same requests recorded by the clean build must give "no defect found". Both
 # verdicts are read sentence by sentence: each must carry its evidence.
 #
-# usage: hidden_fault_test.sh LOCKSTEP PYTHON SRC FAULT OP REQUEST LAYER POSITION [record flags…]
+# usage: hidden_fault_test.sh LOCKSTEP PYTHON SRC CLEAN_DIR FAULT OP REQUEST LAYER POSITION [record flags…]
+#        hidden_fault_test.sh --clean LOCKSTEP CLEAN_DIR [record flags…]
 #   OP is bisect's first defect's op (batch_invariance:<op> for a batch-dependence finding),
-#   LAYER "-" for model-level ops.
+#   LAYER "-" for model-level ops. The clean build's verdict does not depend on the fault: the
+#   --clean form (a CTest fixture, one per set of record flags) writes it to CLEAN_DIR/good.json
+#   once for every fault recorded with those flags.
 set -euo pipefail
-L=$1 PY=$2 SRC=$3 FAULT=${4%%@*} OP=$5 REQ=$6 LAYER=$7 POS=$8  # FAULT@LABEL: the label names the test only
-shift 8
-W=$(mktemp -d)
-trap 'rm -rf "$W"' EXIT
-cat > "$W/p.jsonl" <<'P'
+prompts() {
+  cat > "$1" <<'P'
 {"prompt": "The quick brown fox"}
 {"prompt": "Once upon a time"}
 {"prompt": "def main():"}
 {"prompt": "<html><body>"}
 P
+}
+if [ "$1" = --clean ]; then
+  L=$2 C=$3
+  shift 3
+  rm -rf "$C" && mkdir -p "$C"
+  prompts "$C/p.jsonl"
+  "$L" record --prompts "$C/p.jsonl" -n 40 --ignore-eos -q -o "$C/good.h5" "$@"
+  "$L" bisect "$C/good.h5" --json -q --no-swaps --work-dir "$C/gb" > "$C/good.json.tmp"
+  mv "$C/good.json.tmp" "$C/good.json"
+  rm -rf "$C/gb" "$C/good.h5"
+  exit 0
+fi
+L=$1 PY=$2 SRC=$3 C=$4 FAULT=${5%%@*} OP=$6 REQ=$7 LAYER=$8 POS=$9  # FAULT@LABEL: the label names the test only
+shift 9
+W=$(mktemp -d)
+trap 'rm -rf "$W"' EXIT
+prompts "$W/p.jsonl"
 run() { LOCKSTEP_TEST_HIDDEN_FAULT=$FAULT "$@"; }
 
 # The trace names the defaults only: the switch is recorded nowhere.
 run "$L" record --prompts "$W/p.jsonl" -n 40 --ignore-eos -q -o "$W/bad.h5" "$@"
 if grep -a -q "$FAULT" "$W/bad.h5"; then echo "FAIL: the trace names the hidden fault"; exit 1; fi
 run "$L" bisect "$W/bad.h5" --json -q --no-swaps --work-dir "$W/bb" > "$W/bad.json"
-"$L" record --prompts "$W/p.jsonl" -n 40 --ignore-eos -q -o "$W/good.h5" "$@"
-"$L" bisect "$W/good.h5" --json -q --no-swaps --work-dir "$W/gb" > "$W/good.json"
-
-"$PY" - "$W/bad.json" "$W/good.json" "$OP" "$REQ" "$LAYER" "$POS" <<'PYEOF'
+"$PY" - "$W/bad.json" "$C/good.json" "$OP" "$REQ" "$LAYER" "$POS" <<'PYEOF'
 import json, sys
 bad, good = (json.load(open(p)) for p in sys.argv[1:3])
 op, req, layer, pos = sys.argv[3], int(sys.argv[4]), sys.argv[5], int(sys.argv[6])
