@@ -166,7 +166,6 @@ class Model {
   // Forward reads the RoPE tables under a shared lock; EnsureRope grows them under an
   // exclusive one (rarely: the tables double).
   std::shared_mutex rope_mu_;
-  struct Impl;
   ModelConfig config_;
   ModelWeights weights_;
   std::vector<float> rope_cos_, rope_sin_;  // [positions, qk_rope/2]
