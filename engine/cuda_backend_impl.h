@@ -1,11 +1,13 @@
 // engine/cuda_backend_impl.h — the CUDA backend's class, private to engine/cuda_backend.cc
-// (set-up: weights, cache, GEMMs, taps) and engine/cuda_forward.cc (the forward pass).
+// (set-up: weights, cache, GEMMs, taps), engine/cuda_forward.cc (a step) and
+// engine/cuda_blocks.cc (the forward pass's blocks).
 // Use it through engine/backend.h.
 #pragma once
 
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
+#include <functional>
 #include <map>
 #include <memory>
 #include <span>
@@ -20,6 +22,7 @@
 namespace lockstep::engine::cuda_impl {
 
 namespace cu = kernels::cuda;
+struct CudaStep;  // engine/cuda_step.h
 
 // A weight on the device: fp32, bf16 bits for the bf16 GEMM variants, or FP8 e4m3 bytes for
 // gemm=fp8_dot with `scale` [rows, scale_cols]: each row's fp32 scale per 128 columns (a
@@ -148,6 +151,19 @@ class CudaBackend final : public Backend {
   Status Linear(const float* x, int64_t x_stride, int64_t rows, const DevTensor& w, float* y, int64_t y_stride);
   Status SwiGluMlp(const DevTensor& gate_up, const DevTensor& down, int64_t inter, const float* x, int64_t rows,
                    float* y);
+
+  // The forward pass's blocks (engine/cuda_blocks.cc), in step order: StepBody loops over the
+  // layers calling them; each launches on st.s and leaves its outputs in the step's buffers.
+  Status StepBody(CudaStep& st);
+  Status EmbedBlock(CudaStep& st);              // x = embed(tokens)
+  Status QueryAndKeyBlock(CudaStep& st, int64_t l);  // input norm; q; latent and k_rope into the cache
+  Status IndexerBlock(CudaStep& st, int64_t l);      // V3.2: the top-k keys sparse attention reads
+  Status AttendBlock(CudaStep& st, int64_t l);       // absorbed MLA attention → heads
+  Status OutProjBlock(CudaStep& st, int64_t l);      // o_proj, x += o, the FFN's norm (and routing)
+  Status FfnBlock(CudaStep& st, int64_t l);          // dense MLP or MoE, x += o, the next norm
+  Status HeadBlock(CudaStep& st);                    // final norm, lm_head, the step's tap tail
+  // Runs fn's launches on the side stream after what st.main_stream has queued; join_ marks their end.
+  Status OnSide(CudaStep& st, const std::function<Status()>& fn);
 
   // Taps: tensors are copied on the device into an arena and handed to the hook together
   // (one device→host copy, one synchronisation) at the end of the step, or earlier when the
