@@ -16,17 +16,16 @@ namespace lockstep::engine::cuda_impl {
 Status CudaBackend::Forward(std::span<Segment> segs, PagedKvCache& cache, const kernels::KernelPlan& plan,
                             TapHook* hook, ForwardOutput* out) {
   const ModelConfig& c = model_->config();
-  const int64_t H = c.hidden_size, nh = c.num_attention_heads, dn = c.qk_nope_head_dim, dr = c.qk_rope_head_dim,
-                dv = c.v_head_dim, C = c.kv_lora_rank, dqk = dn + dr, V = c.vocab_size;
-  const float scale = static_cast<float>(c.softmax_scale());
+  CudaStep step(c, plan, cache);
+  const int64_t H = step.H, nh = step.nh, dr = step.dr, dv = step.dv, C = step.C, dqk = step.dqk, V = step.V;
   if (plan.gemm != gemm_) {
     return Status::Internal("cuda backend: the weights were uploaded for another gemm variant than this step's (" +
                             plan.Describe() + ")");
   }
   // --kernel indexer=hadamard: q and k rotated after RoPE, as engine/model.cc does;
   // indexer=fp8_paged: rotated, then q through FP8 and back and k into the cache as FP8.
-  const bool indexer_fp8 = plan.indexer == kernels::Indexer::kFp8Paged;
-  const bool indexer_hadamard = plan.indexer_hadamard();
+  const bool indexer_fp8 = step.indexer_fp8;
+  const bool indexer_hadamard = step.indexer_hadamard;
   if (indexer_fp8 != fp8_index_keys_) {
     return Status::Internal(std::string("cuda backend: indexer ") + (indexer_fp8 ? "fp8_paged" : "in fp32") +
                             " over a cache whose index keys are " +
@@ -121,12 +120,9 @@ Status CudaBackend::Forward(std::span<Segment> segs, PagedKvCache& cache, const 
   const int32_t *d_tok = d_in, *d_pos = d_in + R, *d_slot = d_in + 2 * R, *d_len = d_in + 3 * R,
                 *d_lrow = d_in + 4 * R, *d_table = d_in + 4 * R + RL, *d_heads = d_table + R * P;
 
-  CudaStep step(c, plan, cache);
   // Activations, one allocation carved up (floats unless noted).
   const int64_t qlora = std::max<int64_t>(c.q_lora_rank, 1);
-  const int64_t nhi = c.has_indexer() ? c.index_n_heads : 0, di = c.has_indexer() ? c.index_head_dim : 0;
-  const int64_t topk = c.has_indexer() ? c.index_topk : 0;
-  const int64_t k = c.num_experts_per_tok, E = c.n_routed_experts;
+  const int64_t nhi = step.nhi, di = step.di, topk = step.topk, k = step.k, E = step.E;
   const int64_t E_ = E > 0 ? E : 1, k_ = k > 0 ? k : 1;
   int64_t moe_inter = 1;
   for (const DevLayer& D : weights_->layers) moe_inter = std::max(moe_inter, D.moe_inter);
@@ -178,7 +174,7 @@ Status CudaBackend::Forward(std::span<Segment> segs, PagedKvCache& cache, const 
   std::vector<size_t>& mirror_off = step.mirror_off;
   step.mirror_at.assign(static_cast<size_t>(c.num_hidden_layers), {nullptr, nullptr});
   std::vector<std::array<uint8_t*, 2>>& mirror_at = step.mirror_at;
-  size_t& mirror_bytes = step.mirror_bytes;
+  size_t mirror_bytes = 0;
   if (mirror_) {
     for (int64_t l = 0; l < c.num_hidden_layers; ++l) {
       for (const StreamSpec& st : cache.streams(l)) {
@@ -247,28 +243,8 @@ Status CudaBackend::Forward(std::span<Segment> segs, PagedKvCache& cache, const 
   // What the blocks read.
   step.R = R;
   step.RL = RL;
-  step.H = H;
-  step.nh = nh;
-  step.dn = dn;
-  step.dr = dr;
-  step.dv = dv;
-  step.C = C;
-  step.dqk = dqk;
-  step.V = V;
-  step.qlora = qlora;
-  step.nhi = nhi;
-  step.di = di;
-  step.topk = topk;
-  step.k = k;
-  step.E = E;
-  step.scale = scale;
-  step.rms_eps = static_cast<float>(c.rms_norm_eps);
   step.P = P;
   step.max_len = max_len;
-  step.all_decode = all_decode;
-  step.graph = graph;
-  step.indexer_fp8 = indexer_fp8;
-  step.indexer_hadamard = indexer_hadamard;
   step.w8a8 = w8a8_;
   step.s = step.main_stream = s;
   step.rope_cos = rope_cos_.f32();

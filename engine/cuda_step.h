@@ -15,19 +15,37 @@ namespace lockstep::engine::cuda_impl {
 
 struct CudaStep {
   CudaStep(const ModelConfig& config, const kernels::KernelPlan& p, PagedKvCache& kv_cache)
-      : c(config), plan(p), cache(kv_cache) {}
+      : c(config), plan(p), cache(kv_cache) {
+    H = c.hidden_size;
+    nh = c.num_attention_heads;
+    dn = c.qk_nope_head_dim;
+    dr = c.qk_rope_head_dim;
+    dv = c.v_head_dim;
+    C = c.kv_lora_rank;
+    dqk = dn + dr;
+    V = c.vocab_size;
+    nhi = c.has_indexer() ? c.index_n_heads : 0;
+    di = c.has_indexer() ? c.index_head_dim : 0;
+    topk = c.has_indexer() ? c.index_topk : 0;
+    k = c.num_experts_per_tok;
+    E = c.n_routed_experts;
+    scale = static_cast<float>(c.softmax_scale());
+    rms_eps = static_cast<float>(c.rms_norm_eps);
+    indexer_fp8 = p.indexer == kernels::Indexer::kFp8Paged;
+    indexer_hadamard = p.indexer_hadamard();
+  }
   const ModelConfig& c;
   const kernels::KernelPlan& plan;
   PagedKvCache& cache;
 
-  // Shapes: R rows (RL of them with logits), H hidden, nh heads, dn/dr/dv head parts, C latent,
-  // V vocabulary; the V3.2 indexer's nhi heads of di, topk; k experts a row of E.
-  int64_t R = 0, RL = 0, H = 0, nh = 0, dn = 0, dr = 0, dv = 0, C = 0, dqk = 0, V = 0;
-  int64_t qlora = 1, nhi = 0, di = 0, topk = 0, k = 0, E = 0;
+  // Shapes (the config's): H hidden, nh heads, dn/dr/dv head parts, C latent, V vocabulary; the
+  // V3.2 indexer's nhi heads of di, topk; k experts a row of E. The step's: R rows, RL with logits.
+  int64_t H = 0, nh = 0, dn = 0, dr = 0, dv = 0, C = 0, dqk = 0, V = 0;
+  int64_t nhi = 0, di = 0, topk = 0, k = 0, E = 0;
+  int64_t R = 0, RL = 0;
   float scale = 0, rms_eps = 0;
   // Page-table width and the key bound the kernels run over (graph steps: the cache's capacity).
   int64_t P = 1, max_len = 0;
-  bool all_decode = true, graph = false;
   bool indexer_fp8 = false, indexer_hadamard = false, w8a8 = false;
 
   // The stream the blocks launch on (the side stream inside CudaBackend::OnSide) and the main one.
@@ -57,7 +75,6 @@ struct CudaStep {
   // Where each layer's new cache rows are copied as they are written (null: nowhere).
   std::vector<size_t> mirror_off;
   std::vector<std::array<uint8_t*, 2>> mirror_at;  // [layer][latent, index keys]
-  size_t mirror_bytes = 0;
   uint8_t* mirror_base = nullptr;
 
   // The tap slab's layout: per layer one place per tapped tensor, then embed and final_norm.

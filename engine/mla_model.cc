@@ -26,19 +26,6 @@ using HF = kernels::HiddenFault;
 using RmsNormFn = void (*)(const float* x, const float* w, int64_t rows, int64_t n, double eps, float* y);
 using SoftmaxFn = void (*)(float* x, int64_t n);
 
-// Segment g's rows of a step buffer [R, cols] as a tap event (f32), offered for overwriting.
-TapEvent SegmentRowsF32(const Segment& g, int64_t row0, std::string_view name, const float* data, int64_t cols) {
-  TapEvent e;
-  e.name = name;
-  e.request_id = g.request_id;
-  e.position = g.start_pos;
-  e.rows = static_cast<int64_t>(g.tokens.size());
-  e.cols = cols;
-  e.dtype = TapDType::kF32;
-  e.data = data + row0 * cols;
-  return e;
-}
-
 // Fault zoo (softmax=fault_no_max_fp16_sum): exp without max subtraction, denominator
 // accumulated in fp16. Once Σ exp passes 65504 the sum is inf and every weight 0 (or NaN).
 // Where the compiler has no _Float16 (clang 14 on x86: the fuzz build), the sum is kept as
@@ -172,10 +159,7 @@ struct Step {
   }
   // Offers each segment's rows of a [R, cols] f32 buffer for overwriting (grafting).
   void Override(std::string_view name, float* data, int64_t cols) const {
-    if (hook == nullptr || !hook->WantsOverride()) return;
-    for (size_t s = 0; s < segs.size(); ++s) {
-      hook->Override(SegmentRowsF32(segs[s], row0[s], name, data, cols), data + row0[s] * cols);
-    }
+    OverrideSegmentRows(hook, segs, row0, name, data, cols);
   }
 };
 

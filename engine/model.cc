@@ -187,6 +187,14 @@ void EmitSegmentRows(TapHook* hook, std::span<const Segment> segs, std::span<con
   for (size_t s = 0; s < segs.size(); ++s) hook->OnTap(SegmentRowsEvent(segs[s], row0[s], name, data, cols, dtype));
 }
 
+void OverrideSegmentRows(TapHook* hook, std::span<const Segment> segs, std::span<const int64_t> row0,
+                         std::string_view name, float* data, int64_t cols) {
+  if (hook == nullptr || !hook->WantsOverride()) return;
+  for (size_t s = 0; s < segs.size(); ++s) {
+    hook->Override(SegmentRowsEvent(segs[s], row0[s], name, data, cols, TapDType::kF32), data + row0[s] * cols);
+  }
+}
+
 Result<SegmentLayout> LayOutSegments(std::span<const Segment> segs, const ModelConfig& c) {
   SegmentLayout out;
   out.row0.resize(segs.size());

@@ -90,6 +90,10 @@ void RouteExperts(const ModelConfig& c, const float* bias, const float* logits, 
 // point. Nothing without a hook.
 void EmitSegmentRows(TapHook* hook, std::span<const Segment> segs, std::span<const int64_t> row0,
                      std::string_view name, const void* data, int64_t cols, TapDType dtype = TapDType::kF32);
+// The same rows of an f32 buffer offered to the hook for overwriting (TapHook::Override: grafting),
+// where the hook wants to.
+void OverrideSegmentRows(TapHook* hook, std::span<const Segment> segs, std::span<const int64_t> row0,
+                         std::string_view name, float* data, int64_t cols);
 
 // The step's logits, the CPU forward passes' last step: per segment its last row (every row
 // with all_logits) of the final hidden states h [rows, hidden] through head(x, n, dst) (x
