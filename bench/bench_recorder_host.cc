@@ -174,7 +174,7 @@ int main(int argc, char** argv) {
     // summary-gpu: the backend's logits buffers (CudaBackend::TakeLogitsBuffer's rule).
     std::vector<std::shared_ptr<std::vector<float>>> logits_pool;
     int64_t logits_copied = 0;  // steps whose logits had no free shared buffer
-    // full-gpu: the backend's lent tap buffers (CudaBackend::FlushTaps' rule), each filled once
+    // full-gpu: the backend's lent tap buffers (CudaTapCapture::Flush's rule), each filled once
     // with the random values as the GPU's copy would fill it.
     // (Random values, nothing repeated within a chunk: as hard for zstd as random-weight
     // activations, which compress about 1.1 : 1. full reads the same bytes from step_values.)

@@ -15,7 +15,8 @@
 #include <vector>
 
 #include "engine/cuda_backend.h"
-#include "engine/lending_pool.h"
+#include "engine/cuda_scratch.h"
+#include "engine/cuda_tap_capture.h"
 #include "kernels/cuda/ops.h"
 #include "kernels/cuda/runtime.h"
 
@@ -71,25 +72,6 @@ struct DeviceWeights {
   std::vector<DevLayer> layers;
 };
 
-// A grow-only device scratch buffer. Every move bumps its backend's generation counter:
-// captured CUDA graphs hold the old address and must be captured again.
-struct Scratch {
-  cu::DeviceBuffer buf;
-  int64_t* generation = nullptr;  // the owning backend's
-  Status Ensure(size_t bytes) {
-    if (buf.size() >= bytes) return Status::Ok();
-    const size_t grown = std::max(bytes, buf.size() * 3 / 2);
-    buf = cu::DeviceBuffer();  // free first: the pool may be nearly full
-    LS_ASSIGN_OR_RETURN(buf, cu::DeviceBuffer::Allocate(grown));
-    ++*generation;
-    return Status::Ok();
-  }
-  template <typename T>
-  T* as() const {
-    return buf.as<T>();
-  }
-};
-
 // kernels/cuda mirrors the engine's enumerations in the same order (ops.h says so).
 static_assert(static_cast<int>(cu::LatentFormat::kFp8E4m3) == static_cast<int>(KvFormat::kFp8E4m3) &&
               static_cast<int>(cu::LatentFormat::kBf16) == static_cast<int>(KvFormat::kBf16));
@@ -122,7 +104,7 @@ class CudaBackend final : public Backend {
   }
   std::string device() const override { return device_; }
   void SetMirrorCache(bool on) override { mirror_ = on; }
-  int64_t tap_wait_ns() const override { return tap_wait_retired_ns_ + (tap_lend_ ? tap_lend_->waited_ns() : 0); }
+  int64_t tap_wait_ns() const override { return taps_.wait_ns(); }
 
   static Result<std::unique_ptr<Backend>> Create(std::shared_ptr<Model> model, const PagedKvCache& cache,
                                                  const kernels::KernelPlan& plan, const BackendOptions& options);
@@ -133,7 +115,7 @@ class CudaBackend final : public Backend {
  private:
   CudaBackend() {
     for (Scratch* sc : {&dev_in_, &act_, &xb_, &xb_side_, &zero_ids_, &mla_ws_, &scores_, &iq8_, &logits_dev_, &gather_,
-                        &tap_arena_, &mirror_dev_, &slab_buf_}) {
+                        &mirror_dev_}) {
       sc->generation = &alloc_generation_;
     }
   }
@@ -165,86 +147,17 @@ class CudaBackend final : public Backend {
   // Runs fn's launches on the side stream after what st.main_stream has queued; join_ marks their end.
   Status OnSide(CudaStep& st, const std::function<Status()>& fn);
 
-  // Taps: tensors are copied on the device into an arena and handed to the hook together
-  // (one device→host copy, one synchronisation) at the end of the step, or earlier when the
-  // arena fills or an Override needs the values now.
-  static constexpr size_t kNoSummaries = ~size_t{0};
-  struct PendingTap {
-    // The model's tap name (or a literal): stable for the model's life, so the hook can key
-    // on its address (the recorder does) and a replayed step's list costs no allocations.
-    std::string_view name;
-    size_t offset = 0;
-    bool summary = false;  // the arena holds rows_ TapRowSummary at offset, not the values
-    int64_t cols = 0;
-    int64_t stride = 0;    // values: row stride in elements (the slab keeps a tensor's layout)
-    TapDType dtype = TapDType::kF32;
-    // Values with summaries (full capture from the slab): the rows' TapRowSummary in the
-    // arena at sum_offset; kNoSummaries when none were made.
-    size_t sum_offset = kNoSummaries;
-    // A summary-only tensor outside the slab in a slab step (the KV rows in mirror_dev_):
-    // where SummarizeSlab reads it, `stride` elements of `dtype` apart.
-    const void* dev = nullptr;
-  };
-  Status Tap(std::string_view name, const void* dev, int64_t cols, int64_t stride, TapDType dtype);
-  Status FlushTaps();
-  // TapHook::WantsKvTaps: the step's new cache rows in the mirror at `mirror` (mirror_off:
-  // where each layer's streams lie, in PagedKvCache order) as taps named kv/layers.L.…, one per
-  // part (PagedKvCache::parts), after the step's own taps: summaries (summary capture), or
-  // values with summaries from the slab (full capture, the mirror inside the slab).
-  Status TapKvRows(const PagedKvCache& cache, const uint8_t* mirror, std::span<const size_t> mirror_off);
-  bool kv_events_ = false;  // this step's KV rows go to the hook as kv/ taps, not to the host cache
-  struct KvTap {
-    size_t mirror;        // the layer's stream's index in mirror_off
-    int64_t token_bytes;  // the stream's
-    KvPart part;
-    std::string name;  // stable: made once (the hook keys on the address)
-  };
-  std::vector<KvTap> kv_taps_;
+  // The step's taps (engine/cuda_tap_capture.h): the blocks call taps_.Tap at each tap point.
+  CudaTapCapture taps_{&alloc_generation_};
   // Points logits_host_ at a buffer of ≥ bytes nobody else holds (see logits_shared_); a shared
   // one (with its owner) when `share`.
   Status TakeLogitsBuffer(size_t bytes, bool share);
-  // Summary-only taps (the hook does not want values): Tap queues the tensor and SummaryFence
-  // summarises the queue in one launch. The step calls it before a tapped buffer is written
-  // again (after embed, resid_mid, resid_out and final_norm); FlushTaps calls it too.
-  Status SummaryFence();
-  bool summary_taps_ = false;
-  cu::SummarizeBatchParams summary_batch_;
-  // The tap slab (cuda_forward.cc): decode steps of up to kSlabMaxRows rows with a tap hook.
-  // SummarizeSlab summarises every pending tap in one launch; its descriptor table is uploaded
-  // per batch size when a step runs uncaptured and must be unchanged when it is captured.
-  // (V2-Lite: 2 MB per row; a step whose slab would pass 1 GiB — large models at large batches —
-  // takes the per-tap path instead.)
-  static constexpr int64_t kSlabMaxRows = 256;
-  static constexpr size_t kSlabMaxBytes = size_t{1} << 30;
-  bool slab_ = false;
-  size_t slab_bytes_ = 0;
-  Status SummarizeSlab();
-  struct SlabTable {
-    std::vector<cu::SummarizeBatchParams::Tensor> host;
-    cu::DeviceBuffer dev;
-  };
-  std::map<int64_t, SlabTable> slab_tables_;  // by rows
-  std::vector<std::vector<uint32_t>> tap_rows_;  // FlushTaps: each strided tap's rows, contiguous
-  std::vector<TapEvent> step_events_;            // FlushTaps: the step's, for TapHook::OnStepTaps
-  std::vector<TapSegment> step_segments_;
-  // Full capture from the slab: each step's values and summaries go to the host in a pinned
-  // buffer lent to the hook (TapEvent::owner), so the recorder's writer compresses the rows
-  // where they landed instead of the engine thread copying them. TapLendBuffers(step) of them
-  // (engine/lending_pool.h), allocated as steps find all others lent; then a step waits for
-  // one to come back (tap_wait_ns), and after kTapLendPatience hands its rows over unlent from
-  // tap_host_. The pool is remade when a step needs far less than its buffers would hold.
-  static constexpr std::chrono::seconds kTapLendPatience{5};
-  std::unique_ptr<LendingPool> tap_lend_;
-  size_t tap_lend_max_ = 0;
-  int64_t tap_wait_retired_ns_ = 0;  // waits of pools replaced since
   // BackendOptions::profile: GPU time per phase, printed when the backend is destroyed.
   Status Mark(const char* name) { return prof_ ? prof_->Mark(name, stream_->get()) : Status::Ok(); }
   std::unique_ptr<cu::EventTimer> prof_;
   std::map<std::string, double> prof_ms_[2];  // [0] decode-only steps, [1] steps with prompt rows
   int64_t prof_steps_[2] = {0, 0};
   int64_t graph_launches_ = 0;
-  // Offers x (the values feeding the next layer) to the hook for overwriting (replay --graft).
-  Status OverrideRows(std::string_view name, float* dev_x, int64_t cols);
 
   std::shared_ptr<Model> model_;
   std::string device_;
@@ -281,10 +194,9 @@ class CudaBackend final : public Backend {
 
   // Step inputs (pinned host → device) and scratch.
   cu::PinnedBuffer host_in_;
-  Scratch slab_buf_;
-  Scratch dev_in_, act_, xb_, xb_side_, zero_ids_, mla_ws_, scores_, logits_dev_, gather_, tap_arena_, mirror_dev_;
+  Scratch dev_in_, act_, xb_, xb_side_, zero_ids_, mla_ws_, scores_, logits_dev_, gather_, mirror_dev_;
   Scratch iq8_;  // indexer=fp8_paged: the indexer's queries as FP8 rows
-  cu::PinnedBuffer tap_host_, mirror_host_;
+  cu::PinnedBuffer mirror_host_;
   // The step's logits on the host. A tap hook may keep a buffer past the step
   // (TapEvent::owner: the recorder's writer thread summarises it in place), so the step takes
   // one nobody else holds: up to kLogitsShared shared ones, then a private one handed out
@@ -301,9 +213,8 @@ class CudaBackend final : public Backend {
   struct StepGraph {
     std::unique_ptr<cu::CudaGraph> graph;
     size_t marks = 0;  // profiling events recorded inside the graph
-    // Taps copied into the arena by the graph: what FlushTaps hands to the hook after a launch.
-    std::vector<PendingTap> pending;
-    size_t tap_used = 0;
+    // Taps copied into the arena by the graph: what the capture hands to the hook after a launch.
+    CudaTapCapture::Captured taps;
     int64_t generation = -1;
     bool failed = false;
   };
@@ -322,15 +233,9 @@ class CudaBackend final : public Backend {
   cu::PinnedBuffer sample_host_;
   cu::PinnedBuffer flag_host_;  // the kernels' error flag, read back each step (pinned: an async copy)
   std::vector<size_t> sampled_;  // the step's sampled segments
-  bool capturing_ = false;
 
-  // Per-step state used by the tap helpers.
-  TapHook* hook_ = nullptr;
-  std::span<Segment> segs_;
+  // The step's rows: segment s from row0_[s].
   std::vector<int64_t> row0_;
-  int64_t rows_ = 0;
-  std::vector<PendingTap> pending_;
-  size_t tap_used_ = 0;
 };
 
 }  // namespace lockstep::engine::cuda_impl

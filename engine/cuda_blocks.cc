@@ -51,7 +51,7 @@ Status CudaBackend::StepBody(CudaStep& st) {
 // x = embed(tokens)                                              [R, H]
 Status CudaBackend::EmbedBlock(CudaStep& st) {
   const int64_t H = st.H;
-  if (slab_) st.x = st.SlabAt(-1, 0);
+  if (taps_.slab()) st.x = st.SlabAt(-1, 0);
   cu::EmbedParams ep;
   ep.table = weights_->embed.f32();
   ep.vocab = st.V;
@@ -62,9 +62,9 @@ Status CudaBackend::EmbedBlock(CudaStep& st) {
   ep.y_stride = H;
   ep.error_flag = st.err;
   LS_RETURN_IF_ERROR(cu::Embed(ep, st.s));
-  LS_RETURN_IF_ERROR(Tap(kModelTaps[kTapEmbed].name, st.x, H, H, TapDType::kF32));
-  LS_RETURN_IF_ERROR(SummaryFence());  // x is added to next
-  LS_RETURN_IF_ERROR(OverrideRows(kModelTaps[kTapEmbed].name, st.x, H));
+  LS_RETURN_IF_ERROR(taps_.Tap(kModelTaps[kTapEmbed].name, st.x, H, H, TapDType::kF32));
+  LS_RETURN_IF_ERROR(taps_.SummaryFence());  // x is added to next
+  LS_RETURN_IF_ERROR(taps_.Override(kModelTaps[kTapEmbed].name, st.x, H));
   return Mark("embed");
 }
 
@@ -76,7 +76,7 @@ Status CudaBackend::QueryAndKeyBlock(CudaStep& st, int64_t l) {
   const DevLayer& D = weights_->layers[l];
   const int64_t R = st.R, H = st.H, nh = st.nh, dn = st.dn, dr = st.dr, C = st.C, dqk = st.dqk;
   auto tn = [&](TapId t) -> const std::string& { return model_->tap_name(l, t); };
-  if (slab_) {  // this layer's tapped tensors in their slab places
+  if (taps_.slab()) {  // this layer's tapped tensors in their slab places
     st.h = st.SlabAt(l, CudaStep::kSAttnNorm);
     st.q = st.SlabAt(l, CudaStep::kSQ);
     st.latent = st.SlabAt(l, CudaStep::kSLatent);
@@ -87,7 +87,7 @@ Status CudaBackend::QueryAndKeyBlock(CudaStep& st, int64_t l) {
   }
   if (!st.h_ready) LS_RETURN_IF_ERROR(st.RmsNorm(st.x, H, D.input_norm, H, st.rms_eps, st.h, H));
   st.h_ready = false;
-  LS_RETURN_IF_ERROR(Tap(tn(kTapAttnNorm), st.h, H, H, TapDType::kF32));
+  LS_RETURN_IF_ERROR(taps_.Tap(tn(kTapAttnNorm), st.h, H, H, TapDType::kF32));
   LS_ASSIGN_OR_RETURN(st.h_lin, st.LinearIn(st.h, H, st.hq));  // q's, kv_a's and the indexer's wk input
   LS_RETURN_IF_ERROR(Mark("rmsnorm"));
 
@@ -130,9 +130,9 @@ Status CudaBackend::QueryAndKeyBlock(CudaStep& st, int64_t l) {
   LS_RETURN_IF_ERROR(st.Rope(st.q + dn, nh * dqk, nh, dqk, style));
   LS_RETURN_IF_ERROR(Mark("q_proj"));
   if (!st.overlap) LS_RETURN_IF_ERROR(kv_path());
-  LS_RETURN_IF_ERROR(Tap(tn(kTapQ), st.q, nh * dqk, nh * dqk, TapDType::kF32));
-  LS_RETURN_IF_ERROR(Tap(tn(kTapLatent), st.latent, C, C, TapDType::kF32));
-  return Tap(tn(kTapKRope), st.kv + C, dr, C + dr, TapDType::kF32);
+  LS_RETURN_IF_ERROR(taps_.Tap(tn(kTapQ), st.q, nh * dqk, nh * dqk, TapDType::kF32));
+  LS_RETURN_IF_ERROR(taps_.Tap(tn(kTapLatent), st.latent, C, C, TapDType::kF32));
+  return taps_.Tap(tn(kTapKRope), st.kv + C, dr, C + dr, TapDType::kF32);
 }
 
 // V3.2 lightning indexer: scores over every causal key, exact top-k → the keys sparse
@@ -249,7 +249,7 @@ Status CudaBackend::IndexerBlock(CudaStep& st, int64_t l) {
   tp.num_pages = num_pages_;
   tp.error_flag = st.err;
   LS_RETURN_IF_ERROR(cu::TopK(tp, s));
-  LS_RETURN_IF_ERROR(Tap(model_->tap_name(l, kTapIndexerTopk), st.topk_pos, topk, topk, TapDType::kI32));
+  LS_RETURN_IF_ERROR(taps_.Tap(model_->tap_name(l, kTapIndexerTopk), st.topk_pos, topk, topk, TapDType::kI32));
   return Mark("indexer");
 }
 
@@ -342,7 +342,7 @@ Status CudaBackend::AttendBlock(CudaStep& st, int64_t l) {
   ab.y_stride = dv;
   LS_RETURN_IF_ERROR(cu::ExpertGemm(ab, st.s));
   LS_RETURN_IF_ERROR(Mark("absorb_v"));
-  return Tap(model_->tap_name(l, kTapHeads), st.heads, nh * dv, nh * dv, TapDType::kF32);
+  return taps_.Tap(model_->tap_name(l, kTapHeads), st.heads, nh * dv, nh * dv, TapDType::kF32);
 }
 
 // o = o_proj(heads) [R, H]; x = x + o; h = RMSNorm(x) (the FFN's input) — and in an MoE layer
@@ -357,11 +357,11 @@ Status CudaBackend::OutProjBlock(CudaStep& st, int64_t l) {
     LS_RETURN_IF_ERROR(Linear(headsl, nh * dv, R, D.o_proj, st.o, H));
   }
   LS_RETURN_IF_ERROR(Mark("o_proj"));
-  LS_RETURN_IF_ERROR(Tap(model_->tap_name(l, kTapAttnOut), st.o, H, H, TapDType::kF32));
+  LS_RETURN_IF_ERROR(taps_.Tap(model_->tap_name(l, kTapAttnOut), st.o, H, H, TapDType::kF32));
   st.routed = st.fuse_norms && c.layers[l].ffn != FfnKind::kDense && cu::NormRouteFits(st.E, H, R) &&
               reinterpret_cast<uintptr_t>(D.router.f32()) % 16 == 0;
-  float* x_mid = slab_ ? st.SlabAt(l, CudaStep::kSResidMid) : st.x;
-  float* h_ffn = slab_ ? st.SlabAt(l, CudaStep::kSFfnNorm) : st.h;
+  float* x_mid = taps_.slab() ? st.SlabAt(l, CudaStep::kSResidMid) : st.x;
+  float* h_ffn = taps_.slab() ? st.SlabAt(l, CudaStep::kSFfnNorm) : st.h;
   if (st.routed) {
     cu::NormRouteParams nr;
     nr.norm = st.NormParams(st.x, H, D.post_attn_norm, H, st.rms_eps, h_ffn, H);
@@ -373,8 +373,8 @@ Status CudaBackend::OutProjBlock(CudaStep& st, int64_t l) {
     nr.router_stride = H;
     nr.logits = st.rlog;
     nr.logits_stride = st.E;
-    nr.route = st.RouteParams(D, slab_ ? reinterpret_cast<int32_t*>(st.SlabAt(l, CudaStep::kSIds)) : st.ids,
-                              slab_ ? st.SlabAt(l, CudaStep::kSWts) : st.wts);
+    nr.route = st.RouteParams(D, taps_.slab() ? reinterpret_cast<int32_t*>(st.SlabAt(l, CudaStep::kSIds)) : st.ids,
+                              taps_.slab() ? st.SlabAt(l, CudaStep::kSWts) : st.wts);
     LS_RETURN_IF_ERROR(cu::NormRoute(nr, st.s));
     LS_RETURN_IF_ERROR(Mark("norm_route"));
   } else if (st.fuse_norms) {  // x + o and the FFN's norm of it (h: the attention's inputs are done)
@@ -383,8 +383,8 @@ Status CudaBackend::OutProjBlock(CudaStep& st, int64_t l) {
     LS_RETURN_IF_ERROR(cu::Add(x_mid, H, st.x, H, st.o, H, R, H, st.s));
   }
   st.x = x_mid;
-  LS_RETURN_IF_ERROR(Tap(model_->tap_name(l, kTapResidMid), st.x, H, H, TapDType::kF32));
-  return SummaryFence();  // h, o and x are written next
+  LS_RETURN_IF_ERROR(taps_.Tap(model_->tap_name(l, kTapResidMid), st.x, H, H, TapDType::kF32));
+  return taps_.SummaryFence();  // h, o and x are written next
 }
 
 // o = MLP(h), or Σ_j w_j·expert_{id_j}(h) + shared(h) over the k routed experts   [R, H];
@@ -394,20 +394,20 @@ Status CudaBackend::FfnBlock(CudaStep& st, int64_t l) {
   const DevLayer& D = weights_->layers[l];
   const int64_t R = st.R, H = st.H, k = st.k, E = st.E;
   auto tn = [&](TapId t) -> const std::string& { return model_->tap_name(l, t); };
-  if (slab_) {
+  if (taps_.slab()) {
     st.h = st.SlabAt(l, CudaStep::kSFfnNorm);
     st.ids = reinterpret_cast<int32_t*>(st.SlabAt(l, CudaStep::kSIds));
     st.wts = st.SlabAt(l, CudaStep::kSWts);
     st.o = st.SlabAt(l, CudaStep::kSFfnOut);
   }
   if (!st.fuse_norms) LS_RETURN_IF_ERROR(st.RmsNorm(st.x, H, D.post_attn_norm, H, st.rms_eps, st.h, H));
-  LS_RETURN_IF_ERROR(Tap(tn(kTapFfnNorm), st.h, H, H, TapDType::kF32));
+  LS_RETURN_IF_ERROR(taps_.Tap(tn(kTapFfnNorm), st.h, H, H, TapDType::kF32));
   // The experts' and MLP's input (hq is free again: the attention's products are done).
   LS_ASSIGN_OR_RETURN(const float* hfl, st.LinearIn(st.h, H, st.hq));
   // Where the layer's residual sum and the next norm go (the last layer's: the final norm).
-  float* x_out = slab_ ? st.SlabAt(l, CudaStep::kSResidOut) : st.x;
+  float* x_out = taps_.slab() ? st.SlabAt(l, CudaStep::kSResidOut) : st.x;
   const bool last = l + 1 == c.num_hidden_layers;
-  float* h_next = !slab_ ? st.h : last ? st.SlabAt(c.num_hidden_layers, 0) : st.SlabAt(l + 1, CudaStep::kSAttnNorm);
+  float* h_next = !taps_.slab() ? st.h : last ? st.SlabAt(c.num_hidden_layers, 0) : st.SlabAt(l + 1, CudaStep::kSAttnNorm);
   const DevTensor& next_norm = last ? weights_->final_norm : weights_->layers[l + 1].input_norm;
   bool combined_norm = false;  // the MoE combine did the residual add and the next norm
   if (c.layers[l].ffn == FfnKind::kDense) {
@@ -441,8 +441,8 @@ Status CudaBackend::FfnBlock(CudaStep& st, int64_t l) {
       LS_RETURN_IF_ERROR(cu::Route(st.RouteParams(D, st.ids, st.wts), st.s));
       LS_RETURN_IF_ERROR(Mark("router"));
     }
-    LS_RETURN_IF_ERROR(Tap(tn(kTapTopkIds), st.ids, k, k, TapDType::kI32));
-    LS_RETURN_IF_ERROR(Tap(tn(kTapTopkWeights), st.wts, k, k, TapDType::kF32));
+    LS_RETURN_IF_ERROR(taps_.Tap(tn(kTapTopkIds), st.ids, k, k, TapDType::kI32));
+    LS_RETURN_IF_ERROR(taps_.Tap(tn(kTapTopkWeights), st.wts, k, k, TapDType::kF32));
     // Each (row, slot) through its expert: gate_up, SwiGLU, down; combined in slot order.
     const int64_t I = D.moe_inter;
     cu::ExpertGemmParams ge;
@@ -525,7 +525,7 @@ Status CudaBackend::FfnBlock(CudaStep& st, int64_t l) {
     }
     LS_RETURN_IF_ERROR(Mark("combine"));
   }
-  LS_RETURN_IF_ERROR(Tap(tn(kTapFfnOut), st.o, H, H, TapDType::kF32));
+  LS_RETURN_IF_ERROR(taps_.Tap(tn(kTapFfnOut), st.o, H, H, TapDType::kF32));
   if (combined_norm) {
     st.h_ready = true;
   } else if (st.fuse_norms) {  // x + o and the next layer's input norm (or the final norm)
@@ -535,9 +535,9 @@ Status CudaBackend::FfnBlock(CudaStep& st, int64_t l) {
     LS_RETURN_IF_ERROR(cu::Add(x_out, H, st.x, H, st.o, H, R, H, st.s));
   }
   st.x = x_out;
-  LS_RETURN_IF_ERROR(Tap(tn(kTapResidOut), st.x, H, H, TapDType::kF32));
-  LS_RETURN_IF_ERROR(SummaryFence());  // the next layer writes every buffer again
-  return OverrideRows(tn(kTapResidOut), st.x, H);
+  LS_RETURN_IF_ERROR(taps_.Tap(tn(kTapResidOut), st.x, H, H, TapDType::kF32));
+  LS_RETURN_IF_ERROR(taps_.SummaryFence());  // the next layer writes every buffer again
+  return taps_.Override(tn(kTapResidOut), st.x, H);
 }
 
 // h = RMSNorm(x); logits = lm_head(h) for the rows that need them [RL, V], gathered first so
@@ -545,20 +545,20 @@ Status CudaBackend::FfnBlock(CudaStep& st, int64_t l) {
 Status CudaBackend::HeadBlock(CudaStep& st) {
   const ModelConfig& c = st.c;
   const int64_t R = st.R, H = st.H;
-  if (slab_) st.h = st.SlabAt(c.num_hidden_layers, 0);
+  if (taps_.slab()) st.h = st.SlabAt(c.num_hidden_layers, 0);
   if (!st.h_ready) LS_RETURN_IF_ERROR(st.RmsNorm(st.x, H, weights_->final_norm, H, st.rms_eps, st.h, H));
-  LS_RETURN_IF_ERROR(Tap(kModelTaps[kTapFinalNorm].name, st.h, H, H, TapDType::kF32));
-  if (kv_events_) LS_RETURN_IF_ERROR(TapKvRows(st.cache, st.mirror_base, st.mirror_off));
-  LS_RETURN_IF_ERROR(SummaryFence());
+  LS_RETURN_IF_ERROR(taps_.Tap(kModelTaps[kTapFinalNorm].name, st.h, H, H, TapDType::kF32));
+  if (taps_.kv_events()) LS_RETURN_IF_ERROR(taps_.TapKvRows(st.cache, c.num_hidden_layers, st.mirror_base, st.mirror_off));
+  LS_RETURN_IF_ERROR(taps_.SummaryFence());
   // The step's tail besides the logits: the slab's tap summaries. They read what the layers
   // wrote and nothing lm_head writes, so with `overlap` they run on the side stream while
   // lm_head (the step's largest read) runs here. (The new cache rows for the host were
   // copied as they were written.)
   auto tail = [&]() -> Status {
-    if (slab_) LS_RETURN_IF_ERROR(SummarizeSlab());  // (full capture: beside the values)
+    if (taps_.slab()) LS_RETURN_IF_ERROR(taps_.SummarizeSlab(launch_));  // (full capture: beside the values)
     return Status::Ok();
   };
-  const bool tail_side = st.overlap && slab_;
+  const bool tail_side = st.overlap && taps_.slab();
   if (tail_side) LS_RETURN_IF_ERROR(OnSide(st, tail));
   LS_RETURN_IF_ERROR(Mark("final_norm_taps"));
   {

@@ -57,11 +57,8 @@ Status CudaBackend::Forward(std::span<Segment> segs, PagedKvCache& cache, const 
     LS_RETURN_IF_ERROR(cache.Reserve(g.cache, g.start_pos + static_cast<int64_t>(g.tokens.size())));
     max_pages = std::max<int64_t>(max_pages, static_cast<int64_t>(g.cache->pages.size()));
   }
-  segs_ = segs;
-  rows_ = R;
-  hook_ = hook;
-  summary_taps_ = hook != nullptr && !hook->WantsTapValues();
-  summary_batch_.count = 0;
+  taps_.BeginStep(hook, segs, row0_, R);
+  const bool summary_taps = taps_.summaries_only();
 
   // Decode-only steps run as a CUDA graph (taps too: their device copies are graph nodes and
   // the arena is handed over after the launch; not when grafting, which needs the host inside
@@ -201,28 +198,28 @@ Status CudaBackend::Forward(std::span<Segment> segs, PagedKvCache& cache, const 
   }
   step.ends_floats = (R * H + 63) / 64 * 64;  // embed, final_norm
   const int64_t ends_floats = step.ends_floats;
-  step.slab_buf = &slab_buf_;
+  step.slab_buf = &taps_.slab_buffer();
   const size_t slab_taps = static_cast<size_t>(2 * ends_floats + c.num_hidden_layers * layer_floats) * 4;
   const bool kv_wanted = hook != nullptr && mirror_ && hook->WantsKvTaps();
-  const bool kv_values = kv_wanted && !summary_taps_;  // full capture: the rows in the slab
+  const bool kv_values = kv_wanted && !summary_taps;  // full capture: the rows in the slab
   const size_t slab_need = slab_taps + (kv_values ? mirror_bytes : 0);
-  slab_ = hook != nullptr && all_decode && R <= kSlabMaxRows && slab_need <= kSlabMaxBytes && !hook->WantsOverride();
-  if (slab_) {
-    slab_bytes_ = slab_need;
-    LS_RETURN_IF_ERROR(slab_buf_.Ensure(slab_bytes_));
-  }
+  LS_RETURN_IF_ERROR(taps_.UseSlab(hook != nullptr && all_decode && R <= CudaTapCapture::kSlabMaxRows &&
+                                       slab_need <= CudaTapCapture::kSlabMaxBytes && !hook->WantsOverride(),
+                                   slab_need));
+  const bool slab = taps_.slab();
   // This step's cache rows go to the hook as kv/ events: summaries in any step, values in slab
   // steps (elsewhere full capture's rows take the host cache's way).
-  kv_events_ = kv_wanted && (summary_taps_ || slab_);
+  taps_.set_kv_events(kv_wanted && (summary_taps || slab));
+  const bool kv_events = taps_.kv_events();
   uint8_t*& mirror_base = step.mirror_base;
   if (mirror_) {
-    if (kv_events_ && !summary_taps_) {
-      mirror_base = slab_buf_.as<uint8_t>() + slab_taps;
+    if (kv_events && !summary_taps) {
+      mirror_base = taps_.slab_buffer().as<uint8_t>() + slab_taps;
     } else {
       LS_RETURN_IF_ERROR(mirror_dev_.Ensure(mirror_bytes));
       mirror_base = mirror_dev_.as<uint8_t>();
     }
-    if (!kv_events_ && mirror_host_.size() < mirror_bytes) {
+    if (!kv_events && mirror_host_.size() < mirror_bytes) {
       LS_ASSIGN_OR_RETURN(mirror_host_, cu::PinnedBuffer::Allocate(mirror_bytes * 3 / 2));
     }
     size_t idx = 0;
@@ -232,10 +229,7 @@ Status CudaBackend::Forward(std::span<Segment> segs, PagedKvCache& cache, const 
       }
     }
   }
-  if (hook != nullptr && tap_arena_.buf.size() == 0) {
-    LS_RETURN_IF_ERROR(tap_arena_.Ensure(size_t{64} << 20));
-    LS_ASSIGN_OR_RETURN(tap_host_, cu::PinnedBuffer::Allocate(tap_arena_.buf.size()));
-  }
+  if (hook != nullptr) LS_RETURN_IF_ERROR(taps_.EnsureArena());
 
   LS_RETURN_IF_ERROR(TakeLogitsBuffer(static_cast<size_t>(RL * V) * 4, hook != nullptr));
   LS_RETURN_IF_ERROR(logits_dev_.Ensure(static_cast<size_t>(RL * V) * 4));
@@ -257,45 +251,42 @@ Status CudaBackend::Forward(std::span<Segment> segs, PagedKvCache& cache, const 
   step.d_lrow = d_lrow;
   step.d_table = d_table;
   step.d_heads = d_heads;
-  step.fuse_norms = hook == nullptr || slab_;
+  step.fuse_norms = hook == nullptr || slab;
   // Independent branches on two streams (see side_), where taps need no copies or fences
   // in stream order. The side stream's GEMMs have their own scratch and workspace; not for
   // cuBLAS fp32, whose objects may each fall back from PEDANTIC on their own.
-  step.overlap = use_side_ && (dot_ || bf16_) && (hook == nullptr || slab_);
+  step.overlap = use_side_ && (dot_ || bf16_) && (hook == nullptr || slab);
   auto body = [&]() -> Status { return StepBody(step); };
   if (!graph) {
     LS_RETURN_IF_ERROR(body());
   } else {
     // With taps the graph has the arena copies, or the summary launches (with the KV rows').
-    const int64_t key = 8 * R + (hook != nullptr ? 1 : 0) + (summary_taps_ ? 2 : 0) + (kv_events_ ? 4 : 0);
+    const int64_t key = 8 * R + (hook != nullptr ? 1 : 0) + (summary_taps ? 2 : 0) + (kv_events ? 4 : 0);
     StepGraph& sg = graphs_[key];
     auto warm = warmed_.find(key);
     if (sg.graph && sg.generation == alloc_generation_) {
       LS_RETURN_IF_ERROR(sg.graph->Launch(s));
       ++graph_launches_;
       if (prof_) prof_->SetUsed(sg.marks);
-      pending_ = sg.pending;
-      tap_used_ = sg.tap_used;
+      taps_.Restore(sg.taps);
     } else if (!sg.failed && warm != warmed_.end() && warm->second == alloc_generation_) {
       LS_RETURN_IF_ERROR(cu::CudaGraph::BeginCapture(s));
-      capturing_ = true;
+      taps_.set_capturing(true);
       const Status st = body();
-      capturing_ = false;
+      taps_.set_capturing(false);
       auto captured = cu::CudaGraph::EndCapture(s);
       if (st.ok() && captured.ok() && alloc_generation_ == warm->second) {
         sg.graph = std::move(*captured);
         sg.generation = alloc_generation_;
         if (prof_) sg.marks = prof_->used();
-        sg.pending = pending_;
-        sg.tap_used = tap_used_;
+        sg.taps = taps_.Held();
         LS_RETURN_IF_ERROR(sg.graph->Launch(s));
       } else {
         // Something in the step cannot be captured: run it plainly from now on.
         sg.failed = true;
         sg.graph.reset();
         cu::ClearLastError();
-        pending_.clear();
-        tap_used_ = 0;
+        taps_.Drop();
         if (prof_) prof_->SetUsed(0);
         LS_RETURN_IF_ERROR(body());
       }
@@ -333,7 +324,7 @@ Status CudaBackend::Forward(std::span<Segment> segs, PagedKvCache& cache, const 
     }
   }
 
-  if (mirror_ && !kv_events_) {
+  if (mirror_ && !kv_events) {
     LS_RETURN_IF_ERROR(cu::CopyAsync(mirror_host_.data(), mirror_dev_.buf.data(), mirror_bytes, s));
   }
 
@@ -343,7 +334,7 @@ Status CudaBackend::Forward(std::span<Segment> segs, PagedKvCache& cache, const 
     LS_ASSIGN_OR_RETURN(flag_host_, cu::PinnedBuffer::Allocate(256));
   }
   LS_RETURN_IF_ERROR(cu::CopyAsync(flag_host_.data(), err, 4, s));
-  LS_RETURN_IF_ERROR(FlushTaps());
+  LS_RETURN_IF_ERROR(taps_.Flush());
   LS_RETURN_IF_ERROR(stream_->Synchronize());
   const int32_t flag = *flag_host_.as<int32_t>();
   if (flag != 0) {
@@ -355,7 +346,7 @@ Status CudaBackend::Forward(std::span<Segment> segs, PagedKvCache& cache, const 
     LS_RETURN_IF_ERROR(prof_->Collect(&prof_ms_[all_decode ? 0 : 1]));
     ++prof_steps_[all_decode ? 0 : 1];
   }
-  if (mirror_ && !kv_events_) {
+  if (mirror_ && !kv_events) {
     size_t idx = 0;
     for (int64_t l = 0; l < c.num_hidden_layers; ++l) {
       const auto& streams = cache.streams(l);
@@ -395,9 +386,8 @@ Status CudaBackend::Forward(std::span<Segment> segs, PagedKvCache& cache, const 
   }
   LS_RETURN_IF_ERROR(CollectSamples(segs, out));
   for (auto& g : segs) g.cache->length = g.start_pos + static_cast<int64_t>(g.tokens.size());
-  hook_ = nullptr;
+  taps_.EndStep();
   logits_owner_.reset();  // the hook's copies, if any, keep the buffer
-  segs_ = {};
   return Status::Ok();
 }
 

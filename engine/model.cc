@@ -22,20 +22,6 @@ namespace cpu = kernels::cpu;
 
 namespace {
 
-// Segment g's rows of a step buffer [R, cols] of `dtype`, its first row at row0, as a tap event.
-TapEvent SegmentRowsEvent(const Segment& g, int64_t row0, std::string_view name, const void* data, int64_t cols,
-                          TapDType dtype) {
-  TapEvent e;
-  e.name = name;
-  e.request_id = g.request_id;
-  e.position = g.start_pos;
-  e.rows = static_cast<int64_t>(g.tokens.size());
-  e.cols = cols;
-  e.dtype = dtype;
-  e.data = static_cast<const uint8_t*>(data) + row0 * cols * TapDTypeSize(dtype);
-  return e;
-}
-
 double YarnCorrectionDim(double rot, double dim, double base, double max_pos) {
   return (dim * std::log(max_pos / (rot * 2.0 * M_PI))) / (2.0 * std::log(base));
 }
@@ -180,20 +166,6 @@ int64_t Model::ActiveParameterCount() const { return engine::ActiveParameterCoun
 
 // ---------------------------------------------------------------------------------------------
 // The forward pass.
-
-void EmitSegmentRows(TapHook* hook, std::span<const Segment> segs, std::span<const int64_t> row0,
-                     std::string_view name, const void* data, int64_t cols, TapDType dtype) {
-  if (hook == nullptr) return;
-  for (size_t s = 0; s < segs.size(); ++s) hook->OnTap(SegmentRowsEvent(segs[s], row0[s], name, data, cols, dtype));
-}
-
-void OverrideSegmentRows(TapHook* hook, std::span<const Segment> segs, std::span<const int64_t> row0,
-                         std::string_view name, float* data, int64_t cols) {
-  if (hook == nullptr || !hook->WantsOverride()) return;
-  for (size_t s = 0; s < segs.size(); ++s) {
-    hook->Override(SegmentRowsEvent(segs[s], row0[s], name, data, cols, TapDType::kF32), data + row0[s] * cols);
-  }
-}
 
 Result<SegmentLayout> LayOutSegments(std::span<const Segment> segs, const ModelConfig& c) {
   SegmentLayout out;

@@ -85,16 +85,6 @@ struct ForwardOutput {
 // weights (normalised when norm_topk_prob, × routed_scaling_factor). The CUDA Route kernel's twin.
 void RouteExperts(const ModelConfig& c, const float* bias, const float* logits, int32_t* ids, float* weights);
 
-// Tap `name` for each segment: its rows of a step buffer [rows, cols] of `dtype` (4-byte
-// elements), segment s's first row at row0[s] — what the CPU forward passes emit at a tap
-// point. Nothing without a hook.
-void EmitSegmentRows(TapHook* hook, std::span<const Segment> segs, std::span<const int64_t> row0,
-                     std::string_view name, const void* data, int64_t cols, TapDType dtype = TapDType::kF32);
-// The same rows of an f32 buffer offered to the hook for overwriting (TapHook::Override: grafting),
-// where the hook wants to.
-void OverrideSegmentRows(TapHook* hook, std::span<const Segment> segs, std::span<const int64_t> row0,
-                         std::string_view name, float* data, int64_t cols);
-
 // The step's logits, the CPU forward passes' last step: per segment its last row (every row
 // with all_logits) of the final hidden states h [rows, hidden] through head(x, n, dst) (x
 // [n, hidden] → dst [n, vocab]) into out->logits, each segment's emitted as tap "logits".
