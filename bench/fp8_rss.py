@@ -9,6 +9,7 @@ the checkpoint's size (docs/performance.md, "Weights held as stored").
       weight of the layers F8_E4M3 with fp32 128×128 block scales (weight_scale_inv), the
       embeddings, lm_head, norms and router bf16, the router bias fp32. The defaults make ~0.55 GB.
   python3 bench/fp8_rss.py measure DIR --lockstep build/lockstep [-n 16] [--prompt-len 32] [--kernel gemm=fp8_dot]
+                                   [--backend cuda]
       runs `lockstep generate -m DIR` (greedy, a --prompt-len-token prompt) and prints one JSON line: the
       checkpoint's bytes, the run's peak RSS (the kernel's ru_maxrss of the finished child) and
       their ratio.
@@ -144,7 +145,8 @@ def measure(args):
     files = [os.path.join(args.dir, f) for f in os.listdir(args.dir) if f.endswith(".safetensors")]
     file_bytes = sum(os.path.getsize(f) for f in files)
     cmd = [args.lockstep, "generate", "-m", args.dir, "--prompt-ids", ",".join(str(5 + i) for i in range(args.prompt_len)),
-           "-n", str(args.n), "-t", "0", "-q"] + sum((["--kernel", k] for k in args.kernel), [])
+           "-n", str(args.n), "-t", "0", "-q"] + sum((["--kernel", k] for k in args.kernel), []) + \
+        (["--backend", args.backend] if args.backend else [])
     t0 = time.time()
     r = subprocess.run(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
     wall = time.time() - t0
@@ -171,6 +173,7 @@ def main():
     ms.add_argument("-n", type=int, default=16)
     ms.add_argument("--prompt-len", type=int, default=32)
     ms.add_argument("--kernel", action="append", default=[])
+    ms.add_argument("--backend", default=None, help="passed to generate (cuda: the host memory the device upload takes)")
     args = ap.parse_args()
     make(args) if args.cmd == "make" else measure(args)
 

@@ -34,25 +34,6 @@ bool HaveCudaBackend() { return true; }
 namespace cuda_impl {
 namespace {
 
-// Device copy of `n` fp32 values, rounded to bf16 when asked.
-Result<DevTensor> Upload(const float* data, int64_t rows, int64_t cols, bool bf16) {
-  DevTensor t;
-  t.rows = rows;
-  t.cols = cols;
-  t.bf16 = bf16;
-  const int64_t n = rows * cols;
-  if (n == 0) return t;
-  LS_ASSIGN_OR_RETURN(t.buf, cu::DeviceBuffer::Allocate(static_cast<size_t>(n) * (bf16 ? 2 : 4)));
-  if (!bf16) {
-    LS_RETURN_IF_ERROR(t.buf.CopyFromHost(data, static_cast<size_t>(n) * 4));
-  } else {
-    std::vector<uint16_t> b(n);
-    for (int64_t i = 0; i < n; ++i) b[i] = kernels::F32ToBf16(data[i]);
-    LS_RETURN_IF_ERROR(t.buf.CopyFromHost(b.data(), static_cast<size_t>(n) * 2));
-  }
-  return t;
-}
-
 // FP8 bytes [rows, cols] and each row's scale per 128 columns [rows, ⌈cols / 128⌉].
 Result<DevTensor> UploadFp8(const std::vector<uint8_t>& values, const std::vector<float>& row_scales, int64_t rows,
                             int64_t cols) {
@@ -102,9 +83,58 @@ std::vector<float> Fp8Values(const Matrix& m, const Fp8Blocks* f) {
   return v;
 }
 
+// Host memory an upload holds at once: one chunk of this many fp32 values (16 MB), never a
+// stacked tensor's fp32 copy (a 671B model's stacked experts are ~30 GB a layer in fp32).
+constexpr int64_t kUploadChunkValues = int64_t{4} << 20;
+
+// Rows [row0, row0 + rows) of t (fp32 or bf16, allocated) from `decode(r, n, dst)`, which gives
+// rows [r, r + n) of the source as fp32 [n, t.cols]: a chunk of rows at a time, rounded to bf16
+// when t is bf16.
+template <typename Decode>
+Status UploadRows(DevTensor& t, int64_t row0, int64_t rows, Decode&& decode) {
+  const int64_t cols = t.cols;
+  if (rows * cols == 0) return Status::Ok();
+  const int64_t step = std::max<int64_t>(1, kUploadChunkValues / cols);
+  std::vector<float> f(static_cast<size_t>(std::min(step, rows) * cols));
+  std::vector<uint16_t> b(t.bf16 ? f.size() : 0);
+  for (int64_t r = 0; r < rows; r += step) {
+    const int64_t n = std::min(step, rows - r), count = n * cols;
+    decode(r, n, f.data());
+    const size_t at = static_cast<size_t>((row0 + r) * cols) * (t.bf16 ? 2 : 4);
+    if (t.bf16) {
+      for (int64_t i = 0; i < count; ++i) b[i] = kernels::F32ToBf16(f[i]);
+      LS_RETURN_IF_ERROR(t.buf.CopyFromHost(b.data(), static_cast<size_t>(count) * 2, at));
+    } else {
+      LS_RETURN_IF_ERROR(t.buf.CopyFromHost(f.data(), static_cast<size_t>(count) * 4, at));
+    }
+  }
+  return Status::Ok();
+}
+
+// An fp32 or bf16 device tensor [rows, cols], allocated.
+Result<DevTensor> Allocate(int64_t rows, int64_t cols, bool bf16) {
+  DevTensor t;
+  t.rows = rows;
+  t.cols = cols;
+  t.bf16 = bf16;
+  if (rows * cols == 0) return t;
+  LS_ASSIGN_OR_RETURN(t.buf, cu::DeviceBuffer::Allocate(static_cast<size_t>(rows * cols) * (bf16 ? 2 : 4)));
+  return t;
+}
+
+// Device copy of host fp32 values [rows, cols], rounded to bf16 when asked.
+Result<DevTensor> Upload(const float* data, int64_t rows, int64_t cols, bool bf16) {
+  LS_ASSIGN_OR_RETURN(DevTensor t, Allocate(rows, cols, bf16));
+  LS_RETURN_IF_ERROR(UploadRows(t, 0, rows, [&](int64_t r, int64_t n, float* dst) {
+    std::memcpy(dst, data + r * cols, static_cast<size_t>(n * cols) * 4);
+  }));
+  return t;
+}
+
 // Rows of several matrices stacked into one device tensor (gate ; up → [2I, in]), in the
 // backend's weight precision: bf16; or (fp8) FP8 when every part has an FP8 form (Fp8Of) whose
-// blocks fit 128-column chunks — else fp32, the values those forms dequantise to.
+// blocks fit 128-column chunks — else fp32, the values those forms dequantise to. Each part
+// goes up on its own (FP8: its bytes from where they lie; else a chunk of rows at a time).
 Result<DevTensor> UploadStacked(const std::vector<const Matrix*>& parts, bool bf16, bool fp8 = false,
                                 bool quantize = false) {
   int64_t rows = 0;
@@ -113,38 +143,46 @@ Result<DevTensor> UploadStacked(const std::vector<const Matrix*>& parts, bool bf
     if (m->cols != cols) return Status::Internal("UploadStacked: column counts differ");
     rows += m->rows;
   }
+  std::vector<std::shared_ptr<const Fp8Blocks>> blocks(parts.size());
   if (fp8) {
-    std::vector<std::shared_ptr<const Fp8Blocks>> blocks;
-    std::vector<uint8_t> values;
-    std::vector<float> scales;
     bool ok = true;
-    for (const Matrix* m : parts) {
-      blocks.push_back(Fp8Of(*m, quantize));
-      if (blocks.back() == nullptr || !AppendRowScales(*blocks.back(), &scales)) {
-        ok = false;
-      } else {
-        values.insert(values.end(), blocks.back()->values.begin(), blocks.back()->values.end());
+    std::vector<std::vector<float>> scales(parts.size());
+    for (size_t i = 0; i < parts.size(); ++i) blocks[i] = Fp8Of(*parts[i], quantize);
+    for (size_t i = 0; i < parts.size() && ok; ++i) {
+      ok = blocks[i] != nullptr && AppendRowScales(*blocks[i], &scales[i]);
+    }
+    if (ok) {
+      DevTensor t;
+      t.rows = rows;
+      t.cols = cols;
+      t.fp8 = true;
+      t.scale_cols = (cols + 127) / 128;
+      if (rows * cols == 0) return t;
+      LS_ASSIGN_OR_RETURN(t.buf, cu::DeviceBuffer::Allocate(static_cast<size_t>(rows * cols)));
+      LS_ASSIGN_OR_RETURN(t.scale, cu::DeviceBuffer::Allocate(static_cast<size_t>(rows * t.scale_cols) * 4));
+      size_t at = 0, scale_at = 0;
+      for (size_t i = 0; i < parts.size(); ++i) {
+        const std::span<const uint8_t> v = blocks[i]->values;
+        LS_RETURN_IF_ERROR(t.buf.CopyFromHost(v.data(), v.size(), at));
+        LS_RETURN_IF_ERROR(t.scale.CopyFromHost(scales[i].data(), scales[i].size() * 4, scale_at));
+        at += v.size();
+        scales[i] = {};
+        scale_at += static_cast<size_t>(parts[i]->rows * t.scale_cols) * 4;
       }
+      return t;
     }
-    if (ok) return UploadFp8(values, scales, rows, cols);
-    std::vector<float> host;
-    host.reserve(static_cast<size_t>(rows * cols));
-    for (size_t i = 0; i < parts.size(); ++i) {
-      const std::vector<float> v = Fp8Values(*parts[i], blocks[i].get());
-      host.insert(host.end(), v.begin(), v.end());
-    }
-    return Upload(host.data(), rows, cols, false);
+    bf16 = false;  // fp32 of the values the FP8 forms dequantise to
   }
-  // The stored values dequantised on the host (the fp32 values the CPU computes with), one
-  // matrix at a time.
-  if (parts.size() == 1 && parts[0]->ptr() != nullptr) return Upload(parts[0]->ptr(), rows, cols, bf16);
-  std::vector<float> host;
-  host.reserve(static_cast<size_t>(rows * cols));
-  for (const Matrix* m : parts) {
-    const std::vector<float> v = m->Dequantized();
-    host.insert(host.end(), v.begin(), v.end());
+  // The values the CPU computes with (the FP8 forms' under fp8), dequantised a chunk at a time.
+  LS_ASSIGN_OR_RETURN(DevTensor t, Allocate(rows, cols, bf16));
+  int64_t row0 = 0;
+  for (size_t i = 0; i < parts.size(); ++i) {
+    const kernels::WeightView view = blocks[i] != nullptr ? blocks[i]->view() : parts[i]->data;
+    LS_RETURN_IF_ERROR(
+        UploadRows(t, row0, parts[i]->rows, [&](int64_t r, int64_t n, float* dst) { view.DecodeRows(r, n, dst); }));
+    row0 += parts[i]->rows;
   }
-  return Upload(host.data(), rows, cols, bf16);
+  return t;
 }
 
 Result<DevTensor> Upload(const Matrix& m, bool bf16, bool fp8 = false, bool quantize = false) {
