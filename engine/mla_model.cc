@@ -13,7 +13,9 @@
 #include <cstring>
 #include <numeric>
 
+#include "engine/ffn_blocks.h"
 #include "engine/gemm.h"
+#include "engine/tap_capture.h"
 #include "engine/tensor_parallel.h"
 #include "kernels/cpu/numerics.h"
 #include "kernels/cpu/ops.h"
@@ -85,15 +87,6 @@ void HeadWukT(const kernels::WeightView& kv_b, int64_t hd, int64_t dn, int64_t d
   }
 }
 
-// y = down(SwiGLU(gate(x), up(x)))                         x [rows, H] → y [rows, H]
-void Mlp(const Gemm& gemm, const MlpWeights& m, const float* x, int64_t rows, int64_t hidden, float* y) {
-  const int64_t inter = m.gate.rows;
-  std::vector<float> g(rows * inter), u(rows * inter);
-  gemm(x, rows, m.gate, inter, hidden, g.data());
-  gemm(x, rows, m.up, inter, hidden, u.data());
-  cpu::SwiGlu(g.data(), u.data(), rows * inter, g.data());
-  gemm(g.data(), rows, m.down, hidden, inter, y);
-}
 // Emulated TP: the MLP's gate and up (column-parallel: the same values on every rank), then
 // each rank's slice of the down projection — partials [rows, ranks, hidden].
 void MlpPartials(const Gemm& gemm, const MlpWeights& m, const float* x, int64_t rows, int64_t hidden, int ranks,
@@ -126,6 +119,7 @@ struct Step {
   const MlaTables& tables;
   TapHook* hook;
   const std::vector<int64_t>& row0;  // first row of each segment
+  HostTapCapture taps{hook, segs, row0};
   int64_t R = 0, max_pos = 0;
   std::vector<int64_t> pos{};    // per row
   std::vector<size_t> seg_of{};  // per row
@@ -155,11 +149,11 @@ struct Step {
   }
   // Each segment's rows of a [R, cols] buffer as tap `name`.
   void Tap(std::string_view name, const void* data, int64_t cols, TapDType dt = TapDType::kF32) const {
-    EmitSegmentRows(hook, segs, row0, name, data, cols, dt);
+    taps.Emit(name, data, cols, dt);
   }
   // Offers each segment's rows of a [R, cols] f32 buffer for overwriting (grafting).
   void Override(std::string_view name, float* data, int64_t cols) const {
-    OverrideSegmentRows(hook, segs, row0, name, data, cols);
+    taps.EmitOverride(name, data, cols);
   }
 };
 
@@ -487,7 +481,7 @@ void Ffn(const Step& st, int64_t l, const std::vector<float>& h, std::vector<flo
   if (c.layers[l].ffn == FfnKind::kDense && tp > 1) {
     MlpPartials(linear, L.mlp, h.data(), R, H, tp, fparts.data());
   } else if (c.layers[l].ffn == FfnKind::kDense) {
-    Mlp(linear, L.mlp, h.data(), R, H, o.data());
+    SwiGluMlp(linear, L.mlp, h.data(), R, o.data());
   } else {
     const int64_t k = c.num_experts_per_tok, E = c.n_routed_experts;
     std::vector<int32_t> ids(R * k);
@@ -504,26 +498,15 @@ void Ffn(const Step& st, int64_t l, const std::vector<float>& h, std::vector<flo
       st.Tap(st.Name(l, kTapTopkIds), ids.data(), k, TapDType::kI32);
       st.Tap(st.Name(l, kTapTopkWeights), wts.data(), k);
     }
-    // Rows grouped per expert; each row's result lands in its own slot, combined below in
-    // ascending expert order so the sum never depends on the batch.
+    // Each (row, slot) result in its own place (engine/ffn_blocks.h), combined below.
     std::vector<float> slot(R * k * H);
-    for (int64_t e = 0; e < E; ++e) {
-      std::vector<int64_t> rows;
-      for (int64_t r = 0; r < R; ++r) {
-        for (int64_t j = 0; j < k; ++j) {
-          if (ids[r * k + j] == e) rows.push_back(r * k + j);
-        }
-      }
-      if (rows.empty()) continue;
-      std::vector<float> xin(rows.size() * H), yout(rows.size() * H);
-      for (size_t i = 0; i < rows.size(); ++i) std::memcpy(&xin[i * H], &h[(rows[i] / k) * H], H * sizeof(float));
+    DispatchExperts(ids.data(), R, k, E, H, h.data(), [&](int64_t e, const float* xin, int64_t n, float* yout) {
       if (st.hidden == HF::kExpertDownKTail) {
-        MlpDownKTail(linear, L.experts[e], xin.data(), static_cast<int64_t>(rows.size()), H, yout.data());
+        MlpDownKTail(linear, L.experts[e], xin, n, H, yout);
       } else {
-        Mlp(linear, L.experts[e], xin.data(), static_cast<int64_t>(rows.size()), H, yout.data());
+        SwiGluMlp(linear, L.experts[e], xin, n, yout);
       }
-      for (size_t i = 0; i < rows.size(); ++i) std::memcpy(&slot[rows[i] * H], &yout[i * H], H * sizeof(float));
-    }
+    }, slot.data());
     if (tp > 1) {
       // Rank q holds experts ShardOf(E, tp, q) and its slice of the shared experts.
       if (c.n_shared_experts > 0) MlpPartials(linear, L.shared, h.data(), R, H, tp, fparts.data());
@@ -547,17 +530,8 @@ void Ffn(const Step& st, int64_t l, const std::vector<float>& h, std::vector<flo
       }
     } else {
       std::vector<float> shared(R * H, 0.0f);
-      if (c.n_shared_experts > 0) Mlp(linear, L.shared, h.data(), R, H, shared.data());
-      for (int64_t r = 0; r < R; ++r) {
-        float* orow = &o[r * H];
-        std::fill(orow, orow + H, 0.0f);
-        for (int64_t j = 0; j < k; ++j) {
-          const float w = wts[r * k + j];
-          const float* y = &slot[(r * k + j) * H];
-          for (int64_t i = 0; i < H; ++i) orow[i] += y[i] * w;
-        }
-        for (int64_t i = 0; i < H; ++i) orow[i] += shared[r * H + i];
-      }
+      if (c.n_shared_experts > 0) SwiGluMlp(linear, L.shared, h.data(), R, shared.data());
+      CombineExperts(slot.data(), wts.data(), R, k, H, shared.data(), ExpertCombine::kMulAdd, o.data());
     }
   }
   if (tp > 1) {

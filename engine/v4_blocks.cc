@@ -5,6 +5,7 @@
 #include <cmath>
 #include <limits>
 
+#include "engine/ffn_blocks.h"
 #include "kernels/cpu/ops.h"
 #include "kernels/hidden_fault.h"
 
@@ -191,17 +192,7 @@ float SqrtSoftplus(float x) {
 }
 
 void ClampedSwiGlu(const MlpWeights& m, double limit, const float* x, int64_t rows, const Gemm& gemm, float* y) {
-  const int64_t I = m.gate.rows;
-  const float L = static_cast<float>(limit);
-  std::vector<float> g(rows * I), u(rows * I);
-  gemm(x, rows, m.gate, g.data());
-  gemm(x, rows, m.up, u.data());
-  for (int64_t i = 0; i < rows * I; ++i) {
-    g[i] = std::min(g[i], L);
-    u[i] = std::clamp(u[i], -L, L);
-  }
-  cpu::SwiGlu(g.data(), u.data(), rows * I, g.data());
-  gemm(g.data(), rows, m.down, y);
+  SwiGluMlp(gemm, m, x, rows, y, static_cast<float>(limit));
 }
 
 }  // namespace lockstep::engine::v4

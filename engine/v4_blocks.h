@@ -72,7 +72,8 @@ float AttendWithSink(const float* q, const float* const* keys, int64_t n, int64_
 float SqrtSoftplus(float x);
 
 // The clamped SwiGLU of V4's experts on `rows` rows: down(silu(min(g, L)) · clamp(u, ±L)), each
-// product by `gemm` (engine/gemm.h: the run's gemm variant).
+// product by `gemm` (engine/gemm.h: the run's gemm variant) — engine/ffn_blocks.h's SwiGluMlp
+// with the clamp.
 void ClampedSwiGlu(const MlpWeights& m, double limit, const float* x, int64_t rows, const Gemm& gemm, float* y);
 
 }  // namespace lockstep::engine::v4

@@ -12,7 +12,9 @@
 #include <numeric>
 #include <string>
 
+#include "engine/ffn_blocks.h"
 #include "engine/gemm.h"
+#include "engine/tap_capture.h"
 #include "engine/v4_blocks.h"
 #include "engine/v4_weights.h"
 #include "kernels/cpu/ops.h"
@@ -46,22 +48,14 @@ struct Step {
   const v4::RopeTable& rope_of(const LayerSpec& s) const {
     return s.attention == AttentionKind::kSliding ? main_rope : compress_rope;
   }
+  HostTapCapture taps{hook, segs, row0};
   // Emits each segment's rows of a [R, cols] buffer as tap `name` (built only with a hook).
   void Tap(const std::string& name, const void* data, int64_t cols, TapDType dt = TapDType::kF32) const {
-    EmitSegmentRows(hook, segs, row0, name, data, cols, dt);
+    taps.Emit(name, data, cols, dt);
   }
   // One row of request row r's segment, at row r's position (taps with rows only where an event happens).
   void TapRow(const std::string& name, int64_t r, const float* data, int64_t cols) const {
-    if (hook == nullptr) return;
-    TapEvent e;
-    e.name = name;
-    e.request_id = segs[seg_of[r]].request_id;
-    e.position = pos[r];
-    e.rows = 1;
-    e.cols = cols;
-    e.dtype = TapDType::kF32;
-    e.data = data;
-    hook->OnTap(e);
+    taps.EmitRow(name, seg_of[r], pos[r], data, cols);
   }
   // The name of layer l's tap point `t` (engine/tap.h's table); built only with a hook.
   std::string Name(int64_t l, TapId t) const {
@@ -318,30 +312,15 @@ void Moe(Step& st, int64_t l, const float* xn, float* y) {
   }
   st.Tap(st.Name(l, kTapTopkIds), ids.data(), k, TapDType::kI32);
   st.Tap(st.Name(l, kTapTopkWeights), wts.data(), k);
-  // Rows grouped per expert; each (row, slot) result in its own place, summed in slot order.
+  // Each (row, slot) result in its own place, summed in slot order (engine/ffn_blocks.h).
+  const float limit = static_cast<float>(c.v4.swiglu_limit);
   std::vector<float> slot(R * k * D);
-  for (int64_t e = 0; e < E; ++e) {
-    std::vector<int64_t> rows;
-    for (int64_t i = 0; i < R * k; ++i) {
-      if (ids[i] == e) rows.push_back(i);
-    }
-    if (rows.empty()) continue;
-    std::vector<float> xin(rows.size() * D), yout(rows.size() * D);
-    for (size_t i = 0; i < rows.size(); ++i) std::memcpy(&xin[i * D], &xn[(rows[i] / k) * D], D * 4);
-    v4::ClampedSwiGlu(L.experts[e], c.v4.swiglu_limit, xin.data(), static_cast<int64_t>(rows.size()), st.linear,
-                      yout.data());
-    for (size_t i = 0; i < rows.size(); ++i) std::memcpy(&slot[rows[i] * D], &yout[i * D], D * 4);
-  }
+  DispatchExperts(ids.data(), R, k, E, D, xn, [&](int64_t e, const float* xin, int64_t n, float* yout) {
+    SwiGluMlp(st.linear, L.experts[e], xin, n, yout, limit);
+  }, slot.data());
   std::vector<float> shared(R * D, 0.0f);
-  if (c.n_shared_experts > 0) {
-    v4::ClampedSwiGlu(L.shared, c.v4.swiglu_limit, xn, R, st.linear, shared.data());
-  }
-  for (int64_t r = 0; r < R; ++r) {
-    float* yr = &y[r * D];
-    std::fill(yr, yr + D, 0.0f);
-    for (int64_t j = 0; j < k; ++j) cpu::Axpy(wts[r * k + j], &slot[(r * k + j) * D], D, yr);
-    for (int64_t i = 0; i < D; ++i) yr[i] += shared[r * D + i];
-  }
+  if (c.n_shared_experts > 0) SwiGluMlp(st.linear, L.shared, xn, R, shared.data(), limit);
+  CombineExperts(slot.data(), wts.data(), R, k, D, shared.data(), ExpertCombine::kFma, y);
 }
 
 // One hyper-connected sub-block around `block`: X [R, hc, D] ← post⊗block(norm(Σ pre·X)) + CᵀX.
