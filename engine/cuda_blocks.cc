@@ -112,8 +112,10 @@ Status CudaBackend::QueryAndKeyBlock(CudaStep& st, int64_t l) {
     wp.format = format_;
     wp.error_flag = st.err;
     wp.copy = st.mirror_at[l][0];
+    cu::RopeParams key_rope = st.RopeParams(st.kv + C, C + dr, 1, dr, style);
+    key_rope.fault_pos_minus_1 = st.plan.hidden == kernels::HiddenFault::kCudaLatentRopePosMinus1;
     LS_RETURN_IF_ERROR(cu::WriteLatentPath(st.NormParams(st.kv, C + dr, D.kv_a_norm, C, 1e-6f, st.latent, C),
-                                           st.RopeParams(st.kv + C, C + dr, 1, dr, style), wp, st.s));
+                                           key_rope, wp, st.s));
     if (!st.overlap) LS_RETURN_IF_ERROR(Mark("norm_rope_write"));
     return Status::Ok();
   };
@@ -478,7 +480,8 @@ Status CudaBackend::FfnBlock(CudaStep& st, int64_t l) {
     LS_RETURN_IF_ERROR(cu::SwiGlu(sp, st.s));
     if (w8a8_) LS_RETURN_IF_ERROR(cu::Fp8RoundTrip(st.act, I, st.act, I, R * k, I, st.s));  // the down's input
     ge.out = H;
-    ge.in = I;
+    // (The hidden fault zoo's cuda_expert_down_k_tail: K cut to the last full 64-wide tile.)
+    ge.in = st.plan.hidden == kernels::HiddenFault::kCudaExpertDownKTail ? I / 64 * 64 : I;
     D.experts_down.Bind(&ge, 0, H);
     ge.x = st.act;
     ge.x_stride = I;
@@ -516,6 +519,7 @@ Status CudaBackend::FfnBlock(CudaStep& st, int64_t l) {
       cn.sum_stride = H;
       cn.weight = next_norm.f32();
       cn.eps = st.rms_eps;
+      cn.fault_mean_n_minus_1 = st.plan.hidden == kernels::HiddenFault::kCudaNormMeanOverNMinus1;
       cn.y = h_next;
       cn.y_stride = H;
       LS_RETURN_IF_ERROR(cu::MoeCombineNorm(cn, st.s));

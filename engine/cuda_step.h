@@ -109,6 +109,7 @@ struct CudaStep {
     p.rows = R;
     p.n = n;
     p.eps = eps;
+    p.fault_mean_n_minus_1 = plan.hidden == kernels::HiddenFault::kCudaNormMeanOverNMinus1;
     return p;
   }
   Status RmsNorm(const float* in, int64_t in_stride, const DevTensor& w, int64_t n, float eps, float* y,
@@ -169,6 +170,7 @@ struct CudaStep {
     rp.routed_scaling_factor = static_cast<float>(c.routed_scaling_factor);
     rp.ids = ids_out;
     rp.weights = wts_out;
+    rp.fault_bias_in_weights = plan.hidden == kernels::HiddenFault::kCudaRouteBiasInWeights;
     return rp;
   }
 };

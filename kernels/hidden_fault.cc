@@ -38,6 +38,14 @@ const std::vector<HiddenFaultInfo>& HiddenFaults() {
        "DeepSeek-V4: CSA's compressor pools the previous window's slots without their position bias"},
       {HiddenFault::kV4HashRouteNextToken, "v4_hash_route_next_token", "router",
        "DeepSeek-V4: hash-routed layers look token t up as t + 1 in tid2eid"},
+      {HiddenFault::kCudaNormMeanOverNMinus1, "cuda_norm_mean_n_minus_1", "norm",
+       "CUDA: the RMSNorm row every normalising kernel shares divides the sum of squares by n − 1", "cuda"},
+      {HiddenFault::kCudaLatentRopePosMinus1, "cuda_latent_rope_pos_minus_1", "rope",
+       "CUDA: the latent-cache path kernel rotates the shared RoPE key at position p − 1 (p > 0; q is right)", "cuda"},
+      {HiddenFault::kCudaRouteBiasInWeights, "cuda_route_bias_in_weights", "router",
+       "CUDA: the routing warp takes the expert weights from score + correction bias", "cuda"},
+      {HiddenFault::kCudaExpertDownKTail, "cuda_expert_down_k_tail", "gemm",
+       "CUDA: the routed experts' down GEMM is launched with K cut to the last full 64-wide tile", "cuda"},
   };
   return kAll;
 }

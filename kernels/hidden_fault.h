@@ -34,6 +34,12 @@ enum class HiddenFault {
   kV4SinkhornOneRoundShort,  // hyper-connections: Sinkhorn runs one (rows, columns) round fewer
   kV4CompressorOverlapNoBias,  // compressor: CSA's previous-window slots pool without their position bias
   kV4HashRouteNextToken,     // router: hash layers route token t by tid2eid of t + 1
+  // The CUDA backend's defaults (kernels/cuda/, engine/cuda_blocks.cc): the GPU's bits wrong, the
+  // CPU's right — a GPU trace's verify (golden twins on the CPU) must find them.
+  kCudaNormMeanOverNMinus1,   // norm: the CUDA RMSNorm row (every kernel that normalises) divides by n − 1
+  kCudaLatentRopePosMinus1,   // rope: the latent-cache path kernel rotates the shared key at p − 1
+  kCudaRouteBiasInWeights,    // router: the CUDA routing warp takes the weights from score + bias
+  kCudaExpertDownKTail,       // gemm: the CUDA backend's routed-expert down GEMM runs K to the last full 64-tile
 };
 
 struct HiddenFaultInfo {
@@ -41,6 +47,7 @@ struct HiddenFaultInfo {
   std::string_view name;   // LOCKSTEP_TEST_HIDDEN_FAULT value
   std::string_view op;     // the registry op whose default it breaks ("router", "sampler": ops without variants)
   std::string_view what;
+  std::string_view backend = "cpu";  // where it lives: "cpu" (the CPU engine) or "cuda"
 };
 
 const std::vector<HiddenFaultInfo>& HiddenFaults();

@@ -124,6 +124,7 @@ __global__ void __cluster_dims__(kNormRouteCluster, 1, 1) __launch_bounds__(kNor
   np.rows = 1;
   np.n = n;
   np.eps = p.eps;
+  np.fault_mean_n_minus_1 = p.fault_mean_n_minus_1;
   RmsNormRowTo(np, 0, p.y + r * p.y_stride, nullptr);
 }
 
@@ -296,7 +297,7 @@ __device__ void RouteWarp(const RouteParams& p, const float* lg, unsigned char* 
     if (chosen) {
       const int at = n + __popc(mask & ((1u << lane) - 1u));
       ids[at] = e;
-      ch[at] = sc[e];
+      ch[at] = p.fault_bias_in_weights && p.bias != nullptr ? __fadd_rn(sc[e], p.bias[e]) : sc[e];  // (hidden fault zoo)
     }
     n += __popc(mask);
   }

@@ -21,8 +21,9 @@ __global__ void __launch_bounds__(kNormThreads) RmsNormKernel(RmsNormParams p) {
 
 // Head h of row r by one CTA, thread i owning frequency i (threads past dim/2 only take part in
 // the barrier). A position out of range flags kErrPosition and leaves the head as it is.
-__device__ __forceinline__ void RopeHead(const RopeParams& p, int64_t r, int64_t h) {
-  const int32_t pos = p.positions[r];
+// `shifted`: the hidden fault zoo's p − 1 (WriteLatentPath's key under fault_pos_minus_1).
+__device__ __forceinline__ void RopeHead(const RopeParams& p, int64_t r, int64_t h, bool shifted = false) {
+  const int32_t pos = p.positions[r] - (shifted && p.positions[r] > 0 ? 1 : 0);
   if (pos < 0 || pos >= p.max_position) {  // uniform over the CTA
     if (threadIdx.x == 0 && p.error_flag != nullptr) atomicOr(p.error_flag, kErrPosition);
     return;
@@ -152,7 +153,7 @@ __global__ void __launch_bounds__(kNormThreads) LatentPathKernel(RmsNormParams n
   dev::GridDependencySync();
   const int64_t r = blockIdx.x;
   RmsNormRow(n, r);
-  RopeHead(rp, r, 0);
+  RopeHead(rp, r, 0, rp.fault_pos_minus_1);
   __syncthreads();  // the row's latent and rope key, written by other threads, are read below
   WriteLatentRow(w, bytes_per_token, r);
 }

@@ -70,7 +70,8 @@ __device__ __forceinline__ void RmsNormRowTo(const RmsNormParams& p, int64_t r, 
   const float* w = warp_sums;
   const float s = __fadd_rn(__fadd_rn(__fadd_rn(w[0], w[1]), __fadd_rn(w[2], w[3])),
                             __fadd_rn(__fadd_rn(w[4], w[5]), __fadd_rn(w[6], w[7])));
-  const float inv = __fdiv_rn(1.0f, __fsqrt_rn(__fadd_rn(__fdiv_rn(s, static_cast<float>(p.n)), p.eps)));
+  const float mean_of = static_cast<float>(p.fault_mean_n_minus_1 ? p.n - 1 : p.n);  // (hidden fault zoo)
+  const float inv = __fdiv_rn(1.0f, __fsqrt_rn(__fadd_rn(__fdiv_rn(s, mean_of), p.eps)));
   // y = weight · (x · inv), the CPU's expression order.
   if (cached) {
 #pragma unroll

@@ -134,6 +134,9 @@ struct RmsNormParams {
   int64_t add_stride = 0;
   float* sum = nullptr;
   int64_t sum_stride = 0;
+  // The hidden fault zoo (kernels/hidden_fault.h, cuda_norm_mean_n_minus_1; tests only): the
+  // mean of squares over n − 1. The engine sets it from its plan; false everywhere else.
+  bool fault_mean_n_minus_1 = false;
 };
 Status RmsNorm(const RmsNormParams& p, Stream stream = nullptr);
 
@@ -152,6 +155,9 @@ struct RopeParams {
   int64_t max_position = 0;
   RopeStyle style = RopeStyle::kPairsAdjacent;
   int32_t* error_flag = nullptr;  // optional; kErrPosition
+  // The hidden fault zoo (cuda_latent_rope_pos_minus_1; tests only): rows at p > 0 rotate at
+  // p − 1 — honoured by WriteLatentPath's key only.
+  bool fault_pos_minus_1 = false;
 };
 Status Rope(const RopeParams& p, Stream stream = nullptr);
 
@@ -507,6 +513,8 @@ struct RouteParams {
   float routed_scaling_factor = 1.0f;  // the CPU's float(routed_scaling_factor)
   int32_t* ids = nullptr;         // [rows, k] contiguous, ascending
   float* weights = nullptr;       // [rows, k] contiguous
+  // The hidden fault zoo (cuda_route_bias_in_weights; tests only): the weights from score + bias.
+  bool fault_bias_in_weights = false;
 };
 Status Route(const RouteParams& p, Stream stream = nullptr);
 
@@ -641,6 +649,7 @@ struct MoeCombineNormParams {
   float eps = 1e-6f;
   float* y = nullptr;        // [rows, n] RmsNorm(sum), row stride y_stride
   int64_t y_stride = 0;
+  bool fault_mean_n_minus_1 = false;  // RmsNormParams' (hidden fault zoo)
 };
 bool MoeCombineNormFits(int64_t n, int64_t rows);
 Status MoeCombineNorm(const MoeCombineNormParams& p, Stream stream = nullptr);
