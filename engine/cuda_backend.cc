@@ -14,7 +14,6 @@
 // This file: set-up (weights, cache, scratch), GEMMs, taps; the forward pass is
 // engine/cuda_forward.cc; the class is engine/cuda_backend_impl.h.
 #include <algorithm>
-#include <atomic>
 #include <cstddef>
 #include <cmath>
 #include <cstdio>
@@ -560,36 +559,6 @@ Status CudaBackend::Linear(const float* x, int64_t x_stride, int64_t rows, const
   p.x = xb.as<uint16_t>();
   p.x_stride = in;
   return (side ? gemm_bf16_side_ : gemm_bf16_)->Run(p, launch_);
-}
-
-Status CudaBackend::TakeLogitsBuffer(size_t bytes, bool share) {
-  logits_owner_.reset();
-  logits_host_ = nullptr;
-  if (share) {
-    for (auto& b : logits_shared_) {
-      if (b.use_count() != 1) continue;  // a hook's copy of the owner: its reader is not done
-      // Its last holder let go after reading (a release); this acquire orders our writes after.
-      std::atomic_thread_fence(std::memory_order_acquire);
-      if (b->size() < bytes) {
-        LS_ASSIGN_OR_RETURN(*b, cu::PinnedBuffer::Allocate(bytes * 3 / 2));
-      }
-      logits_host_ = b.get();
-      logits_owner_ = b;
-      return Status::Ok();
-    }
-    if (logits_shared_.size() < kLogitsShared) {
-      LS_ASSIGN_OR_RETURN(cu::PinnedBuffer fresh, cu::PinnedBuffer::Allocate(bytes * 3 / 2));
-      logits_shared_.push_back(std::make_shared<cu::PinnedBuffer>(std::move(fresh)));
-      logits_host_ = logits_shared_.back().get();
-      logits_owner_ = logits_shared_.back();
-      return Status::Ok();
-    }
-  }
-  if (logits_private_.size() < bytes) {
-    LS_ASSIGN_OR_RETURN(logits_private_, cu::PinnedBuffer::Allocate(bytes * 3 / 2));
-  }
-  logits_host_ = &logits_private_;
-  return Status::Ok();
 }
 
 Status CudaBackend::SampleOnDevice(std::span<const Segment> segs, int64_t V, cu::Stream s) {

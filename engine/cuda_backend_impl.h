@@ -149,9 +149,6 @@ class CudaBackend final : public Backend {
 
   // The step's taps (engine/cuda_tap_capture.h): the blocks call taps_.Tap at each tap point.
   CudaTapCapture taps_{&alloc_generation_};
-  // Points logits_host_ at a buffer of ≥ bytes nobody else holds (see logits_shared_); a shared
-  // one (with its owner) when `share`.
-  Status TakeLogitsBuffer(size_t bytes, bool share);
   // BackendOptions::profile: GPU time per phase, printed when the backend is destroyed.
   Status Mark(const char* name) { return prof_ ? prof_->Mark(name, stream_->get()) : Status::Ok(); }
   std::unique_ptr<cu::EventTimer> prof_;
@@ -197,15 +194,6 @@ class CudaBackend final : public Backend {
   Scratch dev_in_, act_, xb_, xb_side_, zero_ids_, mla_ws_, scores_, logits_dev_, gather_, mirror_dev_;
   Scratch iq8_;  // indexer=fp8_paged: the indexer's queries as FP8 rows
   cu::PinnedBuffer mirror_host_;
-  // The step's logits on the host. A tap hook may keep a buffer past the step
-  // (TapEvent::owner: the recorder's writer thread summarises it in place), so the step takes
-  // one nobody else holds: up to kLogitsShared shared ones, then a private one handed out
-  // without an owner (the hook then copies).
-  static constexpr size_t kLogitsShared = 4;
-  std::vector<std::shared_ptr<cu::PinnedBuffer>> logits_shared_;
-  cu::PinnedBuffer logits_private_;
-  cu::PinnedBuffer* logits_host_ = nullptr;
-  std::shared_ptr<const void> logits_owner_;  // logits_host_'s, when shared
   cu::DeviceBuffer error_flag_;
 
   // CUDA graphs of decode steps, by batch size: captured on the second step of a size (the

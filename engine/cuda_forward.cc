@@ -231,7 +231,7 @@ Status CudaBackend::Forward(std::span<Segment> segs, PagedKvCache& cache, const 
   }
   if (hook != nullptr) LS_RETURN_IF_ERROR(taps_.EnsureArena());
 
-  LS_RETURN_IF_ERROR(TakeLogitsBuffer(static_cast<size_t>(RL * V) * 4, hook != nullptr));
+  LS_ASSIGN_OR_RETURN(float* const logits_host, taps_.LogitsBuffer(static_cast<size_t>(RL * V) * 4));
   LS_RETURN_IF_ERROR(logits_dev_.Ensure(static_cast<size_t>(RL * V) * 4));
 
   // What the blocks read.
@@ -312,7 +312,7 @@ Status CudaBackend::Forward(std::span<Segment> segs, PagedKvCache& cache, const 
       if (i == segs.size() || !copied[i]) {
         if (run_rows > 0) {
           const size_t off = static_cast<size_t>(run0 * V) * 4;
-          LS_RETURN_IF_ERROR(cu::CopyAsync(logits_host_->as<char>() + off, logits_dev_.as<char>() + off,
+          LS_RETURN_IF_ERROR(cu::CopyAsync(reinterpret_cast<char*>(logits_host) + off, logits_dev_.as<char>() + off,
                                            static_cast<size_t>(run_rows * V) * 4, s));
         }
         run0 = lr + rows;
@@ -364,30 +364,18 @@ Status CudaBackend::Forward(std::span<Segment> segs, PagedKvCache& cache, const 
   }
 
   out->logits.assign(segs.size(), {});
-  const float* lg = logits_host_->as<float>();
+  const float* lg = logits_host;
   int64_t lr = 0;
   for (size_t i = 0; i < segs.size(); ++i) {
     const int64_t n = static_cast<int64_t>(segs[i].tokens.size());
-    const int64_t first = segs[i].all_logits ? 0 : n - 1;
-    const int64_t rows = n - first;
+    const int64_t rows = segs[i].all_logits ? n : 1;
     if (copied[i]) out->logits[i].assign(lg + lr * V, lg + (lr + rows) * V);
     lr += rows;
-    if (hook != nullptr) {
-      TapEvent e;
-      e.name = kModelTaps[kTapLogits].name;
-      e.request_id = segs[i].request_id;
-      e.position = segs[i].start_pos + first;
-      e.rows = rows;
-      e.cols = V;
-      e.data = lg + (lr - rows) * V;  // the pinned copy: with an owner, a hook may keep it
-      e.owner = logits_owner_;
-      hook->OnTap(e);
-    }
   }
+  taps_.TapLogits(lg, V);
   LS_RETURN_IF_ERROR(CollectSamples(segs, out));
   for (auto& g : segs) g.cache->length = g.start_pos + static_cast<int64_t>(g.tokens.size());
   taps_.EndStep();
-  logits_owner_.reset();  // the hook's copies, if any, keep the buffer
   return Status::Ok();
 }
 

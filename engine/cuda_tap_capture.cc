@@ -308,4 +308,59 @@ Status CudaTapCapture::Override(std::string_view name, float* dev_x, int64_t col
   return Status::Ok();
 }
 
+Result<float*> CudaTapCapture::LogitsBuffer(size_t bytes) {
+  const bool share = hook_ != nullptr;
+  logits_owner_.reset();
+  logits_host_ = nullptr;
+  if (share) {
+    for (auto& b : logits_shared_) {
+      if (b.use_count() != 1) continue;  // a hook's copy of the owner: its reader is not done
+      // Its last holder let go after reading (a release); this acquire orders our writes after.
+      std::atomic_thread_fence(std::memory_order_acquire);
+      if (b->size() < bytes) {
+        LS_ASSIGN_OR_RETURN(*b, cu::PinnedBuffer::Allocate(bytes * 3 / 2));
+      }
+      logits_host_ = b.get();
+      logits_owner_ = b;
+      return logits_host_->as<float>();
+    }
+    if (logits_shared_.size() < kLogitsShared) {
+      LS_ASSIGN_OR_RETURN(cu::PinnedBuffer fresh, cu::PinnedBuffer::Allocate(bytes * 3 / 2));
+      logits_shared_.push_back(std::make_shared<cu::PinnedBuffer>(std::move(fresh)));
+      logits_host_ = logits_shared_.back().get();
+      logits_owner_ = logits_shared_.back();
+      return logits_host_->as<float>();
+    }
+  }
+  if (logits_private_.size() < bytes) {
+    LS_ASSIGN_OR_RETURN(logits_private_, cu::PinnedBuffer::Allocate(bytes * 3 / 2));
+  }
+  logits_host_ = &logits_private_;
+  return logits_host_->as<float>();
+}
+
+void CudaTapCapture::TapLogits(const float* lg, int64_t vocab) {
+  if (hook_ == nullptr) return;
+  int64_t lr = 0;
+  for (const Segment& g : segs_) {
+    const int64_t n = static_cast<int64_t>(g.tokens.size());
+    const int64_t first = g.all_logits ? 0 : n - 1, rows = n - first;
+    TapEvent e;
+    e.name = kModelTaps[kTapLogits].name;
+    e.request_id = g.request_id;
+    e.position = g.start_pos + first;
+    e.rows = rows;
+    e.cols = vocab;
+    e.data = lg + lr * vocab;  // the pinned copy: with an owner, a hook may keep it
+    e.owner = logits_owner_;
+    hook_->OnTap(e);
+    lr += rows;
+  }
+}
+
+void CudaTapCapture::EndStep() {
+  End();
+  logits_owner_.reset();  // the hook's copies, if any, keep the buffer
+}
+
 }  // namespace lockstep::engine::cuda_impl

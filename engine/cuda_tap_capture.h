@@ -13,6 +13,8 @@
 //     LendingPool: the recorder's writer compresses the rows where they landed).
 //   * KV events (TapHook::WantsKvTaps): the step's new cache rows, from the backend's cache
 //     mirror, as kv/layers.L.… taps after the step's own (TapKvRows).
+// The step's logits come last, from a host buffer the capture lends with them (LogitsBuffer,
+// TapLogits).
 // Everything a captured CUDA graph replays (the arena copies, the summary launches and their
 // descriptor tables) stays put between its launches; Held/Restore carry the pending list a
 // graph's launch leaves behind.
@@ -67,7 +69,7 @@ class CudaTapCapture final : public TapCapture {
 
   // The step's start: its hook (null: no taps), segments and rows (they must live through the step).
   void BeginStep(TapHook* hook, std::span<const Segment> segs, std::span<const int64_t> row0, int64_t rows);
-  void EndStep() { End(); }
+  void EndStep();
   // The hook reads summaries only (TapHook::WantsTapValues false): set by BeginStep.
   bool summaries_only() const { return summaries_only_; }
   // The slab of `bytes` for this step when `on`; Tap then requires every tensor inside it.
@@ -106,6 +108,16 @@ class CudaTapCapture final : public TapCapture {
   Captured Held() const;
   void Restore(const Captured& c);
   void Drop();
+
+  // The step's logits on the host [logit rows, vocab], where the device copies them: a pinned
+  // buffer nobody else holds. With a hook it is one of kLogitsShared buffers lent with the
+  // logits taps (TapEvent::owner: the recorder's writer thread summarises the rows in place),
+  // the first whose holders let go; when all are held, and without a hook, a private one (the
+  // hook then copies).
+  Result<float*> LogitsBuffer(size_t bytes);
+  // Each segment's logits rows (its last, or all with all_logits) of lg — LogitsBuffer's, after
+  // the step's synchronisation — as tap "logits".
+  void TapLogits(const float* lg, int64_t vocab);
 
   // Nanoseconds steps waited for the hook to give back a lent buffer (Backend::tap_wait_ns).
   int64_t wait_ns() const { return wait_retired_ns_ + (lend_ ? lend_->waited_ns() : 0); }
@@ -148,6 +160,11 @@ class CudaTapCapture final : public TapCapture {
   // to come back, and after kLendPatience hands its rows over unlent from host_. The pool is
   // remade when a step needs far less than its buffers would hold.
   static constexpr std::chrono::seconds kLendPatience{5};
+  static constexpr size_t kLogitsShared = 4;
+  std::vector<std::shared_ptr<kernels::cuda::PinnedBuffer>> logits_shared_;
+  kernels::cuda::PinnedBuffer logits_private_;
+  kernels::cuda::PinnedBuffer* logits_host_ = nullptr;
+  std::shared_ptr<const void> logits_owner_;  // logits_host_'s, when shared
   std::unique_ptr<LendingPool> lend_;
   size_t lend_max_ = 0;
   int64_t wait_retired_ns_ = 0;  // waits of pools replaced since
