@@ -158,7 +158,9 @@ void RegisterRecord(CLI::App& app, SetAction set_action) {
   cmd->add_option("--stride", args->stride, "Capture every N-th position of the range, 1 to 2^31")
       ->check(WholeIn(1, uint64_t{1} << 31, "1 to 2^31"));
   cmd->add_flag("--no-kv", args->no_kv, "Do not capture the KV cache");
-  cmd->add_option("--logits", args->logits, "auto (all when vocab ≤ 4096, else top-k) | full | topk")
+  cmd->add_option("--logits", args->logits,
+                  "auto (all when vocab ≤ 4096, else top-k) | full | topk; top-k rows keep the row's logsumexp, and "
+                  "at the sampling temperature too for sampled requests (what verify redraws a token from)")
       ->check(CLI::IsMember({"auto", "full", "topk"}));
   cmd->add_option("--logits-topk", args->logits_topk, "k for top-k logits")->check(CLI::Range(1, 65536));
   cmd->add_option("--flush-interval", args->flush_interval,

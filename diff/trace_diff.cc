@@ -281,8 +281,18 @@ Result<TraceDiffReport> CompareTraces(const traces::TraceReader& a, const traces
     return t.FindTensor("taps/logits.topk_ids") != nullptr && t.FindTensor("taps/logits") == nullptr;
   };
   auto summary_logits = [](const traces::TensorInfo& t) { return t.path == "taps/logits" && !t.has_values; };
+  // logits.logsumexp_t is derived from the logits rows and the request's temperature (verify's
+  // aid for redrawing a top-p token): traces before it, greedy ones and imports have none.
+  // Derived, it is compared through the logits; on one side only, it is a note, not a gap.
+  auto lse_t_note = [&](const std::string& path, const std::string& holder) {
+    if (path != "taps/logits.logsumexp_t") return false;
+    rep.notes.push_back("taps/logits.logsumexp_t (the logits' logsumexp at the sampling temperature) is only in " +
+                        holder + ": derived from the logits rows, which are compared");
+    return true;
+  };
   for (const auto& t : b.tensors()) {
     if (in_a.count(t.path)) continue;
+    if (lse_t_note(t.path, rep.path_b)) continue;
     if (summary_logits(t) && topk_only(a)) {
       rep.notes.push_back(rep.path_a + " holds only top-k logits rows (an import?): taps/logits of " + rep.path_b +
                           " (summaries only) is compared through its top-k rows");
@@ -300,7 +310,8 @@ Result<TraceDiffReport> CompareTraces(const traces::TraceReader& a, const traces
   for (const auto& ta : a.tensors()) {
     auto it = tb.find(ta.path);
     if (it == tb.end()) {
-      if (summary_logits(ta) && topk_only(b)) {
+      if (lse_t_note(ta.path, rep.path_a)) {
+      } else if (summary_logits(ta) && topk_only(b)) {
         rep.notes.push_back(rep.path_b + " holds only top-k logits rows (an import?): taps/logits of " + rep.path_a +
                             " (summaries only) is compared through its top-k rows");
       } else {

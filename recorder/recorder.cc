@@ -2,6 +2,7 @@
 #include "recorder/recorder.h"
 
 #include <algorithm>
+#include <cmath>
 #include <cstring>
 
 #include "traces/row_summary.h"
@@ -364,7 +365,17 @@ void Recorder::CaptureLogits(const engine::TapEvent& e) {
   const Tensor* vals = Define(base + ".topk_values", DType::kF32, k, true, {{"of", "logits"}});
   const Tensor* lse = Define(base + ".logsumexp", DType::kF32, 1, true, {{"of", "logits"}});
   if (!ids || !vals || !lse) return;
-  const traces::TraceWriter::LogitsTopKTensors topk{ids->handle, vals->handle, lse->handle, k};
+  traces::TraceWriter::LogitsTopKTensors topk{ids->handle, vals->handle, lse->handle, k};
+  // A sampled request's rows also get their logsumexp at its temperature: the total mass its
+  // sampler drew from, which the top-k alone leaves open (verify's SampleFromTopK).
+  const double T = engine_->request(e.request_id).request.sampling.temperature;
+  if (T > 0 && std::isfinite(T)) {
+    const Tensor* lse_t = Define(base + ".logsumexp_t", DType::kF32, 1, true,
+                                 {{"of", "logits"}, {"at", "the request's sampling temperature"}});
+    if (!lse_t) return;
+    topk.logsumexp_t = lse_t->handle;
+    topk.temperature = T;
+  }
   Capture(*t, e.request_id, e.position, e.rows, e.data, V * 4, &topk, e.owner);
 }
 

@@ -183,6 +183,47 @@ TEST_F(ReplayTest, TopKLogitsAreTheBestOfTheWholeRow) {
   }
 }
 
+// And each row's logsumexp at its request's sampling temperature (logits.logsumexp_t, what
+// verify redraws a top-p token with): within a float ulp of log Σ exp(x / T) over the whole row
+// (long double) and exactly traces::LogitsLogSumExp's; a greedy recording has none.
+TEST_F(ReplayTest, TopKLogitsKeepTheLogsumexpAtTheSamplingTemperature) {
+  const std::vector<std::vector<int32_t>> prompts = {Prompt(10, 8), Prompt(7, 9)};
+  const double T = 0.8;
+  auto whole = Record("v3_basic", "whole_t.h5", prompts, {}, T, 5);
+  logits_ = recorder::CapturePolicy::Logits::kTopK;
+  logits_topk_ = 8;
+  auto top = Record("v3_basic", "top_t.h5", prompts, {}, T, 5);
+  auto greedy = Record("v3_basic", "top_greedy.h5", prompts, {}, 0.0, 5);
+  auto rw = traces::TraceReader::Open(whole);
+  auto rt = traces::TraceReader::Open(top);
+  auto rg = traces::TraceReader::Open(greedy);
+  ASSERT_TRUE(rw.ok() && rt.ok() && rg.ok());
+  EXPECT_EQ((*rg)->FindTensor("taps/logits.logsumexp_t"), nullptr);
+  ASSERT_NE((*rg)->FindTensor("taps/logits.logsumexp"), nullptr);
+  const traces::TensorInfo* lw = (*rw)->FindTensor("taps/logits");
+  const traces::TensorInfo* lt = (*rt)->FindTensor("taps/logits.logsumexp_t");
+  ASSERT_TRUE(lw && lt);
+  ASSERT_EQ(lt->cols, 1);
+  ASSERT_EQ(lt->dtype, traces::DType::kF32);
+  const int64_t V = lw->cols, rows = lw->rows;
+  ASSERT_EQ(lt->rows, rows);
+  auto w = (*rw)->ReadValues(*lw, 0, rows);
+  auto l_ = (*rt)->ReadValues(*lt, 0, rows);
+  ASSERT_TRUE(w.ok() && l_.ok());
+  const auto* wf = reinterpret_cast<const float*>(w->data());
+  const auto* gl = reinterpret_cast<const float*>(l_->data());
+  for (int64_t r = 0; r < rows; ++r) {
+    const float* row = wf + r * V;
+    long double m = -INFINITY, sum = 0;
+    for (int64_t i = 0; i < V; ++i) m = std::fmax(m, static_cast<long double>(row[i]));
+    for (int64_t i = 0; i < V; ++i) sum += std::exp((static_cast<long double>(row[i]) - m) / T);
+    const float exact = static_cast<float>(m / T + std::log(sum));
+    EXPECT_LE(std::fabs(gl[r] - exact), std::nextafter(std::fabs(exact), INFINITY) - std::fabs(exact)) << "row " << r;
+    const float mine = traces::LogitsLogSumExp(row, V, T);
+    EXPECT_EQ(std::memcmp(&gl[r], &mine, 4), 0) << "row " << r;
+  }
+}
+
 TEST_F(ReplayTest, ExactReplayNamesTheFirstDifferingTensor) {
   auto t = Record("v3_basic", "run.h5", {Prompt(12, 3)});
   replayer::ReplayOptions o;

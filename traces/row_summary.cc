@@ -307,9 +307,15 @@ void LogitsTopK(const float* row, int64_t cols, int64_t k, int32_t* ids, float* 
     ids[j] = heap[j];
     values[j] = row[heap[j]];
   }
-  // logsumexp: m the largest non-NaN value (−inf when none); e^(x − m) by LseExp summed in
-  // double in eight lanes (element j into lane j mod 8, in order), the lanes added pairwise
-  // ((s0 + s1) + (s2 + s3)) + ((s4 + s5) + (s6 + s7)); then m + LseLog(sum), rounded to float.
+  *logsumexp = LogitsLogSumExp(row, cols, 1.0);
+}
+
+float LogitsLogSumExp(const float* row, int64_t cols, double temperature) {
+  // m the largest non-NaN value (−inf when none); e^((x − m)·inv) by LseExp summed in double
+  // in eight lanes (element j into lane j mod 8, in order), the lanes added pairwise
+  // ((s0 + s1) + (s2 + s3)) + ((s4 + s5) + (s6 + s7)); then m·inv + LseLog(sum), rounded to
+  // float. inv = 1/T (exactly 1 at T = 1, where every product is exact: LogitsTopK's bits).
+  const double inv = 1.0 / temperature;
   float mf = -INFINITY;
   int64_t j = 0;
 #if defined(__AVX2__)
@@ -328,19 +334,19 @@ void LogitsTopK(const float* row, int64_t cols, int64_t k, int32_t* ids, float* 
 #if defined(__AVX2__)
   {
     __m256d a0 = _mm256_setzero_pd(), a1 = _mm256_setzero_pd();
-    const __m256d mv = _mm256_set1_pd(m);
+    const __m256d mv = _mm256_set1_pd(m), iv = _mm256_set1_pd(inv);
     for (; j + 8 <= cols; j += 8) {
       const __m256 v = _mm256_loadu_ps(row + j);
-      a0 = _mm256_add_pd(a0, LseExp4(_mm256_sub_pd(_mm256_cvtps_pd(_mm256_castps256_ps128(v)), mv)));
-      a1 = _mm256_add_pd(a1, LseExp4(_mm256_sub_pd(_mm256_cvtps_pd(_mm256_extractf128_ps(v, 1)), mv)));
+      a0 = _mm256_add_pd(a0, LseExp4(_mm256_mul_pd(_mm256_sub_pd(_mm256_cvtps_pd(_mm256_castps256_ps128(v)), mv), iv)));
+      a1 = _mm256_add_pd(a1, LseExp4(_mm256_mul_pd(_mm256_sub_pd(_mm256_cvtps_pd(_mm256_extractf128_ps(v, 1)), mv), iv)));
     }
     _mm256_storeu_pd(lane, a0);
     _mm256_storeu_pd(lane + 4, a1);
   }
 #endif
-  for (; j < cols; ++j) lane[j & 7] += LseExp(static_cast<double>(row[j]) - m);
+  for (; j < cols; ++j) lane[j & 7] += LseExp((static_cast<double>(row[j]) - m) * inv);
   const double sum = ((lane[0] + lane[1]) + (lane[2] + lane[3])) + ((lane[4] + lane[5]) + (lane[6] + lane[7]));
-  *logsumexp = static_cast<float>(m + LseLog(sum));
+  return static_cast<float>(m * inv + LseLog(sum));
 }
 
 }  // namespace lockstep::traces

@@ -28,6 +28,10 @@ void Summarize(DType dtype, const void* row, int64_t cols, SummaryRow* out);
 // lanes added ((s0 + s1) + (s2 + s3)) + ((s4 + s5) + (s6 + s7))), rounded to float. What a full
 // trace keeps of logits rows too wide to store whole.
 void LogitsTopK(const float* row, int64_t cols, int64_t k, int32_t* ids, float* values, float* logsumexp);
+// The logsumexp of the row at temperature T > 0, ln Σ e^(x / T): m/T + ln Σ e^((x − m)·(1/T)),
+// with LogitsTopK's m, lanes, e^ and ln and 1/T in double — LogitsTopK's own bits at T = 1.
+// What the sampler's total mass at the request's temperature is (`logits.logsumexp_t`).
+float LogitsLogSumExp(const float* row, int64_t cols, double temperature);
 
 // LogitsTopK's e^t and ln x (within 2 ulp of the exact values; tested against libm).
 double LseExp(double t);

@@ -7,6 +7,7 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <cmath>
 #include <cstring>
 
 #include <fcntl.h>
@@ -346,6 +347,14 @@ Status TraceWriter::AppendToSummarize(int32_t tensor, int32_t request, int32_t s
                                        std::to_string(cols[j]) + " columns");
       }
     }
+    if (topk->logsumexp_t >= 0) {
+      const int32_t h = topk->logsumexp_t;
+      if (h >= static_cast<int32_t>(tensors_.size()) || !tensors_[h].values || tensors_[h].dtype != DType::kF32 ||
+          tensors_[h].cols != 1 || !(topk->temperature > 0) || !std::isfinite(topk->temperature)) {
+        return Status::InvalidArgument("logsumexp_t tensor handle " + std::to_string(h) + " of '" + lg.path +
+                                       "': needs a stored f32 tensor of 1 column and a temperature > 0");
+      }
+    }
   }
   if (positions.empty()) return Status::Ok();
   if (closed_) return Status::Internal("trace writer already closed");
@@ -384,6 +393,11 @@ Status TraceWriter::AppendToSummarize(int32_t tensor, int32_t request, int32_t s
     e.topk_tables[2] = summary_table_[topk->logsumexp];
     e.topk = topk->k;
     bytes_in_ += rows * static_cast<int64_t>(3 * sizeof(SummaryRow) + (2 * topk->k + 1) * 4);
+    if (topk->logsumexp_t >= 0) {
+      e.lse_t_table = summary_table_[topk->logsumexp_t];
+      e.temperature = topk->temperature;
+      bytes_in_ += rows * static_cast<int64_t>(sizeof(SummaryRow) + 4);
+    }
   }
   c.entries.push_back(std::move(e));
   NoteAppended(c);

@@ -122,9 +122,13 @@ class TraceWriter {
   // must store values (ids: i32 × k, values: f32 × k, logsumexp: f32 × 1) — summaries and
   // values, as AppendToSummarize would. The k-best scan and the exponentials of a 100k
   // vocabulary then cost the writer's thread, not the engine's.
+  // With logsumexp_t (optional: f32 × 1, stored) the writer also derives each row's
+  // LogitsLogSumExp at `temperature` (> 0: the request's sampling temperature) into it.
   struct LogitsTopKTensors {
     int32_t ids = -1, values = -1, logsumexp = -1;
     int64_t k = 0;
+    int32_t logsumexp_t = -1;
+    double temperature = 0;
   };
   //
   // With `values_owner` the rows are not copied: the writer thread reads them where they are

@@ -45,6 +45,10 @@ struct Command {
     // tables (values at + 1), or −1.
     int32_t topk_tables[3] = {-1, -1, -1};
     int64_t topk = 0;
+    // And each row's LogitsLogSumExp at `temperature` (LogitsTopKTensors::logsumexp_t): its
+    // summary table (values at + 1), or −1.
+    int32_t lse_t_table = -1;
+    double temperature = 0;
     // Summarize entries whose values stay where the caller has them (AppendToSummarize's
     // values_owner): `bytes` then holds the head and positions only.
     const uint8_t* ext_values = nullptr;
@@ -205,7 +209,7 @@ class TraceWriter::Impl {
   struct Derived {
     std::vector<SummaryRow> summaries;
     std::vector<int32_t> topk_ids;
-    std::vector<float> topk_values, logsumexp;
+    std::vector<float> topk_values, logsumexp, logsumexp_t;
   };
   static void Derive(const struct Command::Entry& e, const uint8_t* data, Derived* out);
   // `pre`: derived already (PrecomputeDerived); else derived here.

@@ -214,6 +214,11 @@ void TraceWriter::Impl::Derive(const Command::Entry& e, const uint8_t* data, Der
     LogitsTopK(reinterpret_cast<const float*>(values + i * row_bytes), e.cols, k, &out->topk_ids[i * k],
                &out->topk_values[i * k], &out->logsumexp[i]);
   }
+  if (e.lse_t_table < 0) return;
+  out->logsumexp_t.resize(static_cast<size_t>(rows));
+  for (int64_t i = 0; i < rows; ++i) {
+    out->logsumexp_t[i] = LogitsLogSumExp(reinterpret_cast<const float*>(values + i * row_bytes), e.cols, e.temperature);
+  }
 }
 
 // Summaries (and the logits' top-k) are the writer thread's main work in full capture: every
@@ -304,6 +309,12 @@ Status TraceWriter::Impl::DoSummarizeAppend(const Command::Entry& e, const uint8
           DoAppend(*tables_[e.topk_tables[j]], reinterpret_cast<const uint8_t*>(&sr), sizeof(SummaryRow)));
       LS_RETURN_IF_ERROR(DoAppend(*tables_[e.topk_tables[j] + 1], static_cast<const uint8_t*>(parts[j].data),
                                   static_cast<size_t>(parts[j].cols) * 4));
+    }
+    if (e.lse_t_table >= 0) {
+      SummaryRow sr = d.summaries[i];
+      Summarize(DType::kF32, &d.logsumexp_t[i], 1, &sr);
+      LS_RETURN_IF_ERROR(DoAppend(*tables_[e.lse_t_table], reinterpret_cast<const uint8_t*>(&sr), sizeof(SummaryRow)));
+      LS_RETURN_IF_ERROR(DoAppend(*tables_[e.lse_t_table + 1], reinterpret_cast<const uint8_t*>(&d.logsumexp_t[i]), 4));
     }
   }
   return Status::Ok();

@@ -851,17 +851,23 @@ Result<CheckReport> CheckTrace(const traces::TraceReader& trace, const CheckOpti
         const Tensor* t_tv = cx.T("logits.topk_values");
         const Tensor* t_ls = cx.T("logits.logsumexp");
         const int64_t ri = t_ti->Row(s.request, pos), rv = t_tv ? t_tv->Row(s.request, pos) : -1;
-        if (ri < 0 || rv < 0 || t_tv->info->cols != t_ti->info->cols) {
+        if (ri < 0 || rv < 0 || t_tv->info->cols != t_ti->info->cols || t_ti->info->dtype != traces::DType::kI32 ||
+            t_tv->info->dtype != traces::DType::kF32) {
           ++ss.rep.not_checked;
           ss.rep.not_checked_why = "the row's logits.topk_ids / topk_values are not in the trace";
           continue;
         }
         const int64_t rs = t_ls ? t_ls->Row(s.request, pos) : -1;
-        const double lse = rs >= 0 && t_ls->info->cols >= 1 ? static_cast<double>(t_ls->F(rs)[0]) : NAN;
+        auto f32_col = [](const Tensor* t) { return t->info->cols >= 1 && t->info->dtype == traces::DType::kF32; };
+        const double lse = rs >= 0 && f32_col(t_ls) ? static_cast<double>(t_ls->F(rs)[0]) : NAN;
+        // The row's logsumexp at its sampling temperature, where the recorder kept it.
+        const Tensor* t_lt = cx.T("logits.logsumexp_t");
+        const int64_t rt = t_lt ? t_lt->Row(s.request, pos) : -1;
+        const double lse_t = rt >= 0 && f32_col(t_lt) ? static_cast<double>(t_lt->F(rt)[0]) : NAN;
         const int64_t K = t_ti->info->cols;
         const std::span<const int32_t> ids(t_ti->I(ri), K);
         const g::TopKDraw d = g::SampleFromTopK(ids, std::span<const float>(t_tv->F(rv), K), c.vocab_size, lse,
-                                                s.temperature, s.top_k, s.top_p, s.min_p, s.seed, s.counter);
+                                                s.temperature, s.top_k, s.top_p, s.min_p, s.seed, s.counter, lse_t);
         if (d.outcome == g::TopKDraw::kUndecided) {
           ++ss.rep.not_checked;
           ss.rep.not_checked_why = "only the top-" + std::to_string(K) + " logits are recorded and " + d.why +

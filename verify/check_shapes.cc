@@ -62,7 +62,7 @@ Status CheckShapes(const traces::TraceReader& trace, const engine::ModelConfig& 
       dt = t.name == "logits.topk_ids" ? traces::DType::kI32 : traces::DType::kF32;
       if (t.dtype != dt || t.cols < 1 || t.cols > c.vocab_size) return bad(t, std::min<int64_t>(t.cols, c.vocab_size), dt, "top-k ≤ vocab_size");
       continue;
-    } else if (t.name == "logits.logsumexp") {
+    } else if (t.name == "logits.logsumexp" || t.name == "logits.logsumexp_t") {
       cols = 1;
       why = "one value a row";
     } else {

@@ -423,7 +423,8 @@ Draw Sample(std::span<const float> logits, double T, int64_t top_k, double top_p
 double LseRelMargin(double lse) { return 1e-7 + std::fabs(lse) * 0x1p-21; }
 
 TopKDraw SampleFromTopK(std::span<const int32_t> ids, std::span<const float> values, int64_t vocab, double lse,
-                        double T, int64_t top_k, double top_p, double min_p, uint64_t seed, uint64_t counter) {
+                        double T, int64_t top_k, double top_p, double min_p, uint64_t seed, uint64_t counter,
+                        double lse_t) {
   TopKDraw d;
   const int64_t K = static_cast<int64_t>(std::min(ids.size(), values.size()));
   if (K == 0 || vocab <= 0) {
@@ -477,6 +478,15 @@ TopKDraw SampleFromTopK(std::span<const int32_t> ids, std::span<const float> val
     lo *= 1 - 1e-9, hi *= 1 + 1e-9;
     if (lo <= tail_hi && std::isfinite(hi)) tail_lo = std::max(tail_lo, lo), tail_hi = std::min(tail_hi, hi);
   }
+  // At the sampling temperature itself: Σ_all e^((l − lmax)/T) = e^(lse_t − lmax/T), so the
+  // unrecorded weights add up to that less the recorded ones (exactly when the kept set is the
+  // whole vocabulary, at most that otherwise), to within lse_t's float rounding.
+  if (m > 0 && std::isfinite(lse_t)) {
+    const double t = std::exp(lse_t - lmax / T), rel = LseRelMargin(lse_t);
+    double lo = n == vocab ? std::max(0.0, t * (1 - rel) - last) : 0.0, hi = std::max(0.0, t * (1 + rel) - last);
+    lo *= 1 - 1e-9, hi *= 1 + 1e-9;
+    if (lo <= tail_hi && hi >= tail_lo) tail_lo = std::max(tail_lo, lo), tail_hi = std::min(tail_hi, hi);
+  }
   const double tot_lo = last + tail_lo, tot_hi = last + tail_hi;
   auto first_at_least = [&](double x) -> int64_t {  // first i with c_i ≥ x; known when none
     for (int64_t i = 0; i < known; ++i) {
@@ -519,9 +529,12 @@ TopKDraw SampleFromTopK(std::span<const int32_t> ids, std::span<const float> val
   }
   // The kept mass lies in [s_lo, s_hi]: at least the recorded prefix (and top-p's share of the
   // total), at most the total.
-  double s_lo = last;
+  double s_lo = last, s_hi = tot_hi;
   if (min_p <= 0) s_lo = std::max(last, top_p < 1 ? top_p * tot_lo : tot_lo);
-  const double t_lo = d.uniform * s_lo, t_hi = d.uniform * tot_hi;
+  // Top-p's cut past the recorded tokens stops at the first prefix reaching top_p of the total,
+  // so the kept mass is below that share plus the last kept weight (an unrecorded one: ≤ w_K).
+  if (min_p <= 0 && top_p < 1) s_hi = std::min(s_hi, top_p * tot_hi + w[known - 1]);
+  const double t_lo = d.uniform * s_lo, t_hi = d.uniform * s_hi;
   auto first_above = [&](double x) -> int64_t {
     for (int64_t i = 0; i < known; ++i) {
       if (c[i] > x) return i;

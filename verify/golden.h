@@ -14,6 +14,7 @@
 #pragma once
 
 #include <cstdint>
+#include <limits>
 #include <span>
 #include <string>
 #include <vector>
@@ -136,7 +137,11 @@ struct TopKDraw {
   double uniform = -1;  // the Philox draw (−1 greedy)
   std::string why;      // kUndecided: which step the unrecorded tail leaves open
 };
+// `lse_t` (NaN when absent): the row's logsumexp at `temperature` (logits.logsumexp_t), which
+// fixes the unrecorded mass at that temperature to within its float rounding — every draw is
+// then decided unless top-k keeps more than the recorded K or a cut lands within that rounding.
 TopKDraw SampleFromTopK(std::span<const int32_t> ids, std::span<const float> values, int64_t vocab, double lse,
-                        double temperature, int64_t top_k, double top_p, double min_p, uint64_t seed, uint64_t counter);
+                        double temperature, int64_t top_k, double top_p, double min_p, uint64_t seed, uint64_t counter,
+                        double lse_t = std::numeric_limits<double>::quiet_NaN());
 
 }  // namespace lockstep::verify::golden

@@ -473,15 +473,21 @@ class Trace:
 
     def logits(self, request):
         """One request's logits rows by position: {'positions', 'values'} for full logits, or
-        {'positions', 'ids', 'values', 'logsumexp'} where only the top-k was stored."""
+        {'positions', 'ids', 'values', 'logsumexp'} where only the top-k was stored, with
+        'logsumexp_t' (the logsumexp at the request's sampling temperature) where it was sampled."""
         t = self.tensors.get("taps/logits")
         if t is not None and t.has_values:
             return {"positions": self.positions("logits", request), "values": self.values("logits", request)}
         if "taps/logits.topk_ids" not in self.tensors:
             raise TraceError(f"{self.path}: no logits values stored (taps/logits has summaries only)")
-        return {"positions": self.positions("logits.topk_ids", request), "ids": self.values("logits.topk_ids", request),
-                "values": self.values("logits.topk_values", request),
-                "logsumexp": self.values("logits.logsumexp", request)[:, 0]}
+        out = {"positions": self.positions("logits.topk_ids", request), "ids": self.values("logits.topk_ids", request),
+               "values": self.values("logits.topk_values", request),
+               "logsumexp": self.values("logits.logsumexp", request)[:, 0]}
+        if "taps/logits.logsumexp_t" in self.tensors:
+            lt = self.values("logits.logsumexp_t", request)
+            if len(lt):
+                out["logsumexp_t"] = lt[:, 0]
+        return out
 
     def close(self):
         for h in (getattr(self, "_f", None), getattr(self, "_side", None)):

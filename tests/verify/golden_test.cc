@@ -236,5 +236,69 @@ TEST(GoldenTest, TopKDrawAgreesWithTheFullDrawWhereItDecides) {
   EXPECT_GT(outside, 0);  // flat rows at temperature ≥ 1 draw from the tail: that case is exercised
 }
 
+// With the row's logsumexp at the sampling temperature too (logits.logsumexp_t), the same
+// rows: wherever it decides, the full draw's token; and every row whose kept set lies within
+// the recorded K, or is the whole vocabulary, is decided — top-p's cut included — but for cuts
+// within lse_t's rounding.
+TEST(GoldenTest, TopKDrawWithTheTemperaturesLogsumexpDecidesEveryRowWhoseKeptSetIsKnown) {
+  constexpr int64_t kV = 2000, kK = 32;
+  std::mt19937 rng(7);
+  int rows = 0, decided = 0, decided_without = 0, outside = 0, rows_inside = 0, decided_inside = 0;
+  for (int trial = 0; trial < 3000; ++trial) {
+    const float sigma = std::array<float, 3>{1.0f, 3.0f, 6.0f}[trial % 3];
+    std::normal_distribution<float> nd(0, sigma);
+    std::vector<float> l(kV);
+    for (auto& v : l) v = nd(rng);
+    const double T = std::array<double, 3>{0.6, 1.0, 1.3}[(trial / 3) % 3];
+    const double top_p = std::array<double, 3>{1.0, 0.95, 0.7}[(trial / 9) % 3];
+    const double min_p = (trial / 27) % 2 == 0 ? 0.0 : 0.05;
+    const uint64_t seed = 900 + trial;
+    std::vector<int32_t> order(kV);
+    std::iota(order.begin(), order.end(), 0);
+    std::stable_sort(order.begin(), order.end(), [&](int32_t a, int32_t b) { return l[a] > l[b]; });
+    std::vector<int32_t> ids(order.begin(), order.begin() + kK);
+    std::vector<float> vals(kK);
+    for (int64_t j = 0; j < kK; ++j) vals[j] = l[ids[j]];
+    // Both logsumexps in long double from the row, rounded to float as the trace keeps them.
+    const long double mx = l[order[0]];
+    long double s1 = 0, st = 0;
+    for (float v : l) {
+      s1 += std::exp(static_cast<long double>(v) - mx);
+      st += std::exp((static_cast<long double>(v) - mx) / T);
+    }
+    const float lse = static_cast<float>(mx + std::log(s1)), lse_t = static_cast<float>(mx / T + std::log(st));
+    const Draw full = Sample(l, T, 0, top_p, min_p, seed, trial);
+    const TopKDraw with = SampleFromTopK(ids, vals, kV, lse, T, 0, top_p, min_p, seed, trial, lse_t);
+    const TopKDraw without = SampleFromTopK(ids, vals, kV, lse, T, 0, top_p, min_p, seed, trial);
+    // The kept set within the recorded K: the whole draw is known (but for a cut within
+    // lse_t's float rounding). Past it (a flat row's nucleus, min-p's cut among the others),
+    // which unrecorded tokens are kept stays open.
+    const bool inside = full.candidates < kK || (top_p >= 1 && min_p <= 0);
+    ++rows;
+    rows_inside += inside;
+    decided_without += without.outcome != TopKDraw::kUndecided;
+    if (with.outcome == TopKDraw::kUndecided) {
+      if (inside) std::printf("undecided: trial %d T %g top_p %g min_p %g: %s\n", trial, T, top_p, min_p, with.why.c_str());
+      continue;
+    }
+    decided_inside += inside;
+    ++decided;
+    EXPECT_EQ(with.uniform, full.uniform) << trial;
+    if (with.outcome == TopKDraw::kToken) {
+      EXPECT_EQ(with.token, full.token) << trial << " T " << T << " top_p " << top_p;
+    } else {
+      ++outside;
+      EXPECT_EQ(std::find(ids.begin(), ids.end(), full.token), ids.end()) << trial;
+    }
+  }
+  std::printf("with logsumexp_t: decided %d of %d rows (%d outside the top-%lld; %d of the %d whose kept set is "
+              "recorded or the whole vocabulary); without: %d\n",
+              decided, rows, outside, static_cast<long long>(kK), decided_inside, rows_inside, decided_without);
+  EXPECT_GE(decided_inside, rows_inside - rows_inside / 200) << decided_inside << " of " << rows_inside;
+  EXPECT_GT(decided, decided_without);
+  EXPECT_LT(decided_without, rows);  // the case the new field exists for is exercised
+  EXPECT_GT(outside, 0);
+}
+
 }  // namespace
 }  // namespace lockstep::verify::golden
