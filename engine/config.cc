@@ -9,6 +9,8 @@
 
 #include <nlohmann/json.hpp>
 
+#include "kernels/hidden_fault.h"
+
 namespace lockstep::engine {
 namespace {
 
@@ -127,6 +129,7 @@ Status ParseRope(const json& j, const std::string& origin, ModelConfig* c) {
   LS_RETURN_IF_ERROR(r.Bool("truncate", &rp.truncate, true));
   double af = 0;
   LS_RETURN_IF_ERROR(r.Float("attention_factor", &af, 0.0));
+  rp.attention_factor_field = af;
   if (af != 0.0) {
     rp.attention_factor = af;
   } else if (rp.mscale != 0.0 && rp.mscale_all_dim != 0.0) {
@@ -150,7 +153,10 @@ std::string_view FamilyName(ModelFamily f) {
 }
 
 double ModelConfig::softmax_scale() const {
-  double s = 1.0 / std::sqrt(static_cast<double>(qk_head_dim()));
+  // (The hidden fault zoo's softmax_scale_nope_dim: the RoPE dims left out of the head size.)
+  const int64_t d = kernels::HiddenFaultOrNone() == kernels::HiddenFault::kSoftmaxScaleNopeDim ? qk_nope_head_dim
+                                                                                                : qk_head_dim();
+  double s = 1.0 / std::sqrt(static_cast<double>(d));
   if (rope.yarn && rope.mscale_all_dim != 0.0) {
     double m = YarnGetMscale(rope.factor, rope.mscale_all_dim);
     s = s * m * m;

@@ -55,6 +55,7 @@ struct RopeConfig {
   double beta_fast = 32.0, beta_slow = 1.0;
   double mscale = 0.0, mscale_all_dim = 0.0;  // 0 = absent
   double attention_factor = 1.0;  // multiplies cos/sin (YaRN's "attention_factor")
+  double attention_factor_field = 0.0;  // the file's own `attention_factor` (0 = absent), as given
   bool truncate = true;
 };
 

@@ -34,6 +34,7 @@ enum class HiddenFault {
   kV4SinkhornOneRoundShort,  // hyper-connections: Sinkhorn runs one (rows, columns) round fewer
   kV4CompressorOverlapNoBias,  // compressor: CSA's previous-window slots pool without their position bias
   kV4HashRouteNextToken,     // router: hash layers route token t by tid2eid of t + 1
+  kSoftmaxScaleNopeDim,      // config: MLA's softmax scale from qk_nope_head_dim alone (every backend)
   // The CUDA backend's defaults (kernels/cuda/, engine/cuda_blocks.cc): the GPU's bits wrong, the
   // CPU's right — a GPU trace's verify (golden twins on the CPU) must find them.
   kCudaNormMeanOverNMinus1,   // norm: the CUDA RMSNorm row (every kernel that normalises) divides by n − 1
@@ -47,7 +48,7 @@ struct HiddenFaultInfo {
   std::string_view name;   // LOCKSTEP_TEST_HIDDEN_FAULT value
   std::string_view op;     // the registry op whose default it breaks ("router", "sampler": ops without variants)
   std::string_view what;
-  std::string_view backend = "cpu";  // where it lives: "cpu" (the CPU engine) or "cuda"
+  std::string_view backend = "cpu";  // where it lives: "cpu" (the CPU engine), "cuda", or both
 };
 
 const std::vector<HiddenFaultInfo>& HiddenFaults();

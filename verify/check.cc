@@ -464,7 +464,8 @@ void CheckMlaRows(Ctx& cx, const CheckOptions& opt) {
         if (ok) {
           const g::WeightRef kvb = cx.Wt(L.kv_b_proj);
           const float* qrow = t_q->F(rq);
-          const double scale = c.softmax_scale();
+          const double scale = g::MlaSoftmaxScale(c.qk_nope_head_dim, c.qk_rope_head_dim, c.rope.yarn, c.rope.factor,
+                                                  c.rope.mscale_all_dim);
           const double in = cx.gemm.in_x;
           g::Vec out;
           out.v.assign(nh * dv, 0);
@@ -800,7 +801,8 @@ Result<CheckReport> CheckTrace(const traces::TraceReader& trace, const CheckOpti
   rs.original_max_pos = static_cast<double>(c.rope.original_max_position_embeddings);
   rs.truncate = c.rope.truncate;
   cx.inv_freq = g::RopeInvFreq(rs, c.qk_rope_head_dim);
-  cx.af = c.rope.attention_factor;
+  cx.af = g::RopeAttentionFactor(c.rope.yarn, c.rope.factor, c.rope.mscale, c.rope.mscale_all_dim,
+                                 c.rope.attention_factor_field);
   cx.layout = c.rope_style == engine::RopeStyle::kHalves          ? g::RopeLayout::kHalves
               : c.rope_style == engine::RopeStyle::kPairsAdjacent ? g::RopeLayout::kPairsAdjacent
                                                                  : g::RopeLayout::kPairsToHalves;

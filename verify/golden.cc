@@ -132,6 +132,22 @@ Vec Add(const Vec& a, const Vec& b) {
   return y;
 }
 
+double YarnMscale(double factor, double mscale) { return factor > 1 ? 0.1 * mscale * std::log(factor) + 1 : 1.0; }
+
+double MlaSoftmaxScale(int64_t qk_nope, int64_t qk_rope, bool yarn, double factor, double mscale_all_dim) {
+  const double base = 1 / std::sqrt(static_cast<double>(qk_nope + qk_rope));
+  if (!yarn || mscale_all_dim == 0) return base;
+  const double m = YarnMscale(factor, mscale_all_dim);
+  return base * m * m;
+}
+
+double RopeAttentionFactor(bool yarn, double factor, double mscale, double mscale_all_dim, double file_factor) {
+  if (!yarn) return 1.0;
+  if (file_factor != 0) return file_factor;
+  if (mscale != 0 && mscale_all_dim != 0) return YarnMscale(factor, mscale) / YarnMscale(factor, mscale_all_dim);
+  return YarnMscale(factor, 1.0);
+}
+
 std::vector<double> RopeInvFreq(const RopeSpec& s, int64_t dim) {
   const int64_t half = dim / 2;
   std::vector<double> f(half);

@@ -72,6 +72,15 @@ struct RopeSpec {
   bool truncate = true;
 };
 std::vector<double> RopeInvFreq(const RopeSpec& s, int64_t dim);
+// The constants the config implies, from its fields (DeepSeek-V2/V3's modelling code, not the
+// engine's): YaRN's magnitude 0.1·m·ln(s) + 1 for a factor s > 1, else 1; MLA's softmax scale
+// (qk_nope + qk_rope)^−½, × YarnMscale(factor, mscale_all_dim)² under YaRN when mscale_all_dim
+// is set; YaRN's factor on cos and sin: the file's `attention_factor` when given, else
+// YarnMscale(factor, mscale) / YarnMscale(factor, mscale_all_dim) when both are set, else
+// YarnMscale(factor, 1) — 1 without YaRN.
+double YarnMscale(double factor, double mscale);
+double MlaSoftmaxScale(int64_t qk_nope, int64_t qk_rope, bool yarn, double factor, double mscale_all_dim);
+double RopeAttentionFactor(bool yarn, double factor, double mscale, double mscale_all_dim, double file_factor);
 // Rotates dims [off, off + dim) of x at position `pos`. The budget covers an fp32 angle
 // (inv_freq·pos rounded) and fp32 sin/cos, times the attention factor.
 void Rope(Vec* x, int64_t off, int64_t dim, int64_t pos, std::span<const double> inv_freq, double attention_factor,

@@ -22,11 +22,13 @@ flags=(-t 0 --backend cuda -m "$SRC/models/lockstep-tiny-v32")
 bash "$SRC/tests/verify/hidden_fault_test.sh" --clean "$L" "$W/clean" "${flags[@]}" || { echo "FAIL: the clean GPU recording"; exit 1; }
 status=0
 # FAULT|OP|REQUEST|LAYER|POSITION: the first norm (layer 0's attn_norm at position 0); the latent
-# path's key at the first position it shifts (1); layer 1, the first MoE layer, from position 0.
+# path's key at the first position it shifts (1); layer 1, the first MoE layer, from position 0;
+# and the config's softmax scale (both backends' fault) at the first row with two keys.
 for case in "cuda_norm_mean_n_minus_1|attn_norm|0|0|0" \
             "cuda_latent_rope_pos_minus_1|rope_k|0|0|1" \
             "cuda_route_bias_in_weights|router|0|1|0" \
-            "cuda_expert_down_k_tail|experts|0|1|0"; do
+            "cuda_expert_down_k_tail|experts|0|1|0" \
+            "softmax_scale_nope_dim|attention|0|0|1"; do
   IFS='|' read -r fault op req layer pos <<<"$case"
   if out=$(bash "$SRC/tests/verify/hidden_fault_test.sh" "$L" "$PY" "$SRC" "$W/clean" "$fault" "$op" "$req" "$layer" "$pos" \
              "${flags[@]}" 2>&1); then

@@ -9,7 +9,9 @@
 #include <cmath>
 #include <random>
 
+#include "engine/config.h"
 #include "engine/sampler.h"
+#include "../test_util.h"
 #include "verify/golden.h"
 
 namespace lockstep::verify::golden {
@@ -298,6 +300,49 @@ TEST(GoldenTest, TopKDrawWithTheTemperaturesLogsumexpDecidesEveryRowWhoseKeptSet
   EXPECT_GT(decided, decided_without);
   EXPECT_LT(decided_without, rows);  // the case the new field exists for is exercised
   EXPECT_GT(outside, 0);
+}
+
+// The constants a config implies, from DeepSeek's formulas by hand: V3's YaRN (factor 40,
+// mscale = mscale_all_dim = 1) scales the softmax by (0.1·ln 40 + 1)² and leaves cos/sin as they
+// are; V2-Lite's 0.707s the same way; without YaRN 1/sqrt(qk_nope + qk_rope). Then every shipped
+// MLA config gives the engine's values (computed by its own code) to the last bits.
+TEST(GoldenTest, ConfigConstantsFollowTheFormulas) {
+  const double m40 = 0.1 * std::log(40.0) + 1;  // 1.3688879454113936
+  EXPECT_NEAR(YarnMscale(40, 1), 1.3688879454113936, 1e-15);
+  EXPECT_EQ(YarnMscale(1, 1), 1.0);
+  EXPECT_EQ(YarnMscale(0.5, 3), 1.0);
+  EXPECT_NEAR(MlaSoftmaxScale(128, 64, true, 40, 1.0), m40 * m40 / std::sqrt(192.0), 1e-15);
+  EXPECT_NEAR(MlaSoftmaxScale(128, 64, true, 40, 0.707), std::pow(0.1 * 0.707 * std::log(40.0) + 1, 2) / std::sqrt(192.0),
+              1e-15);
+  EXPECT_EQ(MlaSoftmaxScale(128, 64, false, 40, 1.0), 1 / std::sqrt(192.0));
+  EXPECT_EQ(MlaSoftmaxScale(128, 64, true, 40, 0.0), 1 / std::sqrt(192.0));
+  EXPECT_EQ(RopeAttentionFactor(true, 40, 1.0, 1.0, 0), 1.0);
+  EXPECT_NEAR(RopeAttentionFactor(true, 40, 0.5, 1.0, 0), (0.05 * std::log(40.0) + 1) / m40, 1e-15);
+  EXPECT_NEAR(RopeAttentionFactor(true, 40, 0, 0, 0), m40, 1e-15);
+  EXPECT_EQ(RopeAttentionFactor(true, 40, 1.0, 1.0, 0.9), 0.9);
+  EXPECT_EQ(RopeAttentionFactor(false, 40, 1.0, 0.5, 0), 1.0);
+  int checked = 0, yarn = 0;
+  for (const auto& dir : {testing::SourceDir() / "models", testing::SourceDir() / "models" / "shapes",
+                          testing::FixtureDir() / "models"}) {
+    for (const auto& e : std::filesystem::directory_iterator(dir)) {
+      if (!std::filesystem::exists(e.path() / "config.json")) continue;
+      auto c = engine::ModelConfig::Load(e.path());
+      ASSERT_TRUE(c.ok()) << e.path() << ": " << c.status().message();
+      if (c->is_v4()) continue;
+      ++checked;
+      yarn += c->rope.yarn;
+      EXPECT_NEAR(MlaSoftmaxScale(c->qk_nope_head_dim, c->qk_rope_head_dim, c->rope.yarn, c->rope.factor,
+                                  c->rope.mscale_all_dim),
+                  c->softmax_scale(), 1e-15 * c->softmax_scale())
+          << e.path();
+      EXPECT_NEAR(RopeAttentionFactor(c->rope.yarn, c->rope.factor, c->rope.mscale, c->rope.mscale_all_dim,
+                                      c->rope.attention_factor_field),
+                  c->rope.attention_factor, 1e-15)
+          << e.path();
+    }
+  }
+  EXPECT_GE(checked, 8);
+  EXPECT_GE(yarn, 2);
 }
 
 }  // namespace
