@@ -102,6 +102,9 @@ Status ParseRopeDict(const json& d, const std::string& origin, const std::string
   LS_RETURN_IF_ERROR(f.Float("mscale", &mscale, 0.0));
   LS_RETURN_IF_ERROR(f.Float("mscale_all_dim", &mscale_all, 0.0));
   LS_RETURN_IF_ERROR(f.Float("attention_factor", &af, flat ? 1.0 : 0.0));
+  r->mscale = mscale;
+  r->mscale_all_dim = mscale_all;
+  r->attention_factor_field = af;
   if (af != 0.0) {
     r->attention_factor = af;
   } else if (mscale != 0.0 && mscale_all != 0.0) {

@@ -51,6 +51,9 @@ struct V4Rope {
   double beta_fast = 32.0, beta_slow = 1.0;
   bool truncate = true;
   double attention_factor = 1.0;  // multiplies cos and sin
+  // The fields it is derived from, as read (0 = absent; attention_factor_field: the file's, or
+  // the 1.0 transformers assumes for flat keys) — what verify derives it from itself.
+  double mscale = 0.0, mscale_all_dim = 0.0, attention_factor_field = 0.0;
 };
 
 struct V4Config {

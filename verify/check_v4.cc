@@ -352,6 +352,11 @@ void CheckV4Rows(Ctx& cx, const CheckOptions& opt) {
   const int64_t G = v.o_groups, Ro = v.o_lora_rank, E = c.n_routed_experts, k = c.num_experts_per_tok;
   const int64_t NL = c.num_hidden_layers, Wn = v.sliding_window;
   const std::vector<double> main_freq = InvFreq(v.main_rope, rd), comp_freq = InvFreq(v.compress_rope, rd);
+  // YaRN's factor on cos and sin of each table, from its fields (golden::RopeAttentionFactor).
+  auto factor_of = [](const engine::V4Rope& r) {
+    return g::RopeAttentionFactor(r.yarn, r.factor, r.mscale, r.mscale_all_dim, r.attention_factor_field);
+  };
+  const double main_af = factor_of(v.main_rope), comp_af = factor_of(v.compress_rope);
   const bool dense = cx.Variant("indexer") == "dense";  // CSA attends every closed entry
   const Tensor* embed = cx.T("embed");
   const int64_t total = static_cast<int64_t>(embed->rows.size());
@@ -396,7 +401,7 @@ void CheckV4Rows(Ctx& cx, const CheckOptions& opt) {
       const engine::LayerSpec& spec = c.layers[l];
       const bool sliding = spec.attention == engine::AttentionKind::kSliding;
       const std::vector<double>& freq = sliding ? main_freq : comp_freq;
-      const double af = sliding ? v.main_rope.attention_factor : v.compress_rope.attention_factor;
+      const double af = sliding ? main_af : comp_af;
       auto tap = [&](const char* n) { return cx.T(LayerTap(l, n)); };
       auto row_of = [&](const Tensor* t) { return t ? t->Row(req, pos) : -1; };
       auto loc = [&](const char* n, const Tensor* t, int64_t row) {
@@ -463,7 +468,7 @@ void CheckV4Rows(Ctx& cx, const CheckOptions& opt) {
         const std::string stored = "kv/" + LayerTap(l, "compressed");
         g::Vec e;
         if (PoolTwin(cx, L.compressor, cx.T("kv/" + LayerTap(l, "compressor")), req, w, m, d, csa, comp_freq,
-                     v.compress_rope.attention_factor, &e)) {
+                     comp_af, &e)) {
           if (rce >= 0) Compare(cx, OpIndex("compressor"), loc("attn.compressor.entry", t_ce, rce), t_ce->F(rce), e);
           std::vector<double> kr;
           if (DecodeCacheRow(cx, stored, req, pos, d, rd, &kr)) {
@@ -494,7 +499,7 @@ void CheckV4Rows(Ctx& cx, const CheckOptions& opt) {
           const std::string stored = "kv/" + LayerTap(l, "indexer_k");
           g::Vec key;
           if (PoolTwin(cx, L.indexer, cx.T("kv/" + LayerTap(l, "indexer_state")), req, (pos + 1) / m - 1, m, di, true,
-                       comp_freq, v.compress_rope.attention_factor, &key)) {
+                       comp_freq, comp_af, &key)) {
             if (rik >= 0) Compare(cx, OpIndex("indexer_key"), loc("attn.indexer.key", t_ik, rik), t_ik->F(rik), key);
             std::vector<double> sk, step;
             if (StoredIndexKey(cx, stored, req, pos, di, &sk, &step)) {
@@ -530,7 +535,7 @@ void CheckV4Rows(Ctx& cx, const CheckOptions& opt) {
                                                  std::to_string(rec.size()) + " were";
           } else {
             g::Vec qi = g::Linear(cx.Wt(L.indexer_q_b), q_res, cx.linear);
-            for (int64_t h = 0; h < Hi; ++h) g::Rope(&qi, h * di + di - rd, rd, pos, comp_freq, v.compress_rope.attention_factor, g::RopeLayout::kPairsAdjacent);
+            for (int64_t h = 0; h < Hi; ++h) g::Rope(&qi, h * di + di - rd, rd, pos, comp_freq, comp_af, g::RopeLayout::kPairsAdjacent);
             const g::Vec iw = g::Linear(cx.Wt(L.indexer_weights), hv, cx.gemm);
             const std::string keys_at = "kv/" + LayerTap(l, "indexer_k");
             std::vector<double> score(T), se(T), kt, unused;
