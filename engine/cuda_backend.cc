@@ -33,18 +33,26 @@ bool HaveCudaBackend() { return true; }
 namespace cuda_impl {
 namespace {
 
-// FP8 bytes [rows, cols] and each row's scale per 128 columns [rows, ⌈cols / 128⌉].
-Result<DevTensor> UploadFp8(const std::vector<uint8_t>& values, const std::vector<float>& row_scales, int64_t rows,
-                            int64_t cols) {
+// An FP8 device tensor, allocated: bytes [rows, cols] and each row's scale per 128 columns
+// [rows, ⌈cols / 128⌉].
+Result<DevTensor> AllocateFp8(int64_t rows, int64_t cols) {
   DevTensor t;
   t.rows = rows;
   t.cols = cols;
   t.fp8 = true;
   t.scale_cols = (cols + 127) / 128;
   if (rows * cols == 0) return t;
-  LS_ASSIGN_OR_RETURN(t.buf, cu::DeviceBuffer::Allocate(values.size()));
+  LS_ASSIGN_OR_RETURN(t.buf, cu::DeviceBuffer::Allocate(static_cast<size_t>(rows * cols)));
+  LS_ASSIGN_OR_RETURN(t.scale, cu::DeviceBuffer::Allocate(static_cast<size_t>(rows * t.scale_cols) * 4));
+  return t;
+}
+
+// FP8 bytes [rows, cols] and their row scales, uploaded.
+Result<DevTensor> UploadFp8(const std::vector<uint8_t>& values, const std::vector<float>& row_scales, int64_t rows,
+                            int64_t cols) {
+  LS_ASSIGN_OR_RETURN(DevTensor t, AllocateFp8(rows, cols));
+  if (rows * cols == 0) return t;
   LS_RETURN_IF_ERROR(t.buf.CopyFromHost(values.data(), values.size()));
-  LS_ASSIGN_OR_RETURN(t.scale, cu::DeviceBuffer::Allocate(row_scales.size() * 4));
   LS_RETURN_IF_ERROR(t.scale.CopyFromHost(row_scales.data(), row_scales.size() * 4));
   return t;
 }
@@ -151,14 +159,8 @@ Result<DevTensor> UploadStacked(const std::vector<const Matrix*>& parts, bool bf
       ok = blocks[i] != nullptr && AppendRowScales(*blocks[i], &scales[i]);
     }
     if (ok) {
-      DevTensor t;
-      t.rows = rows;
-      t.cols = cols;
-      t.fp8 = true;
-      t.scale_cols = (cols + 127) / 128;
+      LS_ASSIGN_OR_RETURN(DevTensor t, AllocateFp8(rows, cols));
       if (rows * cols == 0) return t;
-      LS_ASSIGN_OR_RETURN(t.buf, cu::DeviceBuffer::Allocate(static_cast<size_t>(rows * cols)));
-      LS_ASSIGN_OR_RETURN(t.scale, cu::DeviceBuffer::Allocate(static_cast<size_t>(rows * t.scale_cols) * 4));
       size_t at = 0, scale_at = 0;
       for (size_t i = 0; i < parts.size(); ++i) {
         const std::span<const uint8_t> v = blocks[i]->values;
@@ -234,22 +236,15 @@ Result<DevTensor> UploadUkT(const Matrix& kv_b, int64_t nh, int64_t C, int64_t d
 // of U(−448, 448) with every scale bound / 448.
 Result<DevTensor> Random(int64_t rows, int64_t cols, bool bf16, float bound, uint64_t seed, cu::Stream s,
                          bool fp8 = false) {
-  DevTensor t;
   if (fp8) {
-    t.rows = rows;
-    t.cols = cols;
-    t.fp8 = true;
-    t.scale_cols = (cols + 127) / 128;
-    LS_ASSIGN_OR_RETURN(t.buf, cu::DeviceBuffer::Allocate(static_cast<size_t>(rows * cols)));
+    LS_ASSIGN_OR_RETURN(DevTensor t, AllocateFp8(rows, cols));
+    if (rows * cols == 0) return t;
     LS_RETURN_IF_ERROR(cu::FillUniformFp8(t.buf.as<uint8_t>(), rows * cols, seed, s));
-    LS_ASSIGN_OR_RETURN(t.scale, cu::DeviceBuffer::Allocate(static_cast<size_t>(rows * t.scale_cols) * 4));
     LS_RETURN_IF_ERROR(cu::FillConstant(t.scale.data(), rows * t.scale_cols, false, bound / 448.0f, s));
     return t;
   }
-  t.rows = rows;
-  t.cols = cols;
-  t.bf16 = bf16;
-  LS_ASSIGN_OR_RETURN(t.buf, cu::DeviceBuffer::Allocate(static_cast<size_t>(rows * cols) * (bf16 ? 2 : 4)));
+  LS_ASSIGN_OR_RETURN(DevTensor t, Allocate(rows, cols, bf16));
+  if (rows * cols == 0) return t;
   LS_RETURN_IF_ERROR(cu::FillUniform(t.buf.data(), rows * cols, bf16, -bound, bound, seed, s));
   return t;
 }
