@@ -490,9 +490,11 @@ TopKDraw SampleFromTopK(std::span<const int32_t> ids, std::span<const float> val
     } else if (p < 1) {
       lo = r_lo * std::pow(xk, p - 1), hi = std::pow(r_hi, p) * std::pow(m, 1 - p);
     }
-    // Slack for the bounds' own rounding; an inconsistent logsumexp (outside [0, m·w_K]) is not used.
+    // Slack for the bounds' own rounding; an inconsistent logsumexp (outside [0, m·w_K], or
+    // less than the recorded logits' own mass: a damaged row) is not used.
     lo *= 1 - 1e-9, hi *= 1 + 1e-9;
-    if (lo <= tail_hi && std::isfinite(hi)) tail_lo = std::max(tail_lo, lo), tail_hi = std::min(tail_hi, hi);
+    const bool consistent = t * (1 + rel) * (1 + 1e-9) >= c1;
+    if (consistent && lo <= tail_hi && std::isfinite(hi)) tail_lo = std::max(tail_lo, lo), tail_hi = std::min(tail_hi, hi);
   }
   // At the sampling temperature itself: Σ_all e^((l − lmax)/T) = e^(lse_t − lmax/T), so the
   // unrecorded weights add up to that less the recorded ones (exactly when the kept set is the
@@ -501,7 +503,10 @@ TopKDraw SampleFromTopK(std::span<const int32_t> ids, std::span<const float> val
     const double t = std::exp(lse_t - lmax / T), rel = LseRelMargin(lse_t);
     double lo = n == vocab ? std::max(0.0, t * (1 - rel) - last) : 0.0, hi = std::max(0.0, t * (1 + rel) - last);
     lo *= 1 - 1e-9, hi *= 1 + 1e-9;
-    if (lo <= tail_hi && hi >= tail_lo) tail_lo = std::max(tail_lo, lo), tail_hi = std::min(tail_hi, hi);
+    // Used only where consistent: at least the recorded weights' own mass, a finite total, and
+    // overlapping what the top-k and the other logsumexp allow.
+    const bool consistent = t * (1 + rel) * (1 + 1e-9) >= last && std::isfinite(hi);
+    if (consistent && lo <= tail_hi && hi >= tail_lo) tail_lo = std::max(tail_lo, lo), tail_hi = std::min(tail_hi, hi);
   }
   const double tot_lo = last + tail_lo, tot_hi = last + tail_hi;
   auto first_at_least = [&](double x) -> int64_t {  // first i with c_i ≥ x; known when none

@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <array>
 #include <cstdio>
+#include <limits>
 #include <numeric>
 #include <cmath>
 #include <random>
@@ -300,6 +301,39 @@ TEST(GoldenTest, TopKDrawWithTheTemperaturesLogsumexpDecidesEveryRowWhoseKeptSet
   EXPECT_GT(decided, decided_without);
   EXPECT_LT(decided_without, rows);  // the case the new field exists for is exercised
   EXPECT_GT(outside, 0);
+}
+
+// A damaged trace's logsumexp cannot make a draw look decided: one below the recorded logits'
+// own mass, or not finite, is ignored (the row is decided as without it, or not at all), and a
+// consistent one never changes a decided token.
+TEST(GoldenTest, TopKDrawIgnoresAnInconsistentLogsumexp) {
+  constexpr int64_t kV = 500, kK = 16;
+  std::mt19937 rng(3);
+  int compared = 0;
+  for (int trial = 0; trial < 300; ++trial) {
+    std::normal_distribution<float> nd(0, 2.0f);
+    std::vector<float> l(kV);
+    for (auto& v : l) v = nd(rng);
+    std::vector<int32_t> order(kV);
+    std::iota(order.begin(), order.end(), 0);
+    std::stable_sort(order.begin(), order.end(), [&](int32_t a, int32_t b) { return l[a] > l[b]; });
+    std::vector<int32_t> ids(order.begin(), order.begin() + kK);
+    std::vector<float> vals(kK);
+    for (int64_t j = 0; j < kK; ++j) vals[j] = l[ids[j]];
+    const double T = 0.7, top_p = 0.9;
+    const TopKDraw base = SampleFromTopK(ids, vals, kV, std::numeric_limits<double>::quiet_NaN(), T, 0, top_p, 0, 77, trial);
+    // Below the top logit's own weight at T (lse_t < lmax / T), infinite, or NaN.
+    const double inf = std::numeric_limits<double>::infinity(), nan = std::numeric_limits<double>::quiet_NaN();
+    for (const double bad : {static_cast<double>(vals[0]) / T - 1.0, -1e30, inf, -inf, nan}) {
+      for (const double bad1 : {nan, static_cast<double>(vals[0]) - 1.0}) {
+        const TopKDraw d = SampleFromTopK(ids, vals, kV, bad1, T, 0, top_p, 0, 77, trial, bad);
+        EXPECT_EQ(d.outcome, base.outcome) << trial << " lse_t " << bad << " lse " << bad1;
+        if (d.outcome == base.outcome && d.outcome == TopKDraw::kToken) EXPECT_EQ(d.token, base.token) << trial;
+        ++compared;
+      }
+    }
+  }
+  EXPECT_EQ(compared, 3000);
 }
 
 // The constants a config implies, from DeepSeek's formulas by hand: V3's YaRN (factor 40,
