@@ -209,6 +209,8 @@ Result<ModelConfig> ModelConfig::FromJson(std::string_view text, const std::stri
   LS_RETURN_IF_ERROR(r.Int("topk_group", &c.topk_group, v2 ? 0 : 4, true));
   LS_RETURN_IF_ERROR(r.Bool("norm_topk_prob", &c.norm_topk_prob, !v2));
   LS_RETURN_IF_ERROR(r.Float("routed_scaling_factor", &c.routed_scaling_factor, v2 ? 1.0 : 2.5));
+  // (The hidden fault zoo's config_scaling_factor_dropped: the file's value lost.)
+  if (kernels::HiddenFaultOrNone() == kernels::HiddenFault::kConfigScalingFactorDropped) c.routed_scaling_factor = 1.0;
   LS_RETURN_IF_ERROR(r.Int("first_k_dense_replace", &c.first_k_dense_replace, v2 ? 0 : 3, true));
   LS_RETURN_IF_ERROR(r.Float("rms_norm_eps", &c.rms_norm_eps, 1e-6));
   LS_RETURN_IF_ERROR(

@@ -41,6 +41,8 @@ const std::vector<HiddenFaultInfo>& HiddenFaults() {
       {HiddenFault::kSoftmaxScaleNopeDim, "softmax_scale_nope_dim", "attention",
        "the config's attention scale is qk_nope_head_dim^−½, the RoPE dims left out (ModelConfig::softmax_scale: every backend)",
        "cpu, cuda"},
+      {HiddenFault::kConfigScalingFactorDropped, "config_scaling_factor_dropped", "router",
+       "the config parser leaves routed_scaling_factor at 1 whatever config.json says (every backend)", "cpu, cuda"},
       {HiddenFault::kCudaNormMeanOverNMinus1, "cuda_norm_mean_n_minus_1", "norm",
        "CUDA: the RMSNorm row every normalising kernel shares divides the sum of squares by n − 1", "cuda"},
       {HiddenFault::kCudaLatentRopePosMinus1, "cuda_latent_rope_pos_minus_1", "rope",

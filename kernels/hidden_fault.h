@@ -35,6 +35,7 @@ enum class HiddenFault {
   kV4CompressorOverlapNoBias,  // compressor: CSA's previous-window slots pool without their position bias
   kV4HashRouteNextToken,     // router: hash layers route token t by tid2eid of t + 1
   kSoftmaxScaleNopeDim,      // config: MLA's softmax scale from qk_nope_head_dim alone (every backend)
+  kConfigScalingFactorDropped,  // config: the parser leaves routed_scaling_factor at 1 (every backend)
   // The CUDA backend's defaults (kernels/cuda/, engine/cuda_blocks.cc): the GPU's bits wrong, the
   // CPU's right — a GPU trace's verify (golden twins on the CPU) must find them.
   kCudaNormMeanOverNMinus1,   // norm: the CUDA RMSNorm row (every kernel that normalises) divides by n − 1

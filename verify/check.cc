@@ -192,7 +192,7 @@ void CheckMlaRows(Ctx& cx, const CheckOptions& opt) {
       }
       const float* h = t_norm->F(rn);
       if (x_in != nullptr) {
-        Compare(cx, OpIndex("attn_norm"), loc("attn_norm", t_norm, rn), h, g::RmsNorm(Row(x_in, H), L.input_norm.ptr(), c.rms_norm_eps));
+        Compare(cx, OpIndex("attn_norm"), loc("attn_norm", t_norm, rn), h, g::RmsNorm(Row(x_in, H), L.input_norm.ptr(), cx.file.rms_norm_eps.value_or(c.rms_norm_eps)));
       }
       const g::Vec hv = Row(h, H);
       // q path.
@@ -565,7 +565,7 @@ void CheckMlaRows(Ctx& cx, const CheckOptions& opt) {
       const Tensor* t_fn = tap("ffn_norm");
       const int64_t rf = t_fn ? t_fn->Row(req, pos) : -1;
       if (rf >= 0 && rm >= 0) {
-        Compare(cx, OpIndex("ffn_norm"), loc("ffn_norm", t_fn, rf), t_fn->F(rf), g::RmsNorm(Row(t_mid->F(rm), H), L.post_attn_norm.ptr(), c.rms_norm_eps));
+        Compare(cx, OpIndex("ffn_norm"), loc("ffn_norm", t_fn, rf), t_fn->F(rf), g::RmsNorm(Row(t_mid->F(rm), H), L.post_attn_norm.ptr(), cx.file.rms_norm_eps.value_or(c.rms_norm_eps)));
       }
       const Tensor* t_ffo = tap("ffn.out");
       const int64_t rfo = t_ffo ? t_ffo->Row(req, pos) : -1;
@@ -590,8 +590,9 @@ void CheckMlaRows(Ctx& cx, const CheckOptions& opt) {
             sp.top_k = k;
             sp.groups = c.n_group;
             sp.top_groups = c.topk_group;
-            sp.normalise = c.norm_topk_prob;
-            sp.scaling = c.routed_scaling_factor;
+            // (as config.json states them where it does: file_config.h)
+            sp.normalise = cx.file.norm_topk_prob.value_or(c.norm_topk_prob);
+            sp.scaling = cx.file.routed_scaling_factor.value_or(c.routed_scaling_factor);
             const g::Vec lg = g::Linear(cx.Wt(L.router), hf, cx.fp32);
             const g::Route rt = g::RouteToken(sp, lg, L.router_bias.empty() ? nullptr : L.router_bias.ptr());
             const int32_t* ids = t_ids->I(rid);
@@ -678,7 +679,7 @@ void CheckMlaRows(Ctx& cx, const CheckOptions& opt) {
       Location w{req, -1, pos, t_fin->rows[rfin].step, "final_norm"};
       w.prefill = pos < plen;
       Compare(cx, OpIndex("final_norm"), w, t_fin->F(rfin),
-              g::RmsNorm(Row(x_in, H), cx.W->final_norm.ptr(), c.rms_norm_eps));
+              g::RmsNorm(Row(x_in, H), cx.W->final_norm.ptr(), cx.file.rms_norm_eps.value_or(c.rms_norm_eps)));
     }
     if (rfin >= 0) CheckLmHead(cx, req, pos, plen, t_fin, rfin);
     ++done;
@@ -755,6 +756,7 @@ Result<CheckReport> CheckTrace(const traces::TraceReader& trace, const CheckOpti
   LS_ASSIGN_OR_RETURN(cx.model, engine::Model::Load(model_dir));
   const engine::ModelConfig& c = cx.model->config();
   cx.c = &c;
+  cx.file = ReadFileConfig(model_dir, c.family == engine::ModelFamily::kDeepseekV2);
   {
     auto it = meta.find("kernels");
     const nlohmann::json j = nlohmann::json::parse(it == meta.end() ? "{}" : it->second, nullptr, false);
@@ -793,7 +795,7 @@ Result<CheckReport> CheckTrace(const traces::TraceReader& trace, const CheckOpti
   if (gemm == "w8a8_dot") cx.linear.in_x = g::kFp8U;
   cx.fp32 = {};
   g::RopeSpec rs;
-  rs.theta = c.rope.theta;
+  rs.theta = cx.file.rope_theta.value_or(c.rope.theta);
   rs.yarn = c.rope.yarn;
   rs.factor = c.rope.factor;
   rs.beta_fast = c.rope.beta_fast;

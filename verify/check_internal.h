@@ -16,6 +16,7 @@
 
 #include "engine/model.h"
 #include "verify/check.h"
+#include "verify/file_config.h"
 #include "verify/golden.h"
 
 namespace lockstep::verify::internal {
@@ -97,6 +98,7 @@ struct Stats {
 
 struct Ctx {
   const traces::TraceReader* trace = nullptr;
+  FileConfig file;  // what config.json states, read by verify (file_config.h): the MLA twins use it
   std::shared_ptr<engine::Model> model;
   const engine::ModelConfig* c = nullptr;
   const engine::ModelWeights* W = nullptr;
