@@ -13,6 +13,7 @@
 #include "engine/config.h"
 #include "engine/sampler.h"
 #include "../test_util.h"
+#include "verify/file_config.h"
 #include "verify/golden.h"
 
 namespace lockstep::verify::golden {
@@ -355,7 +356,7 @@ TEST(GoldenTest, ConfigConstantsFollowTheFormulas) {
   EXPECT_NEAR(RopeAttentionFactor(true, 40, 0, 0, 0), m40, 1e-15);
   EXPECT_EQ(RopeAttentionFactor(true, 40, 1.0, 1.0, 0.9), 0.9);
   EXPECT_EQ(RopeAttentionFactor(false, 40, 1.0, 0.5, 0), 1.0);
-  int checked = 0, yarn = 0;
+  int checked = 0, yarn = 0, stated = 0;
   for (const auto& dir : {testing::SourceDir() / "models", testing::SourceDir() / "models" / "shapes",
                           testing::FixtureDir() / "models"}) {
     for (const auto& e : std::filesystem::directory_iterator(dir)) {
@@ -373,6 +374,14 @@ TEST(GoldenTest, ConfigConstantsFollowTheFormulas) {
       }
       ++checked;
       yarn += c->rope.yarn;
+      // What verify reads from config.json itself agrees with the engine's parse on every shipped
+      // config (no false defects from a difference in how a stated field is read).
+      const FileConfig f = ReadFileConfig(e.path(), c->family == engine::ModelFamily::kDeepseekV2);
+      if (f.rms_norm_eps) EXPECT_EQ(*f.rms_norm_eps, c->rms_norm_eps) << e.path();
+      if (f.routed_scaling_factor) EXPECT_EQ(*f.routed_scaling_factor, c->routed_scaling_factor) << e.path();
+      if (f.norm_topk_prob) EXPECT_EQ(*f.norm_topk_prob, c->norm_topk_prob) << e.path();
+      if (f.rope_theta) EXPECT_EQ(*f.rope_theta, c->rope.theta) << e.path();
+      stated += f.rms_norm_eps.has_value() + f.routed_scaling_factor.has_value() + f.rope_theta.has_value();
       EXPECT_NEAR(MlaSoftmaxScale(c->qk_nope_head_dim, c->qk_rope_head_dim, c->rope.yarn, c->rope.factor,
                                   c->rope.mscale_all_dim),
                   c->softmax_scale(), 1e-15 * c->softmax_scale())
@@ -385,6 +394,7 @@ TEST(GoldenTest, ConfigConstantsFollowTheFormulas) {
   }
   EXPECT_GE(checked, 8);
   EXPECT_GE(yarn, 2);
+  EXPECT_GE(stated, 3 * 8);
 }
 
 }  // namespace
