@@ -240,6 +240,20 @@ TEST(GoldenTest, TopKDrawAgreesWithTheFullDrawWhereItDecides) {
   EXPECT_GT(outside, 0);  // flat rows at temperature ≥ 1 draw from the tail: that case is exercised
 }
 
+// A row as a top-k trace keeps it: the K largest logits (descending, id ascending) and their ids.
+struct TopKRow {
+  std::vector<int32_t> ids;
+  std::vector<float> vals;
+};
+TopKRow RecordedTopK(const std::vector<float>& l, int64_t K) {
+  std::vector<int32_t> order(l.size());
+  std::iota(order.begin(), order.end(), 0);
+  std::stable_sort(order.begin(), order.end(), [&](int32_t a, int32_t b) { return l[a] > l[b]; });
+  TopKRow t{std::vector<int32_t>(order.begin(), order.begin() + K), std::vector<float>(K)};
+  for (int64_t j = 0; j < K; ++j) t.vals[j] = l[t.ids[j]];
+  return t;
+}
+
 // With the row's logsumexp at the sampling temperature too (logits.logsumexp_t), the same
 // rows: wherever it decides, the full draw's token; and every row whose kept set lies within
 // the recorded K, or is the whole vocabulary, is decided — top-p's cut included — but for cuts
@@ -257,14 +271,9 @@ TEST(GoldenTest, TopKDrawWithTheTemperaturesLogsumexpDecidesEveryRowWhoseKeptSet
     const double top_p = std::array<double, 3>{1.0, 0.95, 0.7}[(trial / 9) % 3];
     const double min_p = (trial / 27) % 2 == 0 ? 0.0 : 0.05;
     const uint64_t seed = 900 + trial;
-    std::vector<int32_t> order(kV);
-    std::iota(order.begin(), order.end(), 0);
-    std::stable_sort(order.begin(), order.end(), [&](int32_t a, int32_t b) { return l[a] > l[b]; });
-    std::vector<int32_t> ids(order.begin(), order.begin() + kK);
-    std::vector<float> vals(kK);
-    for (int64_t j = 0; j < kK; ++j) vals[j] = l[ids[j]];
+    const auto [ids, vals] = RecordedTopK(l, kK);
     // Both logsumexps in long double from the row, rounded to float as the trace keeps them.
-    const long double mx = l[order[0]];
+    const long double mx = vals[0];
     long double s1 = 0, st = 0;
     for (float v : l) {
       s1 += std::exp(static_cast<long double>(v) - mx);
@@ -315,12 +324,7 @@ TEST(GoldenTest, TopKDrawIgnoresAnInconsistentLogsumexp) {
     std::normal_distribution<float> nd(0, 2.0f);
     std::vector<float> l(kV);
     for (auto& v : l) v = nd(rng);
-    std::vector<int32_t> order(kV);
-    std::iota(order.begin(), order.end(), 0);
-    std::stable_sort(order.begin(), order.end(), [&](int32_t a, int32_t b) { return l[a] > l[b]; });
-    std::vector<int32_t> ids(order.begin(), order.begin() + kK);
-    std::vector<float> vals(kK);
-    for (int64_t j = 0; j < kK; ++j) vals[j] = l[ids[j]];
+    const auto [ids, vals] = RecordedTopK(l, kK);
     const double T = 0.7, top_p = 0.9;
     const TopKDraw base = SampleFromTopK(ids, vals, kV, std::numeric_limits<double>::quiet_NaN(), T, 0, top_p, 0, 77, trial);
     // Below the top logit's own weight at T (lse_t < lmax / T), infinite, or NaN.
