@@ -171,7 +171,7 @@ int main(int argc, char** argv) {
     std::vector<engine::TapRowSummary> sums(static_cast<size_t>(batch));  // what a device summary would be
     std::vector<engine::TapEvent> events;  // summary-gpu, full-gpu: the step's taps
     std::vector<engine::TapSegment> segments;
-    // summary-gpu: the backend's logits buffers (CudaBackend::TakeLogitsBuffer's rule).
+    // summary-gpu: the backend's logits buffers (CudaTapCapture::LogitsBuffer's rule).
     std::vector<std::shared_ptr<std::vector<float>>> logits_pool;
     int64_t logits_copied = 0;  // steps whose logits had no free shared buffer
     // full-gpu: the backend's lent tap buffers (CudaTapCapture::Flush's rule), each filled once
