@@ -29,6 +29,9 @@ constexpr double kU = g::kFp32U;
 
 double Sigmoid(double x) { return 1 / (1 + std::exp(-x)); }
 
+// The norms' eps as config.json states it (verify/file_config.h), else the engine's default.
+double Eps(const Ctx& cx) { return cx.file.rms_norm_eps.value_or(cx.c->rms_norm_eps); }
+
 // The RoPE frequencies of one of V4's two tables.
 std::vector<double> InvFreq(const engine::V4Rope& r, int64_t rd) {
   g::RopeSpec s;
@@ -62,7 +65,7 @@ g::Vec RmsScale(const g::Vec& x, double eps) {
 g::Vec HcMix(Ctx& cx, const engine::V4HcWeights& w, const float* X) {
   const engine::V4Config& v = cx.c->v4;
   const int64_t hc = v.hc_mult, D = cx.c->hidden_size;
-  const g::Vec f = RmsScale(Row(X, hc * D), cx.c->rms_norm_eps);
+  const g::Vec f = RmsScale(Row(X, hc * D), Eps(cx));
   const g::Vec m = g::Linear(cx.Wt(w.fn), f, cx.fp32);  // the mixing product stays fp32 in every variant
   const float* base = w.base.ptr();
   const float* scale = w.scale.ptr();
@@ -314,7 +317,7 @@ bool PoolTwin(Ctx& cx, const engine::V4CompressorWeights& cw, const Tensor* stat
     pooled.v[col] = sum;
     pooled.e[col] = eb + g::Gamma(static_cast<int64_t>(used.size()) + 1) * mag;
   }
-  *out = g::RmsNorm(pooled, cw.kv_norm.ptr(), cx.c->rms_norm_eps);
+  *out = g::RmsNorm(pooled, cw.kv_norm.ptr(), Eps(cx));
   g::Rope(out, width - rd, rd, w * m, freq, af, g::RopeLayout::kPairsAdjacent);
   return true;
 }
@@ -421,17 +424,17 @@ void CheckV4Rows(Ctx& cx, const CheckOptions& opt) {
         Compare(cx, OpIndex("attn_hc"), loc("attn_hc.mix", t_mix, rmix), t_mix->F(rmix), HcMix(cx, L.attn_hc, X), 0, -1,
                 false);
         Compare(cx, OpIndex("attn_norm"), loc("attn_norm", t_norm, rn), t_norm->F(rn),
-                g::RmsNorm(HcPreSum(t_mix->F(rmix), X, hc, D), L.input_norm.ptr(), c.rms_norm_eps));
+                g::RmsNorm(HcPreSum(t_mix->F(rmix), X, hc, D), L.input_norm.ptr(), Eps(cx)));
       }
       const g::Vec hv = Row(t_norm->F(rn), D);
       // q: q_b(RMSNorm(q_a(h))), each head RMS-rescaled, RoPE on its trailing rd dims.
       const Tensor* t_q = tap("attn.q");
       const int64_t rq = row_of(t_q);
-      const g::Vec q_res = g::RmsNorm(g::Linear(cx.Wt(L.q_a_proj), hv, cx.linear), L.q_a_norm.ptr(), c.rms_norm_eps);
+      const g::Vec q_res = g::RmsNorm(g::Linear(cx.Wt(L.q_a_proj), hv, cx.linear), L.q_a_norm.ptr(), Eps(cx));
       if (rq >= 0) {
         g::Vec q = g::Linear(cx.Wt(L.q_b_proj), q_res, cx.linear);
         for (int64_t h = 0; h < H; ++h) {
-          g::Vec qh = RmsScale(Slice(q, h * d, d), c.rms_norm_eps);
+          g::Vec qh = RmsScale(Slice(q, h * d, d), Eps(cx));
           g::Rope(&qh, d - rd, rd, pos, freq, af, g::RopeLayout::kPairsAdjacent);
           Put(&q, h * d, qh);
         }
@@ -444,7 +447,7 @@ void CheckV4Rows(Ctx& cx, const CheckOptions& opt) {
       const Tensor* t_kv = tap("attn.kv");
       const int64_t rkv = row_of(t_kv);
       if (rkv >= 0) {
-        g::Vec kv = g::RmsNorm(g::Linear(cx.Wt(L.kv_proj), hv, cx.linear), L.kv_norm.ptr(), c.rms_norm_eps);
+        g::Vec kv = g::RmsNorm(g::Linear(cx.Wt(L.kv_proj), hv, cx.linear), L.kv_norm.ptr(), Eps(cx));
         g::Rope(&kv, d - rd, rd, pos, freq, af, g::RopeLayout::kPairsAdjacent);
         Compare(cx, OpIndex("kv_proj"), loc("attn.kv", t_kv, rkv), t_kv->F(rkv), kv);
         const std::string why = CacheBytesDiffer(cx, "kv/" + LayerTap(l, "window"), req, pos, t_kv->F(rkv), d, rd);
@@ -707,7 +710,7 @@ void CheckV4Rows(Ctx& cx, const CheckOptions& opt) {
       }
       Compare(cx, OpIndex("ffn_hc"), loc("ffn_hc.mix", t_fmix, rfm), t_fmix->F(rfm), HcMix(cx, L.ffn_hc, Xm), 0, -1, false);
       Compare(cx, OpIndex("ffn_norm"), loc("ffn_norm", t_fn, rfn), t_fn->F(rfn),
-              g::RmsNorm(HcPreSum(t_fmix->F(rfm), Xm, hc, D), L.post_attn_norm.ptr(), c.rms_norm_eps));
+              g::RmsNorm(HcPreSum(t_fmix->F(rfm), Xm, hc, D), L.post_attn_norm.ptr(), Eps(cx)));
       const g::Vec fv = Row(t_fn->F(rfn), D);
       // Router: s_e = sqrt(softplus(router·x)); top-k of s + bias (or tid2eid's ids); weights
       // s_id / Σ s · scaling.
@@ -770,7 +773,7 @@ void CheckV4Rows(Ctx& cx, const CheckOptions& opt) {
         g::Vec wv;
         for (int64_t j = 0; j < k; ++j) {
           const int32_t e = got[j] >= 0 && got[j] < E ? got[j] : 0;
-          const double w = s[e] / (sum + 1e-20) * c.routed_scaling_factor;
+          const double w = s[e] / (sum + 1e-20) * cx.file.routed_scaling_factor.value_or(c.routed_scaling_factor);
           wv.v.push_back(w);
           wv.e.push_back(std::fabs(w) * (es[e] / std::max(s[e], 1e-30) + sum_e / std::max(sum, 1e-30) + g::Gamma(k + 3)));
         }
@@ -818,7 +821,7 @@ void CheckV4Rows(Ctx& cx, const CheckOptions& opt) {
     const Tensor* t_fin = cx.T("final_norm");
     const int64_t rfin = t_fin ? t_fin->Row(req, pos) : -1;
     if (rfin >= 0 && X != nullptr) {
-      const g::Vec f = RmsScale(Row(X, hc * D), c.rms_norm_eps);
+      const g::Vec f = RmsScale(Row(X, hc * D), Eps(cx));
       const g::Vec m = g::Linear(cx.Wt(W4.head.fn), f, cx.fp32);
       std::vector<float> pre(hc);
       std::vector<double> pre_e(hc);
@@ -833,7 +836,7 @@ void CheckV4Rows(Ctx& cx, const CheckOptions& opt) {
       }
       Location w{req, -1, pos, t_fin->rows[rfin].step, "final_norm"};
       w.prefill = pos < plen;
-      Compare(cx, OpIndex("final_norm"), w, t_fin->F(rfin), g::RmsNorm(h, cx.W->final_norm.ptr(), c.rms_norm_eps));
+      Compare(cx, OpIndex("final_norm"), w, t_fin->F(rfin), g::RmsNorm(h, cx.W->final_norm.ptr(), Eps(cx)));
     }
     if (rfin >= 0) CheckLmHead(cx, req, pos, plen, t_fin, rfin);
     ++done;

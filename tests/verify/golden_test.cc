@@ -374,6 +374,9 @@ TEST(GoldenTest, ConfigConstantsFollowTheFormulas) {
               << e.path();
           yarn += r->yarn;
         }
+        const FileConfig f = ReadFileConfig(e.path(), false);
+        if (f.rms_norm_eps) EXPECT_EQ(*f.rms_norm_eps, c->rms_norm_eps) << e.path();
+        if (f.routed_scaling_factor) EXPECT_EQ(*f.routed_scaling_factor, c->routed_scaling_factor) << e.path();
         continue;
       }
       ++checked;
