@@ -150,25 +150,31 @@ Result<DevTensor> UploadStacked(const std::vector<const Matrix*>& parts, bool bf
     if (m->cols != cols) return Status::Internal("UploadStacked: column counts differ");
     rows += m->rows;
   }
-  std::vector<std::shared_ptr<const Fp8Blocks>> blocks(parts.size());
+  // Host memory held at once: one part's FP8 form and row scales (or a chunk of its rows).
+  std::vector<float> scales;
   if (fp8) {
+    // Every part needs an FP8 form whose blocks fit 128-column chunks: a checkpoint's own is
+    // checked; one Fp8Blocks::Quantize makes (128 × 128 blocks) always fits.
     bool ok = true;
-    std::vector<std::vector<float>> scales(parts.size());
-    for (size_t i = 0; i < parts.size(); ++i) blocks[i] = Fp8Of(*parts[i], quantize);
     for (size_t i = 0; i < parts.size() && ok; ++i) {
-      ok = blocks[i] != nullptr && AppendRowScales(*blocks[i], &scales[i]);
+      const Matrix& m = *parts[i];
+      scales.clear();
+      ok = m.fp8 != nullptr ? AppendRowScales(*m.fp8, &scales) : quantize && !m.empty();
     }
     if (ok) {
       LS_ASSIGN_OR_RETURN(DevTensor t, AllocateFp8(rows, cols));
       if (rows * cols == 0) return t;
       size_t at = 0, scale_at = 0;
-      for (size_t i = 0; i < parts.size(); ++i) {
-        const std::span<const uint8_t> v = blocks[i]->values;
-        LS_RETURN_IF_ERROR(t.buf.CopyFromHost(v.data(), v.size(), at));
-        LS_RETURN_IF_ERROR(t.scale.CopyFromHost(scales[i].data(), scales[i].size() * 4, scale_at));
-        at += v.size();
-        scales[i] = {};
-        scale_at += static_cast<size_t>(parts[i]->rows * t.scale_cols) * 4;
+      for (const Matrix* m : parts) {
+        const std::shared_ptr<const Fp8Blocks> f = Fp8Of(*m, quantize);
+        scales.clear();
+        if (f == nullptr || !AppendRowScales(*f, &scales)) {
+          return Status::Internal("UploadStacked: an FP8 form without 128-column row scales");
+        }
+        LS_RETURN_IF_ERROR(t.buf.CopyFromHost(f->values.data(), f->values.size(), at));
+        LS_RETURN_IF_ERROR(t.scale.CopyFromHost(scales.data(), scales.size() * 4, scale_at));
+        at += f->values.size();
+        scale_at += scales.size() * 4;
       }
       return t;
     }
@@ -177,11 +183,12 @@ Result<DevTensor> UploadStacked(const std::vector<const Matrix*>& parts, bool bf
   // The values the CPU computes with (the FP8 forms' under fp8), dequantised a chunk at a time.
   LS_ASSIGN_OR_RETURN(DevTensor t, Allocate(rows, cols, bf16));
   int64_t row0 = 0;
-  for (size_t i = 0; i < parts.size(); ++i) {
-    const kernels::WeightView view = blocks[i] != nullptr ? blocks[i]->view() : parts[i]->data;
+  for (const Matrix* m : parts) {
+    const std::shared_ptr<const Fp8Blocks> f = fp8 ? Fp8Of(*m, quantize) : nullptr;
+    const kernels::WeightView view = f != nullptr ? f->view() : m->data;
     LS_RETURN_IF_ERROR(
-        UploadRows(t, row0, parts[i]->rows, [&](int64_t r, int64_t n, float* dst) { view.DecodeRows(r, n, dst); }));
-    row0 += parts[i]->rows;
+        UploadRows(t, row0, m->rows, [&](int64_t r, int64_t n, float* dst) { view.DecodeRows(r, n, dst); }));
+    row0 += m->rows;
   }
   return t;
 }
