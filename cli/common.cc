@@ -178,8 +178,8 @@ void EngineFlags::Register(CLI::App* app) {
                   "KV-cache capacity in tokens, across all requests, 1 to 2^36 (and what memory holds)")
       ->check(WholeIn(1, kMaxKvCacheTokensFlag, "1 to 2^36"));
   app->add_option("--emulate-tp", emulate_tp,
-                  "Tensor parallelism over N ranks emulated on the CPU reference, 1 to 64 (1 = none): heads and MLP "
-                  "dims sharded, experts split by rank, the partials all-reduced (--kernel allreduce=…; "
+                  "Tensor parallelism over N ranks emulated on one device (cpu or cuda), 1 to 64 (1 = none): heads "
+                  "and MLP dims sharded, experts split by rank, the partials all-reduced (--kernel allreduce=…; "
                   "docs/parallelism.md); V2-V3.2")
       ->check(WholeIn(1, 64, "1 to 64"));
   app->add_flag("--ignore-eos", ignore_eos, "Keep generating past the end-of-sequence token");

@@ -163,8 +163,8 @@ void RegisterReplay(CLI::App& app, SetAction set_action) {
   cmd->add_option("--top-k", a->top_k, "Override top-k, 0 to 2^26")->check(WholeIn(0, uint64_t{1} << 26, "0 to 2^26"));
   cmd->add_option("--min-p", a->min_p, "Override min-p")->check(CLI::Range(0.0, 1.0));
   cmd->add_option("--emulate-tp", a->emulate_tp,
-                  "Replay as tensor parallelism over N ranks emulated on the CPU (1 = none; default: the recorded "
-                  "degree): does TP=N's summation order explain a divergence? (docs/parallelism.md)")
+                  "Replay as tensor parallelism over N ranks emulated on the replay's device (1 = none; default: "
+                  "the recorded degree): does TP=N's summation order explain a divergence? (docs/parallelism.md)")
       ->check(WholeIn(1, 64, "1 to 64"));
   cmd->add_option("--capture", a->capture,
                   "Capture mode of the replay's trace: full | summary | none (default: the recording's); an exact "

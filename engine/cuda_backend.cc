@@ -24,6 +24,7 @@
 #include <vector>
 
 #include "engine/cuda_backend_impl.h"
+#include "engine/tensor_parallel.h"
 #include "kernels/cpu/numerics.h"
 
 namespace lockstep::engine {
@@ -655,8 +656,7 @@ Status CudaBackend::CollectSamples(std::span<const Segment> segs, ForwardOutput*
   return Status::Ok();
 }
 
-Status CudaBackend::SwiGluMlp(const DevTensor& gate_up, const DevTensor& down, int64_t inter, const float* x,
-                              int64_t rows, float* y) {
+Result<float*> CudaBackend::SwiGluAct(const DevTensor& gate_up, int64_t inter, const float* x, int64_t rows) {
   // gate_up: [R, 2I] (gate then up), act: [R, I]; both in the `gather_` scratch. x is the
   // caller's (already through FP8 under gemm=w8a8_dot).
   const ModelConfig& c = model_->config();
@@ -668,29 +668,113 @@ Status CudaBackend::SwiGluMlp(const DevTensor& gate_up, const DevTensor& down, i
   // same bits as the product and SwiGlu, one launch and one wait fewer on the side stream's
   // chain. bf16 weights only: measured on the H200 (2026-11-30, V2-Lite batch 1), bf16_dot
   // 402.5 → 412.2 tok/s, but fp8_dot 430.2 → 424.5.
+  bool fused = false;
   if (dot_ && rows > 0 && gate_up.bf16) {
     LS_ASSIGN_OR_RETURN(cu::ExpertGemmParams g, DotParams(x, H, rows, gate_up, act, inter));
     g.swiglu_inter = inter;
     if (cu::ExpertGemmSwiGluFits(g)) {
       LS_RETURN_IF_ERROR(cu::ExpertGemm(g, launch_));
-      if (w8a8_) LS_RETURN_IF_ERROR(cu::Fp8RoundTrip(act, inter, act, inter, rows, inter, launch_));
-      return Linear(act, inter, rows, down, y, H);
+      fused = true;
     }
   }
-  LS_RETURN_IF_ERROR(Linear(x, H, rows, gate_up, gu, 2 * inter));
-  cu::SwiGluParams sp;
-  sp.g = gu;
-  sp.g_stride = 2 * inter;
-  sp.u = gu + inter;
-  sp.u_stride = 2 * inter;
-  sp.out = act;
-  sp.out_stride = inter;
-  sp.rows = rows;
-  sp.n = inter;
-  LS_RETURN_IF_ERROR(cu::SwiGlu(sp, launch_));
+  if (!fused) {
+    LS_RETURN_IF_ERROR(Linear(x, H, rows, gate_up, gu, 2 * inter));
+    cu::SwiGluParams sp;
+    sp.g = gu;
+    sp.g_stride = 2 * inter;
+    sp.u = gu + inter;
+    sp.u_stride = 2 * inter;
+    sp.out = act;
+    sp.out_stride = inter;
+    sp.rows = rows;
+    sp.n = inter;
+    LS_RETURN_IF_ERROR(cu::SwiGlu(sp, launch_));
+  }
   // gemm=w8a8_dot: the down projection's input through FP8 too (in place: only it reads act).
   if (w8a8_) LS_RETURN_IF_ERROR(cu::Fp8RoundTrip(act, inter, act, inter, rows, inter, launch_));
-  return Linear(act, inter, rows, down, y, H);
+  return act;
+}
+
+Status CudaBackend::SwiGluMlp(const DevTensor& gate_up, const DevTensor& down, int64_t inter, const float* x,
+                              int64_t rows, float* y) {
+  LS_ASSIGN_OR_RETURN(float* act, SwiGluAct(gate_up, inter, x, rows));
+  return Linear(act, inter, rows, down, y, model_->config().hidden_size);
+}
+
+Status CudaBackend::MlpPartials(const DevTensor& gate_up, const DevTensor& down, int64_t inter, const float* x,
+                                int64_t rows, int ranks, float* partials) {
+  // Gate and up are column-parallel (each output the same bits as on one device), the down
+  // projection row-parallel over the intermediate dims.
+  LS_ASSIGN_OR_RETURN(float* act, SwiGluAct(gate_up, inter, x, rows));
+  return RowParallel(act, inter, rows, down, ranks, 1, partials);
+}
+
+Status CudaBackend::LinearCols(const float* x, int64_t x_stride, int64_t rows, const DevTensor& wt, int64_t k0,
+                               int64_t k1, float* y, int64_t y_stride) {
+  if (rows == 0) return Status::Ok();
+  if (k0 < 0 || k1 > wt.cols || k0 >= k1) {
+    return Status::Internal("cuda backend: LinearCols [" + std::to_string(k0) + ", " + std::to_string(k1) +
+                            ") is not inside the weight's " + std::to_string(wt.cols) + " columns");
+  }
+  const int64_t n = k1 - k0, es = static_cast<int64_t>(wt.element_bytes());
+  if (dot_) {
+    LS_ASSIGN_OR_RETURN(cu::ExpertGemmParams g, DotParams(x + k0, x_stride, rows, wt, y, y_stride));
+    g.in = n;
+    g.w = static_cast<const char*>(wt.ptr()) + k0 * es;
+    if (wt.fp8 && k0 % 128 == 0) {
+      g.w_scale = wt.scale.as<const float>() + k0 / 128;  // the slice starts a scale block
+    } else if (wt.fp8) {
+      // Off the scale blocks: the slice's weight values as fp32 (the kernels' FP8 values), and
+      // the product over them — the same values, the same order, the same bits.
+      LS_RETURN_IF_ERROR(tp_w_.Ensure(static_cast<size_t>(wt.rows * n) * 4));
+      cu::Fp8SliceParams fp;
+      fp.w = wt.buf.as<const uint8_t>();
+      fp.w_stride = wt.cols;
+      fp.scale = wt.scale.as<const float>();
+      fp.scale_stride = wt.scale_cols;
+      fp.rows = wt.rows;
+      fp.col0 = k0;
+      fp.n = n;
+      fp.out = tp_w_.as<float>();
+      LS_RETURN_IF_ERROR(cu::Fp8SliceToF32(fp, launch_));
+      g.w = fp.out;
+      g.w_fp8 = false;
+      g.w_scale = nullptr;
+      g.w_row_stride = n;
+      g.w_expert_stride = wt.rows * n;
+    }
+    return cu::ExpertGemm(g, launch_);
+  }
+  if (wt.fp8) return Status::Internal("cuda backend: FP8 weights outside gemm=*_dot");
+  cu::GemmParams p;
+  p.rows = rows;
+  p.out = wt.rows;
+  p.in = n;
+  p.w = static_cast<const char*>(wt.ptr()) + k0 * es;
+  p.w_stride = wt.cols;
+  p.y = y;
+  p.y_stride = y_stride;
+  if (!wt.bf16) {
+    p.x = x + k0;
+    p.x_stride = x_stride;
+    return gemm_f32_->Run(p, launch_);
+  }
+  LS_RETURN_IF_ERROR(xb_.Ensure(static_cast<size_t>(rows * n) * 2));
+  LS_RETURN_IF_ERROR(cu::ToBf16(x + k0, x_stride, xb_.as<uint16_t>(), n, rows, n, launch_));
+  p.x = xb_.as<uint16_t>();
+  p.x_stride = n;
+  return gemm_bf16_->Run(p, launch_);
+}
+
+Status CudaBackend::RowParallel(const float* x, int64_t x_stride, int64_t rows, const DevTensor& wt, int ranks,
+                                int64_t unit, float* partials) {
+  const int64_t units = wt.cols / unit;
+  for (int r = 0; r < ranks; ++r) {
+    const Shard s = ShardOf(units, ranks, r);
+    LS_RETURN_IF_ERROR(
+        LinearCols(x, x_stride, rows, wt, s.begin * unit, s.end * unit, partials + r * wt.rows, ranks * wt.rows));
+  }
+  return Status::Ok();
 }
 
 }  // namespace cuda_impl

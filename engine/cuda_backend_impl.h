@@ -82,6 +82,9 @@ static_assert(static_cast<int>(cu::GateKind::kSigmoidNoauxTc) == static_cast<int
 inline cu::LatentFormat ToLatentFormat(KvFormat f) { return static_cast<cu::LatentFormat>(f); }
 inline cu::RopeStyle ToRopeStyle(RopeStyle s) { return static_cast<cu::RopeStyle>(s); }
 inline cu::GateKind ToGateKind(GateKind g) { return static_cast<cu::GateKind>(g); }
+static_assert(static_cast<int>(cu::ReduceOrder::kRing) == static_cast<int>(kernels::AllReduce::kRing) &&
+              static_cast<int>(cu::ReduceOrder::kRotateByRow) == static_cast<int>(kernels::AllReduce::kFaultRotateByRow));
+inline cu::ReduceOrder ToReduceOrder(kernels::AllReduce v) { return static_cast<cu::ReduceOrder>(v); }
 
 class CudaBackend final : public Backend {
  public:
@@ -115,7 +118,7 @@ class CudaBackend final : public Backend {
  private:
   CudaBackend() {
     for (Scratch* sc : {&dev_in_, &act_, &xb_, &xb_side_, &zero_ids_, &mla_ws_, &scores_, &iq8_, &logits_dev_, &gather_,
-                        &mirror_dev_}) {
+                        &mirror_dev_, &tp_w_}) {
       sc->generation = &alloc_generation_;
     }
   }
@@ -133,6 +136,21 @@ class CudaBackend final : public Backend {
   Status Linear(const float* x, int64_t x_stride, int64_t rows, const DevTensor& w, float* y, int64_t y_stride);
   Status SwiGluMlp(const DevTensor& gate_up, const DevTensor& down, int64_t inter, const float* x, int64_t rows,
                    float* y);
+  // SwiGluMlp's activations [rows, inter] (in gather_), the down projection's input.
+  Result<float*> SwiGluAct(const DevTensor& gate_up, int64_t inter, const float* x, int64_t rows);
+
+  // Emulated tensor parallelism (--emulate-tp N > 1; engine/tensor_parallel.h). LinearCols: a
+  // rank's product over input columns [k0, k1) of w (Linear's arithmetic over the slice: under
+  // gemm=*_dot cpu::MatMulNTCols' bits). RowParallel: the row-parallel product's partials
+  // [rows][ranks][out], rank r over ShardOf(in / unit, ranks, r)·unit. TpAllReduce: y = the
+  // partials summed in the plan's all-reduce order.
+  Status LinearCols(const float* x, int64_t x_stride, int64_t rows, const DevTensor& w, int64_t k0, int64_t k1,
+                    float* y, int64_t y_stride);
+  Status RowParallel(const float* x, int64_t x_stride, int64_t rows, const DevTensor& w, int ranks, int64_t unit,
+                     float* partials);
+  Status TpAllReduce(const CudaStep& st, const float* partials, float* y);
+  Status MlpPartials(const DevTensor& gate_up, const DevTensor& down, int64_t inter, const float* x, int64_t rows,
+                     int ranks, float* partials);
 
   // The forward pass's blocks (engine/cuda_blocks.cc), in step order: StepBody loops over the
   // layers calling them; each launches on st.s and leaves its outputs in the step's buffers.
@@ -193,6 +211,7 @@ class CudaBackend final : public Backend {
   cu::PinnedBuffer host_in_;
   Scratch dev_in_, act_, xb_, xb_side_, zero_ids_, mla_ws_, scores_, logits_dev_, gather_, mirror_dev_;
   Scratch iq8_;  // indexer=fp8_paged: the indexer's queries as FP8 rows
+  Scratch tp_w_;  // LinearCols: an FP8 weight slice off its 128-column scale blocks, as fp32
   cu::PinnedBuffer mirror_host_;
   cu::DeviceBuffer error_flag_;
 

@@ -356,7 +356,14 @@ Status CudaBackend::OutProjBlock(CudaStep& st, int64_t l) {
   const int64_t R = st.R, H = st.H, nh = st.nh, dv = st.dv;
   {
     LS_ASSIGN_OR_RETURN(const float* headsl, st.LinearIn(st.heads, nh * dv, st.headsq));
-    LS_RETURN_IF_ERROR(Linear(headsl, nh * dv, R, D.o_proj, st.o, H));
+    if (st.tp > 1) {  // emulated TP: each rank's heads through its slice of o_proj, then the all-reduce
+      float* parts = taps_.slab() ? st.SlabAt(l, CudaStep::kSAttnParts) : st.attn_parts;
+      LS_RETURN_IF_ERROR(RowParallel(headsl, nh * dv, R, D.o_proj, st.tp, dv, parts));
+      LS_RETURN_IF_ERROR(taps_.Tap(model_->tap_name(l, kTapAttnPartials), parts, st.tp * H, st.tp * H, TapDType::kF32));
+      LS_RETURN_IF_ERROR(TpAllReduce(st, parts, st.o));
+    } else {
+      LS_RETURN_IF_ERROR(Linear(headsl, nh * dv, R, D.o_proj, st.o, H));
+    }
   }
   LS_RETURN_IF_ERROR(Mark("o_proj"));
   LS_RETURN_IF_ERROR(taps_.Tap(model_->tap_name(l, kTapAttnOut), st.o, H, H, TapDType::kF32));
@@ -412,7 +419,14 @@ Status CudaBackend::FfnBlock(CudaStep& st, int64_t l) {
   float* h_next = !taps_.slab() ? st.h : last ? st.SlabAt(c.num_hidden_layers, 0) : st.SlabAt(l + 1, CudaStep::kSAttnNorm);
   const DevTensor& next_norm = last ? weights_->final_norm : weights_->layers[l + 1].input_norm;
   bool combined_norm = false;  // the MoE combine did the residual add and the next norm
-  if (c.layers[l].ffn == FfnKind::kDense) {
+  // Emulated TP: each rank's partial output (its slice of the dense MLP or the shared experts,
+  // plus its block of routed experts), then the all-reduce into o.
+  const int tp = st.tp;
+  float* const parts = tp == 1 ? nullptr : taps_.slab() ? st.SlabAt(l, CudaStep::kSFfnParts) : st.ffn_parts;
+  if (c.layers[l].ffn == FfnKind::kDense && tp > 1) {
+    LS_RETURN_IF_ERROR(MlpPartials(D.mlp_gate_up, D.mlp_down, D.mlp_inter, hfl, R, tp, parts));
+    LS_RETURN_IF_ERROR(Mark("dense_mlp"));
+  } else if (c.layers[l].ffn == FfnKind::kDense) {
     LS_RETURN_IF_ERROR(SwiGluMlp(D.mlp_gate_up, D.mlp_down, D.mlp_inter, hfl, R, st.o));
     LS_RETURN_IF_ERROR(Mark("dense_mlp"));
   } else {
@@ -491,43 +505,69 @@ Status CudaBackend::FfnBlock(CudaStep& st, int64_t l) {
     ge.tensor_cores = experts_tc && cu::ExpertGemmTcFits(ge);
     LS_RETURN_IF_ERROR(cu::ExpertGemm(ge, st.s));
     LS_RETURN_IF_ERROR(Mark("experts_down"));
-    if (shared_side) {
-      LS_RETURN_IF_ERROR(join_->WaitOn(st.s));
-      LS_RETURN_IF_ERROR(Mark("shared_experts_wait"));
-    } else if (c.n_shared_experts > 0) {
-      LS_RETURN_IF_ERROR(SwiGluMlp(D.shared_gate_up, D.shared_down, D.shared_inter, hfl, R, st.sh));
-      LS_RETURN_IF_ERROR(Mark("shared_experts"));
-    }
-    cu::MoeCombineParams mc;
-    mc.y = st.ey;
-    mc.y_stride = H;
-    mc.weights = st.wts;
-    mc.shared = c.n_shared_experts > 0 ? st.sh : nullptr;
-    mc.shared_stride = H;
-    mc.out = st.o;
-    mc.out_stride = H;
-    mc.rows = R;
-    mc.k = k;
-    mc.n = H;
-    if (st.fuse_norms && cu::MoeCombineNormFits(H, R)) {
-      // The combine, x + o and the next layer's input norm (or the final norm) in one launch.
-      cu::MoeCombineNormParams cn;
-      cn.combine = mc;
-      cn.x = st.x;
-      cn.x_stride = H;
-      cn.sum = x_out;
-      cn.sum_stride = H;
-      cn.weight = next_norm.f32();
-      cn.eps = st.rms_eps;
-      cn.fault_mean_n_minus_1 = st.plan.hidden == kernels::HiddenFault::kCudaNormMeanOverNMinus1;
-      cn.y = h_next;
-      cn.y_stride = H;
-      LS_RETURN_IF_ERROR(cu::MoeCombineNorm(cn, st.s));
-      combined_norm = true;
+    if (tp > 1) {
+      // Rank q holds experts ShardOf(E, tp, q) and its slice of the shared experts.
+      if (c.n_shared_experts > 0) {
+        LS_RETURN_IF_ERROR(MlpPartials(D.shared_gate_up, D.shared_down, D.shared_inter, hfl, R, tp, parts));
+      }
+      cu::TpExpertPartialsParams pp;
+      pp.y = st.ey;
+      pp.y_stride = H;
+      pp.weights = st.wts;
+      pp.ids = st.ids;
+      pp.experts = E;
+      pp.shared = c.n_shared_experts > 0 ? parts : nullptr;
+      pp.out = parts;
+      pp.rows = R;
+      pp.k = k;
+      pp.n = H;
+      pp.ranks = tp;
+      LS_RETURN_IF_ERROR(cu::TpExpertPartials(pp, st.s));
+      LS_RETURN_IF_ERROR(Mark("combine"));
     } else {
-      LS_RETURN_IF_ERROR(cu::MoeCombine(mc, st.s));
+      if (shared_side) {
+        LS_RETURN_IF_ERROR(join_->WaitOn(st.s));
+        LS_RETURN_IF_ERROR(Mark("shared_experts_wait"));
+      } else if (c.n_shared_experts > 0) {
+        LS_RETURN_IF_ERROR(SwiGluMlp(D.shared_gate_up, D.shared_down, D.shared_inter, hfl, R, st.sh));
+        LS_RETURN_IF_ERROR(Mark("shared_experts"));
+      }
+      cu::MoeCombineParams mc;
+      mc.y = st.ey;
+      mc.y_stride = H;
+      mc.weights = st.wts;
+      mc.shared = c.n_shared_experts > 0 ? st.sh : nullptr;
+      mc.shared_stride = H;
+      mc.out = st.o;
+      mc.out_stride = H;
+      mc.rows = R;
+      mc.k = k;
+      mc.n = H;
+      if (st.fuse_norms && cu::MoeCombineNormFits(H, R)) {
+        // The combine, x + o and the next layer's input norm (or the final norm) in one launch.
+        cu::MoeCombineNormParams cn;
+        cn.combine = mc;
+        cn.x = st.x;
+        cn.x_stride = H;
+        cn.sum = x_out;
+        cn.sum_stride = H;
+        cn.weight = next_norm.f32();
+        cn.eps = st.rms_eps;
+        cn.fault_mean_n_minus_1 = st.plan.hidden == kernels::HiddenFault::kCudaNormMeanOverNMinus1;
+        cn.y = h_next;
+        cn.y_stride = H;
+        LS_RETURN_IF_ERROR(cu::MoeCombineNorm(cn, st.s));
+        combined_norm = true;
+      } else {
+        LS_RETURN_IF_ERROR(cu::MoeCombine(mc, st.s));
+      }
+      LS_RETURN_IF_ERROR(Mark("combine"));
     }
-    LS_RETURN_IF_ERROR(Mark("combine"));
+  }
+  if (tp > 1) {
+    LS_RETURN_IF_ERROR(taps_.Tap(tn(kTapFfnPartials), parts, tp * H, tp * H, TapDType::kF32));
+    LS_RETURN_IF_ERROR(TpAllReduce(st, parts, st.o));
+    LS_RETURN_IF_ERROR(Mark("allreduce"));
   }
   LS_RETURN_IF_ERROR(taps_.Tap(tn(kTapFfnOut), st.o, H, H, TapDType::kF32));
   if (combined_norm) {
@@ -586,6 +626,18 @@ Status CudaBackend::HeadBlock(CudaStep& st) {
     LS_RETURN_IF_ERROR(tail());
   }
   return Mark("tap_summaries");
+}
+
+Status CudaBackend::TpAllReduce(const CudaStep& st, const float* partials, float* y) {
+  cu::AllReduceParams ap;
+  ap.partials = partials;
+  ap.y = y;
+  ap.y_stride = st.H;
+  ap.rows = st.R;
+  ap.n = st.H;
+  ap.ranks = st.plan.emulate_tp;
+  ap.order = ToReduceOrder(st.plan.allreduce);
+  return cu::AllReduce(ap, st.s);
 }
 
 }  // namespace lockstep::engine::cuda_impl

@@ -123,6 +123,8 @@ Status CudaBackend::Forward(std::span<Segment> segs, PagedKvCache& cache, const 
   const int64_t E_ = E > 0 ? E : 1, k_ = k > 0 ? k : 1;
   int64_t moe_inter = 1;
   for (const DevLayer& D : weights_->layers) moe_inter = std::max(moe_inter, D.moe_inter);
+  step.tp = plan.emulate_tp;
+  const int64_t tp_cols = step.tp > 1 ? R * step.tp * H : 0;
   struct Part {
     float** ptr;
     int64_t n;
@@ -143,7 +145,9 @@ Status CudaBackend::Forward(std::span<Segment> segs, PagedKvCache& cache, const 
                              {&t.ey, R * k_ * H},    {&t.sh, R * H},
                              // gemm=w8a8_dot: the linear layers' inputs through FP8 (Fp8RoundTrip)
                              {&t.hq, w8a8_ ? R * H : 0}, {&t.qrq, w8a8_ ? R * qlora : 0},
-                             {&t.headsq, w8a8_ ? R * nh * dv : 0}};
+                             {&t.headsq, w8a8_ ? R * nh * dv : 0},
+                             // emulated TP: the ranks' partials of o_proj and of the FFN
+                             {&t.attn_parts, tp_cols}, {&t.ffn_parts, tp_cols}};
   size_t total = 0;
   for (const Part& p : parts) total += static_cast<size_t>((p.n + 63) / 64 * 64);
   LS_RETURN_IF_ERROR(act_.Ensure(total * 4));
@@ -190,7 +194,8 @@ Status CudaBackend::Forward(std::span<Segment> segs, PagedKvCache& cache, const 
   // a copy or launch per tap. Prefill steps (and grafting) use the per-tap arena instead.
   // (CudaStep::SlabPart: the places, in this order.)
   const int64_t part_cols[CudaStep::kSParts] = {H, nh * dqk, C,     C + dr, std::max<int64_t>(topk, 1), nh * dv, H,
-                                                H, H,        k_,    k_,     H,                          H};
+                                                H, H,        k_,    k_,     H,                          H,
+                                                step.tp > 1 ? step.tp * H : 0, step.tp > 1 ? step.tp * H : 0};
   int64_t& layer_floats = step.layer_floats;
   for (int i = 0; i < CudaStep::kSParts; ++i) {
     step.part_off[i] = layer_floats;
@@ -255,7 +260,8 @@ Status CudaBackend::Forward(std::span<Segment> segs, PagedKvCache& cache, const 
   // Independent branches on two streams (see side_), where taps need no copies or fences
   // in stream order. The side stream's GEMMs have their own scratch and workspace; not for
   // cuBLAS fp32, whose objects may each fall back from PEDANTIC on their own.
-  step.overlap = use_side_ && (dot_ || bf16_) && (hook == nullptr || slab);
+  // (Not under emulated TP: its rank-by-rank products share one scratch, on one stream.)
+  step.overlap = use_side_ && (dot_ || bf16_) && (hook == nullptr || slab) && step.tp == 1;
   auto body = [&]() -> Status { return StepBody(step); };
   if (!graph) {
     LS_RETURN_IF_ERROR(body());

@@ -67,6 +67,10 @@ struct CudaStep {
         *sh = nullptr, *hq = nullptr, *qrq = nullptr, *headsq = nullptr;
   int32_t *topk_pos = nullptr, *topk_slot = nullptr, *ids = nullptr;
   float* o_shared = nullptr;  // o's own buffer (the gathered logit rows' place)
+  // Emulated tensor parallelism (KernelPlan::emulate_tp): the ranks, and the partial outputs
+  // [R, tp, H] of o_proj and of the FFN before their all-reduces (empty at TP 1).
+  int tp = 1;
+  float *attn_parts = nullptr, *ffn_parts = nullptr;
   // This layer's: what the linear layers read of h and of qr (LinearIn), and whether the
   // attention's output block routed the FFN's rows already (NormRoute).
   const float *h_lin = nullptr, *qr_lin = nullptr;
@@ -79,7 +83,7 @@ struct CudaStep {
 
   // The tap slab's layout: per layer one place per tapped tensor, then embed and final_norm.
   enum SlabPart { kSAttnNorm, kSQ, kSLatent, kSKv, kSTopk, kSHeads, kSAttnOut, kSResidMid, kSFfnNorm, kSIds, kSWts,
-                  kSFfnOut, kSResidOut, kSParts };
+                  kSFfnOut, kSResidOut, kSAttnParts, kSFfnParts, kSParts };
   int64_t part_off[kSParts] = {};
   int64_t layer_floats = 0, ends_floats = 0;
   const Scratch* slab_buf = nullptr;

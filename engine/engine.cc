@@ -63,9 +63,9 @@ Result<std::unique_ptr<Engine>> Engine::Create(std::shared_ptr<Model> model, Eng
   LS_ASSIGN_OR_RETURN(e->plan_, kernels::KernelPlan::From(e->kernels_));
   // Test-only, and recorded nowhere: the trace names the defaults (kernels/hidden_fault.h).
   LS_ASSIGN_OR_RETURN(e->plan_.hidden, kernels::ActiveHiddenFault());
-  if (options.emulate_tp != 1 && options.backend != "cpu") {
+  if (options.emulate_tp != 1 && options.backend != "cpu" && options.backend != "cuda") {
     return Status::Unsupported("--emulate-tp " + std::to_string(options.emulate_tp) + ": the " + options.backend +
-                               " backend runs TP 1 only; emulated tensor parallelism runs on the CPU reference");
+                               " backend runs TP 1 only; emulated tensor parallelism runs on the cpu and cuda backends");
   }
   LS_RETURN_IF_ERROR(CheckTensorParallel(model->config(), options.emulate_tp));
   e->plan_.emulate_tp = static_cast<int>(options.emulate_tp);

@@ -195,8 +195,13 @@ Registry::Registry() {
        .summary = "FP8 cache writes byte-identical to the CPU cache's",
        .is_default = true, .cpu_bits = true, .bound = 5e-3},
       {.op = "allreduce", .name = "ordered", .backend = "cuda",
-       .summary = "emulated TP's rank-order sum (the CUDA backend runs TP 1 only: nothing to sum)",
+       .summary = "emulated TP: every element summed over the ranks in rank order 0, 1, …, N − 1 (fp32), the CPU's "
+                 "bits",
        .is_default = true, .cpu_bits = true, .bound = 1e-5},
+      {.op = "allreduce", .name = "ring", .backend = "cuda",
+       .summary = "emulated TP: the ring all-reduce's order (chunk c of the step's buffer from rank c + 1 round to "
+                 "rank c), the CPU's bits — not batch-invariant",
+       .batch_invariant = false, .cpu_bits = true, .bound = 1e-5, .model_types = kMlaFamilies},
       // The fault zoo (docs/fault-zoo.md): wrong on purpose, reachable only through --fault.
       {.op = "indexer", .name = "fault_skip_partial_page", .backend = "cpu",
        .summary = "FAULT: indexer early-exit never scores keys in the request's last, partial page",
@@ -219,6 +224,9 @@ Registry::Registry() {
       {.op = "allreduce", .name = "fault_rotate_by_row", .backend = "cpu",
        .summary = "FAULT: emulated TP's all-reduce claims rank order but starts row i's sum at rank i mod N (a "
                  "chunking bug): rows past the first of a step change bits, and with them the batch",
+       .fault = true, .model_types = kMlaFamilies},
+      {.op = "allreduce", .name = "fault_rotate_by_row", .backend = "cuda",
+       .summary = "FAULT: the CPU's fault_rotate_by_row on the CUDA backend (row i's sum from rank i mod N), its bits",
        .fault = true, .model_types = kMlaFamilies},
       // DeepSeek-V4's fault zoo: each refused on other models (model_types).
       {.op = "compressor", .name = "fault_close_late", .backend = "cpu",
@@ -324,6 +332,12 @@ Result<KernelChoice> Registry::Resolve(const KernelChoice& requested, std::strin
     if (known.empty()) {
       return Status::InvalidArgument("--fault " + std::string(fault) + ": the " + std::string(backend) +
                                      " backend has no fault variants (the fault zoo runs on --backend cpu)");
+    }
+    for (const auto& v : variants_) {
+      if (v.fault && v.name == fault) {
+        return Status::InvalidArgument("--fault " + std::string(fault) + ": runs on --backend " + v.backend +
+                                       " only (the " + std::string(backend) + " backend's faults: " + known + ")");
+      }
     }
     return Status::InvalidArgument("--fault " + std::string(fault) + ": unknown fault (faults: " + known + ")");
   }

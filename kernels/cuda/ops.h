@@ -654,4 +654,56 @@ struct MoeCombineNormParams {
 bool MoeCombineNormFits(int64_t n, int64_t rows);
 Status MoeCombineNorm(const MoeCombineNormParams& p, Stream stream = nullptr);
 
+// --- emulated tensor parallelism (engine/tensor_parallel.h; kernels/cuda/tensor_parallel.cu) ---
+
+// The order an all-reduce sums the ranks' partials in (engine/tensor_parallel.h AllReduce; the
+// same order as kernels::AllReduce).
+enum class ReduceOrder : int32_t {
+  kRankOrder = 0,    // every element from rank 0 up
+  kRing = 1,         // the buffer of rows·n elements in `ranks` chunks, chunk c from rank c + 1 round
+  kRotateByRow = 2,  // the fault zoo's: row r from rank r mod ranks
+};
+// y[r, i] = Σ over the ranks of partials[r][q][i] ([rows][ranks][n], rank-major within a row),
+// left to right in fp32 from the order's first rank.
+struct AllReduceParams {
+  const float* partials = nullptr;  // [rows, ranks, n] contiguous
+  float* y = nullptr;               // [rows, n], row stride y_stride
+  int64_t y_stride = 0;
+  int64_t rows = 0, n = 0;
+  int32_t ranks = 1;
+  ReduceOrder order = ReduceOrder::kRankOrder;
+};
+Status AllReduce(const AllReduceParams& p, Stream stream = nullptr);
+
+// Expert parallelism's partial outputs, bitwise engine/mla_model.cc's loop: rank q holds the
+// routed experts [E·q/ranks, E·(q+1)/ranks); out[r][q][i] = 0, then for j ascending whose
+// ids[r, j] is the rank's: += y[r·k + j, i] · weights[r, j] (product rounded, then the add);
+// then += shared[r][q][i] when shared is not null (the rank's slice of the shared experts).
+// out may be shared (in place).
+struct TpExpertPartialsParams {
+  const float* y = nullptr;  // [rows·k, n], row stride y_stride
+  int64_t y_stride = 0;
+  const float* weights = nullptr;  // [rows, k] contiguous
+  const int32_t* ids = nullptr;    // [rows, k] contiguous
+  int64_t experts = 0;
+  const float* shared = nullptr;  // [rows, ranks, n] contiguous, or null
+  float* out = nullptr;           // [rows, ranks, n] contiguous
+  int64_t rows = 0, k = 0, n = 0;
+  int32_t ranks = 1;
+};
+Status TpExpertPartials(const TpExpertPartialsParams& p, Stream stream = nullptr);
+
+// out[r, j] = e4m3(w[r, col0 + j]) · scale[r, (col0 + j) / 128] in fp32 (ExpertGemm's FP8
+// weight values): a slice of FP8 weights off their 128-column scale blocks as fp32, for a
+// product over it with fp32 weights (the same values, so the same bits).
+struct Fp8SliceParams {
+  const uint8_t* w = nullptr;  // [rows, ≥ col0 + n], row stride w_stride bytes
+  int64_t w_stride = 0;
+  const float* scale = nullptr;  // [rows, ⌈cols / 128⌉], row stride scale_stride floats
+  int64_t scale_stride = 0;
+  int64_t rows = 0, col0 = 0, n = 0;
+  float* out = nullptr;  // [rows, n] contiguous
+};
+Status Fp8SliceToF32(const Fp8SliceParams& p, Stream stream = nullptr);
+
 }  // namespace lockstep::kernels::cuda

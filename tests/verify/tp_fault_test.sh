@@ -8,9 +8,12 @@
 # `replay --emulate-tp 1` on it (the reduction order only) gives the same tokens with the logits
 # moved by fp32 rounding alone.
 #
-# usage: tp_fault_test.sh LOCKSTEP PYTHON SRC
+# usage: tp_fault_test.sh LOCKSTEP PYTHON SRC [RECORD FLAGS...]   (e.g. --backend cuda: CTest
+# gpu_tp_fault_rotate_by_row records on the GPU; bisect's twins still run on the CPU)
 set -euo pipefail
 L=$1 PY=$2 SRC=$3
+shift 3
+EXTRA=("$@")
 W=$(mktemp -d)
 trap 'rm -rf "$W"' EXIT
 M="$SRC/models/lockstep-tiny-v32"
@@ -19,7 +22,7 @@ import json
 for r in range(3):
     print(json.dumps({'prompt_ids': [(7 * i + 13 * r + 3) % 6000 for i in range(10 + 3 * r)], 'max_tokens': 6}))
 " > "$W/prompts.jsonl"
-rec() { "$L" record -m "$M" --prompts "$W/prompts.jsonl" -t 0 --ignore-eos --emulate-tp 8 -q "$@"; }
+rec() { "$L" record -m "$M" --prompts "$W/prompts.jsonl" -t 0 --ignore-eos --emulate-tp 8 -q ${EXTRA[@]+"${EXTRA[@]}"} "$@"; }
 rec --fault fault_rotate_by_row -o "$W/bad.h5"
 "$L" bisect "$W/bad.h5" --json -q --no-swaps --work-dir "$W/bb" > "$W/bad.json"
 rec -o "$W/good.h5"
