@@ -93,6 +93,10 @@ Status RunExport(const ExportArgs& a) {
         "('inf_count', '<u4'), ('rms', '<f4'), ('absmax', '<f4'), ('min', '<f4'), ('max', '<f4')]";
     LS_RETURN_IF_ERROR(WriteNpy(a.output, descr, {n}, mine.data(), mine.size() * sizeof(traces::SummaryRow)));
   } else {
+    if (!t->has_values && t->shards > 0) {
+      // Its values lie in rank shards, one of which is not beside the trace: the reader says which.
+      return r.ReadValues(*t, 0, 0).status().WithContext(a.trace + ": ");
+    }
     if (!t->has_values) {
       return Status::NotFound(a.trace + ": " + t->path + " was captured as a summary only (use --summary)");
     }

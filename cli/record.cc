@@ -41,6 +41,7 @@ struct RecordArgs {
   int compression_threads = -1;  // −1: RecorderOptions::CompressionThreads of the capture
   int64_t queue_mb = 256;
   bool quiet = false;
+  bool rank_shards = false;
   EngineFlags flags;
 };
 
@@ -88,6 +89,7 @@ Status RunRecord(RecordArgs& a) {
   so.writer.queue_bytes = a.queue_mb << 20;
   so.writer.batch_width = opts.max_batch;
   so.flush_interval_s = a.flush_interval;
+  so.rank_shards = a.rank_shards;
   if (m.tokenizer) so.detokenize = [&m](const std::vector<int32_t>& ids) { return m.tokenizer->Decode(ids); };
   LS_ASSIGN_OR_RETURN(so.meta, ModelMeta(m));
   std::vector<recorder::RecordedRequest> recorded;
@@ -177,6 +179,11 @@ void RegisterRecord(CLI::App& app, SetAction set_action) {
       ->default_str("full capture: half the cores, at most 8; else 1");
   cmd->add_option("--queue-mb", args->queue_mb, "Capture queue bound; the engine waits (and the trace says how long) when full")
       ->check(CLI::Range(1, 1 << 20));
+  cmd->add_flag("--rank-shards", args->rank_shards,
+                "With --emulate-tp N and full capture: each rank's columns of the rank-split taps (attn.q, "
+                "attn.heads, attn.partials, ffn.partials) in its own shard, <output>.rank<r>, stitched into the "
+                "trace by HDF5 virtual datasets — the files a run over N GPUs writes (docs/trace-format.md); "
+                "keep the shards beside the trace");
   cmd->add_flag("--quiet,-q", args->quiet, "No progress or statistics on stderr");
   args->flags.Register(cmd);
   cmd->callback([args, set_action] { set_action([args] { return RunRecord(*args); }); });

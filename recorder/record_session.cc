@@ -3,9 +3,12 @@
 
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
+#include <cstdio>
 #include <ctime>
 #include <fstream>
+#include <random>
 #include <sstream>
 
 #include <nlohmann/json.hpp>
@@ -77,7 +80,42 @@ Result<RecordSessionResult> RecordRun(engine::Engine& eng, const std::vector<Rec
   if (wo.writer.empty()) wo.writer = std::string("lockstep ") + kVersion + " (" + kGitRevision + ")";
   wo.alloc_block_bytes = RecorderOptions::AllocBlockBytes(o.policy);
   wo.target_chunk_bytes = RecorderOptions::TargetChunkBytes(o.policy);
+  const engine::EngineOptions& eo0 = eng.options();
+  const int64_t ranks = o.rank_shards ? eo0.emulate_tp : 0;
+  if (o.rank_shards && (ranks < 2 || o.policy.mode != CapturePolicy::Mode::kFull)) {
+    return Status::InvalidArgument("--rank-shards: needs --emulate-tp N > 1 and --capture full (the shards hold the "
+                                   "ranks' values; this run has TP " + std::to_string(eo0.emulate_tp) + ", capture " +
+                                   std::string(CapturePolicy::ModeName(o.policy.mode)) + ")");
+  }
+  // Each shard's writer gets a share of the workers (the ranks of a real run write in parallel).
+  std::vector<std::unique_ptr<traces::TraceWriter>> shards;
+  std::vector<std::string> shard_files;
+  std::string run_id;
+  if (ranks > 1) {
+    std::random_device rd;
+    char id[24];
+    std::snprintf(id, sizeof id, "%08x%08x", rd(), rd());
+    run_id = id;
+    traces::TraceWriterOptions so = wo;
+    so.compression_threads = std::max(1, wo.compression_threads / static_cast<int>(ranks));
+    for (int r = 0; r < ranks; ++r) {
+      const std::filesystem::path sp = traces::ShardPath(o.output, r);
+      LS_ASSIGN_OR_RETURN(auto sw, traces::TraceWriter::Create(sp, so));
+      LS_RETURN_IF_ERROR(sw->SetMeta(traces::kMetaShardRank, std::to_string(r)));
+      LS_RETURN_IF_ERROR(sw->SetMeta(traces::kMetaShardRanks, std::to_string(ranks)));
+      LS_RETURN_IF_ERROR(sw->SetMeta(traces::kMetaShardRunId, run_id));
+      shard_files.push_back(sp.filename().string());
+      shards.push_back(std::move(sw));
+    }
+  }
   LS_ASSIGN_OR_RETURN(auto writer, traces::TraceWriter::Create(o.output, wo));
+  if (ranks > 1) {
+    LS_RETURN_IF_ERROR(writer->SetMeta(traces::kMetaShardRanks, std::to_string(ranks)));
+    LS_RETURN_IF_ERROR(writer->SetMeta(traces::kMetaShardRunId, run_id));
+    for (int r = 0; r < ranks; ++r) {
+      LS_RETURN_IF_ERROR(writer->SetMeta(std::string(traces::kMetaShardFile) + std::to_string(r), shard_files[r]));
+    }
+  }
 
   // /meta: what the engine knows, then the caller's keys (which win).
   const engine::EngineOptions& eo = eng.options();
@@ -120,6 +158,8 @@ Result<RecordSessionResult> RecordRun(engine::Engine& eng, const std::vector<Rec
   ro.flush_interval_s = o.flush_interval_s;
   ro.summarize_here_max_row_bytes = o.summarize_here_max_row_bytes;
   ro.detokenize = o.detokenize;
+  for (auto& sw : shards) ro.shard_writers.push_back(sw.get());
+  ro.shard_files = shard_files;
   Recorder rec(&eng, writer.get(), ro);
   rec.Attach();
   if (o.wrap) eng.SetTapHook(o.wrap(&rec));
@@ -131,6 +171,7 @@ Result<RecordSessionResult> RecordRun(engine::Engine& eng, const std::vector<Rec
   RecordSessionResult res;
   const auto t0 = Clock::now();
   auto fail = [&](const Status& s) {
+    for (auto& sw : shards) (void)sw->Close();
     (void)writer->Close();  // keeps what was flushed; the file stays marked incomplete
     return Status(s).WithContext(out + ": recording stopped after " + std::to_string(rec.steps()) +
                                  " steps (the trace keeps what was flushed before): ");
@@ -151,13 +192,21 @@ Result<RecordSessionResult> RecordRun(engine::Engine& eng, const std::vector<Rec
     const Recorder::EngineThreadTimes& t = rec.engine_thread_times();
     res.recorder_ns = t.taps_ns + t.kv_ns + t.steps_ns;
   }
+  for (auto& sw : shards) {  // the shards close first: a complete trace's shards are complete
+    s = sw->Close();
+    if (!s.ok()) return fail(s);
+  }
   s = writer->Close();
   if (!s.ok()) return fail(s);
+  for (int r = 0; r < ranks; ++r) {
+    std::error_code ec;
+    res.file_bytes += std::filesystem::file_size(traces::ShardPath(o.output, r), ec);
+  }
   res.close_s = std::chrono::duration<double>(Clock::now() - t0).count() - res.run_s;
   res.steps = rec.steps();
   res.tokens = rec.tokens();
   std::error_code ec;
-  res.file_bytes = std::filesystem::file_size(o.output, ec);
+  res.file_bytes += std::filesystem::file_size(o.output, ec);
   return res;
 }
 

@@ -37,6 +37,10 @@ struct RecordSessionOptions {
   // It must forward OnTap to the Recorder it is given via `wrap`.
   std::function<engine::TapHook*(Recorder*)> wrap;
   std::function<void(const Recorder&, const traces::TraceWriter&)> on_step;  // progress
+  // Emulated TP N > 1 in full capture: each rank's columns of the rank-split taps in its own
+  // shard, <output>.rank<r>, stitched into the trace (docs/trace-format.md "Rank shards") —
+  // the layout of a run over N GPUs, each rank writing its shard.
+  bool rank_shards = false;
 };
 
 struct RecordSessionResult {

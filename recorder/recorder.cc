@@ -69,6 +69,52 @@ const Recorder::Tensor* Recorder::Define(const std::string& path, DType dtype, i
   return &tensors_.emplace(path, t).first->second;
 }
 
+bool IsRankShardedTap(std::string_view name) {
+  if (name.rfind("layers.", 0) != 0) return false;
+  for (std::string_view tail : {".attn.q", ".attn.heads", ".attn.partials", ".ffn.partials"}) {
+    if (name.size() > tail.size() && name.substr(name.size() - tail.size()) == tail) return true;
+  }
+  return false;
+}
+
+const Recorder::Tensor* Recorder::DefineSharded(const std::string& path, DType dtype, int64_t cols) {
+  auto it = tensors_.find(path);
+  if (it != tensors_.end()) return &it->second;
+  traces::TensorSpec spec{path, dtype, cols, false};
+  spec.shard_files = opts_.shard_files;
+  auto h = writer_->DefineTensor(spec);
+  if (!h.ok()) {
+    Fail(h.status());
+    return nullptr;
+  }
+  Tensor t{*h, dtype, cols, false};
+  const int64_t n = static_cast<int64_t>(opts_.shard_writers.size());
+  for (traces::TraceWriter* w : opts_.shard_writers) {
+    auto sh = w->DefineTensor(traces::TensorSpec{path, dtype, cols / n, true});
+    if (!sh.ok()) {
+      Fail(sh.status());
+      return nullptr;
+    }
+    t.shard_handles.push_back(*sh);
+  }
+  return &tensors_.emplace(path, t).first->second;
+}
+
+void Recorder::AppendShards(const Tensor& t, int64_t request, std::span<const int64_t> positions,
+                            const std::function<const uint8_t*(int64_t)>& row) {
+  const size_t n = t.shard_handles.size();
+  if (n == 0 || positions.empty()) return;
+  const size_t part = static_cast<size_t>(t.cols / static_cast<int64_t>(n)) * traces::DTypeSize(t.dtype);
+  for (size_t r = 0; r < n && status_.ok(); ++r) {
+    shard_gather_.resize(positions.size() * part);
+    for (size_t k = 0; k < positions.size(); ++k) {
+      std::memcpy(shard_gather_.data() + k * part, row(static_cast<int64_t>(k)) + r * part, part);
+    }
+    Fail(opts_.shard_writers[r]->AppendToSummarize(t.shard_handles[r], static_cast<int32_t>(request),
+                                                   static_cast<int32_t>(steps_), positions, shard_gather_.data()));
+  }
+}
+
 void Recorder::Capture(const Tensor& t, int64_t request, int64_t position, int64_t rows, const void* data,
                        int64_t row_stride_bytes, const traces::TraceWriter::LogitsTopKTensors* topk,
                        const std::shared_ptr<const void>& owner) {
@@ -89,6 +135,7 @@ void Recorder::CaptureRows(const Tensor& t, int64_t request, int64_t position, i
     if (p.WantsPosition(position + i)) positions_.push_back(position + i);
   }
   if (positions_.empty()) return;
+  if (!t.shard_handles.empty()) AppendShards(t, request, positions_, [&](int64_t k) { return row(positions_[k] - position); });
   Status s;
   if (!t.values && topk == nullptr && row_bytes <= opts_.summarize_here_max_row_bytes) {
     // Summary only: the statistics and the hash are computed here, in one pass over rows the
@@ -168,6 +215,7 @@ void Recorder::CaptureSummaries(const Tensor& t, int64_t request, int64_t positi
     if (opts_.policy.WantsPosition(position + i)) summaries_.push_back(RowOf(in[i], request, position + i));
   }
   if (summaries_.empty()) return;
+  if (!t.shard_handles.empty() && values != nullptr) ShardSummarised(t, request, position, values);
   Status s;
   if (!t.values) {
     s = writer_->Append(t.handle, summaries_, nullptr);
@@ -210,7 +258,11 @@ const Recorder::TapEntry* Recorder::Resolve(const engine::TapEvent& e) {
   if (fresh.wanted && e.name != engine::kModelTaps[engine::kTapLogits].name) {
     const DType dtype = ToTraceDType(e.dtype);
     const bool full = opts_.policy.mode == CapturePolicy::Mode::kFull;
-    fresh.tensor = Define(std::string(traces::kTapsGroup) + "/" + fresh.name, dtype, e.cols, full);
+    const int64_t ranks = static_cast<int64_t>(opts_.shard_writers.size());
+    const std::string path = std::string(traces::kTapsGroup) + "/" + fresh.name;
+    fresh.tensor = full && ranks > 1 && e.cols % ranks == 0 && IsRankShardedTap(fresh.name)
+                       ? DefineSharded(path, dtype, e.cols)
+                       : Define(path, dtype, e.cols, full);
     if (!fresh.tensor) return nullptr;
   }
   return &(by_address_[e.name.data()] = std::move(fresh));  // (map nodes never move)
@@ -265,8 +317,30 @@ void Recorder::OnTapSummaries(std::span<const engine::TapEvent> events) {
       continue;
     }
     BatchSummaryRows(*entry, e.summaries, e.request_id, e.position, e.rows);
+    if (!entry->tensor->shard_handles.empty() && e.data != nullptr) {
+      ShardRowsOf(*entry->tensor, e.request_id, e.position, e.rows, static_cast<const uint8_t*>(e.data));
+    }
   }
   if (status_.ok()) FlushBatch();
+}
+
+void Recorder::ShardRowsOf(const Tensor& t, int64_t request, int64_t position, int64_t rows, const uint8_t* data) {
+  const size_t row_bytes = static_cast<size_t>(t.cols) * traces::DTypeSize(t.dtype);
+  shard_positions_.clear();
+  for (int64_t i = 0; i < rows; ++i) {
+    if (opts_.policy.WantsPosition(position + i)) shard_positions_.push_back(position + i);
+  }
+  AppendShards(t, request, shard_positions_,
+               [&](int64_t k) { return data + static_cast<size_t>(shard_positions_[k] - position) * row_bytes; });
+}
+
+void Recorder::ShardSummarised(const Tensor& t, int64_t request, int64_t position, const void* values) {
+  shard_positions_.clear();
+  for (const traces::SummaryRow& r : summaries_) shard_positions_.push_back(r.position);
+  const size_t row_bytes = static_cast<size_t>(t.cols) * traces::DTypeSize(t.dtype);
+  AppendShards(t, request, shard_positions_, [&](int64_t k) {
+    return static_cast<const uint8_t*>(values) + static_cast<size_t>(shard_positions_[k] - position) * row_bytes;
+  });
 }
 
 void Recorder::OnStepTaps(std::span<const engine::TapEvent> events, std::span<const engine::TapSegment> segments) {
@@ -291,6 +365,10 @@ void Recorder::OnStepTaps(std::span<const engine::TapEvent> events, std::span<co
       int64_t row0 = 0;
       for (const engine::TapSegment& g : segments) {
         BatchSummaryRows(*entry, e.summaries + row0, g.request_id, g.position, g.rows);
+        if (!entry->tensor->shard_handles.empty() && e.data != nullptr) {
+          ShardRowsOf(*entry->tensor, g.request_id, g.position, g.rows,
+                      static_cast<const uint8_t*>(e.data) + row0 * e.cols * engine::TapDTypeSize(e.dtype));
+        }
         row0 += g.rows;
       }
       continue;
@@ -491,17 +569,26 @@ Status Recorder::EndStep() {
   ++steps_;
   if (status_.ok() &&
       (opts_.flush_interval_s <= 0 || std::chrono::duration<double>(now - last_flush_).count() >= opts_.flush_interval_s)) {
+    // The shards first: a trace's flushed rows never point past what its shards hold.
+    for (traces::TraceWriter* w : opts_.shard_writers) Fail(w->Flush(steps_));
     Fail(writer_->Flush(steps_));
     last_flush_ = now;
   } else {
+    for (traces::TraceWriter* w : opts_.shard_writers) w->Submit();
     writer_->Submit();  // the step's rows go to the writer thread in one hand-over
   }
   step_start_ = Clock::now();
+  for (traces::TraceWriter* w : opts_.shard_writers) {
+    if (status_.ok()) Fail(w->status());
+  }
   if (status_.ok()) Fail(writer_->status());
   return status_;
 }
 
 Status Recorder::Finish() {
+  for (traces::TraceWriter* w : opts_.shard_writers) {
+    if (status_.ok()) Fail(w->Flush(steps_));
+  }
   if (status_.ok()) Fail(writer_->Flush(steps_));
   return status_;
 }

@@ -176,9 +176,9 @@ TEST(EmulatedTp, RefusalsNameTheField) {
   EXPECT_FALSE(Engine::Create(*m, o).ok());
   o.emulate_tp = 2;
   o.backend = "cuda";
+  // The CUDA backend emulates TP too: without a GPU it fails for that reason, never for the TP.
   auto c = Engine::Create(*m, o);
-  ASSERT_FALSE(c.ok());
-  EXPECT_NE(c.status().message().find("CPU reference"), std::string::npos) << c.status().message();
+  if (!c.ok()) EXPECT_EQ(c.status().message().find("--emulate-tp"), std::string::npos) << c.status().message();
   auto v4 = Model::Load(testing::FixtureDir() / "models_v4" / "v4_mixed");
   ASSERT_TRUE(v4.ok());
   EngineOptions o4;

@@ -96,3 +96,12 @@ add_test(NAME traces_hostile
                  ${LOCKSTEP_HDF5_PLUGIN_DIR} ${CMAKE_CURRENT_BINARY_DIR}/traces_hostile
                  ${CMAKE_SOURCE_DIR}/tests/fixtures/models/v32_sparse -j 2)
 set_tests_properties(traces_hostile PROPERTIES TIMEOUT 600 PROCESSORS 2)
+
+# Rank shards (emulated TP, `record --rank-shards`): per-rank shard files stitched by HDF5
+# virtual datasets read as one trace (diff, h5py, the Python package, export, verify, pack); a
+# missing, foreign, swapped or misnamed shard is refused by name; a killed run opens.
+add_test(NAME traces_rank_shards
+         COMMAND /usr/bin/python3 ${CMAKE_CURRENT_SOURCE_DIR}/traces/rank_shards_test.py $<TARGET_FILE:lockstep>
+                 ${LOCKSTEP_HDF5_PLUGIN_DIR} ${CMAKE_CURRENT_BINARY_DIR}/traces_rank_shards
+                 ${CMAKE_SOURCE_DIR}/models/lockstep-tiny-v32)
+set_tests_properties(traces_rank_shards PROPERTIES TIMEOUT 600)

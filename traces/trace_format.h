@@ -40,6 +40,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <string_view>
 
 namespace lockstep::traces {
 
@@ -65,7 +66,8 @@ inline constexpr int64_t kMaxBatchWidth = 4096;  // columns of /step_batch: requ
 // Version: a reader refuses a trace whose major is newer than its own; a larger minor
 // only adds things an older reader may ignore.
 inline constexpr int32_t kFormatMajor = 1;
-inline constexpr int32_t kFormatMinor = 2;  // 1.1: /requests/<id>/final; 1.2: KV byte counts as int64
+inline constexpr int32_t kFormatMinor = 3;  // 1.1: /requests/<id>/final; 1.2: KV byte counts as int64;
+                                           // 1.3: tensors whose values lie in rank shards
 
 // Root attributes.
 inline constexpr char kAttrMagic[] = "lockstep_trace";         // string, value kMagicValue
@@ -96,6 +98,32 @@ inline constexpr char kAttrChunkRows[] = "chunk_rows";  // int64, on every table
 // format 1.2; 1.1 wrote decimal strings).
 inline constexpr char kAttrTokenBytes[] = "token_bytes";
 inline constexpr char kAttrByteOffset[] = "byte_offset";
+
+// Rank shards (format 1.3; docs/trace-format.md "Rank shards"): a tensor group with int64
+// attribute `shards` = N keeps its summary here and its values in N shard files, each a trace
+// of its own holding columns [r·cols/N, (r+1)·cols/N) of the rows as taps/<name>; `values` here
+// is an HDF5 virtual dataset stitching them (for h5py; lockstep reads the shards itself), and
+// has_values is 0 so that a reader that knows no shards sees a summary capture. /meta names the
+// shards: kMetaShardRanks, kMetaShardRunId and kMetaShardFile + r (a file name in the trace's
+// folder); a shard's /meta: kMetaShardRank, kMetaShardRanks, kMetaShardRunId.
+inline constexpr char kAttrShards[] = "shards";
+inline constexpr int64_t kMaxShards = 64;
+inline constexpr char kMetaShardRanks[] = "shard_ranks";
+inline constexpr char kMetaShardRunId[] = "shard_run_id";
+inline constexpr char kMetaShardFile[] = "shard_file_";
+inline constexpr char kMetaShardRank[] = "shard_rank";
+// /meta keys that describe the files a trace lies in, not what it holds (a pack, which
+// materialises the shards' values, leaves them out).
+inline bool IsShardMetaKey(std::string_view k) { return k.rfind("shard_", 0) == 0; }
+// A shard's file name as a trace may name it: a plain name in the trace's folder (no folder part,
+// not "." or "..", printable, at most 255 bytes) — a hostile trace cannot point a reader elsewhere.
+inline bool IsShardFileName(std::string_view f) {
+  if (f.empty() || f.size() > 255 || f == "." || f == "..") return false;
+  for (const char c : f) {
+    if (c == '/' || c == '\\' || static_cast<unsigned char>(c) < 0x20 || c == 0x7f) return false;
+  }
+  return true;
+}
 
 // Tail datasets (crash recovery), in the sidecar file <trace>.tails.
 inline constexpr char kTailsSuffix[] = ".tails";

@@ -44,6 +44,7 @@ constexpr int64_t kReadRows = 1024;
 Result<std::map<std::string, std::string>> ContentHashes(const TraceReader& t) {
   std::map<std::string, std::string> out;
   for (const auto& [k, v] : t.meta()) {
+    if (IsShardMetaKey(k)) continue;  // where the values lay, not what they are
     Bytes b;
     b.Add(v);
     out["meta/" + k] = b.Hash();
@@ -140,7 +141,9 @@ Result<PackSummary> WritePack(const TraceReader& src, const PackOptions& o) {
     wo.compression_threads = 0;
     wo.writer = o.packed_with + " pack";
     LS_ASSIGN_OR_RETURN(auto w, TraceWriter::Create(o.output, wo));
-    for (const auto& [k, v] : src.meta()) LS_RETURN_IF_ERROR(w->SetMeta(k, v));
+    for (const auto& [k, v] : src.meta()) {
+      if (!IsShardMetaKey(k)) LS_RETURN_IF_ERROR(w->SetMeta(k, v));  // (a pack holds the shards' values itself)
+    }
     // The exact lockstep that recorded the rows (a pack of a pack keeps the first one's).
     auto rw = src.meta().find(kMetaRecordedWith);
     LS_RETURN_IF_ERROR(w->SetMeta(kMetaRecordedWith, rw != src.meta().end() ? rw->second : src.writer()));

@@ -30,8 +30,13 @@ std::string Join(const std::string& a, const std::string& b) { return a + "/" + 
 Status TraceReader::Err(const Status& s) const { return s.WithContext(path_.string() + ": "); }
 
 Result<std::unique_ptr<TraceReader>> TraceReader::Open(const std::filesystem::path& path) {
+  return OpenAs(path, false);
+}
+
+Result<std::unique_ptr<TraceReader>> TraceReader::OpenAs(const std::filesystem::path& path, bool shard) {
   std::unique_ptr<TraceReader> r(new TraceReader());
   r->path_ = path;
+  r->as_shard_ = shard;
   std::error_code ec;
   if (!std::filesystem::is_regular_file(path, ec)) {
     return Status::NotFound(path.string() + ": no such trace file");
@@ -159,6 +164,7 @@ Status TraceReader::Load() {
   if (!complete_ && std::filesystem::exists(side, ec)) LoadTails(side);
   if (!complete_ && std::filesystem::exists(ChunksPath(path_), ec)) LoadChunkDirectory(ChunksPath(path_));
 
+  LS_RETURN_IF_ERROR(LoadShards());
   LS_RETURN_IF_ERROR(LoadTensors(kTapsGroup));
   LS_RETURN_IF_ERROR(LoadTensors(kKvGroup));
   {
@@ -390,9 +396,155 @@ Status TraceReader::LoadTensors(const char* group) {
       ti.raw_bytes += ti.value_raw_bytes;
       tables_[values->path] = *values;
     }
+    if (auto sh = ti.int_attrs.find(kAttrShards); sh != ti.int_attrs.end()) {
+      ti.shards = sh->second;
+      ti.int_attrs.erase(sh);
+      LS_RETURN_IF_ERROR(BindShards(&ti));
+    }
     tensors_.push_back(std::move(ti));
   }
   return Status::Ok();
+}
+
+Status TraceReader::LoadShards() {
+  auto ranks_it = meta_.find(kMetaShardRanks);
+  if (as_shard_ && meta_.count(kMetaShardRank) == 0) {
+    return Status::Corruption(std::string("not a rank shard (no /meta/") + kMetaShardRank + ")");
+  }
+  if (meta_.count(kMetaShardRank) != 0) {
+    // A shard opened on its own reads as a trace of its columns; one naming shards itself is not ours.
+    if (ranks_it == meta_.end() || meta_.count(std::string(kMetaShardFile) + "0") != 0) {
+      return Status::Corruption(std::string("/meta: a rank shard that names shards of its own"));
+    }
+    return Status::Ok();
+  }
+  if (ranks_it == meta_.end()) return Status::Ok();
+  const std::string& rv = ranks_it->second;
+  if (rv.empty() || rv.size() > 2 || rv.find_first_not_of("0123456789") != std::string::npos ||
+      std::stoll(rv) < 2 || std::stoll(rv) > kMaxShards) {
+    return Status::Corruption(std::string("/meta/") + kMetaShardRanks + ": '" + rv + "' is not 2 to 64");
+  }
+  const int64_t n = std::stoll(rv);
+  auto run = meta_.find(kMetaShardRunId);
+  if (run == meta_.end() || run->second.empty()) {
+    return Status::Corruption(std::string("/meta/") + kMetaShardRunId + ": missing (a sharded trace names its run)");
+  }
+  for (int64_t r = 0; r < n; ++r) {
+    const std::string key = std::string(kMetaShardFile) + std::to_string(r);
+    auto f = meta_.find(key);
+    if (f == meta_.end() || !IsShardFileName(f->second)) {
+      return Status::Corruption("/meta/" + key + ": " + (f == meta_.end() ? "missing" : "'" + f->second + "' is not a file name beside the trace"));
+    }
+    shard_files_.push_back(f->second);
+    const std::filesystem::path sp = path_.parent_path() / f->second;
+    std::error_code ec;
+    if (!std::filesystem::exists(sp, ec)) {
+      shards_.push_back(nullptr);
+      if (missing_shard_.empty()) missing_shard_ = sp.string();
+      notes_.push_back(sp.string() + ": rank " + std::to_string(r) + "'s shard is missing; its tensors have no values");
+      continue;
+    }
+    auto sub = TraceReader::OpenAs(sp, true);
+    if (!sub.ok()) return Status::Corruption("rank " + std::to_string(r) + " shard: " + sub.status().message());
+    const auto& m = (*sub)->meta();
+    auto field = [&](const char* k) { auto it = m.find(k); return it == m.end() ? std::string() : it->second; };
+    const char* bad = field(kMetaShardRank) != std::to_string(r) ? kMetaShardRank
+                      : field(kMetaShardRanks) != rv           ? kMetaShardRanks
+                      : field(kMetaShardRunId) != run->second  ? kMetaShardRunId
+                                                               : nullptr;
+    if (bad != nullptr) {
+      return Status::Corruption(sp.string() + ": /meta/" + bad + " '" + field(bad) + "' is not this trace's rank " +
+                                std::to_string(r) + " of " + rv + " (run " + run->second + ")");
+    }
+    for (const auto& note : (*sub)->notes()) notes_.push_back(note);
+    shards_.push_back(std::move(*sub));
+  }
+  return Status::Ok();
+}
+
+Status TraceReader::BindShards(TensorInfo* ti) {
+  const int64_t n = static_cast<int64_t>(shard_files_.size());
+  if (ti->shards != n || n == 0 || ti->cols % n != 0 || ti->has_values) {
+    return Status::Corruption(ti->path + ": attribute shards " + std::to_string(ti->shards) + " but /meta names " +
+                              std::to_string(n) + " shards (and its " + std::to_string(ti->cols) +
+                              " columns must split among them, with no values of its own)");
+  }
+  // The virtual `values` must stitch the shards /meta names (what h5py reads is what we read).
+  {
+    auto d = h5::OpenDataset(file_.get(), Join(ti->path, kValuesDataset));
+    if (!d.ok()) return d.status().WithContext(ti->path + ": ");
+    h5::Hid dcpl(H5Dget_create_plist(d->get()));
+    size_t count = 0;
+    if (!dcpl.valid() || H5Pget_layout(dcpl.get()) != H5D_VIRTUAL || H5Pget_virtual_count(dcpl.get(), &count) < 0 ||
+        count != static_cast<size_t>(n)) {
+      h5::LastError();
+      return Status::Corruption(ti->path + "/values: not a virtual dataset of its " + std::to_string(n) + " shards");
+    }
+    for (size_t i = 0; i < count; ++i) {
+      char name[512] = {0};
+      const ssize_t len = H5Pget_virtual_filename(dcpl.get(), i, name, sizeof name);
+      if (len < 0 || static_cast<size_t>(len) >= sizeof name || shard_files_[i] != name) {
+        h5::LastError();
+        return Status::Corruption(ti->path + "/values: virtual mapping " + std::to_string(i) + " reads '" + name +
+                                  "', not the shard /meta names ('" + shard_files_[i] + "')");
+      }
+    }
+  }
+  for (int64_t r = 0; r < n; ++r) {
+    if (shards_[r] == nullptr) return Status::Ok();  // missing: no values (LoadShards' note)
+    const TensorInfo* st = shards_[r]->FindTensor(ti->path);
+    const std::string where = shards_[r]->path().string() + ": " + ti->path;
+    if (st == nullptr || !st->has_values) return Status::Corruption(where + ": missing, or without values");
+    if (st->dtype != ti->dtype || st->cols * n != ti->cols) {
+      return Status::Corruption(where + ": " + std::string(DTypeName(st->dtype)) + " × " + std::to_string(st->cols) +
+                                ", not this trace's " + std::string(DTypeName(ti->dtype)) + " × " +
+                                std::to_string(ti->cols) + " / " + std::to_string(n));
+    }
+    if (st->rows < ti->rows) {
+      notes_.push_back(where + ": " + std::to_string(st->rows) + " of " + std::to_string(ti->rows) +
+                       " rows in the shard; the rest have no values");
+    }
+    ti->rows = std::min(ti->rows, st->rows);
+    ti->value_stored_bytes += st->value_stored_bytes;
+    ti->value_raw_bytes += st->value_raw_bytes;
+  }
+  ti->has_values = true;
+  ti->stored_bytes += ti->value_stored_bytes;
+  ti->raw_bytes += ti->value_raw_bytes;
+  return Status::Ok();
+}
+
+Result<std::vector<uint8_t>> TraceReader::ReadShardedValues(const TensorInfo& ti, int64_t begin, int64_t count) const {
+  const int64_t n = ti.shards, w = ti.cols / n;
+  const size_t es = DTypeSize(ti.dtype), row_bytes = static_cast<size_t>(ti.cols) * es, part = static_cast<size_t>(w) * es;
+  if (static_cast<int64_t>(row_bytes) * count > kMaxReadBytes) {
+    return Err(Status::InvalidArgument(ti.path + ": " + std::to_string(count) + " rows are more than one read takes"));
+  }
+  bool& checked = shard_rows_checked_[ti.path];
+  if (!checked) {
+    // Row i of every shard is row i here: the same request and position.
+    LS_ASSIGN_OR_RETURN(std::vector<SummaryRow> mine, ReadSummary(ti));
+    for (int64_t r = 0; r < n; ++r) {
+      const TensorInfo* st = shards_[r]->FindTensor(ti.path);
+      LS_ASSIGN_OR_RETURN(std::vector<SummaryRow> theirs, shards_[r]->ReadSummary(*st));
+      for (int64_t i = 0; i < ti.rows; ++i) {
+        if (theirs[i].request != mine[i].request || theirs[i].position != mine[i].position) {
+          return Err(Status::Corruption(shards_[r]->path().string() + ": " + ti.path + " row " + std::to_string(i) +
+                                        " is request " + std::to_string(theirs[i].request) + " position " +
+                                        std::to_string(theirs[i].position) + ", this trace's request " +
+                                        std::to_string(mine[i].request) + " position " +
+                                        std::to_string(mine[i].position)));
+        }
+      }
+    }
+    checked = true;
+  }
+  std::vector<uint8_t> out(static_cast<size_t>(count) * row_bytes);
+  for (int64_t r = 0; r < n; ++r) {
+    LS_ASSIGN_OR_RETURN(std::vector<uint8_t> b, shards_[r]->ReadValues(*shards_[r]->FindTensor(ti.path), begin, count));
+    for (int64_t i = 0; i < count; ++i) std::memcpy(&out[i * row_bytes + r * part], &b[i * part], part);
+  }
+  return out;
 }
 
 Status TraceReader::LoadRequests() {
@@ -740,7 +892,17 @@ Result<std::vector<SummaryRow>> TraceReader::ReadSummary(const TensorInfo& ti) c
 }
 
 Result<std::vector<uint8_t>> TraceReader::ReadValues(const TensorInfo& ti, int64_t begin, int64_t count) const {
+  if (!ti.has_values && ti.shards > 0) {
+    return Err(Status::NotFound(ti.path + ": its values lie in rank shards, and " + missing_shard_ + " is missing"));
+  }
   if (!ti.has_values) return Err(Status::NotFound(ti.path + ": summary capture, no values stored"));
+  if (ti.shards > 0) {
+    if (begin < 0 || count < 0 || begin > ti.rows || count > ti.rows - begin) {
+      return Err(Status::InvalidArgument(ti.path + ": rows [" + std::to_string(begin) + ", +" + std::to_string(count) +
+                                         ") outside its " + std::to_string(ti.rows)));
+    }
+    return ReadShardedValues(ti, begin, count);
+  }
   auto it = tables_.find(Join(ti.path, kValuesDataset));
   if (it == tables_.end()) return Err(Status::NotFound(ti.path + ": no values"));
   if (begin < 0 || count < 0 || begin > ti.rows || count > ti.rows - begin) {

@@ -37,6 +37,9 @@ struct TensorInfo {
   // Its integer attributes other than cols and has_values (kv/: token_bytes, byte_offset); a
   // format 1.1 trace's decimal-string ones are read into here too.
   std::map<std::string, int64_t> int_attrs;
+  // > 0: the values lie in that many rank shards (format 1.3), read through them; has_values
+  // says whether every shard was there to read.
+  int64_t shards = 0;
 };
 
 struct RequestInfo {
@@ -105,6 +108,8 @@ class TraceReader {
 
  private:
   TraceReader() = default;
+  // Open, as a rank shard of another trace when `shard` (which must then say so in its /meta).
+  static Result<std::unique_ptr<TraceReader>> OpenAs(const std::filesystem::path& path, bool shard);
   Status Load();
   Result<Table> InspectTable(const std::string& path, int64_t cols, hid_t expected_type);
   Result<std::vector<uint8_t>> ReadRows(const Table& t, hid_t mem_type, size_t row_bytes, int64_t begin,
@@ -116,6 +121,14 @@ class TraceReader {
   // Rows [first, first + n) of a table whose main rows come from the chunk directory.
   Status ReadRecovered(const Table& t, size_t row_bytes, int64_t first, int64_t n, uint8_t* dst) const;
   Status LoadTensors(const char* group);
+  // Format 1.3: opens the rank shards /meta names (validated: plain names beside the trace, each
+  // a trace of this run, of that rank, unsharded itself); a missing one leaves its tensors without
+  // values (a note), an inconsistent one is an error.
+  Status LoadShards();
+  // A sharded tensor's shard tensors, checked against it (dtype, cols / N, values); the rows
+  // all of them hold.
+  Status BindShards(TensorInfo* ti);
+  Result<std::vector<uint8_t>> ReadShardedValues(const TensorInfo& t, int64_t begin, int64_t count) const;
   Status Err(const Status& s) const;
 
   std::filesystem::path path_;
@@ -133,6 +146,12 @@ class TraceReader {
   std::vector<RequestInfo> requests_;
   std::vector<TensorInfo> tensors_;
   std::vector<std::string> notes_;
+  bool as_shard_ = false;
+  std::vector<std::unique_ptr<TraceReader>> shards_;  // rank order; null: missing
+  std::vector<std::string> shard_files_;
+  std::string missing_shard_;  // the first missing shard's file, when one is
+  // Sharded tensors whose rows were checked to be the same (request, position) in every shard.
+  mutable std::map<std::string, bool> shard_rows_checked_;
 };
 
 }  // namespace lockstep::traces

@@ -30,6 +30,12 @@ std::filesystem::path ChunksPath(const std::filesystem::path& trace) {
   return p;
 }
 
+std::filesystem::path ShardPath(const std::filesystem::path& trace, int rank) {
+  std::filesystem::path p = trace;
+  p += ".rank" + std::to_string(rank);
+  return p;
+}
+
 std::filesystem::path PartialPath(const std::filesystem::path& file) {
   std::filesystem::path p = file;
   p += ".partial";
@@ -282,6 +288,17 @@ Result<int32_t> TraceWriter::DefineTensor(const TensorSpec& spec) {
   }
   for (const auto& t : tensors_) {
     if (t.path == spec.path) return Status::InvalidArgument("tensor '" + spec.path + "' defined twice");
+  }
+  if (!spec.shard_files.empty()) {
+    const int64_t n = static_cast<int64_t>(spec.shard_files.size());
+    if (spec.values || n < 2 || n > kMaxShards || spec.cols % n != 0) {
+      return Status::InvalidArgument("tensor '" + spec.path + "': " + std::to_string(n) +
+                                     " rank shards need 2 to 64 of them, its " + std::to_string(spec.cols) +
+                                     " columns divisible among them, and no values here");
+    }
+    for (const auto& f : spec.shard_files) {
+      if (!IsShardFileName(f)) return Status::InvalidArgument("tensor '" + spec.path + "': shard file '" + f + "' is not a plain file name");
+    }
   }
   Command c(Command::Kind::kDefineTensor);
   c.tensor = spec;

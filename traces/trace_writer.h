@@ -70,6 +70,10 @@ struct TensorSpec {
   bool values = true;  // store the rows' values, not only their summaries
   std::map<std::string, std::string> attrs;  // extra string attributes on the group
   std::map<std::string, int64_t> int_attrs;  // extra integer attributes on the group (int64)
+  // Not empty: the values lie in these rank shards (file names beside the trace; shard r holds
+  // columns [r·cols/N, (r+1)·cols/N)), which `values` stitches as a virtual dataset; this file
+  // keeps only the summaries (`values` must be false). trace_format.h kAttrShards.
+  std::vector<std::string> shard_files;
 };
 
 struct Command;  // a queued call, private to the writer (trace_writer_impl.h)
@@ -78,6 +82,8 @@ struct Command;  // a queued call, private to the writer (trace_writer_impl.h)
 std::filesystem::path TailsPath(const std::filesystem::path& trace);
 // The chunk directory beside a trace while it is written: <trace>.chunks.
 std::filesystem::path ChunksPath(const std::filesystem::path& trace);
+// Rank r's shard of a trace: <trace>.rank<r> (trace_format.h kAttrShards).
+std::filesystem::path ShardPath(const std::filesystem::path& trace, int rank);
 // Where a file lives until its first flush: <file>.partial.
 std::filesystem::path PartialPath(const std::filesystem::path& file);
 

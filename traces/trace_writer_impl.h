@@ -191,6 +191,7 @@ class TraceWriter::Impl {
   void WorkerLoop();
   Status Process(Command& cmd);
   Status DoDefineTensor(const TensorSpec& spec);
+  Status DefineShardedValues(const TensorSpec& spec, hid_t group);
   Result<int32_t> MakeTable(const std::string& path, h5::Hid type, int64_t cols, hid_t parent);
   // Rows to a table: whole chunks go to compression as they fill, the rest to its tail. With
   // `owner` (lent rows) a whole chunk is compressed where the rows are, without a copy.

@@ -177,12 +177,42 @@ Status TraceWriter::Impl::DoDefineTensor(const TensorSpec& spec) {
   for (const auto& [k, v] : spec.int_attrs) LS_RETURN_IF_ERROR(h5::WriteAttr(g.get(), k, v));
   // Table ids are handed out by TraceWriter::DefineTensor in the same order: summary, values.
   LS_RETURN_IF_ERROR(MakeTable(spec.path + "/" + kSummaryDataset, SummaryType(), 0, file_.get()).status());
+  if (!spec.shard_files.empty()) LS_RETURN_IF_ERROR(DefineShardedValues(spec, g.get()));
   if (spec.values) {
     LS_ASSIGN_OR_RETURN(int32_t v, MakeTable(spec.path + "/" + kValuesDataset, h5::Hid(H5Tcopy(ValueType(spec.dtype))),
                                              spec.cols, file_.get()));
     LS_RETURN_IF_ERROR(h5::WriteAttr(tables_[v]->dset.get(), kAttrDType, std::string(DTypeName(spec.dtype))));
   }
   return Status::Ok();
+}
+
+// A sharded tensor's `values`: a virtual dataset [rows, cols] (rows unlimited: its extent follows
+// the shards') whose column block r is shard r's taps/<name>/values [rows, cols / N]. Written once
+// with the tensor; only readers resolve it (HDF5 looks for the shards beside this file).
+Status TraceWriter::Impl::DefineShardedValues(const TensorSpec& spec, hid_t group) {
+  const int64_t n = static_cast<int64_t>(spec.shard_files.size()), w = spec.cols / n;
+  LS_RETURN_IF_ERROR(h5::WriteAttr(group, kAttrShards, n));
+  const std::string src = spec.path + "/" + kValuesDataset;
+  const hsize_t dims[2] = {0, static_cast<hsize_t>(spec.cols)}, max[2] = {H5S_UNLIMITED, dims[1]};
+  const hsize_t sdims[2] = {0, static_cast<hsize_t>(w)}, smax[2] = {H5S_UNLIMITED, sdims[1]};
+  h5::Hid vspace(H5Screate_simple(2, dims, max)), sspace(H5Screate_simple(2, sdims, smax));
+  h5::Hid dcpl = h5::CreationProps(H5P_DATASET_CREATE);
+  if (!vspace.valid() || !sspace.valid() || !dcpl.valid()) return h5::Error(src + ": virtual dataset spaces");
+  const hsize_t start0[2] = {0, 0}, count[2] = {H5S_UNLIMITED, 1}, block[2] = {1, static_cast<hsize_t>(w)};
+  if (H5Sselect_hyperslab(sspace.get(), H5S_SELECT_SET, start0, nullptr, count, block) < 0) {
+    return h5::Error(src + ": shard selection");
+  }
+  for (int64_t r = 0; r < n; ++r) {
+    const hsize_t start[2] = {0, static_cast<hsize_t>(r * w)};
+    if (H5Sselect_hyperslab(vspace.get(), H5S_SELECT_SET, start, nullptr, count, block) < 0 ||
+        H5Pset_virtual(dcpl.get(), vspace.get(), spec.shard_files[r].c_str(), src.c_str(), sspace.get()) < 0) {
+      return h5::Error(src + ": mapping of shard " + std::to_string(r));
+    }
+  }
+  h5::Hid type(H5Tcopy(ValueType(spec.dtype)));
+  h5::Hid d(H5Dcreate2(file_.get(), src.c_str(), type.get(), vspace.get(), H5P_DEFAULT, dcpl.get(), H5P_DEFAULT));
+  if (!d.valid()) return h5::Error(path_.string() + ": cannot create virtual dataset '" + src + "'");
+  return h5::WriteAttr(d.get(), kAttrDType, std::string(DTypeName(spec.dtype)));
 }
 
 // Layout of a summarize entry: request i32, step i32, rows i64, positions i64 × rows, then

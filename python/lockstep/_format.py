@@ -5,7 +5,7 @@ import os
 
 import numpy as np
 
-FORMAT_MAJOR, FORMAT_MINOR = 1, 2
+FORMAT_MAJOR, FORMAT_MINOR = 1, 3
 MAGIC = "lockstep trace"
 ZSTD_FILTER_ID = 32015
 

@@ -67,6 +67,7 @@ class Trace:
             raise TraceError(f"{self.path}: cannot open (truncated, damaged, or still being written?): {_why(e)}")
         self._side = None
         self._cache = {}
+        self._shard_rows = {}  # a sharded tensor's rows every shard holds (None: not readable)
         try:
             self._load()
         except TraceError:
@@ -200,10 +201,46 @@ class Trace:
             v = g.attrs[a]
             t.attrs[a] = text(v) if isinstance(v, (bytes, np.bytes_, str)) else v.item() if hasattr(v, "item") else v
         self._check_table(where + "/summary", SUMMARY)
-        if t.has_values:
+        t.shards = 0
+        if "shards" in t.attrs:
+            self._bind_shards(t, where)
+        elif t.has_values:
             self._check_table(where + "/values", STORED[t.dtype], t.cols)
         t.rows = len(self._summary_all(t))
         return t
+
+    def _bind_shards(self, t, where):
+        """Format 1.3: the values lie in rank shards (docs/trace-format.md "Rank shards"), read
+        through `values`, a virtual dataset; every mapping must name the shard /meta names, a
+        plain file beside the trace. A missing shard, or a trace that did not close (its shards'
+        unfinished rows are in their own sidecars), leaves the tensor without values."""
+        n = t.attrs.pop("shards")
+        files = [self.meta.get(f"shard_file_{r}") for r in range(int(n))] if isinstance(n, int) else []
+        if not isinstance(n, int) or not 2 <= n <= 64 or t.cols % n or t.has_values or self.meta.get("shard_ranks") != str(n):
+            raise self._err(f"'{where}' attribute 'shards'", f"{n} does not match /meta's shards and the tensor's columns")
+        for r, fn in enumerate(files):
+            if not fn or fn in (".", "..") or "/" in fn or "\\" in fn or len(fn) > 255 or any(ord(c) < 32 for c in fn):
+                raise self._err(f"meta 'shard_file_{r}'", f"{fn!r} is not a file name beside the trace")
+        d = self._f[where + "/values"] if "values" in self._f[where] else None
+        if d is None or not d.is_virtual or len(d.virtual_sources()) != n:
+            raise self._err(f"'{where}/values'", f"not a virtual dataset of its {n} shards")
+        for r, src in enumerate(d.virtual_sources()):
+            if src.file_name != files[r] or src.dset_name != where + "/values":
+                raise self._err(f"'{where}/values'", f"mapping {r} reads {src.file_name!r}:{src.dset_name!r}, not the "
+                                f"shard /meta names ({files[r]!r})")
+        t.shards = n
+        folder = os.path.dirname(os.path.abspath(self.path))
+        paths = [os.path.join(folder, fn) for fn in files]
+        self._shard_rows[where] = None
+        if self.complete and all(os.path.isfile(p) for p in paths):
+            rows = []
+            for p in paths:
+                with self._h5.File(p, "r") as sf:
+                    if sf["meta"].attrs.get("shard_run_id") is None or text(sf["meta"].attrs["shard_run_id"]) != self.meta.get("shard_run_id"):
+                        raise TraceError(f"{p}: not a shard of {self.path} (its shard_run_id differs)")
+                    rows.append(sf[where + "/values"].shape[0])
+            self._shard_rows[where] = min(rows)
+            t.has_values = True
 
     def _load_requests(self):
         out = []
@@ -365,7 +402,12 @@ class Trace:
         s = self._read_table(t.path + "/summary")
         if len(s) and (s["position"].min() < 0 or s["position"].max() >= MAX_POSITION or s["request"].min() < 0):
             raise self._err(f"'{t.path}/summary'", "a row's position or request id is out of range")
-        if t.has_values:
+        if t.has_values and getattr(t, "shards", 0):
+            n = min(len(s), self._shard_rows[t.path])
+            if self.complete and n != len(s):
+                raise self._err(f"'{t.path}'", f"{len(s)} summary rows but {n} value rows in its shards")
+            s = s[:n]
+        elif t.has_values:
             # The tensor's rows are those both its summary and its values hold.
             n = min(len(s), len(self._read_table(t.path + "/values")))
             if self.complete and n != len(s):
@@ -396,9 +438,15 @@ class Trace:
     def stored(self, name, request=None):
         """Rows as stored (uint16 for bf16, uint8 for fp8), aligned with summary(name, request)."""
         t = self.tensor(name)
+        if not t.has_values and getattr(t, "shards", 0):
+            raise TraceError(f"{self.path}: {t.path}: its values lie in {t.shards} rank shards, which are not all "
+                             "beside the trace (or the trace did not close: read it with lockstep)")
         if not t.has_values:
             raise TraceError(f"{self.path}: {t.path}: only summaries were captured (has_values = 0)")
         idx, _ = self._select(t, request)
+        if getattr(t, "shards", 0):  # through the virtual dataset, the rows every shard holds
+            rows = self._shard_rows[t.path]
+            return self._f[t.path + "/values"][:rows][idx]
         return self._read_table(t.path + "/values")[idx]
 
     def values(self, name, request=None):

@@ -1,4 +1,4 @@
-"""lockstep/writer.py — writes a lockstep trace (format 1.2, docs/trace-format.md) that
+"""lockstep/writer.py — writes a lockstep trace (format 1.3, docs/trace-format.md) that
 lockstep's own TraceReader, `inspect`, `diff` and `replay` accept.
 
     w = lockstep.TraceWriter("run.h5")

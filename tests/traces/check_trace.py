@@ -169,7 +169,7 @@ def main():
     exp = json.load(open(expect_path))
     f, side = open_trace(trace)
     assert text(f.attrs["lockstep_trace"]) == "lockstep trace"
-    assert list(f.attrs["format_version"]) == [1, 2]
+    assert list(f.attrs["format_version"]) == [1, 3]
     assert int(f.attrs["complete"]) == 1
     full = exp["capture"] == "full"
 
