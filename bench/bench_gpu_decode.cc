@@ -9,7 +9,8 @@
 // latent cache — over the step time, against a device-to-device copy (read + write bytes).
 //
 //   bench_gpu_decode [--model DIR] [--batch 1,64] [--prompt-len 512] [--tokens 64]
-//                    [--kv-cache bf16] [--gemm bf16] [--kernel OP=V] [--profile] [--no-cuda-graphs] [--json]
+//                    [--kv-cache bf16] [--gemm bf16] [--kernel OP=V] [--emulate-tp N] [--profile]
+//                    [--no-cuda-graphs] [--json]
 //                    [--no-side-stream] [--no-overlapped-launch] [--temperature T] [--top-p P]
 //                    [--host-sampler] [--keep-logits] [--timeline FILE.csv] [--help]
 //                    [--profiler-steps N]  (cudaProfilerStart/Stop around N decode steps after the
@@ -89,7 +90,7 @@ int main(int argc, char** argv) {
   constexpr const char* kMe = "bench_gpu_decode";  // (in its flag errors)
   kernels::KernelChoice overrides;  // --kernel OP=V
   std::string model_dir = "models/shapes/deepseek-v2-lite", kv = "bf16", gemm = "bf16", batches = "1,64";
-  int64_t prompt_len = 512, tokens = 64, profiler_steps = 0;
+  int64_t prompt_len = 512, tokens = 64, profiler_steps = 0, emulate_tp = 1;
   std::string timeline;
   bool json_out = false, profile = false, graphs = true, side = true, overlap = true, device_sampler = true;
   bool keep_logits = false;
@@ -109,6 +110,8 @@ int main(int argc, char** argv) {
           "                         weights with 128x128 block scales, random e4m3 bytes)\n"
           "  --kernel OP=V          another kernel variant (repeatable; `lockstep kernels` lists them), e.g.\n"
           "                         indexer=fp8_paged\n"
+          "  --emulate-tp N         tensor parallelism over N ranks emulated on the GPU (default 1: none;\n"
+          "                         docs/parallelism.md): what the ranks' products and the all-reduce cost\n"
           "  --profile              GPU time per phase of a step, on stderr\n"
           "  --no-cuda-graphs       launch kernel by kernel\n"
           "  --no-side-stream       one stream for the whole step\n"
@@ -155,6 +158,7 @@ int main(int argc, char** argv) {
         return 2;
       }
     }
+    else if (k == "--emulate-tp") ok = bench::ParseInt(kMe, k, v, 1, 64, &emulate_tp);
     else if (k == "--profiler-steps") ok = bench::ParseInt(kMe, k, v, 0, int64_t{1} << 24, &profiler_steps);
     else if (k == "--timeline") timeline = v;
     else if (k == "--temperature") ok = bench::ParseNumber(kMe, k, v, 0.0, 100.0, &temperature);
@@ -203,7 +207,7 @@ int main(int argc, char** argv) {
   }
   const engine::ModelConfig& c = (*model)->config();
   nlohmann::json report = {{"device", cu::DeviceDescription()}, {"model", model_dir}, {"kv_cache", kv},
-                           {"gemm", gemm}, {"kernels", overrides}, {"prompt_len", prompt_len}, {"tokens", tokens},
+                           {"gemm", gemm}, {"emulate_tp", emulate_tp}, {"kernels", overrides}, {"prompt_len", prompt_len}, {"tokens", tokens},
                            {"copy_GBps", copy}, {"cuda_graphs", graphs}, {"side_stream", side},
                            {"overlapped_launch", overlap}, {"device_sampler", device_sampler},
                            {"keep_logits", keep_logits},
@@ -218,6 +222,7 @@ int main(int argc, char** argv) {
     o.kv_format = *engine::ParseKvFormat(kv);
     o.kernels = overrides;
     o.kernels["gemm"] = gemm;
+    o.emulate_tp = emulate_tp;
     o.device.cuda_graphs = graphs;
     o.device.side_stream = side;
     o.device.overlapped_launch = overlap;

@@ -666,7 +666,11 @@ enum class ReduceOrder : int32_t {
 // y[r, i] = Σ over the ranks of partials[r][q][i] ([rows][ranks][n], rank-major within a row),
 // left to right in fp32 from the order's first rank.
 struct AllReduceParams {
-  const float* partials = nullptr;  // [rows, ranks, n] contiguous
+  // Element i of row r from rank q at partials[q·rank_stride + r·row_stride + i]; both 0: the
+  // emulation's [rows, ranks, n] contiguous (rank_stride n, row_stride ranks·n). An all-gather's
+  // rank-major [ranks, rows, n] is rank_stride rows·n, row_stride n.
+  const float* partials = nullptr;
+  int64_t rank_stride = 0, row_stride = 0;
   float* y = nullptr;               // [rows, n], row stride y_stride
   int64_t y_stride = 0;
   int64_t rows = 0, n = 0;

@@ -34,12 +34,14 @@ __global__ void AllReduceKernel(AllReduceParams p) {
     int first = 0;
     if (p.order == ReduceOrder::kRing) first = static_cast<int>(((r * p.n + i) / chunk + 1) % p.ranks);
     if (p.order == ReduceOrder::kRotateByRow) first = static_cast<int>(r % p.ranks);
-    const float* a = p.partials + r * p.ranks * p.n + i;
-    float s = a[first * p.n];
+    const int64_t rank_stride = p.rank_stride != 0 ? p.rank_stride : p.n;
+    const int64_t row_stride = p.row_stride != 0 ? p.row_stride : p.ranks * p.n;
+    const float* a = p.partials + r * row_stride + i;
+    float s = a[first * rank_stride];
     for (int q = 1; q < p.ranks; ++q) {
       int at = first + q;
       if (at >= p.ranks) at -= p.ranks;
-      s = __fadd_rn(s, a[at * p.n]);
+      s = __fadd_rn(s, a[at * rank_stride]);
     }
     p.y[r * p.y_stride + i] = s;
   }
@@ -80,6 +82,8 @@ Status AllReduce(const AllReduceParams& p, Stream stream) {
   LS_CHECK_ARG(p.rows >= 0 && p.n >= 0, op, "rows", p.rows);
   LS_CHECK_ARG(p.rows == 0 || (p.partials != nullptr && p.y != nullptr), op, "partials / y", p.partials);
   LS_CHECK_ARG(p.y_stride >= p.n, op, "y_stride", p.y_stride);
+  LS_CHECK_ARG(p.rank_stride >= 0 && p.row_stride >= 0 && (p.rank_stride == 0) == (p.row_stride == 0), op,
+               "rank_stride / row_stride (both set, or both 0)", p.rank_stride);
   LS_CHECK_ARG(p.order == ReduceOrder::kRankOrder || p.order == ReduceOrder::kRing ||
                    p.order == ReduceOrder::kRotateByRow,
                op, "order", static_cast<int>(p.order));
