@@ -14,6 +14,8 @@
 
 #include <cuda_runtime.h>
 
+#include <cstdint>
+
 #include <utility>
 
 #include "kernels/cuda/ops.h"
@@ -41,6 +43,19 @@ __device__ __forceinline__ void GridDependencySync() {
 }
 
 }  // namespace dev
+
+// Elementwise kernels over [rows, n]: kElemThreads threads a CTA, grid x over the columns in
+// blocks of kElemThreads, y over the rows (grid.y ≤ 65535); both loop, so any shape fits the
+// grid limits. In the kernel, LS_FOR_EACH_ELEMENT(rows, n) { … r, i … }.
+inline constexpr int kElemThreads = 256;
+inline dim3 ElementGrid(int64_t rows, int64_t n) {
+  const int64_t bx = (n + kElemThreads - 1) / kElemThreads;
+  return dim3(static_cast<unsigned>(bx < 4096 ? bx : 4096), static_cast<unsigned>(rows < 65535 ? rows : 65535));
+}
+#define LS_FOR_EACH_ELEMENT(rows, n)                                                        \
+  for (int64_t r = blockIdx.y; r < (rows); r += gridDim.y)                                  \
+    for (int64_t i = static_cast<int64_t>(blockIdx.x) * kElemThreads + threadIdx.x; i < (n); \
+         i += static_cast<int64_t>(gridDim.x) * kElemThreads)
 
 // kernel<<<grid, block, smem, stream>>>(args...), with the overlap when OverlappedLaunch().
 // The kernel must start with dev::GridDependencySync() (or keep the rule above).

@@ -18,19 +18,6 @@
 namespace lockstep::kernels::cuda {
 namespace {
 
-constexpr int kElemThreads = 256;
-
-// Grid over [rows, n]: x covers columns in blocks of 256, y covers rows; both loop so any
-// shape fits the grid limits.
-dim3 ElementGrid(int64_t rows, int64_t n) {
-  const int64_t bx = (n + kElemThreads - 1) / kElemThreads;
-  return dim3(static_cast<unsigned>(bx < 4096 ? bx : 4096), static_cast<unsigned>(rows < kMaxGrid ? rows : kMaxGrid));
-}
-#define LS_FOR_EACH_ELEMENT(rows, n)                                                        \
-  for (int64_t r = blockIdx.y; r < (rows); r += gridDim.y)                                  \
-    for (int64_t i = static_cast<int64_t>(blockIdx.x) * kElemThreads + threadIdx.x; i < (n); \
-         i += static_cast<int64_t>(gridDim.x) * kElemThreads)
-
 // --- embedding, elementwise ----------------------------------------------------------------
 
 __global__ void EmbedKernel(EmbedParams p) {

@@ -9,28 +9,16 @@
 
 #include "kernels/cuda/check.cuh"
 #include "kernels/cuda/device_math.cuh"
-#include "kernels/cuda/expert_gemm.cuh"
 #include "kernels/cuda/launch.cuh"
 #include "kernels/cuda/ops.h"
 
 namespace lockstep::kernels::cuda {
 namespace {
 
-constexpr int kThreads = 256;
-
-dim3 Grid(int64_t rows, int64_t n) {
-  const int64_t bx = (n + kThreads - 1) / kThreads;
-  return dim3(static_cast<unsigned>(bx < 4096 ? bx : 4096), static_cast<unsigned>(rows < kMaxGrid ? rows : kMaxGrid));
-}
-#define LS_TP_FOR_EACH(rows, n)                                                            \
-  for (int64_t r = blockIdx.y; r < (rows); r += gridDim.y)                                 \
-    for (int64_t i = static_cast<int64_t>(blockIdx.x) * kThreads + threadIdx.x; i < (n); \
-         i += static_cast<int64_t>(gridDim.x) * kThreads)
-
 __global__ void AllReduceKernel(AllReduceParams p) {
   dev::GridDependencySync();
   const int64_t total = p.rows * p.n, chunk = (total + p.ranks - 1) / p.ranks;
-  LS_TP_FOR_EACH(p.rows, p.n) {
+  LS_FOR_EACH_ELEMENT(p.rows, p.n) {
     int first = 0;
     if (p.order == ReduceOrder::kRing) first = static_cast<int>(((r * p.n + i) / chunk + 1) % p.ranks);
     if (p.order == ReduceOrder::kRotateByRow) first = static_cast<int>(r % p.ranks);
@@ -50,7 +38,7 @@ __global__ void AllReduceKernel(AllReduceParams p) {
 __global__ void TpExpertPartialsKernel(TpExpertPartialsParams p) {
   dev::GridDependencySync();
   const int64_t width = p.ranks * p.n;  // a row's partials
-  LS_TP_FOR_EACH(p.rows, width) {
+  LS_FOR_EACH_ELEMENT(p.rows, width) {
     const int64_t q = i / p.n, c = i % p.n;
     const int64_t lo = p.experts * q / p.ranks, hi = p.experts * (q + 1) / p.ranks;
     float acc = 0.0f;
@@ -67,7 +55,7 @@ __global__ void TpExpertPartialsKernel(TpExpertPartialsParams p) {
 
 __global__ void Fp8SliceKernel(Fp8SliceParams p) {
   dev::GridDependencySync();
-  LS_TP_FOR_EACH(p.rows, p.n) {
+  LS_FOR_EACH_ELEMENT(p.rows, p.n) {
     const int64_t col = p.col0 + i;
     p.out[r * p.n + i] =
         __fmul_rn(dev::Fp8E4m3ToF32(p.w[r * p.w_stride + col]), p.scale[r * p.scale_stride + (col >> 7)]);
@@ -88,7 +76,7 @@ Status AllReduce(const AllReduceParams& p, Stream stream) {
                    p.order == ReduceOrder::kRotateByRow,
                op, "order", static_cast<int>(p.order));
   if (p.rows == 0 || p.n == 0) return Status::Ok();
-  LS_CUDA_RETURN_IF_ERROR(LaunchKernel(AllReduceKernel, Grid(p.rows, p.n), kThreads, 0, stream, p));
+  LS_CUDA_RETURN_IF_ERROR(LaunchKernel(AllReduceKernel, ElementGrid(p.rows, p.n), kElemThreads, 0, stream, p));
   LS_CUDA_LAUNCH_CHECK();
   return Status::Ok();
 }
@@ -102,7 +90,8 @@ Status TpExpertPartials(const TpExpertPartialsParams& p, Stream stream) {
                "y / weights / ids / out", p.y);
   LS_CHECK_ARG(p.y_stride >= p.n, op, "y_stride", p.y_stride);
   if (p.rows == 0 || p.n == 0) return Status::Ok();
-  LS_CUDA_RETURN_IF_ERROR(LaunchKernel(TpExpertPartialsKernel, Grid(p.rows, p.ranks * p.n), kThreads, 0, stream, p));
+  LS_CUDA_RETURN_IF_ERROR(
+      LaunchKernel(TpExpertPartialsKernel, ElementGrid(p.rows, p.ranks * p.n), kElemThreads, 0, stream, p));
   LS_CUDA_LAUNCH_CHECK();
   return Status::Ok();
 }
@@ -114,7 +103,7 @@ Status Fp8SliceToF32(const Fp8SliceParams& p, Stream stream) {
   LS_CHECK_ARG(p.w_stride >= p.col0 + p.n, op, "w_stride", p.w_stride);
   LS_CHECK_ARG(p.scale_stride >= (p.col0 + p.n + 127) / 128, op, "scale_stride", p.scale_stride);
   if (p.rows == 0 || p.n == 0) return Status::Ok();
-  LS_CUDA_RETURN_IF_ERROR(LaunchKernel(Fp8SliceKernel, Grid(p.rows, p.n), kThreads, 0, stream, p));
+  LS_CUDA_RETURN_IF_ERROR(LaunchKernel(Fp8SliceKernel, ElementGrid(p.rows, p.n), kElemThreads, 0, stream, p));
   LS_CUDA_LAUNCH_CHECK();
   return Status::Ok();
 }

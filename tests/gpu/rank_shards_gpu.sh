@@ -9,13 +9,8 @@
 set -uo pipefail
 L=${1:?usage: rank_shards_gpu.sh LOCKSTEP SRC} SRC=${2:?}
 M="$SRC/models/lockstep-tiny-v32"
-probe=$("$L" generate --backend cuda -m "$M" --prompt hi -n 1 --quiet 2>&1)
-if [ $? -ne 0 ]; then
-  case $probe in
-    *"without CUDA"*|*"no CUDA device"*|*"CUDA driver"*) echo "SKIP: $probe"; exit 77 ;;
-  esac
-  echo "FAIL: probe: $probe"; exit 1
-fi
+source "$(dirname "$0")/gpu_probe.sh"
+gpu_probe "$L" "$M"
 set -e
 W=$(mktemp -d)
 trap 'rm -rf "$W"' EXIT

@@ -6,11 +6,6 @@
 # usage: tp_fault_gpu.sh LOCKSTEP PYTHON SRC      Skips (exit 77) without CUDA or a GPU.
 set -uo pipefail
 L=${1:?usage: tp_fault_gpu.sh LOCKSTEP PYTHON SRC} PY=${2:?} SRC=${3:?}
-probe=$("$L" generate --backend cuda -m "$SRC/models/lockstep-tiny-v32" --prompt hi -n 1 --quiet 2>&1)
-if [ $? -ne 0 ]; then
-  case $probe in
-    *"without CUDA"*|*"no CUDA device"*|*"CUDA driver"*) echo "SKIP: $probe"; exit 77 ;;
-  esac
-  echo "FAIL: probe: $probe"; exit 1
-fi
+source "$(dirname "$0")/gpu_probe.sh"
+gpu_probe "$L" "$SRC/models/lockstep-tiny-v32"
 exec bash "$SRC/tests/verify/tp_fault_test.sh" "$L" "$PY" "$SRC" --backend cuda --kernel gemm=fp32_dot
