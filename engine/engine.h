@@ -36,7 +36,7 @@ struct EngineOptions {
   // A token's numbers do not depend on the chunking (batch invariance).
   int64_t max_prefill_tokens = 0;
   // Tensor parallelism emulated on one device (engine/tensor_parallel.h): the sharded products and
-  // all-reduces of `emulate_tp` ranks. 1 = none. CPU backend, V2–V3.2.
+  // all-reduces of `emulate_tp` ranks. 1 = none. CPU and CUDA backends, V2–V3.2.
   int64_t emulate_tp = 1;
   kernels::KernelChoice kernels;      // op → variant; empty = defaults
   std::string fault;                  // a fault-zoo variant (docs/fault-zoo.md); empty = none
