@@ -67,8 +67,24 @@ Result<std::unique_ptr<Engine>> Engine::Create(std::shared_ptr<Model> model, Eng
     return Status::Unsupported("--emulate-tp " + std::to_string(options.emulate_tp) + ": the " + options.backend +
                                " backend runs TP 1 only; emulated tensor parallelism runs on the cpu and cuda backends");
   }
-  LS_RETURN_IF_ERROR(CheckTensorParallel(model->config(), options.emulate_tp));
-  e->plan_.emulate_tp = static_cast<int>(options.emulate_tp);
+  int64_t tp = options.emulate_tp;
+  if (options.tp_ranks) {
+    const int64_t n = options.tp_ranks->size();
+    if (options.backend != "cpu") {
+      return Status::Unsupported("tensor parallelism over real ranks: the " + options.backend +
+                                 " backend's rank mode is not built yet (the cpu backend's is; on the GPU, "
+                                 "--emulate-tp N)");
+    }
+    if (tp != 1 && tp != n) {
+      return Status::InvalidArgument("--emulate-tp " + std::to_string(tp) + " with " + std::to_string(n) +
+                                     " real ranks: give one degree");
+    }
+    tp = n;
+    e->plan_.ranks = options.tp_ranks;
+    e->plan_.tp_gather_taps = options.tp_gather_taps;
+  }
+  LS_RETURN_IF_ERROR(CheckTensorParallel(model->config(), tp));
+  e->plan_.emulate_tp = static_cast<int>(tp);
   LS_RETURN_IF_ERROR(CheckCacheFits(model->config(), options, e->plan_.indexer == kernels::Indexer::kFp8Paged));
   // A variant made for one family's weights (the 4-bit experts: DeepSeek-V4's) is refused
   // elsewhere rather than run at another precision.
@@ -137,6 +153,13 @@ Result<int64_t> Engine::AddRequest(Request r) {
 }
 
 Result<bool> Engine::Step() {
+  auto more = StepImpl();
+  // A rank that fails leaves the others waiting in the collective: they fail with its error.
+  if (!more.ok() && plan_.ranks) plan_.ranks->Abort(more.status());
+  return more;
+}
+
+Result<bool> Engine::StepImpl() {
   // Admit waiting requests while the batch has room and the cache can hold them whole.
   while (!waiting_.empty() && static_cast<int64_t>(running_.size()) < options_.max_batch) {
     RequestState& r = *requests_[waiting_.front()];

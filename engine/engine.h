@@ -38,6 +38,16 @@ struct EngineOptions {
   // Tensor parallelism emulated on one device (engine/tensor_parallel.h): the sharded products and
   // all-reduces of `emulate_tp` ranks. 1 = none. CPU and CUDA backends, V2–V3.2.
   int64_t emulate_tp = 1;
+  // Set: real tensor parallelism — this engine is rank tp_ranks->rank() of tp_ranks->size(),
+  // computing only its shard (its heads, its slice of the MLPs, its block of experts) and
+  // gathering the partials through the collective; every rank of the group runs the same
+  // requests in the same steps and gives emulated TP N's bits (docs/parallelism.md). CPU
+  // backend; emulate_tp must be 1 or the group's size. A failed step aborts the group.
+  std::shared_ptr<kernels::Collective> tp_ranks;
+  // With tp_ranks: every step also gathers the head-sharded tensors (attn.q, attn.heads) to
+  // every rank, so that a rank's tap hook sees whole rows (the recorder's summaries need them).
+  // Every rank of a group must agree; off, a rank whose hook asks for those taps fails.
+  bool tp_gather_taps = true;
   kernels::KernelChoice kernels;      // op → variant; empty = defaults
   std::string fault;                  // a fault-zoo variant (docs/fault-zoo.md); empty = none
   BackendOptions device;              // how a device backend runs (graphs, profiling); no effect on results
@@ -132,6 +142,8 @@ class Engine {
   PagedKvCache& cache() { return *cache_; }
 
  private:
+  // Step without the rank group's abort on failure.
+  Result<bool> StepImpl();
   Engine() = default;
   std::shared_ptr<Model> model_;
   EngineOptions options_;

@@ -98,6 +98,19 @@ void MlpPartials(const Gemm& gemm, const MlpWeights& m, const float* x, int64_t 
   cpu::SwiGlu(g.data(), u.data(), rows * inter, g.data());
   RowParallelPartials(gemm, g.data(), rows, m.down, ranks, 1, partials);
 }
+// Rank mode: rank `rank`'s partial of the MLP alone [rows, hidden] — its intermediate slice's
+// gate and up rows (each output the same bits as the whole product's), SwiGLU, and its columns
+// of down: MlpPartials' rank `rank`.
+void MlpRank(const Gemm& gemm, const MlpWeights& m, const float* x, int64_t rows, int64_t hidden, int ranks, int rank,
+             float* y) {
+  const Shard s = ShardOf(m.gate.rows, ranks, rank);
+  const int64_t n = s.end - s.begin;
+  std::vector<float> g(rows * n), u(rows * n);
+  gemm(x, rows, m.gate.Rows(s.begin, n), n, hidden, g.data());
+  gemm(x, rows, m.up.Rows(s.begin, n), n, hidden, u.data());
+  cpu::SwiGlu(g.data(), u.data(), rows * n, g.data());
+  RowParallelRank(gemm, g.data(), rows, m.down, ranks, 1, rank, y);
+}
 // Hidden fault zoo: the down projection's K loop stops at the last full 64-wide tile.
 void MlpDownKTail(const Gemm& gemm, const MlpWeights& m, const float* x, int64_t rows, int64_t hidden, float* y) {
   const int64_t inter = m.gate.rows, full = (inter / 64) * 64;
@@ -136,6 +149,46 @@ struct Step {
   SoftmaxFn softmax = cpu::Softmax;
   HF hidden = HF::kNone;
   int tp = 1;
+  // Rank mode (plan.ranks: real TP, this engine one rank): its rank and its heads
+  // [h0, h0 + nhl); otherwise rank −1 and every head. A failed collective is kept in `error`
+  // (the blocks return nothing) and ends the step after the layer.
+  int rank = -1;
+  int64_t h0 = 0, nhl = 0;
+  mutable Status error;
+  bool ranked() const { return rank >= 0; }
+  // Rank mode: every rank's rows of `mine` [R, cols] → out [R][ranks][cols] (a row's blocks in
+  // rank order: the emulation's partials layout, and for a head-sharded tensor its whole row).
+  bool Gather(const float* mine, int64_t cols, float* out) const {
+    std::vector<float> all(static_cast<size_t>(tp) * R * cols);
+    const Status s = plan.ranks->AllGather(mine, R * cols, all.data());
+    if (!s.ok()) {
+      if (error.ok()) error = s;
+      return false;
+    }
+    for (int q = 0; q < tp; ++q) {
+      for (int64_t r = 0; r < R; ++r) {
+        std::memcpy(out + (r * tp + q) * cols, &all[(q * R + r) * cols], static_cast<size_t>(cols) * sizeof(float));
+      }
+    }
+    return true;
+  }
+  // A head-sharded tensor [R, nhl·w] as its tap: the whole rows. In rank mode every rank gathers
+  // them whether its hook taps or not (plan.tp_gather_taps: the ranks' collectives must match).
+  void TapHeads(std::string_view name, const std::vector<float>& mine, int64_t w) const {
+    if (!ranked()) {
+      if (tapping()) Tap(name, mine.data(), nhl * w);
+      return;
+    }
+    if (!plan.tp_gather_taps) {
+      if (tapping() && error.ok()) {
+        error = Status::InvalidArgument(std::string(name) + ": a rank's tap of a head-sharded tensor needs "
+                                        "tp_gather_taps on every rank");
+      }
+      return;
+    }
+    std::vector<float> whole(static_cast<size_t>(R) * tp * nhl * w);
+    if (Gather(mine.data(), nhl * w, whole.data()) && tapping()) Tap(name, whole.data(), tp * nhl * w);
+  }
 
   bool tapping() const { return hook != nullptr; }
   const SeqCache& seq(int64_t r) const { return *segs[seg_of[r]].cache; }
@@ -166,16 +219,17 @@ void QueryAndKey(const Step& st, int64_t l, const std::vector<float>& h, std::ve
                  std::vector<float>& krope) {
   const ModelConfig& c = st.c;
   const LayerWeights& L = st.W.layers[l];
-  const int64_t R = st.R, H = c.hidden_size, nh = c.num_attention_heads, dn = c.qk_nope_head_dim,
+  const int64_t R = st.R, H = c.hidden_size, nh = st.nhl, dn = c.qk_nope_head_dim,
                 dr = c.qk_rope_head_dim, C = c.kv_lora_rank, dqk = dn + dr;
+  // (nh: the heads this engine computes — every head, or its rank's: their rows of q_b / q_proj.)
   if (c.q_lora_rank > 0) {
     q_resid.resize(R * c.q_lora_rank);
     std::vector<float> qa(R * c.q_lora_rank);
     st.linear(h.data(), R, L.q_a_proj, c.q_lora_rank, H, qa.data());
     st.rmsnorm(qa.data(), L.q_a_norm.ptr(), R, c.q_lora_rank, 1e-6, q_resid.data());  // default eps, as HF
-    st.linear(q_resid.data(), R, L.q_b_proj, nh * dqk, c.q_lora_rank, q.data());
+    st.linear(q_resid.data(), R, L.q_b_proj.Rows(st.h0 * dqk, nh * dqk), nh * dqk, c.q_lora_rank, q.data());
   } else {
-    st.linear(h.data(), R, L.q_proj, nh * dqk, H, q.data());
+    st.linear(h.data(), R, L.q_proj.Rows(st.h0 * dqk, nh * dqk), nh * dqk, H, q.data());
   }
 
   st.linear(h.data(), R, L.kv_a_proj, C + dr, H, kv.data());
@@ -205,8 +259,8 @@ void QueryAndKey(const Step& st, int64_t l, const std::vector<float>& h, std::ve
     }
     apply(&krope[r * dr]);
   }
+  st.TapHeads(st.Name(l, kTapQ), q, dqk);
   if (st.tapping()) {
-    st.Tap(st.Name(l, kTapQ), q.data(), nh * dqk);
     st.Tap(st.Name(l, kTapLatent), latent.data(), C);
     st.Tap(st.Name(l, kTapKRope), krope.data(), dr);
   }
@@ -322,7 +376,9 @@ void Attend(const Step& st, int64_t l, const std::vector<float>& q, const std::v
   const kernels::KernelPlan& plan = st.plan;
   PagedKvCache& cache = st.cache;
   const Gemm& gemm = st.gemm;
-  const int64_t nh = c.num_attention_heads, dn = c.qk_nope_head_dim, dr = c.qk_rope_head_dim,
+  // nh: the heads this engine computes, from head h0 (every head, or its rank's); head hd of
+  // the model is local head hd − h0 of q, kvx and heads.
+  const int64_t nh = st.nhl, h0 = st.h0, dn = c.qk_nope_head_dim, dr = c.qk_rope_head_dim,
                 dv = c.v_head_dim, C = c.kv_lora_rank, dqk = dn + dr;
   const float scale = static_cast<float>(c.softmax_scale());
   const bool sparse = c.layers[l].attention == AttentionKind::kMlaSparse;
@@ -352,14 +408,15 @@ void Attend(const Step& st, int64_t l, const std::vector<float>& q, const std::v
     std::vector<float> kvx;  // [T, nh, dn + dv] when expanded
     if (expanded) {
       kvx.resize(T * nh * (dn + dv));
-      gemm(lat.data(), T, L.kv_b_proj, nh * (dn + dv), C, kvx.data());
+      gemm(lat.data(), T, L.kv_b_proj.Rows(h0 * (dn + dv), nh * (dn + dv)), nh * (dn + dv), C, kvx.data());
     }
 #pragma omp parallel for collapse(2) schedule(static) if (n * nh * T * (C + dr) > cpu::kParallelMacs)
     for (int64_t i = 0; i < n; ++i) {
-      for (int64_t hd = 0; hd < nh; ++hd) {
+      for (int64_t lh = 0; lh < nh; ++lh) {
+        const int64_t hd = h0 + lh;  // the model's head
         const int64_t r = st.row0[s] + i;
         const int64_t p = st.pos[r];
-        const float* qn = &q[(r * nh + hd) * dqk];
+        const float* qn = &q[(r * nh + lh) * dqk];
         const float* qr = qn + dn;
         // Keys this query may see, ascending.
         std::vector<int32_t> keys;
@@ -379,16 +436,16 @@ void Attend(const Step& st, int64_t l, const std::vector<float>& q, const std::v
         bool contiguous = true;
         for (size_t j = 0; j < keys.size() && contiguous; ++j) contiguous = keys[j] == static_cast<int32_t>(j);
         std::vector<float> sc(keys.size());
-        float* oh = &heads[(r * nh + hd) * dv];
+        float* oh = &heads[(r * nh + lh) * dv];
         if (expanded) {
           const int64_t K = static_cast<int64_t>(keys.size());
           std::vector<float> s_nope(K), s_rope(K);
           if (contiguous) {
-            cpu::MatMulNTStrided(qn, dn, 1, &kvx[hd * (dn + dv)], nh * (dn + dv), K, dn, s_nope.data(), K);
+            cpu::MatMulNTStrided(qn, dn, 1, &kvx[lh * (dn + dv)], nh * (dn + dv), K, dn, s_nope.data(), K);
             cpu::MatMulNT(qr, 1, kr.data(), K, dr, s_rope.data());
           } else {
             for (int64_t j = 0; j < K; ++j) {
-              s_nope[j] = cpu::Dot(qn, &kvx[(keys[j] * nh + hd) * (dn + dv)], dn);
+              s_nope[j] = cpu::Dot(qn, &kvx[(keys[j] * nh + lh) * (dn + dv)], dn);
               s_rope[j] = cpu::Dot(qr, &kr[keys[j] * dr], dr);
             }
           }
@@ -396,7 +453,7 @@ void Attend(const Step& st, int64_t l, const std::vector<float>& q, const std::v
           softmax(sc.data(), static_cast<int64_t>(sc.size()));
           std::fill(oh, oh + dv, 0.0f);
           for (size_t j = 0; j < keys.size(); ++j) {
-            cpu::Axpy(sc[j], &kvx[(keys[j] * nh + hd) * (dn + dv) + dn], dv, oh);
+            cpu::Axpy(sc[j], &kvx[(keys[j] * nh + lh) * (dn + dv) + dn], dv, oh);
           }
         } else {
           // Absorbed, in the CUDA kernels' order — each step their bits: q_lat = W_UKᵀ q_nope
@@ -448,7 +505,7 @@ void Attend(const Step& st, int64_t l, const std::vector<float>& q, const std::v
       }
     }
   }
-  if (st.tapping()) st.Tap(st.Name(l, kTapHeads), heads.data(), nh * dv);
+  st.TapHeads(st.Name(l, kTapHeads), heads, dv);
 }
 
 // o = o_proj(heads)                                          heads [R, nh·dv] → o [R, H]
@@ -459,7 +516,13 @@ void OutProj(const Step& st, int64_t l, const std::vector<float>& heads, std::ve
   const int64_t R = st.R, H = c.hidden_size, tp = st.tp;
   if (tp > 1) {
     std::vector<float> parts(R * tp * H);
-    RowParallelPartials(st.linear, heads.data(), R, L.o_proj, st.tp, c.v_head_dim, parts.data());
+    if (st.ranked()) {  // this rank's heads through its columns of o_proj; every rank's gathered
+      std::vector<float> mine(R * H);
+      RowParallelRank(st.linear, heads.data(), R, L.o_proj, st.tp, c.v_head_dim, st.rank, mine.data());
+      if (!st.Gather(mine.data(), H, parts.data())) return;
+    } else {
+      RowParallelPartials(st.linear, heads.data(), R, L.o_proj, st.tp, c.v_head_dim, parts.data());
+    }
     if (st.tapping()) st.Tap(st.Name(l, kTapAttnPartials), parts.data(), tp * H);
     AllReduce(st.plan.allreduce, parts.data(), st.tp, R, H, o.data());
   } else {
@@ -478,7 +541,11 @@ void Ffn(const Step& st, int64_t l, const std::vector<float>& h, std::vector<flo
   const int64_t R = st.R, H = c.hidden_size;
   const int tp = st.tp;
   std::vector<float> fparts(tp > 1 ? R * tp * H : 0);
-  if (c.layers[l].ffn == FfnKind::kDense && tp > 1) {
+  // Rank mode: this rank's partial alone (`mine`), every rank's gathered into fparts below.
+  std::vector<float> mine(st.ranked() ? R * H : 0);
+  if (c.layers[l].ffn == FfnKind::kDense && st.ranked()) {
+    MlpRank(linear, L.mlp, h.data(), R, H, tp, st.rank, mine.data());
+  } else if (c.layers[l].ffn == FfnKind::kDense && tp > 1) {
     MlpPartials(linear, L.mlp, h.data(), R, H, tp, fparts.data());
   } else if (c.layers[l].ffn == FfnKind::kDense) {
     SwiGluMlp(linear, L.mlp, h.data(), R, o.data());
@@ -500,7 +567,9 @@ void Ffn(const Step& st, int64_t l, const std::vector<float>& h, std::vector<flo
     }
     // Each (row, slot) result in its own place (engine/ffn_blocks.h), combined below.
     std::vector<float> slot(R * k * H);
+    const Shard own = st.ranked() ? ShardOf(E, tp, st.rank) : Shard{0, E};  // the experts this engine holds
     DispatchExperts(ids.data(), R, k, E, H, h.data(), [&](int64_t e, const float* xin, int64_t n, float* yout) {
+      if (e < own.begin || e >= own.end) return;  // another rank's (its slots are not read here)
       if (st.hidden == HF::kExpertDownKTail) {
         MlpDownKTail(linear, L.experts[e], xin, n, H, yout);
       } else {
@@ -508,16 +577,18 @@ void Ffn(const Step& st, int64_t l, const std::vector<float>& h, std::vector<flo
       }
     }, slot.data());
     if (tp > 1) {
-      // Rank q holds experts ShardOf(E, tp, q) and its slice of the shared experts.
-      if (c.n_shared_experts > 0) MlpPartials(linear, L.shared, h.data(), R, H, tp, fparts.data());
+      // Rank q holds experts ShardOf(E, tp, q) and its slice of the shared experts (in rank mode
+      // this engine is one q: its partial rows in `mine`).
+      if (c.n_shared_experts > 0 && st.ranked()) MlpRank(linear, L.shared, h.data(), R, H, tp, st.rank, mine.data());
+      if (c.n_shared_experts > 0 && !st.ranked()) MlpPartials(linear, L.shared, h.data(), R, H, tp, fparts.data());
       std::vector<float> acc(H);
       for (int64_t r = 0; r < R; ++r) {
-        for (int q = 0; q < tp; ++q) {
-          const Shard mine = ShardOf(E, tp, q);
-          float* prow = &fparts[(r * tp + q) * H];
+        for (int q = st.ranked() ? st.rank : 0; q < (st.ranked() ? st.rank + 1 : tp); ++q) {
+          const Shard mine_e = ShardOf(E, tp, q);
+          float* prow = st.ranked() ? &mine[r * H] : &fparts[(r * tp + q) * H];
           std::fill(acc.begin(), acc.end(), 0.0f);
           for (int64_t j = 0; j < k; ++j) {
-            if (ids[r * k + j] < mine.begin || ids[r * k + j] >= mine.end) continue;
+            if (ids[r * k + j] < mine_e.begin || ids[r * k + j] >= mine_e.end) continue;
             const float w = wts[r * k + j];
             const float* y = &slot[(r * k + j) * H];
             for (int64_t i = 0; i < H; ++i) acc[i] += y[i] * w;
@@ -535,6 +606,7 @@ void Ffn(const Step& st, int64_t l, const std::vector<float>& h, std::vector<flo
     }
   }
   if (tp > 1) {
+    if (st.ranked() && !st.Gather(mine.data(), H, fparts.data())) return;
     if (st.tapping()) st.Tap(st.Name(l, kTapFfnPartials), fparts.data(), tp * H);
     AllReduce(st.plan.allreduce, fparts.data(), tp, R, H, o.data());
   }
@@ -561,6 +633,13 @@ Status MlaForward(const ModelConfig& c, const ModelWeights& W, std::span<Segment
   st.linear = Gemm{plan.bf16(), plan.w8a8()};
   st.hidden = plan.hidden;
   st.tp = plan.emulate_tp;
+  st.nhl = c.num_attention_heads;
+  if (plan.ranks) {
+    st.rank = plan.ranks->rank();
+    const Shard mine = ShardOf(c.num_attention_heads, st.tp, st.rank);
+    st.h0 = mine.begin;
+    st.nhl = mine.end - mine.begin;
+  }
   st.rmsnorm = plan.norm == kernels::Norm::kLanes256 ? cpu::RmsNormLanes256 : cpu::RmsNorm;
   if (plan.norm == kernels::Norm::kFp64 && st.hidden == HF::kNormMeanOverNMinus1) st.rmsnorm = RmsNormMeanNm1;
   if (plan.norm == kernels::Norm::kFp64 && st.hidden == HF::kNormBatchFp32Sum && segs.size() > 1) {
@@ -583,8 +662,9 @@ Status MlaForward(const ModelConfig& c, const ModelWeights& W, std::span<Segment
     st.Override(kModelTaps[kTapEmbed].name, x.data(), H);
   }
 
-  std::vector<float> h(R * H), q(R * nh * (dn + dr)), kv(R * (C + dr)), latent(R * C), krope(R * dr);
-  std::vector<float> heads(R * nh * dv), o(R * H), q_resid;
+  const int64_t nhl = st.nhl;  // the heads this engine computes (nh but in rank mode)
+  std::vector<float> h(R * H), q(R * nhl * (dn + dr)), kv(R * (C + dr)), latent(R * C), krope(R * dr);
+  std::vector<float> heads(R * nhl * dv), o(R * H), q_resid;
   for (int64_t l = 0; l < c.num_hidden_layers; ++l) {
     const LayerWeights& L = W.layers[l];
     // x = x + Attention(RMSNorm(x))
@@ -595,6 +675,7 @@ Status MlaForward(const ModelConfig& c, const ModelWeights& W, std::span<Segment
     if (c.layers[l].attention == AttentionKind::kMlaSparse) selected = LightningIndexer(st, l, h, q_resid);
     Attend(st, l, q, selected, heads);
     OutProj(st, l, heads, o);
+    if (!st.error.ok()) return st.error;
     for (int64_t i = 0; i < R * H; ++i) x[i] += o[i];
     if (st.tapping()) st.Tap(st.Name(l, kTapResidMid), x.data(), H);
 
@@ -602,6 +683,7 @@ Status MlaForward(const ModelConfig& c, const ModelWeights& W, std::span<Segment
     st.rmsnorm(x.data(), L.post_attn_norm.ptr(), R, H, c.rms_norm_eps, h.data());
     if (st.tapping()) st.Tap(st.Name(l, kTapFfnNorm), h.data(), H);
     Ffn(st, l, h, o);
+    if (!st.error.ok()) return st.error;  // rank mode: a collective failed (the group is aborted)
     for (int64_t i = 0; i < R * H; ++i) x[i] += o[i];
     if (st.tapping()) {
       st.Tap(st.Name(l, kTapResidOut), x.data(), H);

@@ -117,28 +117,32 @@ const ModelWeights& Model::Fp4Weights(kernels::WeightDType format) {
 }
 
 void Model::RopeTable(int64_t positions, std::vector<float>* cos, std::vector<float>* sin) {
-  std::unique_lock<std::shared_mutex> lock(rope_mu_);
-  EnsureRope(positions);
+  const std::shared_ptr<const RopeTables> t = Rope(positions);
   const size_t n = static_cast<size_t>(positions * (config_.qk_rope_head_dim / 2));
-  cos->assign(rope_cos_.begin(), rope_cos_.begin() + n);
-  sin->assign(rope_sin_.begin(), rope_sin_.begin() + n);
+  cos->assign(t->cos.begin(), t->cos.begin() + n);
+  sin->assign(t->sin.begin(), t->sin.begin() + n);
 }
 
-void Model::EnsureRope(int64_t positions) {
+std::shared_ptr<const Model::RopeTables> Model::Rope(int64_t positions) {
+  std::lock_guard<std::mutex> lock(rope_mu_);
   const int64_t half = config_.qk_rope_head_dim / 2;
-  const int64_t have = half == 0 ? 0 : static_cast<int64_t>(rope_cos_.size()) / half;
-  if (positions <= have) return;
+  const int64_t have = rope_ == nullptr || half == 0 ? 0 : static_cast<int64_t>(rope_->cos.size()) / half;
+  if (rope_ != nullptr && positions <= have) return rope_;
   const int64_t target = std::max<int64_t>(positions, have * 2);
-  rope_cos_.resize(target * half);
-  rope_sin_.resize(target * half);
+  auto t = std::make_shared<RopeTables>();
+  if (rope_ != nullptr) *t = *rope_;  // the positions it has, as they are
+  t->cos.resize(target * half);
+  t->sin.resize(target * half);
   const float af = static_cast<float>(config_.rope.attention_factor);
   for (int64_t p = have; p < target; ++p) {
     for (int64_t i = 0; i < half; ++i) {
       const float f = inv_freq_[i] * static_cast<float>(p);
-      rope_cos_[p * half + i] = std::cos(f) * af;
-      rope_sin_[p * half + i] = std::sin(f) * af;
+      t->cos[p * half + i] = std::cos(f) * af;
+      t->sin[p * half + i] = std::sin(f) * af;
     }
   }
+  rope_ = std::move(t);
+  return rope_;
 }
 
 Result<std::shared_ptr<Model>> Model::Load(const std::filesystem::path& dir) {
@@ -274,18 +278,9 @@ Status Model::Forward(std::span<Segment> segs, PagedKvCache& cache, const kernel
   // Rows, positions, and validation.
   LS_ASSIGN_OR_RETURN(SegmentLayout layout, LayOutSegments(segs, c));
   for (auto& g : segs) LS_RETURN_IF_ERROR(cache.Reserve(g.cache, g.start_pos + static_cast<int64_t>(g.tokens.size())));
-  // Held for the rest of the pass: another thread's Forward may need longer tables.
-  const int64_t half = c.qk_rope_head_dim / 2;
-  std::shared_lock<std::shared_mutex> rope_lock(rope_mu_);
-  if (static_cast<int64_t>(rope_cos_.size()) < layout.max_end * half) {
-    rope_lock.unlock();
-    {
-      std::unique_lock<std::shared_mutex> grow(rope_mu_);
-      EnsureRope(layout.max_end);
-    }
-    rope_lock.lock();  // tables never shrink: still long enough
-  }
-  return MlaForward(c, W, segs, layout, cache, plan, MlaTables{rope_cos_, rope_sin_, tap_names_}, hook, out);
+  // The pass's own snapshot of the tables (another thread's pass may make longer ones meanwhile).
+  const std::shared_ptr<const RopeTables> rope = Rope(layout.max_end);
+  return MlaForward(c, W, segs, layout, cache, plan, MlaTables{rope->cos, rope->sin, tap_names_}, hook, out);
 }
 
 }  // namespace lockstep::engine

@@ -12,7 +12,8 @@
 //
 // Thread-safety: a Model is immutable after Load except for the RoPE table, which Forward
 // extends, and the FP8 quantisation of a non-FP8 checkpoint (gemm=fp8_dot), which Forward
-// makes on first use. Both are guarded (lazy_mu_, rope_mu_), so Forward may run on several
+// makes on first use. Both are guarded (lazy_mu_; rope_mu_ guards the pointer to immutable RoPE
+// snapshots, so no pass waits for another), so Forward may run on several
 // threads at once, each with its own PagedKvCache (a server's scheduler and its capture worker
 // share one Model).
 #pragma once
@@ -153,16 +154,20 @@ class Model {
 
  private:
   Model(ModelConfig c, ModelWeights w);
-  void EnsureRope(int64_t positions);
+  // The RoPE tables for at least `positions` positions: the current snapshot, or a longer one
+  // made now (the tables double). A snapshot never changes: a pass holds its own, so no pass
+  // waits for another's — ranks of one model in one process meet in collectives mid-pass.
+  struct RopeTables {
+    std::vector<float> cos, sin;  // [positions, qk_rope/2]
+  };
+  std::shared_ptr<const RopeTables> Rope(int64_t positions);
   std::unique_ptr<ModelWeights> fp8_weights_;  // made once under lazy_mu_, then read-only (unset for an FP8 checkpoint)
   std::unique_ptr<ModelWeights> mxfp4_weights_, nvfp4_weights_;  // the same, for Fp4Weights
   std::mutex lazy_mu_;
-  // Forward reads the RoPE tables under a shared lock; EnsureRope grows them under an
-  // exclusive one (rarely: the tables double).
-  std::shared_mutex rope_mu_;
+  std::mutex rope_mu_;  // guards rope_ (the pointer; the tables it points to are immutable)
   ModelConfig config_;
   ModelWeights weights_;
-  std::vector<float> rope_cos_, rope_sin_;  // [positions, qk_rope/2]
+  std::shared_ptr<const RopeTables> rope_;
   std::vector<float> inv_freq_;
   std::vector<std::vector<std::string>> tap_names_;  // [layer][TapId]
 };

@@ -1,6 +1,7 @@
 // engine/tensor_parallel.cc — see tensor_parallel.h.
 #include "engine/tensor_parallel.h"
 
+#include <algorithm>
 #include <string>
 #include <vector>
 
@@ -35,24 +36,43 @@ Status CheckTensorParallel(const ModelConfig& c, int64_t ranks) {
   return Status::Ok();
 }
 
+namespace {
+// x [rows, in] as the product sees it: bf16 / FP8 rounding is element- or block-wise on the row,
+// as Gemm does (into buf), or x itself.
+const float* Rounded(const Gemm& gemm, const float* x, int64_t rows, int64_t in, std::vector<float>* buf) {
+  if (!gemm.bf16 && !gemm.act_fp8) return x;
+  buf->resize(rows * in);
+  for (int64_t r = 0; r < rows; ++r) {
+    if (gemm.act_fp8) {
+      Fp8RoundTrip(x + r * in, in, &(*buf)[r * in]);
+    } else {
+      for (int64_t i = 0; i < in; ++i) (*buf)[r * in + i] = kernels::Bf16ToF32(kernels::F32ToBf16(x[r * in + i]));
+    }
+  }
+  return buf->data();
+}
+}  // namespace
+
+void RowParallelRank(const Gemm& gemm, const float* x_local, int64_t rows, const Matrix& w, int ranks, int64_t unit,
+                     int rank, float* y) {
+  const int64_t out = w.rows, in = w.cols;
+  const Shard s = ShardOf(in / unit, ranks, rank);
+  const int64_t k0 = s.begin * unit, n = (s.end - s.begin) * unit;
+  std::vector<float> xr;
+  const float* xs = Rounded(gemm, x_local, rows, n, &xr);
+  // MatMulNTCols reads columns [k0, k0 + n) of rows `in` apart: the slice where it lies in a
+  // whole row (the rest is never read).
+  std::vector<float> whole(static_cast<size_t>(rows) * in);
+  for (int64_t r = 0; r < rows; ++r) std::copy(xs + r * n, xs + (r + 1) * n, &whole[r * in + k0]);
+  kernels::cpu::MatMulNTCols(whole.data(), rows, w.data, gemm.weights(), k0, k0 + n, y, out);
+}
+
 void RowParallelPartials(const Gemm& gemm, const float* x, int64_t rows, const Matrix& w, int ranks, int64_t unit,
                          float* partials) {
   const int64_t out = w.rows, in = w.cols, units = in / unit;
-  // The activations as the product sees them (bf16 / FP8 rounding is element- or block-wise on
-  // the whole row, as Gemm does), then each rank's slice.
+  // The activations as the product sees them, then each rank's slice.
   std::vector<float> xr;
-  const float* xs = x;
-  if (gemm.bf16 || gemm.act_fp8) {
-    xr.resize(rows * in);
-    for (int64_t r = 0; r < rows; ++r) {
-      if (gemm.act_fp8) {
-        Fp8RoundTrip(x + r * in, in, &xr[r * in]);
-      } else {
-        for (int64_t i = 0; i < in; ++i) xr[r * in + i] = kernels::Bf16ToF32(kernels::F32ToBf16(x[r * in + i]));
-      }
-    }
-    xs = xr.data();
-  }
+  const float* xs = Rounded(gemm, x, rows, in, &xr);
   for (int r = 0; r < ranks; ++r) {
     const Shard s = ShardOf(units, ranks, r);
     kernels::cpu::MatMulNTCols(xs, rows, w.data, gemm.weights(), s.begin * unit, s.end * unit, partials + r * out,

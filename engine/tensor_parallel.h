@@ -41,6 +41,13 @@ Status CheckTensorParallel(const ModelConfig& c, int64_t ranks);
 void RowParallelPartials(const Gemm& gemm, const float* x, int64_t rows, const Matrix& w, int ranks, int64_t unit,
                          float* partials);
 
+// Rank mode (a real rank, not the emulation): rank `rank`'s partial alone, y [rows][out], from
+// x_local [rows, its slice] — RowParallelPartials' rank `rank` bit for bit (activations rounded
+// element by element, or FP8 in 128-value blocks from the slice's start, which is the whole
+// row's blocking when the slice starts on one).
+void RowParallelRank(const Gemm& gemm, const float* x_local, int64_t rows, const Matrix& w, int ranks, int64_t unit,
+                     int rank, float* y);
+
 // y[i, j] = the sum over ranks of partials[i][r][j] ([rows][ranks][cols]) in `v`'s order:
 // kOrdered rank 0, 1, …; kRing the buffer cut into `ranks` chunks, chunk c from rank c + 1 round
 // to rank c; kFaultRotateByRow row i from rank i mod N. Left to right in fp32.

@@ -10,9 +10,11 @@
 #pragma once
 
 #include <cstdint>
+#include <memory>
 #include <string>
 
 #include "base/status.h"
+#include "kernels/collective.h"
 #include "kernels/hidden_fault.h"
 #include "kernels/registry.h"
 
@@ -60,6 +62,10 @@ struct KernelPlan {
   AllReduce allreduce = AllReduce::kOrdered;
   // Tensor parallelism emulated on one device (EngineOptions::emulate_tp): 1 = none.
   int emulate_tp = 1;
+  // Set: this engine is rank ranks->rank() of emulate_tp real ranks (EngineOptions::tp_ranks):
+  // it computes its shard only, and the collective gathers the partials the emulation sums.
+  std::shared_ptr<Collective> ranks;
+  bool tp_gather_taps = true;  // EngineOptions::tp_gather_taps
   // A hidden fault (kernels/hidden_fault.h) inside the defaults: not a variant, not in Describe().
   HiddenFault hidden = HiddenFault::kNone;
 
