@@ -10,6 +10,8 @@ docs/trace-format.md "Rank shards"), against the same run recorded in one file.
   * a pack of it holds the values itself (no shard named) and diffs identical;
   * hostile or mixed-up files: a missing shard (the trace opens, with a note; values of a
     sharded tap fail naming the shard; others export), a shard of another run, shards swapped,
+    a shard value changed (`inspect --verify`: the trace's whole-row hash), a shard row at
+    another position,
     a /meta name with a folder part, the trace named as its own shard, a virtual mapping that
     reads another file than /meta names — each a one-line error naming the file and field,
     exit ≠ 0, never a crash or wrong rows; and the flag's refusals;
@@ -153,6 +155,26 @@ for name, value, must in (("traversal", "../run.h5.rank0", ["shard_file_0", "not
     with h5py.File(t, "r+") as f:
         f["meta"].attrs["shard_file_0"] = np.bytes_(value)
     expect_error(t, must, f"/meta shard_file_0 = {value!r}")
+
+# A shard's values changed after the fact: `inspect --verify` finds the row by the trace's own
+# whole-row hash; a shard whose rows are not the trace's (request, position) is refused on read.
+t = copy_set("tampered")
+with h5py.File(t + ".rank1", "r+") as f:
+    d = f["taps/layers.2.attn.q/values"]
+    a = d[...]
+    a[1, 3] += 1.0
+    d[...] = a
+p = run("inspect", t, "--verify", ok=False)
+check(p.returncode != 0 and "layers.2.attn.q" in p.stderr and "content hash" in p.stderr,
+      f"a shard's changed value: inspect --verify exit {p.returncode}: {p.stderr.strip()[-300:]}")
+t = copy_set("misplaced")
+with h5py.File(t + ".rank1", "r+") as f:
+    s = f["taps/layers.3.ffn.partials/summary"]
+    b = s[...]
+    b["position"][0] += 1
+    s[...] = b
+expect_error(t, ["run.h5.rank1", "layers.3.ffn.partials", "position"], "a shard row at another position",
+             ("export", "--request", "0", "--tap", "layers.3.ffn.partials", "-o", os.path.join(WORK, "p.npy")))
 
 p = run("record", "-m", MODEL, "--prompt-ids", "1,2,3", "-n", "2", "--rank-shards", "-o", os.path.join(WORK, "x.h5"), "-q", ok=False)
 check(p.returncode != 0 and "--rank-shards" in p.stderr and "--emulate-tp" in p.stderr, f"--rank-shards at TP 1: {p.stderr}")
