@@ -2,6 +2,7 @@
 // tensors with shapes, dtypes and compression ratios, the capture policy, meta), as text or
 // --json; --verify recomputes every stored row's content hash against its summary.
 #include <algorithm>
+#include <cstdlib>
 #include <cstdio>
 #include <iostream>
 #include <limits>
@@ -199,6 +200,7 @@ Status RunInspect(const InspectArgs& a) {
                               {"raw_bytes", t.raw_bytes},
                               {"ratio", Ratio(t.raw_bytes, t.stored_bytes)},
                               {"value_ratio", Ratio(t.value_raw_bytes, t.value_stored_bytes)},
+                              {"shards", t.shards},
                               {"attrs", AttrsJson(t)}});
     }
     j["tensor_raw_bytes"] = raw;
@@ -243,6 +245,15 @@ Status RunInspect(const InspectArgs& a) {
                 meta_of(traces::kMetaRecordedWith).c_str(), a.trace.c_str());
   }
   std::printf("capture: %s\n", policy.empty() ? "(not recorded)" : DescribePolicy(policy).c_str());
+  if (const std::string n = meta_of(traces::kMetaShardRanks); !n.empty()) {
+    int64_t sharded = 0;
+    for (const auto& t : r.tensors()) sharded += t.shards > 0;
+    const std::string last = std::string(traces::kMetaShardFile) + std::to_string(std::max(0, std::atoi(n.c_str()) - 1));
+    std::printf("rank shards: %s beside the trace (%s … %s), holding the rank-split taps' values (%lld tensors, "
+                "\"shard\" below)\n",
+                n.c_str(), meta_of((std::string(traces::kMetaShardFile) + "0").c_str()).c_str(),
+                meta_of(last.c_str()).c_str(), static_cast<long long>(sharded));
+  }
   std::printf("meta:\n");
   Table meta({"", ""});
   for (const auto& [k, v] : r.meta()) {
@@ -268,7 +279,8 @@ Status RunInspect(const InspectArgs& a) {
   Table tensors({"name", "dtype", "rows x cols", "stored", "MB", "ratio"}, {false, false, true, false, true, true});
   for (const auto* t : sorted) {
     tensors.Add({t->path, traces::DTypeName(t->dtype), std::to_string(t->rows) + " x " + std::to_string(t->cols),
-                 t->has_values ? "values" : "summary", Format("%.3f", t->stored_bytes / 1e6),
+                 t->shards > 0 ? (t->has_values ? "shard" : "summary (shard missing)") : t->has_values ? "values" : "summary",
+                 Format("%.3f", t->stored_bytes / 1e6),
                  Format("%.2f", Ratio(t->raw_bytes, t->stored_bytes))});
   }
   tensors.Print(2);
