@@ -11,7 +11,7 @@
 #
 #   tools/stage-gpu-bin.sh [BUILD_DIR (build-gpu)] [OUT_DIR (.gpu-bin)] [TARGET ...]
 #
-# With no TARGETs it stages every GPU test, bench_gpu_decode, bench_gpu_sampler, bench_record, bench_mla_decode,
+# With no TARGETs it stages every GPU test, bench_gpu_decode, bench_gpu_sampler, bench_record, bench_mla_decode, bench_nccl,
 # bench_expert_gemm, bench_recorder_host and lockstep (about 63 MB; the device tool carries at
 # most 64 MiB with the tree: tools/gpu-pack.sh packs them into ~24 MB instead). Builds for
 # sm_90 (the H200) when BUILD_DIR is new, with the lab/ experiments configured
@@ -23,8 +23,8 @@ shift $(( $# > 2 ? 2 : $# ))
 targets=("$@")
 if [ ${#targets[@]} -eq 0 ]; then
   targets=(gpu_engine_test gpu_engine_taps_test gpu_expert_gemm_test gpu_gemm_test gpu_indexer_test gpu_latent_write_test gpu_mla_decode_test
-           gpu_model_ops_test gpu_norm_rope_test gpu_sampler_test gpu_summarize_test gpu_variant_twin_test
-           bench_gpu_decode bench_gpu_sampler bench_record bench_mla_decode bench_expert_gemm bench_recorder_host lockstep)
+           gpu_model_ops_test gpu_norm_rope_test gpu_sampler_test gpu_summarize_test gpu_variant_twin_test gpu_tensor_parallel_test
+           bench_gpu_decode bench_gpu_sampler bench_record bench_mla_decode bench_expert_gemm bench_recorder_host bench_nccl lockstep)
 fi
 if [ ! -f "$build/CMakeCache.txt" ]; then
   cmake -S . -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=Release -DCMAKE_CUDA_ARCHITECTURES=90 -DLOCKSTEP_LAB=ON

@@ -4,10 +4,11 @@
 # binaries: a build tree's tests/ + bench/ copied flat, e.g.
 #
 #   tools/stage-gpu-bin.sh build-gpu .gpu-bin     # builds, strips and copies them (and lockstep)
-#   OUT=/tmp/gpu-out tests/gpu/run_on_gpu.sh .gpu-bin --bench --sanitize
+#   OUT=/tmp/gpu-out tests/gpu/run_on_gpu.sh .gpu-bin --bench --sanitize --cli
 #
 # The binaries need no build tree (ctest's files hold absolute paths; these do not).
-# Logs go to $OUT (default ./gpu-out): gpu.log (tests), bench.log, sanitizer.log.
+# Logs go to $OUT (default ./gpu-out): gpu.log (tests), bench.log, sanitizer.log, and with --cli
+# one log per CLI test and bench_nccl.log.
 # Optional steps are skipped once $BUDGET seconds (default 200) have gone.
 set -u
 BIN=${1:?usage: run_on_gpu.sh <folder of binaries> [--bench] [--sanitize]}
@@ -17,10 +18,12 @@ BUDGET=${BUDGET:-200}
 mkdir -p "$OUT"
 bench=0
 sanitize=0
+cli=0
 for a in "$@"; do
   case $a in
     --bench) bench=1 ;;
     --sanitize) sanitize=1 ;;
+    --cli) cli=1 ;;
   esac
 done
 log=$OUT/gpu.log
@@ -52,6 +55,28 @@ for t in "$BIN"/gpu_*_test; do
 done
 rm -f "$tmp"
 printf "== summary\n%s" "$summary" | tee -a "$log"
+
+# --cli: the GPU CTests that drive the `lockstep` binary (record/replay, the hidden faults, the
+# emulated-TP fault, rank shards) and bench_nccl's bit check, from the repository root.
+if [ $cli = 1 ] && [ -x "$BIN/lockstep" ]; then
+  src=$(cd "$(dirname "$0")/../.." && pwd)
+  export HDF5_PLUGIN_PATH=${HDF5_PLUGIN_PATH:-$BIN/plugins} NCCL_NVLS_ENABLE=0
+  for spec in "record_replay_gpu.sh $BIN/lockstep" "hidden_fault_gpu.sh $BIN/lockstep python3 $src" \
+              "tp_fault_gpu.sh $BIN/lockstep python3 $src" "rank_shards_gpu.sh $BIN/lockstep $src"; do
+    set -- $spec
+    t0=$SECONDS
+    timeout 900 bash "$src/tests/gpu/$1" "${@:2}" >"$OUT/${1%.sh}.log" 2>&1
+    rc=$?
+    echo "== $1: exit $rc, $((SECONDS - t0)) s: $(tail -1 "$OUT/${1%.sh}.log")" | tee -a "$log"
+    [ $rc -ne 0 ] && [ $rc -ne 77 ] && status=1
+  done
+  if [ -x "$BIN/bench_nccl" ]; then
+    timeout 300 "$BIN/bench_nccl" --iters 50 >"$OUT/bench_nccl.log" 2>&1
+    rc=$?
+    echo "== bench_nccl: exit $rc: $(tail -1 "$OUT/bench_nccl.log")" | tee -a "$log"
+    [ $rc -ne 0 ] && [ $rc -ne 77 ] && status=1
+  fi
+fi
 
 if [ $bench = 1 ] && [ $SECONDS -lt $BUDGET ] && [ -x "$BIN/bench_mla_decode" ]; then
   timeout 60 "$BIN/bench_mla_decode" 2>&1 | tee "$OUT/bench.log"
