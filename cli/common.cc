@@ -182,6 +182,12 @@ void EngineFlags::Register(CLI::App* app) {
                   "and MLP dims sharded, experts split by rank, the partials all-reduced (--kernel allreduce=…; "
                   "docs/parallelism.md); V2-V3.2")
       ->check(WholeIn(1, 64, "1 to 64"));
+  app->add_option("--tp-ranks", tp_ranks,
+                  "Tensor parallelism over N real ranks, 1 to 64 (1 = none): N engines, each computing only its "
+                  "shard (its heads, its MLP slice, its experts) and gathering the partials — emulated TP N's bits. "
+                  "The cpu backend, ranks as threads of this process (the GPU's rank mode, a process per GPU over "
+                  "NCCL, is not built yet: docs/parallelism.md)")
+      ->check(WholeIn(1, 64, "1 to 64"));
   app->add_flag("--ignore-eos", ignore_eos, "Keep generating past the end-of-sequence token");
   app->add_flag("--no-special-tokens", no_special_tokens,
                 "Encode prompts without the tokenizer's template (no BOS); by default it is applied, as transformers does");

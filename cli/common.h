@@ -89,6 +89,7 @@ struct EngineFlags {
   int64_t page_size = 64;
   int64_t kv_cache_tokens = 1 << 16;
   int64_t emulate_tp = 1;
+  int64_t tp_ranks = 1;  // real TP: ranks of this process (engine/rank_group.h); 1 = none
   bool ignore_eos = false;
   bool no_special_tokens = false;  // encode prompts without the tokenizer's template (BOS)
   std::string fault;

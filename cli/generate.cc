@@ -10,6 +10,7 @@
 #include "cli/commands.h"
 #include "cli/common.h"
 #include "cli/prompts.h"
+#include "engine/rank_group.h"
 
 namespace lockstep::cli {
 namespace {
@@ -38,15 +39,25 @@ Status RunGenerate(GenerateArgs& a) {
   LS_ASSIGN_OR_RETURN(const std::string note, a.flags.ApplyGenerationConfig(m.dir));
   if (!note.empty() && !a.quiet && !a.json) std::cerr << "lockstep: " << note << "\n";
   LS_ASSIGN_OR_RETURN(engine::EngineOptions opts, a.flags.ToOptions());
-  LS_ASSIGN_OR_RETURN(auto eng, engine::Engine::Create(m.model, opts));
+  std::vector<engine::Request> requests;
   int64_t prompt_tokens = 0;
   for (size_t i = 0; i < specs.size(); ++i) {
     LS_ASSIGN_OR_RETURN(engine::Request r, MakeRequest(specs[i], i, a.flags, m));
     r.keep_logits = false;  // only tokens are printed: the device sampler's rows stay on the GPU
     r.all_prompt_logits = !a.prompt_logits.empty();
     prompt_tokens += static_cast<int64_t>(r.prompt.size());
-    LS_RETURN_IF_ERROR(eng->AddRequest(std::move(r)).status());
+    requests.push_back(std::move(r));
   }
+  // --tp-ranks N: ranks 1 … N − 1 run beside this one (rank 0), which prints.
+  std::unique_ptr<engine::RankFollowers> followers;
+  if (a.flags.tp_ranks > 1) {
+    LS_ASSIGN_OR_RETURN(followers,
+                        engine::RankFollowers::Start(m.model, opts, static_cast<int>(a.flags.tp_ranks), requests, &opts));
+  }
+  auto created = engine::Engine::Create(m.model, opts);
+  if (!created.ok()) return followers ? followers->Finish(created.status()) : created.status();
+  auto eng = std::move(*created);
+  for (engine::Request& r : requests) LS_RETURN_IF_ERROR(eng->AddRequest(std::move(r)).status());
 
   // Stream a lone request's text as it comes; hold back an unfinished UTF-8 sequence.
   const bool stream = specs.size() == 1 && !a.json;
@@ -72,7 +83,10 @@ Status RunGenerate(GenerateArgs& a) {
       printed = text.size();
     }
   });
-  LS_RETURN_IF_ERROR(eng->RunToCompletion());
+  {
+    const Status ran = eng->RunToCompletion();
+    LS_RETURN_IF_ERROR(followers ? followers->Finish(ran) : ran);
+  }
   auto t1 = std::chrono::steady_clock::now();
   const double total_s = std::chrono::duration<double>(t1 - t0).count();
   const double decode_s = first_token ? std::chrono::duration<double>(t1 - *first_token).count() : 0;

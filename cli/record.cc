@@ -16,6 +16,7 @@
 #include "cli/common.h"
 #include "cli/progress.h"
 #include "cli/prompts.h"
+#include "engine/rank_group.h"
 #include "recorder/fingerprint.h"
 #include "recorder/record_session.h"
 #include "recorder/recorder.h"
@@ -70,7 +71,6 @@ Status RunRecord(RecordArgs& a) {
   LS_ASSIGN_OR_RETURN(const std::string note, a.flags.ApplyGenerationConfig(m.dir));
   if (!note.empty() && !a.quiet) std::cerr << "lockstep: " << note << "\n";
   LS_ASSIGN_OR_RETURN(engine::EngineOptions opts, a.flags.ToOptions());
-  LS_ASSIGN_OR_RETURN(auto eng, engine::Engine::Create(m.model, opts));
   std::vector<engine::Request> requests;
   int64_t budget = 0;
   for (size_t i = 0; i < specs.size(); ++i) {
@@ -78,6 +78,16 @@ Status RunRecord(RecordArgs& a) {
     budget += r.max_new_tokens;
     requests.push_back(std::move(r));
   }
+  // --tp-ranks N: ranks 1 … N − 1 run beside this one (rank 0), which records (its taps are
+  // gathered whole: the trace is emulated TP N's).
+  std::unique_ptr<engine::RankFollowers> followers;
+  if (a.flags.tp_ranks > 1) {
+    LS_ASSIGN_OR_RETURN(followers,
+                        engine::RankFollowers::Start(m.model, opts, static_cast<int>(a.flags.tp_ranks), requests, &opts));
+  }
+  auto created = engine::Engine::Create(m.model, opts);
+  if (!created.ok()) return followers ? followers->Finish(created.status()) : created.status();
+  auto eng = std::move(*created);
 
   recorder::RecordSessionOptions so;
   so.output = a.output;
@@ -119,6 +129,7 @@ Status RunRecord(RecordArgs& a) {
   };
   auto res = recorder::RecordRun(*eng, recorded, so);
   progress.Done();
+  if (followers) LS_RETURN_IF_ERROR(followers->Finish(res.status()));
   if (!res.ok()) return res.status();
   if (!a.quiet) {
     const auto bytes = res->file_bytes;

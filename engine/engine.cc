@@ -83,7 +83,7 @@ Result<std::unique_ptr<Engine>> Engine::Create(std::shared_ptr<Model> model, Eng
     e->plan_.ranks = options.tp_ranks;
     e->plan_.tp_gather_taps = options.tp_gather_taps;
   }
-  LS_RETURN_IF_ERROR(CheckTensorParallel(model->config(), tp));
+  LS_RETURN_IF_ERROR(CheckTensorParallel(model->config(), tp, options.tp_ranks ? "--tp-ranks" : "--emulate-tp"));
   e->plan_.emulate_tp = static_cast<int>(tp);
   LS_RETURN_IF_ERROR(CheckCacheFits(model->config(), options, e->plan_.indexer == kernels::Indexer::kFp8Paged));
   // A variant made for one family's weights (the 4-bit experts: DeepSeek-V4's) is refused

@@ -9,18 +9,18 @@
 
 namespace lockstep::engine {
 
-Status CheckTensorParallel(const ModelConfig& c, int64_t ranks) {
+Status CheckTensorParallel(const ModelConfig& c, int64_t ranks, const char* flag) {
   if (ranks < 1 || ranks > kMaxEmulatedTp) {
-    return Status::InvalidArgument("--emulate-tp " + std::to_string(ranks) + ": not in 1.." + std::to_string(kMaxEmulatedTp));
+    return Status::InvalidArgument(std::string(flag) + " " + std::to_string(ranks) + ": not in 1.." + std::to_string(kMaxEmulatedTp));
   }
   if (ranks == 1) return Status::Ok();
   if (c.is_v4()) {
-    return Status::Unsupported("--emulate-tp " + std::to_string(ranks) +
+    return Status::Unsupported(std::string(flag) + " " + std::to_string(ranks) +
                                ": DeepSeek-V4's blocks are not sharded yet (V2, V3 and V3.2 are)");
   }
   auto need = [&](const char* field, int64_t v) -> Status {
     if (v % ranks != 0) {
-      return Status::InvalidArgument("--emulate-tp " + std::to_string(ranks) + ": config.json's " + field + " " +
+      return Status::InvalidArgument(std::string(flag) + " " + std::to_string(ranks) + ": config.json's " + field + " " +
                                      std::to_string(v) + " does not split " + std::to_string(ranks) + " ways");
     }
     return Status::Ok();

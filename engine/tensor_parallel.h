@@ -32,7 +32,7 @@ inline Shard ShardOf(int64_t n, int ranks, int r) { return {n * r / ranks, n * (
 
 // Whether `c` splits `ranks` ways: heads, every MLP's intermediate size and the routed experts
 // divisible by it; V2–V3.2 only. The message names the field.
-Status CheckTensorParallel(const ModelConfig& c, int64_t ranks);
+Status CheckTensorParallel(const ModelConfig& c, int64_t ranks, const char* flag = "--emulate-tp");
 
 // The partial outputs of the row-parallel y = x·wᵀ (x: [rows, w.cols], w: [out, in]), laid out
 // [rows][ranks][out] (a row's partials side by side: the attn.partials / ffn.partials taps):

@@ -81,10 +81,11 @@ Result<RecordSessionResult> RecordRun(engine::Engine& eng, const std::vector<Rec
   wo.alloc_block_bytes = RecorderOptions::AllocBlockBytes(o.policy);
   wo.target_chunk_bytes = RecorderOptions::TargetChunkBytes(o.policy);
   const engine::EngineOptions& eo0 = eng.options();
-  const int64_t ranks = o.rank_shards ? eo0.emulate_tp : 0;
+  const int64_t tp = eo0.tp_ranks ? eo0.tp_ranks->size() : eo0.emulate_tp;
+  const int64_t ranks = o.rank_shards ? tp : 0;
   if (o.rank_shards && (ranks < 2 || o.policy.mode != CapturePolicy::Mode::kFull)) {
-    return Status::InvalidArgument("--rank-shards: needs --emulate-tp N > 1 and --capture full (the shards hold the "
-                                   "ranks' values; this run has TP " + std::to_string(eo0.emulate_tp) + ", capture " +
+    return Status::InvalidArgument("--rank-shards: needs --emulate-tp N > 1 (or --tp-ranks N) and --capture full (the "
+                                   "shards hold the ranks' values; this run has TP " + std::to_string(tp) + ", capture " +
                                    std::string(CapturePolicy::ModeName(o.policy.mode)) + ")");
   }
   // Each shard's writer gets a share of the workers (the ranks of a real run write in parallel).
@@ -128,6 +129,7 @@ Result<RecordSessionResult> RecordRun(engine::Engine& eng, const std::vector<Rec
                          {"backend", eo.backend},
                          {"max_prefill_tokens", eo.max_prefill_tokens},
                          {"emulate_tp", eo.emulate_tp},
+                         {"tp_ranks", eo.tp_ranks ? eo.tp_ranks->size() : 1},
                          {"cuda_graphs", eo.device.cuda_graphs},
                          {"side_stream", eo.device.side_stream},
                          {"overlapped_launch", eo.device.overlapped_launch},
