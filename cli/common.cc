@@ -243,6 +243,19 @@ Result<std::string> EngineFlags::ApplyGenerationConfig(const std::filesystem::pa
   return note.empty() ? std::string() : "sampling defaults from generation_config.json: " + note;
 }
 
+Result<RankedEngine> CreateRankedEngine(const std::shared_ptr<engine::Model>& model, engine::EngineOptions options,
+                                        int64_t tp_ranks, const std::vector<engine::Request>& requests) {
+  RankedEngine out;
+  if (tp_ranks > 1) {
+    LS_ASSIGN_OR_RETURN(out.followers,
+                        engine::RankFollowers::Start(model, options, static_cast<int>(tp_ranks), requests, &options));
+  }
+  auto created = engine::Engine::Create(model, options);
+  if (!created.ok()) return out.followers ? out.followers->Finish(created.status()) : created.status();
+  out.engine = std::move(*created);
+  return out;
+}
+
 Result<engine::EngineOptions> EngineFlags::ToOptions() const {
   engine::EngineOptions o;
   LS_ASSIGN_OR_RETURN(o.kv_format, engine::ParseKvFormat(kv_cache));

@@ -16,6 +16,7 @@
 
 #include "base/status.h"
 #include "engine/engine.h"
+#include "engine/rank_group.h"
 #include "engine/model.h"
 #include "engine/tokenizer.h"
 #include "traces/trace_reader.h"
@@ -70,6 +71,16 @@ struct LoadedModel {
 // Loads config, weights and (if present) tokenizer.json; prints progress on stderr unless quiet.
 // random_weights: config.json only, weights generated on the GPU (--random-weights).
 Result<LoadedModel> LoadModel(const std::filesystem::path& dir, bool quiet, bool random_weights = false);
+
+// The engine a command drives, and with --tp-ranks N (tp_ranks > 1) the other N − 1 ranks
+// running `requests` beside it (it is rank 0; the caller adds the same requests, runs it, then
+// calls followers->Finish with the outcome).
+struct RankedEngine {
+  std::unique_ptr<engine::RankFollowers> followers;  // null without --tp-ranks
+  std::unique_ptr<engine::Engine> engine;
+};
+Result<RankedEngine> CreateRankedEngine(const std::shared_ptr<engine::Model>& model, engine::EngineOptions options,
+                                        int64_t tp_ranks, const std::vector<engine::Request>& requests);
 
 // The model part of a trace's /meta: model_dir, model_config, model_fingerprint, tokenizer_hash.
 Result<std::map<std::string, std::string>> ModelMeta(const LoadedModel& m);

@@ -10,7 +10,6 @@
 #include "cli/commands.h"
 #include "cli/common.h"
 #include "cli/prompts.h"
-#include "engine/rank_group.h"
 
 namespace lockstep::cli {
 namespace {
@@ -48,15 +47,10 @@ Status RunGenerate(GenerateArgs& a) {
     prompt_tokens += static_cast<int64_t>(r.prompt.size());
     requests.push_back(std::move(r));
   }
-  // --tp-ranks N: ranks 1 … N − 1 run beside this one (rank 0), which prints.
-  std::unique_ptr<engine::RankFollowers> followers;
-  if (a.flags.tp_ranks > 1) {
-    LS_ASSIGN_OR_RETURN(followers,
-                        engine::RankFollowers::Start(m.model, opts, static_cast<int>(a.flags.tp_ranks), requests, &opts));
-  }
-  auto created = engine::Engine::Create(m.model, opts);
-  if (!created.ok()) return followers ? followers->Finish(created.status()) : created.status();
-  auto eng = std::move(*created);
+  // --tp-ranks N: ranks 1 … N − 1 run beside this engine (rank 0).
+  LS_ASSIGN_OR_RETURN(RankedEngine ranked, CreateRankedEngine(m.model, opts, a.flags.tp_ranks, requests));
+  std::unique_ptr<engine::RankFollowers> followers = std::move(ranked.followers);
+  std::unique_ptr<engine::Engine> eng = std::move(ranked.engine);
   for (engine::Request& r : requests) LS_RETURN_IF_ERROR(eng->AddRequest(std::move(r)).status());
 
   // Stream a lone request's text as it comes; hold back an unfinished UTF-8 sequence.

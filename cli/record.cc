@@ -16,7 +16,6 @@
 #include "cli/common.h"
 #include "cli/progress.h"
 #include "cli/prompts.h"
-#include "engine/rank_group.h"
 #include "recorder/fingerprint.h"
 #include "recorder/record_session.h"
 #include "recorder/recorder.h"
@@ -78,16 +77,10 @@ Status RunRecord(RecordArgs& a) {
     budget += r.max_new_tokens;
     requests.push_back(std::move(r));
   }
-  // --tp-ranks N: ranks 1 … N − 1 run beside this one (rank 0), which records (its taps are
-  // gathered whole: the trace is emulated TP N's).
-  std::unique_ptr<engine::RankFollowers> followers;
-  if (a.flags.tp_ranks > 1) {
-    LS_ASSIGN_OR_RETURN(followers,
-                        engine::RankFollowers::Start(m.model, opts, static_cast<int>(a.flags.tp_ranks), requests, &opts));
-  }
-  auto created = engine::Engine::Create(m.model, opts);
-  if (!created.ok()) return followers ? followers->Finish(created.status()) : created.status();
-  auto eng = std::move(*created);
+  // --tp-ranks N: ranks 1 … N − 1 run beside this engine (rank 0).
+  LS_ASSIGN_OR_RETURN(RankedEngine ranked, CreateRankedEngine(m.model, opts, a.flags.tp_ranks, requests));
+  std::unique_ptr<engine::RankFollowers> followers = std::move(ranked.followers);
+  std::unique_ptr<engine::Engine> eng = std::move(ranked.engine);
 
   recorder::RecordSessionOptions so;
   so.output = a.output;
