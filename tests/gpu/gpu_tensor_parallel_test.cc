@@ -274,5 +274,37 @@ TEST(GpuTensorParallel, TpEightKeepsTpOnesTokensAndItsOwnBits) {
   EXPECT_EQ(alone.tokens, a.tokens);
 }
 
+// The cuBLAS products (gemm=fp32, the pedantic fp32 GEMM) over each rank's slice of columns: TP 8
+// keeps TP 1's greedy tokens with the logits within fp32 rounding, run to run bit for bit (its
+// bits are cuBLAS's, not the CPU's: no twin to compare with).
+TEST(GpuTensorParallel, CublasProductsOverRankSlices) {
+  LS_REQUIRE_GPU();
+  auto m = gpu_testing::Tiny();
+  const auto prompts = Prompts(m->config().vocab_size);
+  Config cfg;
+  cfg.backend = "cuda";
+  cfg.gemm = "fp32";
+  const Outcome one = Generate(m, cfg, prompts);
+  cfg.tp = 8;
+  const Outcome a = Generate(m, cfg, prompts), b = Generate(m, cfg, prompts);
+  ASSERT_EQ(a.tokens.size(), prompts.size());
+  EXPECT_EQ(a.tokens, one.tokens);
+  EXPECT_EQ(LogitsApart(a, b), 0u) << "run to run";
+  double worst = 0;
+  for (size_t r = 0; r < one.prompt_logits.size(); ++r) {
+    const int64_t V = m->config().vocab_size;
+    for (size_t row = 0; row * V < one.prompt_logits[r].size(); ++row) {
+      double mx = 0, d = 0;
+      for (int64_t v = 0; v < V; ++v) {
+        const double x = one.prompt_logits[r][row * V + v], y = a.prompt_logits[r][row * V + v];
+        mx = std::max(mx, std::fabs(x));
+        d = std::max(d, std::fabs(x - y));
+      }
+      worst = std::max(worst, d / std::max(mx, 1e-30));
+    }
+  }
+  EXPECT_LT(worst, 1e-4);
+}
+
 }  // namespace
 }  // namespace lockstep
