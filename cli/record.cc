@@ -184,8 +184,8 @@ void RegisterRecord(CLI::App& app, SetAction set_action) {
   cmd->add_option("--queue-mb", args->queue_mb, "Capture queue bound; the engine waits (and the trace says how long) when full")
       ->check(CLI::Range(1, 1 << 20));
   cmd->add_flag("--rank-shards", args->rank_shards,
-                "With --emulate-tp N and full capture: each rank's columns of the rank-split taps (attn.q, "
-                "attn.heads, attn.partials, ffn.partials) in its own shard, <output>.rank<r>, stitched into the "
+                "With --emulate-tp N (or --tp-ranks N) and full capture: each rank's columns of the rank-split "
+                "taps (attn.q, attn.heads, attn.partials, ffn.partials) in its own shard, <output>.rank<r>, stitched into the "
                 "trace by HDF5 virtual datasets — the files a run over N GPUs writes (docs/trace-format.md); "
                 "keep the shards beside the trace");
   cmd->add_flag("--quiet,-q", args->quiet, "No progress or statistics on stderr");
