@@ -149,6 +149,23 @@ size_t LogitsApart(const Outcome& a, const Outcome& b) {
   return n;
 }
 
+// The largest |a − b| of a prompt-logits row over that row's largest |a|, over every row.
+double WorstRelative(const Outcome& a, const Outcome& b, int64_t V) {
+  double worst = 0;
+  for (size_t r = 0; r < a.prompt_logits.size() && r < b.prompt_logits.size(); ++r) {
+    for (size_t row = 0; (row + 1) * V <= a.prompt_logits[r].size() && (row + 1) * V <= b.prompt_logits[r].size(); ++row) {
+      double mx = 0, d = 0;
+      for (int64_t v = 0; v < V; ++v) {
+        const double x = a.prompt_logits[r][row * V + v], y = b.prompt_logits[r][row * V + v];
+        mx = std::max(mx, std::fabs(x));
+        d = std::max(d, std::fabs(x - y));
+      }
+      worst = std::max(worst, d / std::max(mx, 1e-30));
+    }
+  }
+  return worst;
+}
+
 bool EndsWith(const std::string& s, const std::string& tail) {
   return s.size() >= tail.size() && s.compare(s.size() - tail.size(), tail.size(), tail) == 0;
 }
@@ -252,19 +269,7 @@ TEST(GpuTensorParallel, TpEightKeepsTpOnesTokensAndItsOwnBits) {
   const size_t moved = LogitsApart(a, one);
   EXPECT_GT(moved, 0u) << "TP 8 summed in another order, yet no logit moved";
   EXPECT_EQ(LogitsApart(a, b), 0u) << "TP 8 run to run";
-  double worst = 0;
-  for (size_t r = 0; r < one.prompt_logits.size(); ++r) {
-    const int64_t V = m->config().vocab_size;
-    for (size_t row = 0; row * V < one.prompt_logits[r].size(); ++row) {
-      double mx = 0, d = 0;
-      for (int64_t v = 0; v < V; ++v) {
-        const double x = one.prompt_logits[r][row * V + v], y = a.prompt_logits[r][row * V + v];
-        mx = std::max(mx, std::fabs(x));
-        d = std::max(d, std::fabs(x - y));
-      }
-      worst = std::max(worst, d / std::max(mx, 1e-30));
-    }
-  }
+  const double worst = WorstRelative(one, a, m->config().vocab_size);
   EXPECT_LT(worst, 1e-4) << "TP 8 against TP 1, relative to each row's largest logit";
   std::printf("  TP 8 against TP 1 on the GPU: %zu prompt logits moved, worst %.3g of the row's largest\n", moved,
               worst);
@@ -290,19 +295,7 @@ TEST(GpuTensorParallel, CublasProductsOverRankSlices) {
   ASSERT_EQ(a.tokens.size(), prompts.size());
   EXPECT_EQ(a.tokens, one.tokens);
   EXPECT_EQ(LogitsApart(a, b), 0u) << "run to run";
-  double worst = 0;
-  for (size_t r = 0; r < one.prompt_logits.size(); ++r) {
-    const int64_t V = m->config().vocab_size;
-    for (size_t row = 0; row * V < one.prompt_logits[r].size(); ++row) {
-      double mx = 0, d = 0;
-      for (int64_t v = 0; v < V; ++v) {
-        const double x = one.prompt_logits[r][row * V + v], y = a.prompt_logits[r][row * V + v];
-        mx = std::max(mx, std::fabs(x));
-        d = std::max(d, std::fabs(x - y));
-      }
-      worst = std::max(worst, d / std::max(mx, 1e-30));
-    }
-  }
+  const double worst = WorstRelative(one, a, m->config().vocab_size);
   EXPECT_LT(worst, 1e-4);
 }
 
