@@ -171,6 +171,15 @@ Result<engine::EngineOptions> RecordedEngineOptions(const traces::TraceReader& t
   LS_RETURN_IF_ERROR(count("max_batch", 1, traces::kMaxBatchWidth, &o.max_batch));
   LS_RETURN_IF_ERROR(count("max_prefill_tokens", 0, INT64_MAX, &o.max_prefill_tokens));
   LS_RETURN_IF_ERROR(count("emulate_tp", 1, engine::kMaxEmulatedTp, &o.emulate_tp));
+  // A run over real ranks (--tp-ranks N) has emulated TP N's bits (docs/parallelism.md): it
+  // replays as that, on one device.
+  int64_t tp_ranks = 1;
+  LS_RETURN_IF_ERROR(count("tp_ranks", 1, engine::kMaxEmulatedTp, &tp_ranks));
+  if (tp_ranks > 1 && o.emulate_tp != 1 && o.emulate_tp != tp_ranks) {
+    return Status::Corruption(where + ": tp_ranks " + std::to_string(tp_ranks) + " but emulate_tp " +
+                              std::to_string(o.emulate_tp));
+  }
+  if (tp_ranks > 1) o.emulate_tp = tp_ranks;
   try {
     LS_ASSIGN_OR_RETURN(o.kv_format, engine::ParseKvFormat(j.value("kv_cache", "fp32")));
     o.kernels = j.value("kernels", kernels::KernelChoice{});

@@ -772,14 +772,14 @@ Result<CheckReport> CheckTrace(const traces::TraceReader& trace, const CheckOpti
     // The emulated TP degree the partials were recorded at (1 when the trace says none).
     auto it = meta.find("engine_options");
     const nlohmann::json j = nlohmann::json::parse(it == meta.end() ? "{}" : it->second, nullptr, false);
-    if (j.is_object() && j.contains("emulate_tp")) {
-      if (!j["emulate_tp"].is_number_integer() || j["emulate_tp"].get<int64_t>() < 1 ||
-          j["emulate_tp"].get<int64_t>() > engine::kMaxEmulatedTp) {
-        return Status::Corruption(trace.path().string() + ": meta.engine_options: emulate_tp is " +
-                                  j["emulate_tp"].dump() + ", not a whole number from 1 to " +
-                                  std::to_string(engine::kMaxEmulatedTp));
+    // A run over real ranks (tp_ranks, --tp-ranks N) recorded emulated TP N's partials.
+    for (const char* key : {"emulate_tp", "tp_ranks"}) {
+      if (!j.is_object() || !j.contains(key)) continue;
+      if (!j[key].is_number_integer() || j[key].get<int64_t>() < 1 || j[key].get<int64_t>() > engine::kMaxEmulatedTp) {
+        return Status::Corruption(trace.path().string() + ": meta.engine_options: " + key + " is " + j[key].dump() +
+                                  ", not a whole number from 1 to " + std::to_string(engine::kMaxEmulatedTp));
       }
-      cx.tp = j["emulate_tp"].get<int64_t>();
+      cx.tp = std::max(cx.tp, j[key].get<int64_t>());
     }
   }
   LS_RETURN_IF_ERROR(CheckShapes(trace, c, cx.kv_format, cx.Variant("indexer") == "fp8_paged", cx.tp));

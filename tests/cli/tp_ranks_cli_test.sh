@@ -2,7 +2,8 @@
 # tests/cli/tp_ranks_cli_test.sh — CTest tp_ranks_cli: `--tp-ranks N` (real tensor parallelism:
 # N engines on threads, each computing its shard, engine/rank_group.h) through the CLI as a user
 # types it. lockstep-tiny-v32: a trace recorded at --tp-ranks 4 diffs identical to one recorded at
-# --emulate-tp 4 (every tensor's content hash and token), with --rank-shards too; `generate
+# --emulate-tp 4 (every tensor's content hash and token), with --rank-shards too; it replays
+# exactly, verify checks its all-reduce, and bisect names the collective-order fault; `generate
 # --tp-ranks 8` prints emulated TP 8's text; a degree the heads do not split, and the CUDA
 # backend's rank mode (not built), are refused with one line naming the flag.
 # usage: tp_ranks_cli_test.sh LOCKSTEP SRC
@@ -21,6 +22,14 @@ grep -q "^identical" "$W/d1.txt" || fail "not identical: $(tail -3 "$W/d1.txt")"
 [ -f "$W/shards.h5.rank3" ] || fail "--tp-ranks 4 --rank-shards wrote no rank 3 shard"
 "$L" diff "$W/emu.h5" "$W/shards.h5" > "$W/d2.txt" || fail "diff with shards: $(tail -3 "$W/d2.txt")"
 grep -q "^identical" "$W/d2.txt" || fail "shards not identical"
+# The ranks' trace replays exactly (as emulated TP 4: the same bits) and verify checks its
+# all-reduce; with the collective-order fault, bisect on it names the all-reduce.
+"$L" replay "$W/ranks.h5" --mode exact -q -o "$W/rep.h5" > "$W/rep.txt" 2>&1 || fail "exact replay: $(tail -3 "$W/rep.txt")"
+"$L" verify "$W/ranks.h5" > "$W/v.txt" 2>&1 || fail "verify: $(tail -3 "$W/v.txt")"
+grep -q "^allreduce .* ok" "$W/v.txt" || fail "verify did not check the all-reduce: $(grep allreduce "$W/v.txt")"
+"$L" record -m "$M" --prompts "$W/p.jsonl" -t 0 --ignore-eos --tp-ranks 4 --fault fault_rotate_by_row -q -o "$W/bad.h5"
+"$L" bisect "$W/bad.h5" -q --no-swaps --work-dir "$W/bw" > "$W/b.txt" 2>&1 || true
+grep -q "^Defect in allreduce (allreduce=fault_rotate_by_row" "$W/b.txt" || fail "bisect: $(head -3 "$W/b.txt")"
 a=$("$L" generate -m "$M" --prompt "hello there" -n 12 --ignore-eos --tp-ranks 8 -q)
 b=$("$L" generate -m "$M" --prompt "hello there" -n 12 --ignore-eos --emulate-tp 8 -q)
 [ "$a" = "$b" ] || fail "generate --tp-ranks 8 printed '$a', --emulate-tp 8 '$b'"
