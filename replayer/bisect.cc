@@ -157,7 +157,15 @@ Result<BisectResult> Bisect(const traces::TraceReader& trace, const BisectOption
     }
   }
   LS_ASSIGN_OR_RETURN(engine::EngineOptions rec, RecordedEngineOptions(trace));
-  const std::string tp_text = "emulated TP " + std::to_string(rec.emulate_tp);
+  // (A run over real ranks, --tp-ranks, has the emulation's bits: named as what it was.)
+  bool real_ranks = false;
+  if (auto eo = trace.meta().find("engine_options"); eo != trace.meta().end()) {
+    const nlohmann::json j = nlohmann::json::parse(eo->second, nullptr, false);
+    real_ranks = j.is_object() && j.contains("tp_ranks") && j["tp_ranks"].is_number_integer() &&
+                 j["tp_ranks"].get<int64_t>() > 1;
+  }
+  const std::string tp_text = (real_ranks ? "TP over " + std::to_string(rec.emulate_tp) + " ranks"
+                                          : "emulated TP " + std::to_string(rec.emulate_tp));
   std::vector<const verify::OpReport*> failed;
   for (const auto& o : chk.ops) {
     if (o.failed || o.bias_failed) failed.push_back(&o);
