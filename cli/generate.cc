@@ -47,7 +47,9 @@ Status RunGenerate(GenerateArgs& a) {
     prompt_tokens += static_cast<int64_t>(r.prompt.size());
     requests.push_back(std::move(r));
   }
-  // --tp-ranks N: ranks 1 … N − 1 run beside this engine (rank 0).
+  // --tp-ranks N: ranks 1 … N − 1 run beside this engine (rank 0). Nothing taps a generation: the
+  // ranks need not gather the heads' tensors.
+  opts.tp_gather_taps = false;
   LS_ASSIGN_OR_RETURN(RankedEngine ranked, CreateRankedEngine(m.model, opts, a.flags.tp_ranks, requests));
   std::unique_ptr<engine::RankFollowers> followers = std::move(ranked.followers);
   std::unique_ptr<engine::Engine> eng = std::move(ranked.engine);

@@ -532,36 +532,7 @@ Result<cu::ExpertGemmParams> CudaBackend::DotParams(const float* x, int64_t x_st
 
 Status CudaBackend::Linear(const float* x, int64_t x_stride, int64_t rows, const DevTensor& wt, float* y,
                            int64_t y_stride) {
-  if (rows == 0) return Status::Ok();
-  const int64_t out = wt.rows, in = wt.cols, w_stride = wt.cols;
-  const void* w = wt.ptr();
-  const bool w_bf16 = wt.bf16;
-  if (dot_) {
-    LS_ASSIGN_OR_RETURN(const cu::ExpertGemmParams g, DotParams(x, x_stride, rows, wt, y, y_stride));
-    return cu::ExpertGemm(g, launch_);
-  }
-  cu::GemmParams p;
-  p.rows = rows;
-  p.out = out;
-  p.in = in;
-  p.w = w;
-  p.w_stride = w_stride;
-  p.y = y;
-  p.y_stride = y_stride;
-  // On the side stream: its own conversion buffer and cuBLASLt workspace (the same pinned
-  // algorithms: the heuristic's answer depends only on the shape, so the same bits).
-  const bool side = launch_ != stream_->get();
-  if (!w_bf16) {
-    p.x = x;
-    p.x_stride = x_stride;
-    return (side ? gemm_f32_side_ : gemm_f32_)->Run(p, launch_);
-  }
-  Scratch& xb = side ? xb_side_ : xb_;
-  LS_RETURN_IF_ERROR(xb.Ensure(static_cast<size_t>(rows * in) * 2));
-  LS_RETURN_IF_ERROR(cu::ToBf16(x, x_stride, xb.as<uint16_t>(), in, rows, in, launch_));
-  p.x = xb.as<uint16_t>();
-  p.x_stride = in;
-  return (side ? gemm_bf16_side_ : gemm_bf16_)->Run(p, launch_);
+  return LinearCols(x, x_stride, rows, wt, 0, wt.cols, y, y_stride);
 }
 
 Status CudaBackend::SampleOnDevice(std::span<const Segment> segs, int64_t V, cu::Stream s) {
@@ -754,16 +725,20 @@ Status CudaBackend::LinearCols(const float* x, int64_t x_stride, int64_t rows, c
   p.w_stride = wt.cols;
   p.y = y;
   p.y_stride = y_stride;
+  // On the side stream: its own conversion buffer and cuBLASLt workspace (the same pinned
+  // algorithms: the heuristic's answer depends only on the shape, so the same bits).
+  const bool side = launch_ != stream_->get();
   if (!wt.bf16) {
     p.x = x + k0;
     p.x_stride = x_stride;
-    return gemm_f32_->Run(p, launch_);
+    return (side ? gemm_f32_side_ : gemm_f32_)->Run(p, launch_);
   }
-  LS_RETURN_IF_ERROR(xb_.Ensure(static_cast<size_t>(rows * n) * 2));
-  LS_RETURN_IF_ERROR(cu::ToBf16(x + k0, x_stride, xb_.as<uint16_t>(), n, rows, n, launch_));
-  p.x = xb_.as<uint16_t>();
+  Scratch& xb = side ? xb_side_ : xb_;
+  LS_RETURN_IF_ERROR(xb.Ensure(static_cast<size_t>(rows * n) * 2));
+  LS_RETURN_IF_ERROR(cu::ToBf16(x + k0, x_stride, xb.as<uint16_t>(), n, rows, n, launch_));
+  p.x = xb.as<uint16_t>();
   p.x_stride = n;
-  return gemm_bf16_->Run(p, launch_);
+  return (side ? gemm_bf16_side_ : gemm_bf16_)->Run(p, launch_);
 }
 
 Status CudaBackend::RowParallel(const float* x, int64_t x_stride, int64_t rows, const DevTensor& wt, int ranks,

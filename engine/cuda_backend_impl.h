@@ -132,7 +132,8 @@ class CudaBackend final : public Backend {
   // The dot GEMM's (gemm=*_dot) parameters of Linear: w as one expert, fixed ids.
   Result<kernels::cuda::ExpertGemmParams> DotParams(const float* x, int64_t x_stride, int64_t rows, const DevTensor& w,
                                                     float* y, int64_t y_stride);
-  // y[rows, out] = x[rows, w.rows] · wᵀ through the chosen GEMM; bf16 weights take x rounded to bf16.
+  // y[rows, out] = x[rows, w.cols] · wᵀ through the chosen GEMM; bf16 weights take x rounded to
+  // bf16 (LinearCols over every column).
   Status Linear(const float* x, int64_t x_stride, int64_t rows, const DevTensor& w, float* y, int64_t y_stride);
   Status SwiGluMlp(const DevTensor& gate_up, const DevTensor& down, int64_t inter, const float* x, int64_t rows,
                    float* y);

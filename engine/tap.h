@@ -38,7 +38,7 @@ enum TapId {
   // ffn_norm, ffn.router.* and ffn.out above.
   kTapV4AttnHcMix, kTapV4Kv, kTapV4CompressorEntry, kTapV4IndexerKey, kTapV4IndexerTopk, kTapV4SinkShare,
   kTapV4StreamsMid, kTapV4FfnHcMix, kTapV4Streams,
-  // Emulated tensor parallelism (engine/tensor_parallel.h): the ranks' partials before each all-reduce.
+  // Tensor parallelism (engine/tensor_parallel.h), emulated or over ranks: the ranks' partials before each all-reduce.
   kTapAttnPartials, kTapFfnPartials,
   kTapCount
 };
@@ -91,9 +91,9 @@ inline constexpr TapPoint kLayerTaps[kTapCount] = {
     {"hc.streams", true, TapDType::kF32, 26, "hc·H",
      "V4: the layer's output streams (routing: ffn.router.topk_ids carries hash layers' tid2eid picks)"},
     {"attn.partials", true, TapDType::kF32, 13, "tp·H",
-     "emulated TP (--emulate-tp): each rank's o_proj output over its heads, `[rank 0 | rank 1 | …]`, before the all-reduce"},
+     "TP (--emulate-tp, --tp-ranks): each rank's o_proj output over its heads, `[rank 0 | rank 1 | …]`, before the all-reduce"},
     {"ffn.partials", true, TapDType::kF32, 23, "tp·H",
-     "emulated TP: each rank's FFN output (its slice of the MLP or shared experts, its block of routed experts), before the all-reduce"},
+     "TP: each rank's FFN output (its slice of the MLP or shared experts, its block of routed experts), before the all-reduce"},
 };
 
 // The model-level taps: before the first layer (order 0) and after the last (1, 2).

@@ -5,9 +5,21 @@
 #include <string>
 #include <vector>
 
+#include "engine/tap.h"
 #include "kernels/cpu/ops.h"
 
 namespace lockstep::engine {
+
+bool IsRankSplitTap(std::string_view name) {
+  if (name.rfind("layers.", 0) != 0) return false;
+  const size_t dot = name.find('.', 7);  // after the layer index
+  if (dot == std::string_view::npos) return false;
+  const std::string_view tap = name.substr(dot + 1);
+  for (TapId t : {kTapQ, kTapHeads, kTapAttnPartials, kTapFfnPartials}) {
+    if (tap == kLayerTaps[t].name) return true;
+  }
+  return false;
+}
 
 Status CheckTensorParallel(const ModelConfig& c, int64_t ranks, const char* flag) {
   if (ranks < 1 || ranks > kMaxEmulatedTp) {

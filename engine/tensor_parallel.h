@@ -13,6 +13,7 @@
 #pragma once
 
 #include <cstdint>
+#include <string_view>
 
 #include "base/status.h"
 #include "engine/config.h"
@@ -23,6 +24,11 @@ namespace lockstep::engine {
 
 // The largest emulated degree (a flag past it is refused).
 inline constexpr int kMaxEmulatedTp = 64;
+
+// Whether tap `name` (a layer tap: "layers.L.attn.q") holds columns rank by rank under TP:
+// the heads' queries and outputs (column-parallel: rank r's heads' block) and the ranks'
+// partial outputs (attn.partials, ffn.partials: rank r's H values). Rank shards keep these.
+bool IsRankSplitTap(std::string_view name);
 
 // Rank r's share [begin, end) of n items split `ranks` ways.
 struct Shard {

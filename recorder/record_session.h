@@ -37,9 +37,9 @@ struct RecordSessionOptions {
   // It must forward OnTap to the Recorder it is given via `wrap`.
   std::function<engine::TapHook*(Recorder*)> wrap;
   std::function<void(const Recorder&, const traces::TraceWriter&)> on_step;  // progress
-  // Emulated TP N > 1 in full capture: each rank's columns of the rank-split taps in its own
-  // shard, <output>.rank<r>, stitched into the trace (docs/trace-format.md "Rank shards") —
-  // the layout of a run over N GPUs, each rank writing its shard.
+  // TP N > 1 (emulated, or --tp-ranks) in full capture: each rank's columns of the rank-split
+  // taps in its own shard, <output>.rank<r>, stitched into the trace (docs/trace-format.md
+  // "Format 1.3: rank shards") — the layout of a run over N GPUs, each rank writing its shard.
   bool rank_shards = false;
 };
 

@@ -5,6 +5,7 @@
 #include <cmath>
 #include <cstring>
 
+#include "engine/tensor_parallel.h"
 #include "traces/row_summary.h"
 #include "traces/trace_format.h"
 
@@ -67,14 +68,6 @@ const Recorder::Tensor* Recorder::Define(const std::string& path, DType dtype, i
   }
   Tensor t{*h, dtype, cols, values};
   return &tensors_.emplace(path, t).first->second;
-}
-
-bool IsRankShardedTap(std::string_view name) {
-  if (name.rfind("layers.", 0) != 0) return false;
-  for (std::string_view tail : {".attn.q", ".attn.heads", ".attn.partials", ".ffn.partials"}) {
-    if (name.size() > tail.size() && name.substr(name.size() - tail.size()) == tail) return true;
-  }
-  return false;
 }
 
 const Recorder::Tensor* Recorder::DefineSharded(const std::string& path, DType dtype, int64_t cols) {
@@ -215,7 +208,9 @@ void Recorder::CaptureSummaries(const Tensor& t, int64_t request, int64_t positi
     if (opts_.policy.WantsPosition(position + i)) summaries_.push_back(RowOf(in[i], request, position + i));
   }
   if (summaries_.empty()) return;
-  if (!t.shard_handles.empty() && values != nullptr) ShardSummarised(t, request, position, values);
+  if (!t.shard_handles.empty() && values != nullptr) {
+    ShardRowsOf(t, request, position, rows, static_cast<const uint8_t*>(values));  // (summaries_' positions)
+  }
   Status s;
   if (!t.values) {
     s = writer_->Append(t.handle, summaries_, nullptr);
@@ -260,7 +255,7 @@ const Recorder::TapEntry* Recorder::Resolve(const engine::TapEvent& e) {
     const bool full = opts_.policy.mode == CapturePolicy::Mode::kFull;
     const int64_t ranks = static_cast<int64_t>(opts_.shard_writers.size());
     const std::string path = std::string(traces::kTapsGroup) + "/" + fresh.name;
-    fresh.tensor = full && ranks > 1 && e.cols % ranks == 0 && IsRankShardedTap(fresh.name)
+    fresh.tensor = full && ranks > 1 && e.cols % ranks == 0 && engine::IsRankSplitTap(fresh.name)
                        ? DefineSharded(path, dtype, e.cols)
                        : Define(path, dtype, e.cols, full);
     if (!fresh.tensor) return nullptr;
@@ -334,14 +329,6 @@ void Recorder::ShardRowsOf(const Tensor& t, int64_t request, int64_t position, i
                [&](int64_t k) { return data + static_cast<size_t>(shard_positions_[k] - position) * row_bytes; });
 }
 
-void Recorder::ShardSummarised(const Tensor& t, int64_t request, int64_t position, const void* values) {
-  shard_positions_.clear();
-  for (const traces::SummaryRow& r : summaries_) shard_positions_.push_back(r.position);
-  const size_t row_bytes = static_cast<size_t>(t.cols) * traces::DTypeSize(t.dtype);
-  AppendShards(t, request, shard_positions_, [&](int64_t k) {
-    return static_cast<const uint8_t*>(values) + static_cast<size_t>(shard_positions_[k] - position) * row_bytes;
-  });
-}
 
 void Recorder::OnStepTaps(std::span<const engine::TapEvent> events, std::span<const engine::TapSegment> segments) {
   Timed timed(this, &times_.taps_ns);

@@ -67,17 +67,13 @@ struct RecorderOptions {
   // (a 100k-vocabulary logits row is 400 KB) are copied and summarised on the writer's thread,
   // which costs the engine a fraction. Same summaries either way.
   size_t summarize_here_max_row_bytes = size_t{64} << 10;
-  // Rank shards (emulated TP N, full capture; docs/trace-format.md "Rank shards"): one writer
-  // per rank and its file's name beside the trace. Each rank-split tap (IsRankShardedTap) keeps
+  // Rank shards (TP N, full capture; docs/trace-format.md "Format 1.3: rank shards"): one writer
+  // per rank and its file's name beside the trace. Each rank-split tap (engine::IsRankSplitTap) keeps
   // its summaries in the trace and column block r of its values in shard r. Empty: none.
   std::vector<traces::TraceWriter*> shard_writers;
   std::vector<std::string> shard_files;
 };
 
-// The taps whose columns lie rank by rank under tensor parallelism: the heads' queries and
-// outputs (column-parallel) and the ranks' partial outputs (layers.L.attn.q, attn.heads,
-// attn.partials, ffn.partials).
-bool IsRankShardedTap(std::string_view name);
 
 // A backend-computed tap row summary (engine/tap.h) as the trace's SummaryRow (same fields, same
 // bits); position, request and step are the caller's.
@@ -141,10 +137,8 @@ class Recorder : public engine::TapHook {
   // Rows of a rank-sharded tensor to its shards: row k (at positions[k]) from row(k).
   void AppendShards(const Tensor& t, int64_t request, std::span<const int64_t> positions,
                     const std::function<const uint8_t*(int64_t)>& row);
-  // The same for `rows` contiguous rows from `position` (the policy's positions kept), and for
-  // the rows summaries_ now describes (at their positions from `position`).
+  // The same for `rows` contiguous rows from `position` (the positions the policy keeps).
   void ShardRowsOf(const Tensor& t, int64_t request, int64_t position, int64_t rows, const uint8_t* data);
-  void ShardSummarised(const Tensor& t, int64_t request, int64_t position, const void* values);
   std::vector<uint8_t> shard_gather_;
   std::vector<int64_t> shard_positions_;
   // The tensor for `path`, defined on first use; null when it cannot be (status_ is set).

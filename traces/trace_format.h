@@ -99,7 +99,7 @@ inline constexpr char kAttrChunkRows[] = "chunk_rows";  // int64, on every table
 inline constexpr char kAttrTokenBytes[] = "token_bytes";
 inline constexpr char kAttrByteOffset[] = "byte_offset";
 
-// Rank shards (format 1.3; docs/trace-format.md "Rank shards"): a tensor group with int64
+// Rank shards (format 1.3; docs/trace-format.md "Format 1.3: rank shards"): a tensor group with int64
 // attribute `shards` = N keeps its summary here and its values in N shard files, each a trace
 // of its own holding columns [r·cols/N, (r+1)·cols/N) of the rows as taps/<name>; `values` here
 // is an HDF5 virtual dataset stitching them (for h5py; lockstep reads the shards itself), and

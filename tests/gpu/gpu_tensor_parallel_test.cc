@@ -252,51 +252,39 @@ TEST(GpuTensorParallel, TinyModelIsTheCpusBits) {
   ExpectCpuBits(gpu_testing::Tiny(), "tiny tp 8 fault_rotate_by_row", cfg);
 }
 
-// On the GPU alone, in fp32 (gemm=fp32_dot): TP 8 gives TP 1's greedy tokens (the sums' order
-// moved some logits' bits, within fp32 rounding); TP 8 run to run and each request alone against batched bit for bit
-// under the ordered all-reduce.
+// On the GPU alone, in fp32: TP 8 gives TP 1's greedy tokens (the sums' order moved some
+// logits' bits, within fp32 rounding of each row's largest) and its own bits run to run — through
+// the dot products (gemm=fp32_dot, the CPU's order) and through cuBLAS's pedantic fp32 GEMM over
+// each rank's slice of columns (gemm=fp32: its bits are cuBLAS's, no CPU twin). Under the dot
+// products each request alone gives the batched bits too (the ordered all-reduce).
 TEST(GpuTensorParallel, TpEightKeepsTpOnesTokensAndItsOwnBits) {
   LS_REQUIRE_GPU();
   auto m = gpu_testing::Tiny();
   const auto prompts = Prompts(m->config().vocab_size);
-  Config cfg;
-  cfg.backend = "cuda";
-  cfg.gemm = "fp32_dot";  // fp32 throughout: bf16 rounding would magnify a last-bit move
-  const Outcome one = Generate(m, cfg, prompts);
-  cfg.tp = 8;
-  const Outcome a = Generate(m, cfg, prompts), b = Generate(m, cfg, prompts);
-  EXPECT_EQ(a.tokens, one.tokens);
-  const size_t moved = LogitsApart(a, one);
-  EXPECT_GT(moved, 0u) << "TP 8 summed in another order, yet no logit moved";
-  EXPECT_EQ(LogitsApart(a, b), 0u) << "TP 8 run to run";
-  const double worst = WorstRelative(one, a, m->config().vocab_size);
-  EXPECT_LT(worst, 1e-4) << "TP 8 against TP 1, relative to each row's largest logit";
-  std::printf("  TP 8 against TP 1 on the GPU: %zu prompt logits moved, worst %.3g of the row's largest\n", moved,
-              worst);
-  cfg.max_batch = 1;
-  const Outcome alone = Generate(m, cfg, prompts);
-  EXPECT_EQ(LogitsApart(alone, a), 0u) << "alone vs batched";
-  EXPECT_EQ(alone.tokens, a.tokens);
-}
-
-// The cuBLAS products (gemm=fp32, the pedantic fp32 GEMM) over each rank's slice of columns: TP 8
-// keeps TP 1's greedy tokens with the logits within fp32 rounding, run to run bit for bit (its
-// bits are cuBLAS's, not the CPU's: no twin to compare with).
-TEST(GpuTensorParallel, CublasProductsOverRankSlices) {
-  LS_REQUIRE_GPU();
-  auto m = gpu_testing::Tiny();
-  const auto prompts = Prompts(m->config().vocab_size);
-  Config cfg;
-  cfg.backend = "cuda";
-  cfg.gemm = "fp32";
-  const Outcome one = Generate(m, cfg, prompts);
-  cfg.tp = 8;
-  const Outcome a = Generate(m, cfg, prompts), b = Generate(m, cfg, prompts);
-  ASSERT_EQ(a.tokens.size(), prompts.size());
-  EXPECT_EQ(a.tokens, one.tokens);
-  EXPECT_EQ(LogitsApart(a, b), 0u) << "run to run";
-  const double worst = WorstRelative(one, a, m->config().vocab_size);
-  EXPECT_LT(worst, 1e-4);
+  for (const char* gemm : {"fp32_dot", "fp32"}) {  // fp32 throughout: bf16 would magnify a last-bit move
+    SCOPED_TRACE(std::string("gemm=") + gemm);
+    Config cfg;
+    cfg.backend = "cuda";
+    cfg.gemm = gemm;
+    const Outcome one = Generate(m, cfg, prompts);
+    cfg.tp = 8;
+    const Outcome a = Generate(m, cfg, prompts), b = Generate(m, cfg, prompts);
+    ASSERT_EQ(a.tokens.size(), prompts.size());
+    EXPECT_EQ(a.tokens, one.tokens);
+    const size_t moved = LogitsApart(a, one);
+    EXPECT_GT(moved, 0u) << "TP 8 summed in another order, yet no logit moved";
+    EXPECT_EQ(LogitsApart(a, b), 0u) << "TP 8 run to run";
+    const double worst = WorstRelative(one, a, m->config().vocab_size);
+    EXPECT_LT(worst, 1e-4) << "TP 8 against TP 1, relative to each row's largest logit";
+    std::printf("  [gemm=%s] TP 8 against TP 1 on the GPU: %zu prompt logits moved, worst %.3g of the row's largest\n",
+                gemm, moved, worst);
+    if (std::string(gemm) == "fp32_dot") {
+      cfg.max_batch = 1;
+      const Outcome alone = Generate(m, cfg, prompts);
+      EXPECT_EQ(LogitsApart(alone, a), 0u) << "alone vs batched";
+      EXPECT_EQ(alone.tokens, a.tokens);
+    }
+  }
 }
 
 }  // namespace
