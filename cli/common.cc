@@ -185,8 +185,9 @@ void EngineFlags::Register(CLI::App* app) {
   app->add_option("--tp-ranks", tp_ranks,
                   "Tensor parallelism over N real ranks, 1 to 64 (1 = none): N engines, each computing only its "
                   "shard (its heads, its MLP slice, its experts) and gathering the partials — emulated TP N's bits. "
-                  "The cpu backend, ranks as threads of this process (the GPU's rank mode, a process per GPU over "
-                  "NCCL, is not built yet: docs/parallelism.md)")
+                  "Ranks are threads of this process: on the cpu backend, or on one GPU (--backend cuda: each rank "
+                  "its own weight shard, the partials gathered through host memory, no CUDA graphs; a process per "
+                  "GPU over NCCL is not launched yet: docs/parallelism.md)")
       ->check(WholeIn(1, 64, "1 to 64"));
   app->add_flag("--ignore-eos", ignore_eos, "Keep generating past the end-of-sequence token");
   app->add_flag("--no-special-tokens", no_special_tokens,

@@ -21,6 +21,7 @@
 #include <map>
 #include <mutex>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "engine/cuda_backend_impl.h"
@@ -266,7 +267,127 @@ Result<DevTensor> Constant(int64_t rows, int64_t cols, float value, cu::Stream s
   return t;
 }
 
+// Rank mode's weight shards (docs/parallelism.md, "The rank mode on the GPU"): a rank's part of
+// a whole tensor, a tensor of its own, copied on the device (the whole one is then dropped, so
+// uploading holds the rank's shard and one whole tensor at a time).
+
+// Row ranges [begin, end) of t stacked, in order (FP8: with their rows' scales).
+Result<DevTensor> RowRangesOf(const DevTensor& t, const std::vector<Shard>& ranges, cu::Stream s) {
+  int64_t rows = 0;
+  for (const Shard& r : ranges) {
+    if (r.begin < 0 || r.end > t.rows || r.begin > r.end) return Status::Internal("RowRangesOf: rows outside the tensor");
+    rows += r.end - r.begin;
+  }
+  DevTensor out;
+  if (t.fp8) {
+    LS_ASSIGN_OR_RETURN(out, AllocateFp8(rows, t.cols));
+  } else {
+    LS_ASSIGN_OR_RETURN(out, Allocate(rows, t.cols, t.bf16));
+  }
+  const size_t row_bytes = static_cast<size_t>(t.cols) * t.element_bytes(), scale_bytes = t.scale_cols * 4;
+  int64_t at = 0;
+  for (const Shard& r : ranges) {
+    const int64_t n = r.end - r.begin;
+    if (n == 0) continue;
+    LS_RETURN_IF_ERROR(cu::CopyAsync(out.buf.as<char>() + at * row_bytes, t.buf.as<const char>() + r.begin * row_bytes,
+                                     n * row_bytes, s));
+    if (t.fp8) {
+      LS_RETURN_IF_ERROR(cu::CopyAsync(out.scale.as<char>() + at * scale_bytes,
+                                       t.scale.as<const char>() + r.begin * scale_bytes, n * scale_bytes, s));
+    }
+    at += n;
+  }
+  return out;
+}
+
+// Columns [k0, k1) of t. FP8 from a 128-column scale block's start: the bytes and their scales;
+// FP8 off the blocks: fp32 of the kernels' FP8 values (as LinearCols decodes such a slice, so a
+// rank's product over it is the emulation's).
+Result<DevTensor> ColsOf(const DevTensor& t, int64_t k0, int64_t k1, cu::Stream s) {
+  if (k0 < 0 || k1 > t.cols || k0 >= k1) return Status::Internal("ColsOf: columns outside the tensor");
+  const int64_t n = k1 - k0;
+  if (t.fp8 && k0 % 128 != 0) {
+    LS_ASSIGN_OR_RETURN(DevTensor out, Allocate(t.rows, n, false));
+    cu::Fp8SliceParams fp;
+    fp.w = t.buf.as<const uint8_t>();
+    fp.w_stride = t.cols;
+    fp.scale = t.scale.as<const float>();
+    fp.scale_stride = t.scale_cols;
+    fp.rows = t.rows;
+    fp.col0 = k0;
+    fp.n = n;
+    fp.out = out.buf.as<float>();
+    LS_RETURN_IF_ERROR(cu::Fp8SliceToF32(fp, s));
+    return out;
+  }
+  DevTensor out;
+  if (t.fp8) {
+    LS_ASSIGN_OR_RETURN(out, AllocateFp8(t.rows, n));
+  } else {
+    LS_ASSIGN_OR_RETURN(out, Allocate(t.rows, n, t.bf16));
+  }
+  const size_t es = t.element_bytes();
+  LS_RETURN_IF_ERROR(cu::Copy2DAsync(out.buf.data(), n * es, t.buf.as<const char>() + k0 * es, t.cols * es, n * es,
+                                     t.rows, s));
+  if (t.fp8) {
+    LS_RETURN_IF_ERROR(cu::Copy2DAsync(out.scale.data(), out.scale_cols * 4, t.scale.as<const float>() + k0 / 128,
+                                       t.scale_cols * 4, out.scale_cols * 4, t.rows, s));
+  }
+  return out;
+}
+
+// Replaces t by its part, once the copy is done (t's memory is then free).
+template <typename Part>
+Status Keep(DevTensor& t, Part&& part, cu::Stream s) {
+  if (t.empty()) return Status::Ok();
+  LS_ASSIGN_OR_RETURN(DevTensor mine, part(t));
+  LS_RETURN_IF_ERROR(cu::SynchronizeStream(s));
+  t = std::move(mine);
+  return Status::Ok();
+}
+
 }  // namespace
+
+Status CudaBackend::ShardLayer(DevLayer& D, int64_t l, cu::Stream s) const {
+  const ModelConfig& c = model_->config();
+  const int64_t dn = c.qk_nope_head_dim, dr = c.qk_rope_head_dim, dv = c.v_head_dim, C = c.kv_lora_rank, H = c.hidden_size;
+  const Shard heads = ShardOf(c.num_attention_heads, ranks_, rank_);
+  auto rows = [&](int64_t per) {
+    return [&, per](const DevTensor& t) { return RowRangesOf(t, {{heads.begin * per, heads.end * per}}, s); };
+  };
+  // Heads: q's rows, W_UKᵀ's and kv_b's (W_UK, W_UV) of the rank's heads; o_proj their columns.
+  LS_RETURN_IF_ERROR(Keep(D.q_b_proj, rows(dn + dr), s));
+  LS_RETURN_IF_ERROR(Keep(D.q_proj, rows(dn + dr), s));
+  LS_RETURN_IF_ERROR(Keep(D.w_ukt, rows(C), s));
+  LS_RETURN_IF_ERROR(Keep(D.kv_b, rows(dn + dv), s));
+  LS_RETURN_IF_ERROR(
+      Keep(D.o_proj, [&](const DevTensor& t) { return ColsOf(t, heads.begin * dv, heads.end * dv, s); }, s));
+  // An MLP: gate's and up's rows of the rank's intermediate slice, down's columns.
+  auto mlp = [&](DevTensor& gate_up, DevTensor& down, int64_t& inter) -> Status {
+    if (gate_up.empty()) return Status::Ok();
+    const Shard i = ShardOf(inter, ranks_, rank_);
+    LS_RETURN_IF_ERROR(Keep(gate_up, [&](const DevTensor& t) {
+      return RowRangesOf(t, {{i.begin, i.end}, {inter + i.begin, inter + i.end}}, s);
+    }, s));
+    LS_RETURN_IF_ERROR(Keep(down, [&](const DevTensor& t) { return ColsOf(t, i.begin, i.end, s); }, s));
+    inter = i.end - i.begin;
+    return Status::Ok();
+  };
+  LS_RETURN_IF_ERROR(mlp(D.mlp_gate_up, D.mlp_down, D.mlp_inter));
+  LS_RETURN_IF_ERROR(mlp(D.shared_gate_up, D.shared_down, D.shared_inter));
+  // EP: the rank's block of routed experts (whole).
+  if (c.layers[l].ffn != FfnKind::kDense) {
+    const Shard e = ShardOf(c.n_routed_experts, ranks_, rank_);
+    const int64_t I = D.moe_inter;
+    LS_RETURN_IF_ERROR(
+        Keep(D.experts_gate_up, [&](const DevTensor& t) { return RowRangesOf(t, {{e.begin * 2 * I, e.end * 2 * I}}, s); }, s));
+    LS_RETURN_IF_ERROR(
+        Keep(D.experts_down, [&](const DevTensor& t) { return RowRangesOf(t, {{e.begin * H, e.end * H}}, s); }, s));
+    D.expert0 = static_cast<int32_t>(e.begin);
+    D.experts = e.end - e.begin;
+  }
+  return Status::Ok();
+}
 
 Result<std::unique_ptr<Backend>> CudaBackend::Create(std::shared_ptr<Model> model, const PagedKvCache& cache,
                                                      const kernels::KernelPlan& plan,
@@ -283,6 +404,13 @@ Result<std::unique_ptr<Backend>> CudaBackend::Create(std::shared_ptr<Model> mode
   b->device_sampler_ = options.device_sampler;
   if (options.profile) {
     LS_ASSIGN_OR_RETURN(b->prof_, cu::EventTimer::Create());
+  }
+  if (plan.ranks) {
+    b->coll_ = plan.ranks;
+    b->rank_ = plan.ranks->rank();
+    b->ranks_ = plan.ranks->size();
+    // Ranks that are threads meet on the host inside a step, which no CUDA graph can hold.
+    if (!b->coll_->device_native()) b->use_graphs_ = false;
   }
   b->gemm_ = plan.gemm;
   b->bf16_ = plan.bf16();
@@ -319,9 +447,10 @@ Result<std::unique_ptr<Backend>> CudaBackend::Create(std::shared_ptr<Model> mode
 
 Status CudaBackend::AcquireWeights() {
   static std::mutex mu;
-  static std::map<std::pair<const Model*, int>, std::weak_ptr<const DeviceWeights>> shared;
+  // (model, precision, rank, ranks): a rank's shard is its own.
+  static std::map<std::tuple<const Model*, int, int, int>, std::weak_ptr<const DeviceWeights>> shared;
   std::lock_guard<std::mutex> lock(mu);  // held while uploading: a second engine waits, then shares
-  auto& slot = shared[{model_.get(), fp8_ ? 2 : bf16_ ? 1 : 0}];
+  auto& slot = shared[{model_.get(), fp8_ ? 2 : bf16_ ? 1 : 0, rank_, ranks_}];
   if (auto live = slot.lock()) {
     weights_ = std::move(live);
     return Status::Ok();
@@ -397,7 +526,9 @@ Status CudaBackend::UploadWeights(DeviceWeights* dw) {
         LS_ASSIGN_OR_RETURN(D.shared_gate_up, UploadStacked({&L.shared.gate, &L.shared.up}, bf16_, fp8_, q8));
         LS_ASSIGN_OR_RETURN(D.shared_down, Upload(L.shared.down, bf16_, fp8_, q8));
       }
+      D.experts = c.n_routed_experts;
     }
+    if (rank_ >= 0) LS_RETURN_IF_ERROR(ShardLayer(D, l, stream_->get()));
   }
   return Status::Ok();
 }
@@ -459,7 +590,10 @@ Status CudaBackend::RandomWeights(uint64_t seed, DeviceWeights* dw) {
         LS_ASSIGN_OR_RETURN(D.shared_gate_up, rnd(2 * D.shared_inter, H, true));
         LS_ASSIGN_OR_RETURN(D.shared_down, rnd(H, D.shared_inter, true));
       }
+      D.experts = E;
     }
+    // Rank mode: the rank's part of the same random tensors (each made whole, then cut).
+    if (rank_ >= 0) LS_RETURN_IF_ERROR(ShardLayer(D, l, s));
   }
   return Status::Ok();
 }

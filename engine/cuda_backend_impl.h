@@ -17,6 +17,8 @@
 #include "engine/cuda_backend.h"
 #include "engine/cuda_scratch.h"
 #include "engine/cuda_tap_capture.h"
+#include "engine/tensor_parallel.h"
+#include "kernels/collective.h"
 #include "kernels/cuda/ops.h"
 #include "kernels/cuda/runtime.h"
 
@@ -63,10 +65,15 @@ struct DevLayer {
   DevTensor experts_gate_up, experts_down;             // [E·2I, H], [E·H, I]
   DevTensor shared_gate_up, shared_down;
   int64_t mlp_inter = 0, moe_inter = 0, shared_inter = 0;
+  // The routed experts held: [expert0, expert0 + experts) (every one but in rank mode, EP).
+  int32_t expert0 = 0;
+  int64_t experts = 0;
 };
 
 // Every weight of a model on the device. Immutable once made, so engines over the same Model
-// and GEMM precision share one copy (a server's live engine and its capture re-runs).
+// and GEMM precision share one copy (a server's live engine and its capture re-runs). In rank
+// mode (KernelPlan::ranks) the rank's shard only: the heads', the intermediate slices' and the
+// expert block's rows and columns (CudaBackend::ShardLayer; the rest replicated).
 struct DeviceWeights {
   DevTensor embed, final_norm, lm_head;
   std::vector<DevLayer> layers;
@@ -118,7 +125,7 @@ class CudaBackend final : public Backend {
  private:
   CudaBackend() {
     for (Scratch* sc : {&dev_in_, &act_, &xb_, &xb_side_, &zero_ids_, &mla_ws_, &scores_, &iq8_, &logits_dev_, &gather_,
-                        &mirror_dev_, &tp_w_}) {
+                        &mirror_dev_, &tp_w_, &tp_gather_}) {
       sc->generation = &alloc_generation_;
     }
   }
@@ -128,6 +135,8 @@ class CudaBackend final : public Backend {
   // The shared device weights of (model_, weight precision): made now, or taken from a live engine.
   Status AcquireWeights();
   Status AllocateCache(const PagedKvCache& cache);
+  // Rank mode: layer l's whole tensors → rank_'s shard of them (docs/parallelism.md).
+  Status ShardLayer(DevLayer& D, int64_t l, cu::Stream s) const;
 
   // The dot GEMM's (gemm=*_dot) parameters of Linear: w as one expert, fixed ids.
   Result<kernels::cuda::ExpertGemmParams> DotParams(const float* x, int64_t x_stride, int64_t rows, const DevTensor& w,
@@ -163,6 +172,8 @@ class CudaBackend final : public Backend {
   Status OutProjBlock(CudaStep& st, int64_t l);      // o_proj, x += o, the FFN's norm (and routing)
   Status FfnBlock(CudaStep& st, int64_t l);          // dense MLP or MoE, x += o, the next norm
   Status HeadBlock(CudaStep& st);                    // final norm, lm_head, the step's tap tail
+  // A head-sharded tensor [R, nh·w] as tap t of layer l (rank mode: every rank's, whole rows).
+  Status TapHeads(CudaStep& st, int64_t l, TapId t, const float* mine, int64_t w);
   // Runs fn's launches on the side stream after what st.main_stream has queued; join_ marks their end.
   Status OnSide(CudaStep& st, const std::function<Status()>& fn);
 
@@ -177,6 +188,19 @@ class CudaBackend final : public Backend {
 
   std::shared_ptr<Model> model_;
   std::string device_;
+  // Rank mode (KernelPlan::ranks: real tensor parallelism, this backend one rank): rank_ of
+  // ranks_ (−1 of 1 otherwise), its collective, and the host staging of a collective whose ranks
+  // are threads (kernels::LocalCollectives: the step waits for its stream, and the gather runs
+  // over host memory — no CUDA graphs then).
+  int rank_ = -1, ranks_ = 1;
+  std::shared_ptr<kernels::Collective> coll_;
+  cu::PinnedBuffer gather_host_;
+  // recv [ranks_ × n] (rank q's n floats at q·n, device) = every rank's send [n] (device), on st.s.
+  Status DeviceAllGather(const CudaStep& st, const float* send, int64_t n, float* recv);
+  // Rank mode: every rank's rows of `mine` [R, cols] → out [R][ranks][cols] (the emulation's
+  // partials layout, and for a head-sharded tensor its whole rows), through tp_gather_.
+  Status GatherRows(const CudaStep& st, const float* mine, int64_t cols, float* out);
+  Scratch tp_gather_;
   kernels::Gemm gemm_ = kernels::Gemm::kFp32;  // the variant the weights were uploaded for
   bool bf16_ = false;
   bool fp8_ = false;  // gemm=fp8_dot / w8a8_dot: product weights in FP8 where the model has them (Model::Fp8Weights)

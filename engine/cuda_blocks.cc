@@ -78,12 +78,14 @@ Status CudaBackend::QueryAndKeyBlock(CudaStep& st, int64_t l) {
   auto tn = [&](TapId t) -> const std::string& { return model_->tap_name(l, t); };
   if (taps_.slab()) {  // this layer's tapped tensors in their slab places
     st.h = st.SlabAt(l, CudaStep::kSAttnNorm);
-    st.q = st.SlabAt(l, CudaStep::kSQ);
     st.latent = st.SlabAt(l, CudaStep::kSLatent);
     st.kv = st.SlabAt(l, CudaStep::kSKv);
     st.topk_pos = reinterpret_cast<int32_t*>(st.SlabAt(l, CudaStep::kSTopk));
-    st.heads = st.SlabAt(l, CudaStep::kSHeads);
     st.o = st.SlabAt(l, CudaStep::kSAttnOut);
+    if (!st.ranked()) {  // (a rank's heads stay in its buffers: TapHeads gathers the whole rows there)
+      st.q = st.SlabAt(l, CudaStep::kSQ);
+      st.heads = st.SlabAt(l, CudaStep::kSHeads);
+    }
   }
   if (!st.h_ready) LS_RETURN_IF_ERROR(st.RmsNorm(st.x, H, D.input_norm, H, st.rms_eps, st.h, H));
   st.h_ready = false;
@@ -132,7 +134,7 @@ Status CudaBackend::QueryAndKeyBlock(CudaStep& st, int64_t l) {
   LS_RETURN_IF_ERROR(st.Rope(st.q + dn, nh * dqk, nh, dqk, style));
   LS_RETURN_IF_ERROR(Mark("q_proj"));
   if (!st.overlap) LS_RETURN_IF_ERROR(kv_path());
-  LS_RETURN_IF_ERROR(taps_.Tap(tn(kTapQ), st.q, nh * dqk, nh * dqk, TapDType::kF32));
+  LS_RETURN_IF_ERROR(TapHeads(st, l, kTapQ, st.q, dqk));
   LS_RETURN_IF_ERROR(taps_.Tap(tn(kTapLatent), st.latent, C, C, TapDType::kF32));
   return taps_.Tap(tn(kTapKRope), st.kv + C, dr, C + dr, TapDType::kF32);
 }
@@ -344,7 +346,22 @@ Status CudaBackend::AttendBlock(CudaStep& st, int64_t l) {
   ab.y_stride = dv;
   LS_RETURN_IF_ERROR(cu::ExpertGemm(ab, st.s));
   LS_RETURN_IF_ERROR(Mark("absorb_v"));
-  return taps_.Tap(model_->tap_name(l, kTapHeads), st.heads, nh * dv, nh * dv, TapDType::kF32);
+  return TapHeads(st, l, kTapHeads, st.heads, dv);
+}
+
+Status CudaBackend::TapHeads(CudaStep& st, int64_t l, TapId t, const float* mine, int64_t w) {
+  const std::string& name = model_->tap_name(l, t);
+  const int64_t cols = st.nh * w;
+  if (!st.ranked()) return taps_.Tap(name, mine, cols, cols, TapDType::kF32);
+  // Rank mode: every rank gathers them or none does (the group's collectives must match).
+  if (!st.plan.tp_gather_taps) {
+    if (!taps_.active()) return Status::Ok();
+    return Status::InvalidArgument(name + ": a rank's tap of a head-sharded tensor needs tp_gather_taps on every rank");
+  }
+  float* whole = taps_.slab() ? st.SlabAt(l, t == kTapQ ? CudaStep::kSQ : CudaStep::kSHeads)
+                              : t == kTapQ ? st.q_whole : st.heads_whole;
+  LS_RETURN_IF_ERROR(GatherRows(st, mine, cols, whole));
+  return taps_.Tap(name, whole, st.tp * cols, st.tp * cols, TapDType::kF32);
 }
 
 // o = o_proj(heads) [R, H]; x = x + o; h = RMSNorm(x) (the FFN's input) — and in an MoE layer
@@ -358,7 +375,12 @@ Status CudaBackend::OutProjBlock(CudaStep& st, int64_t l) {
     LS_ASSIGN_OR_RETURN(const float* headsl, st.LinearIn(st.heads, nh * dv, st.headsq));
     if (st.tp > 1) {  // emulated TP: each rank's heads through its slice of o_proj, then the all-reduce
       float* parts = taps_.slab() ? st.SlabAt(l, CudaStep::kSAttnParts) : st.attn_parts;
-      LS_RETURN_IF_ERROR(RowParallel(headsl, nh * dv, R, D.o_proj, st.tp, dv, parts));
+      if (st.ranked()) {  // a rank: its heads through its columns (o holds its partial), every rank's gathered
+        LS_RETURN_IF_ERROR(Linear(headsl, nh * dv, R, D.o_proj, st.o, H));
+        LS_RETURN_IF_ERROR(GatherRows(st, st.o, H, parts));
+      } else {
+        LS_RETURN_IF_ERROR(RowParallel(headsl, nh * dv, R, D.o_proj, st.tp, dv, parts));
+      }
       LS_RETURN_IF_ERROR(taps_.Tap(model_->tap_name(l, kTapAttnPartials), parts, st.tp * H, st.tp * H, TapDType::kF32));
       LS_RETURN_IF_ERROR(TpAllReduce(st, parts, st.o));
     } else {
@@ -423,7 +445,12 @@ Status CudaBackend::FfnBlock(CudaStep& st, int64_t l) {
   // plus its block of routed experts), then the all-reduce into o.
   const int tp = st.tp;
   float* const parts = tp == 1 ? nullptr : taps_.slab() ? st.SlabAt(l, CudaStep::kSFfnParts) : st.ffn_parts;
-  if (c.layers[l].ffn == FfnKind::kDense && tp > 1) {
+  // Rank mode: this rank's partial alone, in sh (its MLP slice, or its shared-expert slice plus
+  // its experts' sum), every rank's gathered into parts before the all-reduce.
+  if (c.layers[l].ffn == FfnKind::kDense && st.ranked()) {
+    LS_RETURN_IF_ERROR(SwiGluMlp(D.mlp_gate_up, D.mlp_down, D.mlp_inter, hfl, R, st.sh));
+    LS_RETURN_IF_ERROR(Mark("dense_mlp"));
+  } else if (c.layers[l].ffn == FfnKind::kDense && tp > 1) {
     LS_RETURN_IF_ERROR(MlpPartials(D.mlp_gate_up, D.mlp_down, D.mlp_inter, hfl, R, tp, parts));
     LS_RETURN_IF_ERROR(Mark("dense_mlp"));
   } else if (c.layers[l].ffn == FfnKind::kDense) {
@@ -464,7 +491,9 @@ Status CudaBackend::FfnBlock(CudaStep& st, int64_t l) {
     cu::ExpertGemmParams ge;
     ge.rows = R;
     ge.k = k;
-    ge.experts = E;
+    ge.experts = D.experts;  // (rank mode: its block, from expert0; the other ranks' slots skipped)
+    ge.expert0 = D.expert0;
+    ge.skip_foreign = st.ranked();
     ge.out = 2 * I;
     ge.in = H;
     D.experts_gate_up.Bind(&ge, 0, 2 * I);
@@ -505,7 +534,27 @@ Status CudaBackend::FfnBlock(CudaStep& st, int64_t l) {
     ge.tensor_cores = experts_tc && cu::ExpertGemmTcFits(ge);
     LS_RETURN_IF_ERROR(cu::ExpertGemm(ge, st.s));
     LS_RETURN_IF_ERROR(Mark("experts_down"));
-    if (tp > 1) {
+    if (st.ranked()) {
+      // This rank's slice of the shared experts, then its experts' weighted outputs summed into it.
+      if (c.n_shared_experts > 0) {
+        LS_RETURN_IF_ERROR(SwiGluMlp(D.shared_gate_up, D.shared_down, D.shared_inter, hfl, R, st.sh));
+      }
+      cu::TpExpertPartialsParams pp;
+      pp.y = st.ey;
+      pp.y_stride = H;
+      pp.weights = st.wts;
+      pp.ids = st.ids;
+      pp.experts = E;
+      pp.shared = c.n_shared_experts > 0 ? st.sh : nullptr;
+      pp.out = st.sh;
+      pp.rows = R;
+      pp.k = k;
+      pp.n = H;
+      pp.ranks = tp;
+      pp.rank = st.rank;
+      LS_RETURN_IF_ERROR(cu::TpExpertPartials(pp, st.s));
+      LS_RETURN_IF_ERROR(Mark("combine"));
+    } else if (tp > 1) {
       // Rank q holds experts ShardOf(E, tp, q) and its slice of the shared experts.
       if (c.n_shared_experts > 0) {
         LS_RETURN_IF_ERROR(MlpPartials(D.shared_gate_up, D.shared_down, D.shared_inter, hfl, R, tp, parts));
@@ -564,6 +613,7 @@ Status CudaBackend::FfnBlock(CudaStep& st, int64_t l) {
       LS_RETURN_IF_ERROR(Mark("combine"));
     }
   }
+  if (st.ranked()) LS_RETURN_IF_ERROR(GatherRows(st, st.sh, H, parts));
   if (tp > 1) {
     LS_RETURN_IF_ERROR(taps_.Tap(tn(kTapFfnPartials), parts, tp * H, tp * H, TapDType::kF32));
     LS_RETURN_IF_ERROR(TpAllReduce(st, parts, st.o));
@@ -626,6 +676,33 @@ Status CudaBackend::HeadBlock(CudaStep& st) {
     LS_RETURN_IF_ERROR(tail());
   }
   return Mark("tap_summaries");
+}
+
+Status CudaBackend::DeviceAllGather(const CudaStep& st, const float* send, int64_t n, float* recv) {
+  if (coll_->device_native()) return coll_->AllGatherDevice(send, n, recv, st.s);
+  // Ranks on threads: the rows through host memory (the step waits for its stream twice).
+  const size_t bytes = static_cast<size_t>(n) * 4;
+  if (gather_host_.size() < bytes * (ranks_ + 1)) {
+    LS_ASSIGN_OR_RETURN(gather_host_, cu::PinnedBuffer::Allocate(bytes * (ranks_ + 1) * 2));
+  }
+  float* host = gather_host_.as<float>();
+  LS_RETURN_IF_ERROR(cu::CopyAsync(host, send, bytes, st.s));
+  LS_RETURN_IF_ERROR(cu::SynchronizeStream(st.s));
+  LS_RETURN_IF_ERROR(coll_->AllGather(host, n, host + n));
+  LS_RETURN_IF_ERROR(cu::CopyAsync(recv, host + n, bytes * ranks_, st.s));
+  return cu::SynchronizeStream(st.s);  // (the host buffer serves the next gather)
+}
+
+Status CudaBackend::GatherRows(const CudaStep& st, const float* mine, int64_t cols, float* out) {
+  const int64_t R = st.R, n = R * cols;
+  LS_RETURN_IF_ERROR(tp_gather_.Ensure(static_cast<size_t>(n * ranks_) * 4));
+  float* all = tp_gather_.as<float>();  // rank-major [ranks][R][cols]
+  LS_RETURN_IF_ERROR(DeviceAllGather(st, mine, n, all));
+  for (int q = 0; q < ranks_; ++q) {  // → [R][ranks][cols]
+    LS_RETURN_IF_ERROR(cu::Copy2DAsync(out + q * cols, static_cast<size_t>(ranks_ * cols) * 4, all + q * n,
+                                       static_cast<size_t>(cols) * 4, static_cast<size_t>(cols) * 4, R, st.s));
+  }
+  return Status::Ok();
 }
 
 Status CudaBackend::TpAllReduce(const CudaStep& st, const float* partials, float* y) {

@@ -147,7 +147,10 @@ Status CudaBackend::Forward(std::span<Segment> segs, PagedKvCache& cache, const 
                              {&t.hq, w8a8_ ? R * H : 0}, {&t.qrq, w8a8_ ? R * qlora : 0},
                              {&t.headsq, w8a8_ ? R * nh * dv : 0},
                              // emulated TP: the ranks' partials of o_proj and of the FFN
-                             {&t.attn_parts, tp_cols}, {&t.ffn_parts, tp_cols}};
+                             {&t.attn_parts, tp_cols}, {&t.ffn_parts, tp_cols},
+                             // rank mode: the head-sharded taps' whole rows (every rank's heads)
+                             {&t.q_whole, step.ranked() ? R * c.num_attention_heads * dqk : 0},
+                             {&t.heads_whole, step.ranked() ? R * c.num_attention_heads * dv : 0}};
   size_t total = 0;
   for (const Part& p : parts) total += static_cast<size_t>((p.n + 63) / 64 * 64);
   LS_RETURN_IF_ERROR(act_.Ensure(total * 4));
@@ -193,7 +196,9 @@ Status CudaBackend::Forward(std::span<Segment> segs, PagedKvCache& cache, const 
   // leave the device in one copy (values) or one summary launch at the end (summaries), not as
   // a copy or launch per tap. Prefill steps (and grafting) use the per-tap arena instead.
   // (CudaStep::SlabPart: the places, in this order.)
-  const int64_t part_cols[CudaStep::kSParts] = {H, nh * dqk, C,     C + dr, std::max<int64_t>(topk, 1), nh * dv, H,
+  // (attn.q and attn.heads: every head's, in rank mode too — a rank gathers them there.)
+  const int64_t nh_all = c.num_attention_heads;
+  const int64_t part_cols[CudaStep::kSParts] = {H, nh_all * dqk, C, C + dr, std::max<int64_t>(topk, 1), nh_all * dv, H,
                                                 H, H,        k_,    k_,     H,                          H,
                                                 step.tp > 1 ? step.tp * H : 0, step.tp > 1 ? step.tp * H : 0};
   int64_t& layer_floats = step.layer_floats;

@@ -33,12 +33,23 @@ struct CudaStep {
     rms_eps = static_cast<float>(c.rms_norm_eps);
     indexer_fp8 = p.indexer == kernels::Indexer::kFp8Paged;
     indexer_hadamard = p.indexer_hadamard();
+    if (p.ranks) {  // rank mode: this rank's heads [h0, h0 + nh) only
+      rank = p.ranks->rank();
+      const Shard mine = ShardOf(nh, p.ranks->size(), rank);
+      h0 = mine.begin;
+      nh = mine.end - mine.begin;
+    }
   }
   const ModelConfig& c;
   const kernels::KernelPlan& plan;
   PagedKvCache& cache;
 
-  // Shapes (the config's): H hidden, nh heads, dn/dr/dv head parts, C latent, V vocabulary; the
+  // Rank mode (KernelPlan::ranks): this backend's rank, and its first head (nh: its heads);
+  // rank −1 otherwise (every head).
+  int rank = -1;
+  int64_t h0 = 0;
+  bool ranked() const { return rank >= 0; }
+  // Shapes (the config's; nh the rank's heads in rank mode): H hidden, nh heads, dn/dr/dv head parts, C latent, V vocabulary; the
   // V3.2 indexer's nhi heads of di, topk; k experts a row of E. The step's: R rows, RL with logits.
   int64_t H = 0, nh = 0, dn = 0, dr = 0, dv = 0, C = 0, dqk = 0, V = 0;
   int64_t nhi = 0, di = 0, topk = 0, k = 0, E = 0;
@@ -71,6 +82,8 @@ struct CudaStep {
   // [R, tp, H] of o_proj and of the FFN before their all-reduces (empty at TP 1).
   int tp = 1;
   float *attn_parts = nullptr, *ffn_parts = nullptr;
+  // Rank mode: the whole rows of the head-sharded taps (attn.q, attn.heads) outside the slab.
+  float *q_whole = nullptr, *heads_whole = nullptr;
   // This layer's: what the linear layers read of h and of qr (LinearIn), and whether the
   // attention's output block routed the FFN's rows already (NormRoute).
   const float *h_lin = nullptr, *qr_lin = nullptr;

@@ -70,6 +70,8 @@ class CudaTapCapture final : public TapCapture {
   // The step's start: its hook (null: no taps), segments and rows (they must live through the step).
   void BeginStep(TapHook* hook, std::span<const Segment> segs, std::span<const int64_t> row0, int64_t rows);
   void EndStep();
+  // Whether this step has a hook (Tap does nothing without one).
+  bool active() const { return hook_ != nullptr; }
   // The hook reads summaries only (TapHook::WantsTapValues false): set by BeginStep.
   bool summaries_only() const { return summaries_only_; }
   // The slab of `bytes` for this step when `on`; Tap then requires every tensor inside it.

@@ -70,10 +70,9 @@ Result<std::unique_ptr<Engine>> Engine::Create(std::shared_ptr<Model> model, Eng
   int64_t tp = options.emulate_tp;
   if (options.tp_ranks) {
     const int64_t n = options.tp_ranks->size();
-    if (options.backend != "cpu") {
+    if (options.backend != "cpu" && options.backend != "cuda") {
       return Status::Unsupported("tensor parallelism over real ranks: the " + options.backend +
-                                 " backend's rank mode is not built yet (the cpu backend's is; on the GPU, "
-                                 "--emulate-tp N)");
+                                 " backend has no rank mode (the cpu and cuda backends do)");
     }
     if (tp != 1 && tp != n) {
       return Status::InvalidArgument("--emulate-tp " + std::to_string(tp) + " with " + std::to_string(n) +

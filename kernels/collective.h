@@ -25,6 +25,14 @@ class Collective {
   // recv [size × n], rank q's n values at q·n, = every rank's send [n]. Blocks until every rank
   // of the group has called it with the same n; fails, on every rank, once any rank aborted.
   virtual Status AllGather(const float* send, int64_t n, float* recv) = 0;
+  // Whether the group gathers device memory itself, on a stream (NCCL's: kernels/cuda/nccl_api.h),
+  // inside a CUDA graph too; else a GPU rank stages its rows through host memory and AllGather.
+  virtual bool device_native() const { return false; }
+  // device_native groups: AllGather over device pointers, enqueued on `stream` (a cudaStream_t).
+  virtual Status AllGatherDevice(const float* send, int64_t n, float* recv, void* stream) {
+    (void)send, (void)n, (void)recv, (void)stream;
+    return Status::Unsupported("this collective gathers host memory only");
+  }
   // Fails this and every other rank's pending and later calls with `why` (a rank whose step
   // failed calls it, so the others do not wait for it forever).
   virtual void Abort(const Status& why) = 0;

@@ -23,7 +23,7 @@ shift $(( $# > 2 ? 2 : $# ))
 targets=("$@")
 if [ ${#targets[@]} -eq 0 ]; then
   targets=(gpu_engine_test gpu_engine_taps_test gpu_expert_gemm_test gpu_gemm_test gpu_indexer_test gpu_latent_write_test gpu_mla_decode_test
-           gpu_model_ops_test gpu_norm_rope_test gpu_sampler_test gpu_summarize_test gpu_variant_twin_test gpu_tensor_parallel_test
+           gpu_model_ops_test gpu_norm_rope_test gpu_sampler_test gpu_summarize_test gpu_variant_twin_test gpu_tensor_parallel_test gpu_tp_ranks_test
            bench_gpu_decode bench_gpu_sampler bench_record bench_mla_decode bench_expert_gemm bench_recorder_host bench_nccl lockstep)
 fi
 if [ ! -f "$build/CMakeCache.txt" ]; then

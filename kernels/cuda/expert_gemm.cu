@@ -189,7 +189,8 @@ __global__ void __launch_bounds__(kWarps * 32) ExpertGemmKernel(ExpertGemmParams
   int e = blockIdx.y;
   if constexpr (kBySlot) {
     const int64_t slot = blockIdx.y;
-    e = p.ids[slot];
+    e = LocalExpert(p, p.ids[slot]);
+    if (ForeignExpert(p, e)) return;  // another rank's slot
     if (e < 0 || e >= p.experts) {
       if (blockIdx.x == 0 && tid == 0 && p.error_flag != nullptr) atomicOr(p.error_flag, kErrExpert);
       if (tid < kRows && o0 + tid < p.out) p.y[slot * p.y_stride + o0 + tid] = QuietNan();
@@ -211,9 +212,9 @@ __global__ void __launch_bounds__(kWarps * 32) ExpertGemmKernel(ExpertGemmParams
       const int64_t i = pos + tid;
       bool match = false;
       if (i < total) {
-        const int32_t id = p.ids[i];
+        const int32_t id = LocalExpert(p, p.ids[i]);
         match = id == e;
-        if (blockIdx.y == 0 && (id < 0 || id >= p.experts)) {
+        if (blockIdx.y == 0 && (id < 0 || id >= p.experts) && !p.skip_foreign) {
           if (blockIdx.x == 0 && p.error_flag != nullptr) atomicOr(p.error_flag, kErrExpert);
           for (int c = 0; c < kRows && o0 + c < p.out; ++c) p.y[i * p.y_stride + o0 + c] = QuietNan();
         }
@@ -379,7 +380,8 @@ __global__ void __launch_bounds__(kWarps * 32) ExpertGemmFastKernel(ExpertGemmPa
   int e = blockIdx.y;
   if constexpr (kBySlot) {
     const int64_t slot = blockIdx.y;
-    e = p.ids[slot];
+    e = LocalExpert(p, p.ids[slot]);
+    if (ForeignExpert(p, e)) return;  // another rank's slot
     if (e < 0 || e >= p.experts) {
       if (blockIdx.x == 0 && tid == 0 && p.error_flag != nullptr) atomicOr(p.error_flag, kErrExpert);
       if (tid < kRows && o0 + tid < p.out) p.y[slot * p.y_stride + o0 + tid] = QuietNan();
@@ -436,9 +438,9 @@ __global__ void __launch_bounds__(kWarps * 32) ExpertGemmFastKernel(ExpertGemmPa
       for (int j = 0; j < kFwIdsPerThread; ++j) {
         const int64_t i = base + j;
         if (i < total) {
-          const int32_t id = p.ids[i];
+          const int32_t id = LocalExpert(p, p.ids[i]);
           if (id == e) bits |= 1u << j;
-          if (police && (id < 0 || id >= p.experts)) {
+          if (police && (id < 0 || id >= p.experts) && !p.skip_foreign) {
             if (blockIdx.x == 0 && p.error_flag != nullptr) atomicOr(p.error_flag, kErrExpert);
             for (int c = 0; c < kRows && o0 + c < p.out; ++c) p.y[i * p.y_stride + o0 + c] = QuietNan();
           }

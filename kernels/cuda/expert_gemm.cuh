@@ -15,6 +15,13 @@ constexpr int64_t kMaxGrid = 65535;  // grid.y / grid.z limit
 
 __device__ __forceinline__ float QuietNan() { return __uint_as_float(0x7fc00000u); }
 
+// Slot id → the launch's expert (ExpertGemmParams::expert0), and whether an expert outside the
+// launch's is another rank's slot (skipped) rather than an error.
+__device__ __forceinline__ int LocalExpert(const ExpertGemmParams& p, int32_t id) { return id - p.expert0; }
+__device__ __forceinline__ bool ForeignExpert(const ExpertGemmParams& p, int e) {
+  return p.skip_foreign && (e < 0 || e >= p.experts);
+}
+
 // cpu::SwiGlu's element: (g / (1 + exp(−g))) · u (also ExpertGemm's swiglu epilogue).
 __device__ __forceinline__ float SwiGluOf(float g, float u) {
   return __fmul_rn(__fdiv_rn(g, __fadd_rn(1.0f, dev::ExpF(-g))), u);

@@ -99,6 +99,7 @@ __device__ __forceinline__ bool BadExpert(const ExpertGemmParams& p, int e, int6
                                           int tid, int64_t limit) {
   if (e >= 0 && e < p.experts) return false;
   dev::GridDependencySync();
+  if (p.skip_foreign) return true;  // another rank's slot: not computed here
   if (blockIdx.x == 0 && tid == 0 && p.error_flag != nullptr) atomicOr(p.error_flag, kErrExpert);
   if (tid < rows && row0 + tid < limit) p.y[slot * p.y_stride + row0 + tid] = QuietNan();
   return true;
@@ -116,7 +117,7 @@ __global__ void __launch_bounds__(kSwThreads) ExpertGemmStreamKernel(ExpertGemmP
   // Fixed ids (a dense product's): the weight blocks are requested before the wait for the
   // previous kernel (launch.cuh), so they stream in while it finishes.
   if (!p.ids_fixed) dev::WaitForPrior();
-  const int e = p.ids[slot];
+  const int e = LocalExpert(p, p.ids[slot]);
   if (BadExpert(p, e, slot, row0, kRows, tid, p.out)) return;
   const int nblk = static_cast<int>((p.in + kFwBlk - 1) / kFwBlk);
   // A warp copies its own four rows (lane = chunk), so a warp barrier, not the CTA's, makes a
@@ -333,7 +334,7 @@ __global__ void __launch_bounds__(kBkThreads) ExpertGemmBulkKernel(ExpertGemmPar
     dev::WaitForPrior();
     if (!combine) XTileLoad(xrow, tn0, tid, kBkThreads, xt);
   }
-  const int e = p.ids[slot];
+  const int e = LocalExpert(p, p.ids[slot]);
   if (swiglu ? BadExpert(p, e, slot, row0, kBkRows / 2, tid, I) : BadExpert(p, e, slot, row0, kBkRows, tid, p.out)) {
     return;
   }

@@ -71,8 +71,8 @@ __global__ void __launch_bounds__(kTcWarps * 32) ExpertGemmTcKernel(ExpertGemmPa
       long long at = pos;
       while (n < kTcTokens && at < S) {
         const long long s = at + lane;
-        const int id = s < S ? p.ids[s] : -1;
-        if (report && s < S && (id < 0 || id >= p.experts)) {
+        const int id = s < S ? p.ids[s] - p.expert0 : -1;  // (ExpertGemmParams::expert0)
+        if (report && s < S && (id < 0 || id >= p.experts) && !p.skip_foreign) {
           if (p.error_flag != nullptr) atomicOr(p.error_flag, kErrExpert);
           for (long long o = 0; o < p.out; ++o) p.y[s * p.y_stride + o] = __uint_as_float(0x7fc00000u);
         }

@@ -568,6 +568,12 @@ struct ExpertGemmParams {
   bool x_per_slot = false;
   bool round_x_bf16 = false;
   const int32_t* ids = nullptr;  // [rows, k] device
+  // Expert parallelism (a rank's block of the routed experts): w holds experts [expert0,
+  // expert0 + experts) of the ids' numbering, and with skip_foreign a slot whose id lies outside
+  // them is another rank's — not computed, its y row untouched, no error. Otherwise (expert0 0)
+  // an id outside [0, experts) is kErrExpert and its y row NaN.
+  int32_t expert0 = 0;
+  bool skip_foreign = false;
   // ids written by no kernel of the step (a dense product's 0s, the heads of the absorbed
   // products): the streaming shape requests its weights before the previous kernel finishes.
   bool ids_fixed = false;
@@ -694,6 +700,9 @@ struct TpExpertPartialsParams {
   float* out = nullptr;           // [rows, ranks, n] contiguous
   int64_t rows = 0, k = 0, n = 0;
   int32_t ranks = 1;
+  // ≥ 0: rank `rank`'s partial alone (a real rank's, not the emulation's): shared and out are
+  // [rows, n] contiguous (y computed for that rank's slots only: ExpertGemmParams::skip_foreign).
+  int32_t rank = -1;
 };
 Status TpExpertPartials(const TpExpertPartialsParams& p, Stream stream = nullptr);
 

@@ -37,9 +37,9 @@ __global__ void AllReduceKernel(AllReduceParams p) {
 
 __global__ void TpExpertPartialsKernel(TpExpertPartialsParams p) {
   dev::GridDependencySync();
-  const int64_t width = p.ranks * p.n;  // a row's partials
+  const int64_t width = p.rank >= 0 ? p.n : p.ranks * p.n;  // a row's partials (one rank's: its own)
   LS_FOR_EACH_ELEMENT(p.rows, width) {
-    const int64_t q = i / p.n, c = i % p.n;
+    const int64_t q = p.rank >= 0 ? p.rank : i / p.n, c = i % p.n;
     const int64_t lo = p.experts * q / p.ranks, hi = p.experts * (q + 1) / p.ranks;
     float acc = 0.0f;
     for (int64_t j = 0; j < p.k; ++j) {
@@ -89,9 +89,10 @@ Status TpExpertPartials(const TpExpertPartialsParams& p, Stream stream) {
   LS_CHECK_ARG(p.rows == 0 || (p.y != nullptr && p.weights != nullptr && p.ids != nullptr && p.out != nullptr), op,
                "y / weights / ids / out", p.y);
   LS_CHECK_ARG(p.y_stride >= p.n, op, "y_stride", p.y_stride);
+  LS_CHECK_ARG(p.rank >= -1 && p.rank < p.ranks, op, "rank", p.rank);
   if (p.rows == 0 || p.n == 0) return Status::Ok();
-  LS_CUDA_RETURN_IF_ERROR(
-      LaunchKernel(TpExpertPartialsKernel, ElementGrid(p.rows, p.ranks * p.n), kElemThreads, 0, stream, p));
+  LS_CUDA_RETURN_IF_ERROR(LaunchKernel(TpExpertPartialsKernel, ElementGrid(p.rows, p.rank >= 0 ? p.n : p.ranks * p.n),
+                                       kElemThreads, 0, stream, p));
   LS_CUDA_LAUNCH_CHECK();
   return Status::Ok();
 }

@@ -123,28 +123,35 @@ struct GemmRun {
 
 GemmRun GpuExpertGemm(const GemmData& d, const std::vector<int32_t>& ids, int64_t rows, const float* x_host,
                       cu::ExpertGemmParams::Launch launch = cu::ExpertGemmParams::Launch::kAuto,
-                      int64_t swiglu_inter = 0, bool tensor_cores = false) {
+                      int64_t swiglu_inter = 0, bool tensor_cores = false, int64_t ep_begin = 0,
+                      int64_t ep_end = 0, float y_fill = 0.0f) {
   const GemmCase& g = d.g;
   cu::DeviceBuffer dw = g.w_fp8 ? Upload(d.w8) : g.w_bf16 ? Upload(d.w16) : Upload(d.w);
   cu::DeviceBuffer dscale = Upload(g.w_fp8 ? d.scales : std::vector<float>(1, 0.0f));
   const int64_t xrows = g.x_per_slot ? rows * g.k : rows;
   auto dx = Upload(std::vector<float>(x_host, x_host + xrows * d.xs));
   auto di = Upload(ids);
-  auto dy = Zeros<float>(rows * g.k * d.ys);
+  auto dy = Upload(std::vector<float>(rows * g.k * d.ys, y_fill));
   auto flag = Zeros<int32_t>(1);
+  // ep_end > 0: a rank's block [ep_begin, ep_end) of the experts (its weights only), the other
+  // slots skipped (ExpertGemmParams::expert0 / skip_foreign).
+  const bool ep = ep_end > 0;
+  const size_t es_bytes = g.w_fp8 ? 1 : g.w_bf16 ? 2 : 4;
   cu::ExpertGemmParams p;
   p.rows = rows;
   p.k = g.k;
-  p.experts = g.experts;
+  p.experts = ep ? ep_end - ep_begin : g.experts;
+  p.expert0 = static_cast<int32_t>(ep_begin);
+  p.skip_foreign = ep;
   p.out = g.out;
   p.in = g.in;
-  p.w = dw.data();
+  p.w = dw.as<const char>() + ep_begin * d.es * es_bytes;
   p.w_bf16 = g.w_bf16;
   p.w_fp8 = g.w_fp8;
   p.w_expert_stride = d.es;
   p.w_row_stride = d.rs;
   if (g.w_fp8) {
-    p.w_scale = dscale.as<float>();
+    p.w_scale = dscale.as<float>() + ep_begin * d.ses;
     p.w_scale_row_stride = d.srs;
     p.w_scale_expert_stride = d.ses;
   }
@@ -311,6 +318,56 @@ TEST(CudaExpertGemm, EveryLaunchShapeGivesTheSameBits) {
       GemmRun got = GpuExpertGemm(d, d.ids, g.rows, d.x.data(), launch);
       EXPECT_EQ(got.flag, 0) << what;
       EXPECT_TRUE(SameBitsOrBothNan(got.y, want, "expert gemm vs cpu::MatMulNT, " + what));
+    }
+  }
+}
+
+// Expert parallelism: a launch over one rank's block of experts [b, e) with the ids' global
+// numbering (expert0 = b, skip_foreign) computes that block's slots with the bits of the launch
+// over every expert and leaves every other slot's row as it was — no NaN, no error flag — in
+// every launch shape and on tensor cores.
+TEST(CudaExpertGemm, ExpertParallelBlockComputesItsSlotsOnly) {
+  LS_REQUIRE_GPU();
+  using L = cu::ExpertGemmParams::Launch;
+  const GemmCase cases[] = {
+      {4, 6, 64, 352, 512, true, false, true, 0},         // MoE decode
+      {50, 6, 8, 96, 1024, true, true, true, 0},          // crowded, per-slot x
+      {1, 6, 8, 2048, 1408, true, true, true, 0},         // routed down at one token
+      {4, 6, 64, 352, 512, false, false, false, 0, true},  // FP8
+      {3, 2, 4, 40, 72, false, false, false, 1},          // fp32, unaligned: register shapes only
+  };
+  const L all[] = {L::kAuto,       L::kRegBySlot,   L::kRegChunk,   L::kFastBySlot4, L::kFastChunk4,
+                   L::kFastBySlot1, L::kFastChunk1, L::kStreamBySlot, L::kBulkBySlot};
+  constexpr float kUntouched = -1234.5f;
+  uint64_t seed = 7000;
+  for (const GemmCase& g : cases) {
+    GemmData d = MakeGemm(g, seed += 10);
+    const std::vector<float> want = CpuExpertGemm(d);
+    const bool aligned = g.pad == 0 && g.in % 16 == 0;
+    const int64_t b = g.experts / 4, e = g.experts / 2;  // a middle block: ids below and above it
+    for (int tc = 0; tc < 2; ++tc) {
+      for (L launch : all) {
+        const bool fast = launch >= L::kFastBySlot4;
+        if (fast && !(aligned && (g.w_bf16 || (g.w_fp8 && launch != L::kStreamBySlot)))) continue;
+        if (tc == 1 && (launch != L::kAuto || !g.w_bf16 || !g.round_x)) continue;
+        const std::string what = Name(g) + " block [" + std::to_string(b) + ", " + std::to_string(e) + ") launch " +
+                                 std::to_string(static_cast<int>(launch)) + (tc ? " tensor cores" : "");
+        GemmRun got = GpuExpertGemm(d, d.ids, g.rows, d.x.data(), launch, 0, tc == 1, b, e, kUntouched);
+        EXPECT_EQ(got.flag, 0) << what;
+        std::vector<float> ref = tc ? GpuExpertGemm(d, d.ids, g.rows, d.x.data(), launch, 0, true).y : want;
+        size_t own = 0, bad = 0;
+        for (int64_t sl = 0; sl < g.rows * g.k; ++sl) {
+          const bool mine = d.ids[sl] >= b && d.ids[sl] < e;
+          own += mine;
+          for (int64_t o = 0; o < g.out; ++o) {
+            const float v = got.y[sl * d.ys + o];
+            const float w = mine ? ref[sl * d.ys + o] : kUntouched;
+            bad += std::memcmp(&v, &w, 4) != 0;
+          }
+        }
+        EXPECT_GT(own, 0u) << what << ": no slot routed to the block (the case tests nothing)";
+        EXPECT_EQ(bad, 0u) << what << ": values not the whole launch's (own slots) or not left as they were (others)";
+      }
     }
   }
 }

@@ -1,0 +1,182 @@
+// tests/gpu/gpu_tp_ranks_test.cc — the CUDA backend's rank mode (EngineOptions::tp_ranks with
+// --backend cuda; docs/parallelism.md "The rank mode on the GPU"): N engines on one GPU, one a
+// thread, each holding only its weight shard — its heads' rows of q_b / kv_b / W_UKᵀ and o_proj
+// columns, its slice of every MLP, its block of routed experts (the other ranks' slots skipped
+// by ExpertGemm) — and gathering the partials through the group's collective, give emulated TP
+// N's bits on the same GPU: every rank's prompt logits and tokens, and rank 0's taps (the
+// gathered partials, the heads' tensors in whole rows). The loopback twin of a run over N GPUs.
+// Skips without a CUDA device.
+#include <gtest/gtest.h>
+
+#include <cstring>
+#include <functional>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "engine/engine.h"
+#include "kernels/collective.h"
+#include "tests/gpu/gpu_engine_util.h"
+
+namespace lockstep {
+namespace {
+
+using engine::Engine;
+using engine::EngineOptions;
+using engine::Model;
+using gpu_testing::TapRecorder;
+
+struct Outcome {
+  std::vector<std::vector<int32_t>> tokens;
+  std::vector<std::vector<float>> logits;
+  Status status;
+};
+
+// Three prompts of 9, 30 and 41 tokens (several pages), 6 new tokens each.
+std::vector<std::vector<int32_t>> Prompts(int64_t vocab) {
+  std::vector<std::vector<int32_t>> ps;
+  for (int r = 0; r < 3; ++r) {
+    std::vector<int32_t> p;
+    for (int i = 0; i < (r == 0 ? 9 : 19 + 11 * r); ++i) p.push_back(static_cast<int32_t>(2 + (11 * i + 7 * r) % (vocab - 2)));
+    ps.push_back(p);
+  }
+  return ps;
+}
+
+EngineOptions Options(const std::string& gemm) {
+  EngineOptions o = gpu_testing::Cuda(engine::KvFormat::kFp32, gemm);
+  o.kernels["attn_prefill"] = "absorbed";
+  return o;
+}
+
+Outcome Run(const std::shared_ptr<Model>& m, const EngineOptions& o, const std::vector<std::vector<int32_t>>& prompts,
+            engine::TapHook* hook) {
+  Outcome out;
+  auto e = Engine::Create(m, o);
+  if (!e.ok()) {
+    out.status = e.status();
+    if (o.tp_ranks) o.tp_ranks->Abort(out.status);  // the other ranks would wait for this one
+    return out;
+  }
+  if (hook != nullptr) (*e)->SetTapHook(hook);
+  for (const auto& p : prompts) {
+    engine::Request r;
+    r.prompt = p;
+    r.max_new_tokens = 6;
+    r.all_prompt_logits = true;
+    if (auto id = (*e)->AddRequest(r); !id.ok()) {
+      out.status = id.status();
+      return out;
+    }
+  }
+  out.status = (*e)->RunToCompletion();
+  for (int64_t i = 0; i < (*e)->num_requests(); ++i) {
+    out.tokens.push_back((*e)->request(i).generated);
+    out.logits.push_back((*e)->request(i).prompt_logits);
+  }
+  return out;
+}
+
+// N ranks as threads sharing the GPU; rank r runs prompts_of(r), rank 0 with `hook`.
+std::vector<Outcome> RunRanks(const std::shared_ptr<Model>& m, const EngineOptions& o, int n,
+                              const std::function<std::vector<std::vector<int32_t>>(int)>& prompts_of,
+                              engine::TapHook* hook) {
+  auto group = kernels::LocalCollectives(n);
+  std::vector<Outcome> outs(n);
+  std::vector<std::thread> threads;
+  for (int r = 0; r < n; ++r) {
+    threads.emplace_back([&, r] {
+      EngineOptions mine = o;
+      mine.tp_ranks = group[r];
+      outs[r] = Run(m, mine, prompts_of(r), r == 0 ? hook : nullptr);
+    });
+  }
+  for (auto& t : threads) t.join();
+  return outs;
+}
+
+size_t LogitsApart(const Outcome& a, const Outcome& b) {
+  if (a.logits.size() != b.logits.size()) return ~size_t{0};
+  size_t d = 0;
+  for (size_t i = 0; i < a.logits.size(); ++i) {
+    if (a.logits[i].size() != b.logits[i].size()) return ~size_t{0};
+    for (size_t j = 0; j < a.logits[i].size(); ++j) d += std::memcmp(&a.logits[i][j], &b.logits[i][j], 4) != 0;
+  }
+  return d;
+}
+
+void ExpectEmulationsBits(const std::shared_ptr<Model>& m, const std::string& what, int n, const std::string& gemm) {
+  SCOPED_TRACE(what + " at " + std::to_string(n) + " ranks, gemm=" + gemm);
+  ASSERT_NE(m, nullptr);
+  const auto prompts = Prompts(m->config().vocab_size);
+  EngineOptions emu = Options(gemm);
+  emu.emulate_tp = n;
+  TapRecorder want_taps, got_taps;
+  const Outcome want = Run(m, emu, prompts, &want_taps);
+  ASSERT_TRUE(want.status.ok()) << want.status.message();
+  const std::vector<Outcome> got = RunRanks(m, Options(gemm), n, [&](int) { return prompts; }, &got_taps);
+  for (int r = 0; r < n; ++r) {
+    ASSERT_TRUE(got[r].status.ok()) << "rank " << r << ": " << got[r].status.message();
+    EXPECT_EQ(got[r].tokens, want.tokens) << "rank " << r;
+    EXPECT_EQ(LogitsApart(got[r], want), 0u) << "rank " << r << ": prompt logits differ from the emulation's";
+  }
+  size_t compared = 0, partials = 0;
+  for (const auto& [key, t] : want_taps.taps) {
+    auto it = got_taps.taps.find(key);
+    ASSERT_NE(it, got_taps.taps.end()) << key << " not tapped by rank 0";
+    EXPECT_EQ(it->second.cols, t.cols) << key;
+    EXPECT_TRUE(it->second.bytes == t.bytes) << key << " differs from the emulation's";
+    ++compared;
+    partials += key.find(".partials@") != std::string::npos;
+  }
+  EXPECT_EQ(got_taps.taps.size(), want_taps.taps.size());
+  EXPECT_GE(partials, static_cast<size_t>(2 * m->config().num_hidden_layers * 3));
+  std::printf("  [%s, %d ranks, gemm=%s] %zu taps (%zu partials) and every rank's prompt logits: the emulation's bits\n",
+              what.c_str(), n, gemm.c_str(), compared, partials);
+}
+
+std::shared_ptr<Model> Fixture(const char* name) {
+  auto m = Model::Load(testing::FixtureDir() / "models" / name);
+  EXPECT_TRUE(m.ok()) << m.status().message();
+  return m.ok() ? *m : nullptr;
+}
+
+// Dense and MoE layers, shared experts, the V3.2 indexer; FP8 checkpoint weights whose rank
+// slices start inside a 128-column scale block (v3_fp8: each rank's shard decoded to fp32, as
+// the emulation decodes the slice); the dot products (the CPU's order) and cuBLAS (gemm=fp32,
+// the backend's default: a rank's q_b and gate_up have fewer output rows than the whole).
+TEST(GpuTpRanks, FixturesGiveTheEmulationsBits) {
+  LS_REQUIRE_GPU();
+  ExpectEmulationsBits(Fixture("v2_lite_like"), "v2_lite_like", 2, "bf16_dot");
+  ExpectEmulationsBits(Fixture("v3_basic"), "v3_basic", 2, "fp32");
+  ExpectEmulationsBits(Fixture("v3_basic"), "v3_basic", 4, "fp8_dot");
+  ExpectEmulationsBits(Fixture("v32_sparse"), "v32_sparse", 2, "bf16_dot");
+  ExpectEmulationsBits(Fixture("v3_fp8"), "v3_fp8", 2, "fp8_dot");
+}
+
+TEST(GpuTpRanks, TinyModel) {
+  LS_REQUIRE_GPU();
+  ExpectEmulationsBits(gpu_testing::Tiny(), "lockstep-tiny-v32", 2, "w8a8_dot");
+  ExpectEmulationsBits(gpu_testing::Tiny(), "lockstep-tiny-v32", 8, "bf16_dot");
+  ExpectEmulationsBits(gpu_testing::Tiny(), "lockstep-tiny-v32", 8, "fp32");
+}
+
+// Ranks given different work fail with an error naming the collective instead of waiting.
+TEST(GpuTpRanks, RanksThatDisagreeFailInsteadOfHanging) {
+  LS_REQUIRE_GPU();
+  auto m = Fixture("v3_basic");
+  ASSERT_NE(m, nullptr);
+  const auto prompts = Prompts(m->config().vocab_size);
+  auto outs = RunRanks(m, Options("bf16_dot"), 2, [&](int r) {
+    auto p = prompts;
+    if (r == 1) p[0].push_back(3);  // one more prompt token: another step shape
+    return p;
+  }, nullptr);
+  for (int r = 0; r < 2; ++r) {
+    ASSERT_FALSE(outs[r].status.ok()) << "rank " << r << " finished although the ranks' steps differ";
+    EXPECT_NE(outs[r].status.message().find("collective"), std::string::npos) << outs[r].status.message();
+  }
+}
+
+}  // namespace
+}  // namespace lockstep
