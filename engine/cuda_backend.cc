@@ -267,6 +267,20 @@ Result<DevTensor> Constant(int64_t rows, int64_t cols, float value, cu::Stream s
   return t;
 }
 
+// Columns [k0, k0 + n) of FP8 tensor t decoded to fp32 into out [t.rows, n] (Fp8SliceToF32).
+cu::Fp8SliceParams Fp8Slice(const DevTensor& t, int64_t k0, int64_t n, float* out) {
+  cu::Fp8SliceParams fp;
+  fp.w = t.buf.as<const uint8_t>();
+  fp.w_stride = t.cols;
+  fp.scale = t.scale.as<const float>();
+  fp.scale_stride = t.scale_cols;
+  fp.rows = t.rows;
+  fp.col0 = k0;
+  fp.n = n;
+  fp.out = out;
+  return fp;
+}
+
 // Rank mode's weight shards (docs/parallelism.md, "The rank mode on the GPU"): a rank's part of
 // a whole tensor, a tensor of its own, copied on the device (the whole one is then dropped, so
 // uploading holds the rank's shard and one whole tensor at a time).
@@ -308,16 +322,7 @@ Result<DevTensor> ColsOf(const DevTensor& t, int64_t k0, int64_t k1, cu::Stream 
   const int64_t n = k1 - k0;
   if (t.fp8 && k0 % 128 != 0) {
     LS_ASSIGN_OR_RETURN(DevTensor out, Allocate(t.rows, n, false));
-    cu::Fp8SliceParams fp;
-    fp.w = t.buf.as<const uint8_t>();
-    fp.w_stride = t.cols;
-    fp.scale = t.scale.as<const float>();
-    fp.scale_stride = t.scale_cols;
-    fp.rows = t.rows;
-    fp.col0 = k0;
-    fp.n = n;
-    fp.out = out.buf.as<float>();
-    LS_RETURN_IF_ERROR(cu::Fp8SliceToF32(fp, s));
+    LS_RETURN_IF_ERROR(cu::Fp8SliceToF32(Fp8Slice(t, k0, n, out.buf.as<float>()), s));
     return out;
   }
   DevTensor out;
@@ -832,15 +837,7 @@ Status CudaBackend::LinearCols(const float* x, int64_t x_stride, int64_t rows, c
       // Off the scale blocks: the slice's weight values as fp32 (the kernels' FP8 values), and
       // the product over them — the same values, the same order, the same bits.
       LS_RETURN_IF_ERROR(tp_w_.Ensure(static_cast<size_t>(wt.rows * n) * 4));
-      cu::Fp8SliceParams fp;
-      fp.w = wt.buf.as<const uint8_t>();
-      fp.w_stride = wt.cols;
-      fp.scale = wt.scale.as<const float>();
-      fp.scale_stride = wt.scale_cols;
-      fp.rows = wt.rows;
-      fp.col0 = k0;
-      fp.n = n;
-      fp.out = tp_w_.as<float>();
+      const cu::Fp8SliceParams fp = Fp8Slice(wt, k0, n, tp_w_.as<float>());
       LS_RETURN_IF_ERROR(cu::Fp8SliceToF32(fp, launch_));
       g.w = fp.out;
       g.w_fp8 = false;

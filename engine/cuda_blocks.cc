@@ -377,7 +377,9 @@ Status CudaBackend::OutProjBlock(CudaStep& st, int64_t l) {
       float* parts = taps_.slab() ? st.SlabAt(l, CudaStep::kSAttnParts) : st.attn_parts;
       if (st.ranked()) {  // a rank: its heads through its columns (o holds its partial), every rank's gathered
         LS_RETURN_IF_ERROR(Linear(headsl, nh * dv, R, D.o_proj, st.o, H));
+        LS_RETURN_IF_ERROR(Mark("o_proj"));
         LS_RETURN_IF_ERROR(GatherRows(st, st.o, H, parts));
+        LS_RETURN_IF_ERROR(Mark("gather"));  // (--gpu-profile: the collective's time a step)
       } else {
         LS_RETURN_IF_ERROR(RowParallel(headsl, nh * dv, R, D.o_proj, st.tp, dv, parts));
       }
@@ -534,10 +536,14 @@ Status CudaBackend::FfnBlock(CudaStep& st, int64_t l) {
     ge.tensor_cores = experts_tc && cu::ExpertGemmTcFits(ge);
     LS_RETURN_IF_ERROR(cu::ExpertGemm(ge, st.s));
     LS_RETURN_IF_ERROR(Mark("experts_down"));
-    if (st.ranked()) {
-      // This rank's slice of the shared experts, then its experts' weighted outputs summed into it.
-      if (c.n_shared_experts > 0) {
-        LS_RETURN_IF_ERROR(SwiGluMlp(D.shared_gate_up, D.shared_down, D.shared_inter, hfl, R, st.sh));
+    if (tp > 1) {
+      // Rank q holds experts ShardOf(E, tp, q) and its slice of the shared experts: every q's
+      // partial in parts (emulated), or this rank's alone in sh (rank mode: st.rank ≥ 0).
+      float* mine = st.ranked() ? st.sh : parts;
+      if (c.n_shared_experts > 0 && st.ranked()) {
+        LS_RETURN_IF_ERROR(SwiGluMlp(D.shared_gate_up, D.shared_down, D.shared_inter, hfl, R, mine));
+      } else if (c.n_shared_experts > 0) {
+        LS_RETURN_IF_ERROR(MlpPartials(D.shared_gate_up, D.shared_down, D.shared_inter, hfl, R, tp, mine));
       }
       cu::TpExpertPartialsParams pp;
       pp.y = st.ey;
@@ -545,32 +551,13 @@ Status CudaBackend::FfnBlock(CudaStep& st, int64_t l) {
       pp.weights = st.wts;
       pp.ids = st.ids;
       pp.experts = E;
-      pp.shared = c.n_shared_experts > 0 ? st.sh : nullptr;
-      pp.out = st.sh;
+      pp.shared = c.n_shared_experts > 0 ? mine : nullptr;
+      pp.out = mine;
       pp.rows = R;
       pp.k = k;
       pp.n = H;
       pp.ranks = tp;
       pp.rank = st.rank;
-      LS_RETURN_IF_ERROR(cu::TpExpertPartials(pp, st.s));
-      LS_RETURN_IF_ERROR(Mark("combine"));
-    } else if (tp > 1) {
-      // Rank q holds experts ShardOf(E, tp, q) and its slice of the shared experts.
-      if (c.n_shared_experts > 0) {
-        LS_RETURN_IF_ERROR(MlpPartials(D.shared_gate_up, D.shared_down, D.shared_inter, hfl, R, tp, parts));
-      }
-      cu::TpExpertPartialsParams pp;
-      pp.y = st.ey;
-      pp.y_stride = H;
-      pp.weights = st.wts;
-      pp.ids = st.ids;
-      pp.experts = E;
-      pp.shared = c.n_shared_experts > 0 ? parts : nullptr;
-      pp.out = parts;
-      pp.rows = R;
-      pp.k = k;
-      pp.n = H;
-      pp.ranks = tp;
       LS_RETURN_IF_ERROR(cu::TpExpertPartials(pp, st.s));
       LS_RETURN_IF_ERROR(Mark("combine"));
     } else {
@@ -613,7 +600,11 @@ Status CudaBackend::FfnBlock(CudaStep& st, int64_t l) {
       LS_RETURN_IF_ERROR(Mark("combine"));
     }
   }
-  if (st.ranked()) LS_RETURN_IF_ERROR(GatherRows(st, st.sh, H, parts));
+  if (st.ranked()) {
+    LS_RETURN_IF_ERROR(Mark("ffn_partial"));
+    LS_RETURN_IF_ERROR(GatherRows(st, st.sh, H, parts));
+    LS_RETURN_IF_ERROR(Mark("gather"));
+  }
   if (tp > 1) {
     LS_RETURN_IF_ERROR(taps_.Tap(tn(kTapFfnPartials), parts, tp * H, tp * H, TapDType::kF32));
     LS_RETURN_IF_ERROR(TpAllReduce(st, parts, st.o));

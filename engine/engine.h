@@ -41,8 +41,8 @@ struct EngineOptions {
   // Set: real tensor parallelism — this engine is rank tp_ranks->rank() of tp_ranks->size(),
   // computing only its shard (its heads, its slice of the MLPs, its block of experts) and
   // gathering the partials through the collective; every rank of the group runs the same
-  // requests in the same steps and gives emulated TP N's bits (docs/parallelism.md). CPU
-  // backend; emulate_tp must be 1 or the group's size. A failed step aborts the group.
+  // requests in the same steps and gives emulated TP N's bits (docs/parallelism.md). CPU and
+  // CUDA backends; emulate_tp must be 1 or the group's size. A failed step aborts the group.
   std::shared_ptr<kernels::Collective> tp_ranks;
   // With tp_ranks: every step also gathers the head-sharded tensors (attn.q, attn.heads) to
   // every rank, so that a rank's tap hook sees whole rows (the recorder's summaries need them).
