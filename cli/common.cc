@@ -15,6 +15,8 @@
 #include <charconv>
 #include <chrono>
 #include <cmath>
+#include <cstdio>
+#include <cstdlib>
 #include <fstream>
 #include <iostream>
 
@@ -185,10 +187,22 @@ void EngineFlags::Register(CLI::App* app) {
   app->add_option("--tp-ranks", tp_ranks,
                   "Tensor parallelism over N real ranks, 1 to 64 (1 = none): N engines, each computing only its "
                   "shard (its heads, its MLP slice, its experts) and gathering the partials — emulated TP N's bits. "
-                  "Ranks are threads of this process: on the cpu backend, or on one GPU (--backend cuda: each rank "
-                  "its own weight shard, the partials gathered through host memory, no CUDA graphs; a process per "
-                  "GPU over NCCL is not launched yet: docs/parallelism.md)")
+                  "Ranks are threads of this process (the cpu backend, or one GPU with --backend cuda: each rank its own "
+                  "weight shard, the partials gathered through host memory, no CUDA graphs) or processes "
+                  "(--tp-launch processes: over NCCL a GPU each; docs/parallelism.md)")
       ->check(WholeIn(1, 64, "1 to 64"));
+  app->add_option("--tp-launch", tp_launch,
+                  "With --tp-ranks N: threads (the ranks are threads of this process) | processes (ranks 1 … N − 1 "
+                  "are this command started again, one process each, as a multi-GPU run has them: the same "
+                  "tokens and trace; cli/rank_launch.h)")
+      ->check(CLI::IsMember({"threads", "processes"}))
+      ->capture_default_str();
+  app->add_option("--tp-transport", tp_transport,
+                  "--tp-launch processes: where the ranks meet — auto (nccl on --backend cuda when the machine has a "
+                  "GPU a rank, else shm) | shm (shared memory: the cpu backend, or GPU ranks sharing a GPU) | nccl "
+                  "(a GPU a rank, rank r on GPU r)")
+      ->check(CLI::IsMember({"auto", "shm", "nccl"}))
+      ->capture_default_str();
   app->add_flag("--ignore-eos", ignore_eos, "Keep generating past the end-of-sequence token");
   app->add_flag("--no-special-tokens", no_special_tokens,
                 "Encode prompts without the tokenizer's template (no BOS); by default it is applied, as transformers does");
@@ -244,15 +258,29 @@ Result<std::string> EngineFlags::ApplyGenerationConfig(const std::filesystem::pa
   return note.empty() ? std::string() : "sampling defaults from generation_config.json: " + note;
 }
 
+Status RankedEngine::Finish(const Status& rank0) {
+  if (followers) return followers->Finish(rank0);
+  if (processes) return processes->Finish(rank0);
+  return rank0;
+}
+
 Result<RankedEngine> CreateRankedEngine(const std::shared_ptr<engine::Model>& model, engine::EngineOptions options,
-                                        int64_t tp_ranks, const std::vector<engine::Request>& requests) {
+                                        const EngineFlags& flags, const std::vector<engine::Request>& requests) {
   RankedEngine out;
-  if (tp_ranks > 1) {
-    LS_ASSIGN_OR_RETURN(out.followers,
-                        engine::RankFollowers::Start(model, options, static_cast<int>(tp_ranks), requests, &options));
+  const int ranks = static_cast<int>(flags.tp_ranks);
+  if (ranks > 1 && flags.tp_launch == "processes") {
+    if (IsLaunchedRank()) {  // rank r ≥ 1 of a group its rank 0 started: run, and end here
+      const int rc = RunLaunchedRank(model, options, ranks, requests);
+      std::fflush(stdout);
+      std::fflush(stderr);
+      std::exit(rc);
+    }
+    LS_ASSIGN_OR_RETURN(out.processes, RankProcesses::Launch(options, ranks, flags.tp_transport, requests, &options));
+  } else if (ranks > 1) {
+    LS_ASSIGN_OR_RETURN(out.followers, engine::RankFollowers::Start(model, options, ranks, requests, &options));
   }
   auto created = engine::Engine::Create(model, options);
-  if (!created.ok()) return out.followers ? out.followers->Finish(created.status()) : created.status();
+  if (!created.ok()) return out.Finish(created.status());
   out.engine = std::move(*created);
   return out;
 }
@@ -277,8 +305,28 @@ Result<engine::EngineOptions> EngineFlags::ToOptions() const {
 }
 
 Status EngineFlags::Validate() const {
+  if (tp_launch == "processes" && tp_ranks < 2) {
+    return Status::InvalidArgument("--tp-launch processes: starts ranks 1 … N − 1 of --tp-ranks N; give N ≥ 2");
+  }
+  if (tp_transport != "auto" && tp_launch != "processes") {
+    return Status::InvalidArgument("--tp-transport " + tp_transport + ": the group of --tp-launch processes (threads "
+                                   "meet in this process's memory)");
+  }
+  if (tp_transport == "nccl" && backend != "cuda") {
+    return Status::InvalidArgument("--tp-transport nccl: NCCL joins GPUs (--backend cuda); the cpu backend's "
+                                   "processes meet in shared memory (--tp-transport shm, the default there)");
+  }
   LS_ASSIGN_OR_RETURN(engine::EngineOptions o, ToOptions());
   return kernels::Registry::Get().Resolve(o.kernels, o.backend, o.fault).status();
+}
+
+Status EngineFlags::RefuseRanks(const std::string& command) const {
+  if (tp_ranks > 1 || tp_launch != "threads" || tp_transport != "auto") {
+    return Status::Unsupported(command + " --tp-ranks / --tp-launch / --tp-transport: " + command +
+                               " runs one engine (generate and record run rank groups); --emulate-tp " +
+                               std::to_string(std::max<int64_t>(tp_ranks, 2)) + " gives the same bits on one device");
+  }
+  return Status::Ok();
 }
 
 engine::SamplingParams EngineFlags::Sampling() const {

@@ -15,6 +15,7 @@
 #include <nlohmann/json.hpp>
 
 #include "base/status.h"
+#include "cli/rank_launch.h"
 #include "engine/engine.h"
 #include "engine/rank_group.h"
 #include "engine/model.h"
@@ -72,15 +73,22 @@ struct LoadedModel {
 // random_weights: config.json only, weights generated on the GPU (--random-weights).
 Result<LoadedModel> LoadModel(const std::filesystem::path& dir, bool quiet, bool random_weights = false);
 
-// The engine a command drives, and with --tp-ranks N (tp_ranks > 1) the other N − 1 ranks
-// running `requests` beside it (it is rank 0; the caller adds the same requests, runs it, then
-// calls followers->Finish with the outcome).
+struct EngineFlags;
+
+// The engine a command drives, and with --tp-ranks N (N > 1) the other N − 1 ranks running
+// `requests` beside it — threads of this process, or processes (--tp-launch processes,
+// cli/rank_launch.h). It is rank 0; the caller adds the same requests, runs it, then calls
+// Finish with the outcome. In a process started as rank r ≥ 1, CreateRankedEngine runs that
+// rank to completion and exits the process with its status (it never returns there).
 struct RankedEngine {
-  std::unique_ptr<engine::RankFollowers> followers;  // null without --tp-ranks
+  std::unique_ptr<engine::RankFollowers> followers;  // --tp-launch threads
+  std::unique_ptr<RankProcesses> processes;          // --tp-launch processes
   std::unique_ptr<engine::Engine> engine;
+  // The run's outcome with the other ranks': waits for them (rank 0's error first).
+  Status Finish(const Status& rank0);
 };
 Result<RankedEngine> CreateRankedEngine(const std::shared_ptr<engine::Model>& model, engine::EngineOptions options,
-                                        int64_t tp_ranks, const std::vector<engine::Request>& requests);
+                                        const EngineFlags& flags, const std::vector<engine::Request>& requests);
 
 // The model part of a trace's /meta: model_dir, model_config, model_fingerprint, tokenizer_hash.
 Result<std::map<std::string, std::string>> ModelMeta(const LoadedModel& m);
@@ -100,7 +108,9 @@ struct EngineFlags {
   int64_t page_size = 64;
   int64_t kv_cache_tokens = 1 << 16;
   int64_t emulate_tp = 1;
-  int64_t tp_ranks = 1;  // real TP: ranks of this process (engine/rank_group.h); 1 = none
+  int64_t tp_ranks = 1;  // real TP: ranks (engine/rank_group.h); 1 = none
+  std::string tp_launch = "threads";  // threads of this process | processes (cli/rank_launch.h)
+  std::string tp_transport = "auto";  // processes' group: auto | shm | nccl
   bool ignore_eos = false;
   bool no_special_tokens = false;  // encode prompts without the tokenizer's template (BOS)
   std::string fault;
@@ -121,6 +131,9 @@ struct EngineFlags {
   // The checks that need no model — the KV format, every --kernel op=variant and --fault named in
   // the registry for the backend — so a typo fails at once, not after a minutes-long load.
   Status Validate() const;
+  // For commands that run no rank group (degen, serve): --tp-ranks and its launch flags refused
+  // by name instead of ignored (--emulate-tp gives the same bits on one device).
+  Status RefuseRanks(const std::string& command) const;
   engine::SamplingParams Sampling() const;
 };
 

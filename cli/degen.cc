@@ -69,9 +69,10 @@ Result<std::vector<double>> ParseTemperatures(const std::string& s) {
 Status RunDegen(DegenArgs& a) {
   // Everything that needs no model first: a typo must not wait for a load.
   LS_ASSIGN_OR_RETURN(std::vector<double> temps, ParseTemperatures(a.temperatures));
+  LS_RETURN_IF_ERROR(a.flags.Validate());
+  LS_RETURN_IF_ERROR(a.flags.RefuseRanks("degen"));
   LS_ASSIGN_OR_RETURN(std::vector<PromptSpec> specs, CollectPrompts(a.prompts_file, a.prompt, a.prompt_ids));
   if (a.samples <= 0) return Status::InvalidArgument("--samples: must be > 0");
-  LS_RETURN_IF_ERROR(a.flags.Validate());
   if (!a.record_failures.empty() && std::filesystem::exists(a.record_failures) &&
       !std::filesystem::is_directory(a.record_failures)) {
     return Status::InvalidArgument("--record-failures: " + a.record_failures + " exists and is not a directory");

@@ -50,8 +50,7 @@ Status RunGenerate(GenerateArgs& a) {
   // --tp-ranks N: ranks 1 … N − 1 run beside this engine (rank 0). Nothing taps a generation: the
   // ranks need not gather the heads' tensors.
   opts.tp_gather_taps = false;
-  LS_ASSIGN_OR_RETURN(RankedEngine ranked, CreateRankedEngine(m.model, opts, a.flags.tp_ranks, requests));
-  std::unique_ptr<engine::RankFollowers> followers = std::move(ranked.followers);
+  LS_ASSIGN_OR_RETURN(RankedEngine ranked, CreateRankedEngine(m.model, opts, a.flags, requests));
   std::unique_ptr<engine::Engine> eng = std::move(ranked.engine);
   for (engine::Request& r : requests) LS_RETURN_IF_ERROR(eng->AddRequest(std::move(r)).status());
 
@@ -81,7 +80,7 @@ Status RunGenerate(GenerateArgs& a) {
   });
   {
     const Status ran = eng->RunToCompletion();
-    LS_RETURN_IF_ERROR(followers ? followers->Finish(ran) : ran);
+    LS_RETURN_IF_ERROR(ranked.Finish(ran));
   }
   auto t1 = std::chrono::steady_clock::now();
   const double total_s = std::chrono::duration<double>(t1 - t0).count();

@@ -78,8 +78,7 @@ Status RunRecord(RecordArgs& a) {
     requests.push_back(std::move(r));
   }
   // --tp-ranks N: ranks 1 … N − 1 run beside this engine (rank 0).
-  LS_ASSIGN_OR_RETURN(RankedEngine ranked, CreateRankedEngine(m.model, opts, a.flags.tp_ranks, requests));
-  std::unique_ptr<engine::RankFollowers> followers = std::move(ranked.followers);
+  LS_ASSIGN_OR_RETURN(RankedEngine ranked, CreateRankedEngine(m.model, opts, a.flags, requests));
   std::unique_ptr<engine::Engine> eng = std::move(ranked.engine);
 
   recorder::RecordSessionOptions so;
@@ -122,7 +121,7 @@ Status RunRecord(RecordArgs& a) {
   };
   auto res = recorder::RecordRun(*eng, recorded, so);
   progress.Done();
-  if (followers) LS_RETURN_IF_ERROR(followers->Finish(res.status()));
+  LS_RETURN_IF_ERROR(ranked.Finish(res.status()));
   if (!res.ok()) return res.status();
   if (!a.quiet) {
     const auto bytes = res->file_bytes;

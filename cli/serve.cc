@@ -59,6 +59,7 @@ Result<std::string> ReadTokenFile(const std::string& path) {
 }
 
 Status RunServe(ServeArgs& a) {
+  LS_RETURN_IF_ERROR(a.flags.RefuseRanks("serve"));  // before the load
   std::string token_from_file;
   if (!a.admin_token_file.empty()) {
     LS_ASSIGN_OR_RETURN(token_from_file, ReadTokenFile(a.admin_token_file));

@@ -12,4 +12,12 @@ Result<std::unique_ptr<Backend>> CreateCudaBackend(std::shared_ptr<Model>, const
       "rebuild with one to get the GPU backend)");
 }
 
+int CudaDeviceCount() { return 0; }
+
+Result<std::string> NewNcclGroupId() {
+  return Status::Unsupported("NCCL: this lockstep was built without CUDA (a process per GPU needs a CUDA build)");
+}
+
+Result<std::shared_ptr<kernels::Collective>> JoinNcclGroup(const std::string&, int, int) { return NewNcclGroupId().status(); }
+
 }  // namespace lockstep::engine

@@ -7,7 +7,9 @@
 // in the same order, run it, then Finish. Not thread-safe (the caller's thread).
 #pragma once
 
+#include <cstdint>
 #include <memory>
+#include <string>
 #include <thread>
 #include <vector>
 
@@ -35,5 +37,28 @@ class RankFollowers {
   std::vector<Status> results_;
   bool done_ = false;
 };
+
+// Ranks that are processes (cli/rank_launch.h starts them, one per GPU or several on one
+// device): the group they meet in. transport "shm" — processes of one machine in shared memory
+// (kernels/shm_collective.h), any backend, several ranks per GPU allowed — or "nccl", one GPU a
+// rank (NCCL refuses two on one device). Rank 0 prepares the group before it starts the others,
+// who join with `token`; for shm rank 0's collective is ready at once, for nccl rank 0 joins
+// too (JoinProcessGroup blocks until every rank has).
+struct PreparedGroup {
+  std::string token;                            // "shm:/lockstep-tp-…" | "nccl:<hex id>"
+  std::shared_ptr<kernels::Collective> rank0;  // shm only
+};
+Result<PreparedGroup> PrepareProcessGroup(const std::string& transport, int ranks);
+Result<std::shared_ptr<kernels::Collective>> JoinProcessGroup(const std::string& token, int rank, int ranks);
+
+// A fingerprint of the work a rank was given (requests and the options that shape a step), to be
+// compared across ranks before the first step: processes that parsed the same command line but
+// read different files would otherwise fail somewhere mid-run.
+uint64_t WorkDigest(const EngineOptions& options, const std::vector<Request>& requests);
+// Gathers every rank's digest; an error naming the first rank whose work differs from rank 0's.
+Status CheckSameWork(kernels::Collective& group, uint64_t digest);
+
+// Rank r ≥ 1's whole run: an engine on `options` (tp_ranks set), the requests, to completion.
+Status RunFollower(std::shared_ptr<Model> model, const EngineOptions& options, const std::vector<Request>& requests);
 
 }  // namespace lockstep::engine

@@ -18,6 +18,7 @@ struct NcclApi {
   decltype(&::ncclGetUniqueId) GetUniqueId;
   decltype(&::ncclCommInitRank) CommInitRank;
   decltype(&::ncclCommDestroy) CommDestroy;
+  decltype(&::ncclCommAbort) CommAbort;
   decltype(&::ncclAllGather) AllGather;
   decltype(&::ncclGetErrorString) GetErrorString;
 };
@@ -54,6 +55,7 @@ Result<NcclApi> Load() {
   bind(api.GetUniqueId, "ncclGetUniqueId");
   bind(api.CommInitRank, "ncclCommInitRank");
   bind(api.CommDestroy, "ncclCommDestroy");
+  bind(api.CommAbort, "ncclCommAbort");
   bind(api.AllGather, "ncclAllGather");
   bind(api.GetErrorString, "ncclGetErrorString");
   if (!missing.ok()) {
@@ -128,15 +130,23 @@ Result<std::unique_ptr<NcclComm>> NcclComm::Join(const std::string& id_hex, int 
 }
 
 NcclComm::~NcclComm() {
-  if (comm_ != nullptr) {
-    if (auto api = LoadNccl(); api.ok()) (*api)->CommDestroy(static_cast<ncclComm_t>(comm_));
+  if (void* c = comm_.exchange(nullptr); c != nullptr) {
+    if (auto api = LoadNccl(); api.ok()) (*api)->CommDestroy(static_cast<ncclComm_t>(c));
+  }
+}
+
+void NcclComm::Abort() {
+  if (void* c = comm_.exchange(nullptr); c != nullptr) {
+    if (auto api = LoadNccl(); api.ok()) (*api)->CommAbort(static_cast<ncclComm_t>(c));
   }
 }
 
 Status NcclComm::AllGather(const float* send, int64_t n, float* recv, Stream stream) {
   LS_ASSIGN_OR_RETURN(const NcclApi* api, LoadNccl());
   if (n < 0) return Status::InvalidArgument("NCCL AllGather: n = " + std::to_string(n));
-  return Check(api, api->AllGather(send, recv, static_cast<size_t>(n), ncclFloat32, static_cast<ncclComm_t>(comm_),
+  void* comm = comm_.load();
+  if (comm == nullptr) return Status::Internal("NCCL AllGather: the communicator was aborted");
+  return Check(api, api->AllGather(send, recv, static_cast<size_t>(n), ncclFloat32, static_cast<ncclComm_t>(comm),
                               static_cast<cudaStream_t>(stream)),
                "AllGather");
 }

@@ -15,11 +15,13 @@
 // (NCCL_NVLS_ENABLE=0) as every run here does.
 #pragma once
 
+#include <atomic>
 #include <cstdint>
 #include <memory>
 #include <string>
 
 #include "base/status.h"
+#include "kernels/collective.h"
 #include "kernels/cuda/ops.h"
 
 namespace lockstep::kernels::cuda {
@@ -48,11 +50,19 @@ class NcclComm {
   Status AllGather(const float* send, int64_t n, float* recv, Stream stream);
   // "NCCL 2.27.3" of the loaded library.
   static std::string Version();
+  // ncclCommAbort: ends the communicator and every operation of it still waiting (for a rank
+  // that died). Any thread, once; every later AllGather fails.
+  void Abort();
 
  private:
   NcclComm() = default;
-  void* comm_ = nullptr;  // ncclComm_t
+  std::atomic<void*> comm_{nullptr};  // ncclComm_t; null once aborted
   int rank_ = 0, ranks_ = 1;
 };
+
+// The group collective of a process per GPU (kernels/collective.h) over `comm`: device_native,
+// AllGatherDevice enqueued on the caller's stream (a CUDA graph may hold it); AllGather of host
+// memory stages through device buffers and returns when done. Abort ends the communicator.
+std::shared_ptr<Collective> NcclCollective(std::unique_ptr<NcclComm> comm);
 
 }  // namespace lockstep::kernels::cuda

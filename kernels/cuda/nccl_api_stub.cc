@@ -16,5 +16,6 @@ Result<std::string> NcclComm::NewId() { return NoNccl(); }
 Result<std::unique_ptr<NcclComm>> NcclComm::Join(const std::string&, int, int) { return NoNccl(); }
 NcclComm::~NcclComm() = default;
 Status NcclComm::AllGather(const float*, int64_t, float*, Stream) { return NoNccl(); }
+void NcclComm::Abort() {}
 
 }  // namespace lockstep::kernels::cuda

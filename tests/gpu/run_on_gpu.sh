@@ -62,7 +62,8 @@ if [ $cli = 1 ] && [ -x "$BIN/lockstep" ]; then
   src=$(cd "$(dirname "$0")/../.." && pwd)
   export HDF5_PLUGIN_PATH=${HDF5_PLUGIN_PATH:-$BIN/plugins} NCCL_NVLS_ENABLE=0
   for spec in "record_replay_gpu.sh $BIN/lockstep" "hidden_fault_gpu.sh $BIN/lockstep python3 $src" \
-              "tp_fault_gpu.sh $BIN/lockstep python3 $src" "rank_shards_gpu.sh $BIN/lockstep $src"; do
+              "tp_fault_gpu.sh $BIN/lockstep python3 $src" "rank_shards_gpu.sh $BIN/lockstep $src" \
+              "tp_processes_gpu.sh $BIN/lockstep $src"; do
     set -- $spec
     t0=$SECONDS
     timeout 900 bash "$src/tests/gpu/$1" "${@:2}" >"$OUT/${1%.sh}.log" 2>&1

@@ -1,0 +1,68 @@
+#!/usr/bin/env bash
+# tests/cli/tp_processes_cli_test.sh — CTest tp_processes_cli: `--tp-ranks N --tp-launch
+# processes` (ranks 1 … N − 1 are the same command started again, one process each, meeting in
+# shared memory on the cpu backend; cli/rank_launch.h) as a user types it, on lockstep-tiny-v32:
+# the trace diffs identical to --emulate-tp 4's (and to the threads' rank mode), generate prints
+# emulated TP 2's text; ranks given other work (prompts read from stdin, which a started rank
+# does not have) fail with one line naming the rank; a rank killed mid-run ends the run with an
+# error naming it and its signal instead of a hang; no shared-memory object is left behind; the
+# flags' misuses are refused by name.
+# usage: tp_processes_cli_test.sh LOCKSTEP SRC
+set -euo pipefail
+L=$1 SRC=$2
+M="$SRC/models/lockstep-tiny-v32"
+W=$(mktemp -d)
+trap 'rm -rf "$W"' EXIT
+export TMPDIR="$W"  # the started ranks' logs
+fail() { echo "FAIL: $*"; exit 1; }
+shm_before=$(ls /dev/shm | grep -c '^lockstep-tp-' || true)
+printf '%s\n' '{"prompt": "hello there", "max_tokens": 8}' '{"prompt": "the cat", "max_tokens": 6}' > "$W/p.jsonl"
+"$L" record -m "$M" --prompts "$W/p.jsonl" -t 0 --ignore-eos --tp-ranks 4 --tp-launch processes -q -o "$W/proc.h5" \
+  2> "$W/rec.err" || fail "record --tp-launch processes: $(tail -3 "$W/rec.err")"
+"$L" record -m "$M" --prompts "$W/p.jsonl" -t 0 --ignore-eos --emulate-tp 4 -q -o "$W/emu.h5"
+"$L" diff "$W/emu.h5" "$W/proc.h5" > "$W/d1.txt" || fail "diff processes vs --emulate-tp 4: $(tail -3 "$W/d1.txt")"
+grep -q "^identical" "$W/d1.txt" || fail "not identical: $(tail -3 "$W/d1.txt")"
+
+a=$("$L" generate -m "$M" --prompt "hello there" -n 12 --ignore-eos --tp-ranks 2 --tp-launch processes -q)
+b=$("$L" generate -m "$M" --prompt "hello there" -n 12 --ignore-eos --emulate-tp 2 -q)
+[ "$a" = "$b" ] || fail "generate --tp-launch processes printed '$a', --emulate-tp 2 '$b'"
+set +e
+# Other work: rank 0 reads the prompts from stdin; the ranks it starts have /dev/null there.
+e=$(printf '%s\n' '{"prompt": "hi", "max_tokens": 2}' |
+    "$L" generate -m "$M" --prompts /dev/stdin --tp-ranks 2 --tp-launch processes -q 2>&1); rc=$?
+[ $rc -ne 0 ] && [[ $e == *"rank 1"* ]] || fail "ranks with other prompts: rc $rc: $e"
+# A rank killed mid-run: rank 0 stops with its signal, naming it, instead of waiting forever.
+for i in $(seq 1 32); do echo '{"prompt": "hello there", "max_tokens": 1500}'; done > "$W/long.jsonl"
+"$L" generate -m "$M" --prompts "$W/long.jsonl" --ignore-eos --tp-ranks 2 --tp-launch processes -q \
+  > /dev/null 2> "$W/kill.err" &
+parent=$!
+child=""
+for _ in $(seq 1 600); do
+  for p in $(pgrep -P "$parent" 2>/dev/null); do
+    if tr '\0' '\n' < "/proc/$p/environ" 2>/dev/null | grep -q '^LOCKSTEP_TP_RANK=1$'; then child=$p; fi
+  done
+  [ -n "$child" ] && break
+  sleep 0.05
+done
+[ -n "$child" ] || { kill "$parent"; fail "no rank 1 process under $parent"; }
+sleep 2  # well into its run
+kill -9 "$child"
+wait "$parent"; rc=$?
+e=$(cat "$W/kill.err")
+[ $rc -ne 0 ] && [[ $e == *"rank 1 (pid $child) was killed by signal"* ]] || fail "killed rank: rc $rc: $e"
+[ "$(echo "$e" | wc -l)" -eq 1 ] || fail "killed rank: more than one line: $e"
+e=$("$L" generate -m "$M" --prompt hi -n 2 --tp-launch processes -q 2>&1); rc=$?
+[ $rc -ne 0 ] && [[ $e == *"--tp-launch processes"*"N ≥ 2"* ]] || fail "--tp-launch processes alone: rc $rc: $e"
+e=$("$L" generate -m "$M" --prompt hi -n 2 --tp-ranks 2 --tp-launch processes --tp-transport nccl -q 2>&1); rc=$?
+[ $rc -ne 0 ] && [[ $e == *"--tp-transport nccl"* ]] || fail "--tp-transport nccl on the cpu: rc $rc: $e"
+e=$("$L" generate -m "$M" --prompt hi -n 2 --tp-ranks 2 --tp-transport shm -q 2>&1); rc=$?
+[ $rc -ne 0 ] && [[ $e == *"--tp-transport shm"*"--tp-launch processes"* ]] || fail "--tp-transport without processes: rc $rc: $e"
+# Commands that run one engine refuse the rank flags instead of ignoring them.
+for cmd in degen serve; do
+  e=$("$L" $cmd -m "$M" --tp-ranks 2 2>&1 < /dev/null); rc=$?
+  [ $rc -ne 0 ] && [[ $e == *"$cmd --tp-ranks"*"--emulate-tp 2"* ]] || fail "$cmd --tp-ranks 2: rc $rc: $e"
+done
+set -e
+shm_after=$(ls /dev/shm | grep -c '^lockstep-tp-' || true)
+[ "$shm_after" -le "$shm_before" ] || fail "shared-memory groups left in /dev/shm: $(ls /dev/shm | grep lockstep-tp-)"
+echo "ok: --tp-launch processes records emulated TP 4's trace and prints TP 2's text; other work, a killed rank and misused flags end with one line naming them"
