@@ -766,7 +766,8 @@ Status CudaBackend::CollectSamples(std::span<const Segment> segs, ForwardOutput*
   return Status::Ok();
 }
 
-Result<float*> CudaBackend::SwiGluAct(const DevTensor& gate_up, int64_t inter, const float* x, int64_t rows) {
+Result<float*> CudaBackend::SwiGluAct(const DevTensor& gate_up, int64_t inter, const float* x, int64_t rows,
+                                      int ranks) {
   // gate_up: [R, 2I] (gate then up), act: [R, I]; both in the `gather_` scratch. x is the
   // caller's (already through FP8 under gemm=w8a8_dot).
   const ModelConfig& c = model_->config();
@@ -800,8 +801,12 @@ Result<float*> CudaBackend::SwiGluAct(const DevTensor& gate_up, int64_t inter, c
     sp.n = inter;
     LS_RETURN_IF_ERROR(cu::SwiGlu(sp, launch_));
   }
-  // gemm=w8a8_dot: the down projection's input through FP8 too (in place: only it reads act).
-  if (w8a8_) LS_RETURN_IF_ERROR(cu::Fp8RoundTrip(act, inter, act, inter, rows, inter, launch_));
+  // gemm=w8a8_dot: the down projection's input through FP8 too (in place: only it reads act),
+  // each emulated rank's slice from its own start.
+  for (int q = 0; w8a8_ && q < ranks; ++q) {
+    const Shard sh = ShardOf(inter, ranks, q);
+    LS_RETURN_IF_ERROR(cu::Fp8RoundTrip(act + sh.begin, inter, act + sh.begin, inter, rows, sh.end - sh.begin, launch_));
+  }
   return act;
 }
 
@@ -815,7 +820,7 @@ Status CudaBackend::MlpPartials(const DevTensor& gate_up, const DevTensor& down,
                                 int64_t rows, int ranks, float* partials) {
   // Gate and up are column-parallel (each output the same bits as on one device), the down
   // projection row-parallel over the intermediate dims.
-  LS_ASSIGN_OR_RETURN(float* act, SwiGluAct(gate_up, inter, x, rows));
+  LS_ASSIGN_OR_RETURN(float* act, SwiGluAct(gate_up, inter, x, rows, ranks));
   return RowParallel(act, inter, rows, down, ranks, 1, partials);
 }
 

@@ -147,7 +147,8 @@ class CudaBackend final : public Backend {
   Status SwiGluMlp(const DevTensor& gate_up, const DevTensor& down, int64_t inter, const float* x, int64_t rows,
                    float* y);
   // SwiGluMlp's activations [rows, inter] (in gather_), the down projection's input.
-  Result<float*> SwiGluAct(const DevTensor& gate_up, int64_t inter, const float* x, int64_t rows);
+  // (ranks > 1: the emulated row-parallel down's input, each rank's slice of inter rounded on its own.)
+  Result<float*> SwiGluAct(const DevTensor& gate_up, int64_t inter, const float* x, int64_t rows, int ranks = 1);
 
   // Emulated tensor parallelism (--emulate-tp N > 1; engine/tensor_parallel.h). LinearCols: a
   // rank's product over input columns [k0, k1) of w (Linear's arithmetic over the slice: under

@@ -372,7 +372,8 @@ Status CudaBackend::OutProjBlock(CudaStep& st, int64_t l) {
   const DevLayer& D = weights_->layers[l];
   const int64_t R = st.R, H = st.H, nh = st.nh, dv = st.dv;
   {
-    LS_ASSIGN_OR_RETURN(const float* headsl, st.LinearIn(st.heads, nh * dv, st.headsq));
+    // (Emulated TP: each rank's heads rounded as that rank holds them; a rank holds its own.)
+    LS_ASSIGN_OR_RETURN(const float* headsl, st.LinearIn(st.heads, nh * dv, st.headsq, st.ranked() ? 1 : st.tp, dv));
     if (st.tp > 1) {  // emulated TP: each rank's heads through its slice of o_proj, then the all-reduce
       float* parts = taps_.slab() ? st.SlabAt(l, CudaStep::kSAttnParts) : st.attn_parts;
       if (st.ranked()) {  // a rank: its heads through its columns (o holds its partial), every rank's gathered

@@ -163,10 +163,16 @@ struct CudaStep {
     return cu::Rope(RopeParams(v, row_stride, heads_n, head_stride, style), s);
   }
   // What gemm=w8a8_dot's linear layers read of x [R, n]: x through FP8 per 128 values, in
-  // `buf` (the tapped tensor stays as it is); x itself under every other variant.
-  Result<const float*> LinearIn(const float* x_in, int64_t n, float* buf) const {
+  // `buf` (the tapped tensor stays as it is); x itself under every other variant. A row-parallel
+  // product emulating `ranks` ranks rounds each rank's slice (ShardOf(n / unit)·unit) from its
+  // own start, as that rank holds it (engine::RowParallelPartials).
+  Result<const float*> LinearIn(const float* x_in, int64_t n, float* buf, int ranks = 1, int64_t unit = 1) const {
     if (!w8a8) return x_in;
-    LS_RETURN_IF_ERROR(cu::Fp8RoundTrip(x_in, n, buf, n, R, n, s));
+    for (int q = 0; q < ranks; ++q) {
+      const Shard sh = ShardOf(n / unit, ranks, q);
+      const int64_t k0 = sh.begin * unit;
+      LS_RETURN_IF_ERROR(cu::Fp8RoundTrip(x_in + k0, n, buf + k0, n, R, (sh.end - sh.begin) * unit, s));
+    }
     return static_cast<const float*>(buf);
   }
   // Route's parameters for layer D's routing of the R rows' logits (rlog) into ids / weights.

@@ -82,9 +82,22 @@ void RowParallelRank(const Gemm& gemm, const float* x_local, int64_t rows, const
 void RowParallelPartials(const Gemm& gemm, const float* x, int64_t rows, const Matrix& w, int ranks, int64_t unit,
                          float* partials) {
   const int64_t out = w.rows, in = w.cols, units = in / unit;
-  // The activations as the product sees them, then each rank's slice.
+  // Each rank's slice of the activations as its product sees them: rounded as a rank holds it
+  // (FP8's tiles of 128 start at the slice, RowParallelRank's bits), then its columns.
   std::vector<float> xr;
-  const float* xs = Rounded(gemm, x, rows, in, &xr);
+  if (gemm.bf16 || gemm.act_fp8) xr.resize(static_cast<size_t>(rows) * in);
+  std::vector<float> slice;
+  for (int r = 0; r < ranks; ++r) {
+    const Shard s = ShardOf(units, ranks, r);
+    const int64_t k0 = s.begin * unit, n = (s.end - s.begin) * unit;
+    if (xr.empty()) continue;
+    slice.resize(static_cast<size_t>(rows) * n);
+    for (int64_t i = 0; i < rows; ++i) std::copy(x + i * in + k0, x + i * in + k0 + n, &slice[i * n]);
+    std::vector<float> rounded;
+    const float* sr = Rounded(gemm, slice.data(), rows, n, &rounded);
+    for (int64_t i = 0; i < rows; ++i) std::copy(sr + i * n, sr + (i + 1) * n, &xr[i * in + k0]);
+  }
+  const float* xs = xr.empty() ? x : xr.data();
   for (int r = 0; r < ranks; ++r) {
     const Shard s = ShardOf(units, ranks, r);
     kernels::cpu::MatMulNTCols(xs, rows, w.data, gemm.weights(), s.begin * unit, s.end * unit, partials + r * out,

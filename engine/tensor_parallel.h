@@ -43,14 +43,15 @@ Status CheckTensorParallel(const ModelConfig& c, int64_t ranks, const char* flag
 // The partial outputs of the row-parallel y = x·wᵀ (x: [rows, w.cols], w: [out, in]), laid out
 // [rows][ranks][out] (a row's partials side by side: the attn.partials / ffn.partials taps):
 // rank r's over input dims ShardOf(in / unit, ranks, r) × unit (unit: a head's width for
-// o_proj, 1 for an intermediate dim).
+// o_proj, 1 for an intermediate dim). Each rank's slice of x is rounded as that rank holds it
+// (gemm=w8a8_dot's FP8 tiles of 128 from the slice's start), so a slice that does not end on a
+// tile of the whole row rounds as on the real rank, not as at TP 1.
 void RowParallelPartials(const Gemm& gemm, const float* x, int64_t rows, const Matrix& w, int ranks, int64_t unit,
                          float* partials);
 
 // Rank mode (a real rank, not the emulation): rank `rank`'s partial alone, y [rows][out], from
 // x_local [rows, its slice] — RowParallelPartials' rank `rank` bit for bit (activations rounded
-// element by element, or FP8 in 128-value blocks from the slice's start, which is the whole
-// row's blocking when the slice starts on one).
+// element by element, or FP8 in 128-value blocks from the slice's start).
 void RowParallelRank(const Gemm& gemm, const float* x_local, int64_t rows, const Matrix& w, int ranks, int64_t unit,
                      int rank, float* y);
 

@@ -142,6 +142,13 @@ TEST(TpRanks, TinyModelAtEightRanks) {
   ExpectEmulationsBits(testing::SourceDir() / "models" / "lockstep-tiny-v32", 8, "fp32");
 }
 
+// gemm=w8a8_dot rounds a row-parallel product's input through FP8 per 128 values from the
+// start of what a rank holds: lockstep-tiny-v32's shared expert (96 intermediate columns, 48 a
+// rank at TP 2) has a tile that a whole row's rounding would put across both ranks' slices.
+TEST(TpRanks, W8a8RoundsEachRanksSliceOnItsOwn) {
+  ExpectEmulationsBits(testing::SourceDir() / "models" / "lockstep-tiny-v32", 2, "w8a8_dot");
+}
+
 // Ranks given different work meet a collective with different sizes: every rank fails with
 // an error naming it, none waits forever; a rank that fails at creation aborts the others.
 TEST(TpRanks, RanksThatDisagreeFailInsteadOfHanging) {
