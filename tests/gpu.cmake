@@ -38,6 +38,7 @@ lockstep_gpu_test(gpu_expert_gemm_test)
 lockstep_gpu_test(gpu_variant_twin_test)
 lockstep_gpu_test(gpu_tensor_parallel_test lockstep_engine lockstep_traces)
 lockstep_gpu_test(gpu_tp_ranks_test lockstep_engine lockstep_traces)
+lockstep_gpu_test(gpu_nccl_collective_test lockstep_engine)
 
 # The CLI workflow on the GPU: record with --backend cuda, exact replay, replay on the CPU.
 add_test(NAME gpu_record_replay COMMAND ${CMAKE_SOURCE_DIR}/tests/gpu/record_replay_gpu.sh $<TARGET_FILE:lockstep>)
