@@ -12,3 +12,18 @@ gpu_probe() {
     exit 1
   fi
 }
+
+# `h5py_python MODULE...` prints the first interpreter (python3 on PATH — on the GPU machines
+# torch's venv —, then Debian's /usr/bin/python3) that imports h5py and the modules named, and
+# fails with a message naming them when none does.
+h5py_python() {
+  local p
+  for p in python3 /usr/bin/python3; do
+    if "$p" -c "import h5py${*:+, $(IFS=,; echo "$*")}" 2>/dev/null; then
+      echo "$p"
+      return 0
+    fi
+  done
+  echo "FAIL: no python3 here imports h5py $*" >&2
+  return 1
+}

@@ -11,6 +11,7 @@ L=${1:?usage: rank_shards_gpu.sh LOCKSTEP SRC} SRC=${2:?}
 M="$SRC/models/lockstep-tiny-v32"
 source "$(dirname "$0")/gpu_probe.sh"
 gpu_probe "$L" "$M"
+PY=$(h5py_python xxhash) || exit 1
 set -e
 W=$(mktemp -d)
 trap 'rm -rf "$W"' EXIT
@@ -24,7 +25,7 @@ rec --rank-shards -o "$W/run.h5"
 rec -o "$W/plain.h5"
 "$L" diff "$W/plain.h5" "$W/run.h5" > "$W/diff.txt" || { echo "FAIL: diff"; cat "$W/diff.txt"; exit 1; }
 grep -q identical "$W/diff.txt" || { echo "FAIL: not identical"; cat "$W/diff.txt"; exit 1; }
-HDF5_PLUGIN_PATH=${HDF5_PLUGIN_PATH:-} /usr/bin/python3 - "$W/run.h5" "$W/plain.h5" <<'PYEOF'
+HDF5_PLUGIN_PATH=${HDF5_PLUGIN_PATH:-} "$PY" - "$W/run.h5" "$W/plain.h5" <<'PYEOF'
 import sys, h5py, numpy as np, xxhash
 s, p = h5py.File(sys.argv[1], "r"), h5py.File(sys.argv[2], "r")
 taps = [n for n in s["taps"] if "shards" in s["taps"][n].attrs]

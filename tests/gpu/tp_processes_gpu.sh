@@ -5,13 +5,15 @@
 # (NCCL refuses two ranks on one GPU, and the launcher says so when asked for it); with two or
 # more GPUs they run over NCCL, one GPU each, with CUDA graphs. Either way the trace of
 # lockstep-tiny-v32 (three requests, full capture, bf16_dot and cuBLAS fp32 products) diffs
-# identical to emulated TP 2's on one GPU: every tensor's content hash, cache row and token.
+# identical to emulated TP 2's on one GPU: every tensor's content hash, cache row and token; and
+# a --rank-shards recording opens in h5py, its stitched taps emulated TP 2's values.
 # usage: tp_processes_gpu.sh LOCKSTEP SRC      Skips (exit 77) without CUDA or a GPU.
 set -uo pipefail
 L=${1:?usage: tp_processes_gpu.sh LOCKSTEP SRC} SRC=${2:?}
 M="$SRC/models/lockstep-tiny-v32"
 source "$(dirname "$0")/gpu_probe.sh"
 gpu_probe "$L" "$M"
+PY=$(h5py_python) || exit 1
 export NCCL_NVLS_ENABLE=0
 W=$(mktemp -d)
 trap 'rm -rf "$W"' EXIT
@@ -32,6 +34,23 @@ for gemm in bf16_dot fp32; do
     echo "ok: $t, gemm=$gemm: the processes' trace is emulated TP 2's"
   done
 done
+# Rank shards from the processes (rank 0 writes them): h5py reads the stitched taps as virtual
+# datasets, bit for bit the emulation's one-file trace.
+last=${transports##* }
+rec --kernel gemm=bf16_dot --tp-ranks 2 --tp-launch processes --tp-transport "$last" --rank-shards \
+  -o "$W/shards.h5" 2> "$W/shards.err" || fail "record --rank-shards over $last: $(tail -2 "$W/shards.err")"
+[ -f "$W/shards.h5.rank1" ] || fail "--rank-shards over $last wrote no rank 1 shard"
+HDF5_PLUGIN_PATH=${HDF5_PLUGIN_PATH:-} "$PY" - "$W/shards.h5" "$W/emu-bf16_dot.h5" <<'PYEOF' || fail "h5py on the stitched trace"
+import sys, h5py, numpy as np
+s, e = h5py.File(sys.argv[1], "r"), h5py.File(sys.argv[2], "r")
+taps = [n for n in s["taps"] if "shards" in s["taps"][n].attrs]
+assert taps, "no rank-split taps"
+for n in taps:
+    v = s["taps"][n]["values"]
+    assert v.is_virtual, n
+    assert np.array_equal(v[...].view(np.uint32), e["taps"][n]["values"][...].view(np.uint32)), n
+print(f"ok: h5py reads {len(taps)} stitched taps of the processes' shards as emulated TP 2's values")
+PYEOF
 if [ "$gpus" -lt 2 ]; then
   e=$("$L" generate -m "$M" --prompt hi -n 2 --backend cuda --tp-ranks 2 --tp-launch processes --tp-transport nccl \
       -q 2>&1); rc=$?
