@@ -68,6 +68,15 @@ std::vector<std::string> Split(const std::string& s, char sep) {
   return out;
 }
 
+// Whether this process's parent is this program (a rank 0), not a shell that has the variables.
+bool StartedByLockstep() {
+  char self[4096] = {0}, parent[4096] = {0};
+  const std::string pexe = "/proc/" + std::to_string(getppid()) + "/exe";
+  const ssize_t a = readlink("/proc/self/exe", self, sizeof self - 1);
+  const ssize_t b = readlink(pexe.c_str(), parent, sizeof parent - 1);
+  return a > 0 && a == b && std::memcmp(self, parent, static_cast<size_t>(a)) == 0;
+}
+
 bool CleanExit(int status) { return status >= 0 && WIFEXITED(status) && WEXITSTATUS(status) == 0; }
 
 }  // namespace
@@ -93,7 +102,13 @@ int RunLaunchedRank(const std::shared_ptr<engine::Model>& model, engine::EngineO
       return Status::InvalidArgument(std::string(kRanksVar) + " / " + kGroupVar + ": missing or not --tp-ranks " +
                                      std::to_string(ranks) + " (a rank is started by its rank 0)");
     }
-    LS_ASSIGN_OR_RETURN(options.tp_ranks, engine::JoinProcessGroup(token, static_cast<int>(rank), ranks));
+    auto joined = engine::JoinProcessGroup(token, static_cast<int>(rank), ranks);
+    if (!joined.ok() && !StartedByLockstep()) {  // a variable left in a shell: a typed command
+      return Status::InvalidArgument(joined.status().message() + " (" + kRankVar + " in the environment makes this "
+                                     "command a started rank; unset it to start the ranks)");
+    }
+    if (!joined.ok()) return joined.status();
+    options.tp_ranks = *joined;
     Status run = engine::CheckSameWork(*options.tp_ranks, engine::WorkDigest(options, requests));
     if (run.ok()) run = engine::RunFollower(model, options, requests);
     if (!run.ok()) options.tp_ranks->Abort(run.WithContext("rank " + std::to_string(rank) + ": "));

@@ -57,6 +57,10 @@ e=$("$L" generate -m "$M" --prompt hi -n 2 --tp-ranks 2 --tp-launch processes --
 [ $rc -ne 0 ] && [[ $e == *"--tp-transport nccl"* ]] || fail "--tp-transport nccl on the cpu: rc $rc: $e"
 e=$("$L" generate -m "$M" --prompt hi -n 2 --tp-ranks 2 --tp-transport shm -q 2>&1); rc=$?
 [ $rc -ne 0 ] && [[ $e == *"--tp-transport shm"*"--tp-launch processes"* ]] || fail "--tp-transport without processes: rc $rc: $e"
+# A rank's variables left in a user's shell: the typed command says which variable to unset.
+e=$(LOCKSTEP_TP_RANK=1 LOCKSTEP_TP_RANKS=2 LOCKSTEP_TP_GROUP=shm:/lockstep-tp-1-0 \
+    "$L" generate -m "$M" --prompt hi -n 2 --tp-ranks 2 --tp-launch processes -q 2>&1); rc=$?
+[ $rc -ne 0 ] && [[ $e == *"unset it"* ]] && [ "$(echo "$e" | wc -l)" -eq 1 ] || fail "stray LOCKSTEP_TP_RANK: rc $rc: $e"
 # Commands that run one engine refuse the rank flags instead of ignoring them.
 for cmd in degen serve; do
   e=$("$L" $cmd -m "$M" --tp-ranks 2 2>&1 < /dev/null); rc=$?
