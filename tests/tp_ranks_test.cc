@@ -15,9 +15,14 @@
 #include "engine/engine.h"
 #include "kernels/collective.h"
 #include "test_util.h"
+#include "tp_ranks_util.h"
 
 namespace lockstep::engine {
 namespace {
+
+using tp_testing::LogitsApart;
+using tp_testing::Outcome;
+constexpr int64_t kNewTokens = 5;
 
 struct Taps : TapHook {
   std::map<std::string, std::vector<uint8_t>> rows;  // name@position#request → bytes
@@ -28,12 +33,6 @@ struct Taps : TapHook {
   }
 };
 
-struct Outcome {
-  std::vector<std::vector<int32_t>> tokens;
-  std::vector<std::vector<float>> logits;
-  Status status;
-};
-
 std::vector<std::vector<int32_t>> Prompts(int64_t vocab) {
   std::vector<std::vector<int32_t>> ps;
   for (int r = 0; r < 3; ++r) {
@@ -42,61 +41,6 @@ std::vector<std::vector<int32_t>> Prompts(int64_t vocab) {
     ps.push_back(p);
   }
   return ps;
-}
-
-Outcome Run(const std::shared_ptr<Model>& m, EngineOptions o, const std::vector<std::vector<int32_t>>& prompts,
-            TapHook* hook) {
-  Outcome out;
-  auto e = Engine::Create(m, o);
-  if (!e.ok()) {
-    out.status = e.status();
-    if (o.tp_ranks) o.tp_ranks->Abort(out.status);
-    return out;
-  }
-  if (hook != nullptr) (*e)->SetTapHook(hook);
-  for (const auto& p : prompts) {
-    Request r;
-    r.prompt = p;
-    r.max_new_tokens = 5;
-    r.all_prompt_logits = true;
-    if (auto id = (*e)->AddRequest(r); !id.ok()) {
-      out.status = id.status();
-      return out;
-    }
-  }
-  out.status = (*e)->RunToCompletion();
-  for (int64_t i = 0; i < (*e)->num_requests(); ++i) {
-    out.tokens.push_back((*e)->request(i).generated);
-    out.logits.push_back((*e)->request(i).prompt_logits);
-  }
-  return out;
-}
-
-// N ranks as threads; rank r runs prompts_of(r).
-std::vector<Outcome> RunRanks(const std::shared_ptr<Model>& m, EngineOptions o, int n,
-                              const std::function<std::vector<std::vector<int32_t>>(int)>& prompts_of, Taps* rank0) {
-  auto group = kernels::LocalCollectives(n);
-  std::vector<Outcome> outs(n);
-  std::vector<std::thread> threads;
-  for (int r = 0; r < n; ++r) {
-    threads.emplace_back([&, r] {
-      EngineOptions mine = o;
-      mine.tp_ranks = group[r];
-      outs[r] = Run(m, mine, prompts_of(r), r == 0 ? rank0 : nullptr);
-    });
-  }
-  for (auto& t : threads) t.join();
-  return outs;
-}
-
-size_t LogitsApart(const Outcome& a, const Outcome& b) {
-  if (a.logits.size() != b.logits.size()) return ~size_t{0};
-  size_t d = 0;
-  for (size_t i = 0; i < a.logits.size(); ++i) {
-    if (a.logits[i].size() != b.logits[i].size()) return ~size_t{0};
-    for (size_t j = 0; j < a.logits[i].size(); ++j) d += std::memcmp(&a.logits[i][j], &b.logits[i][j], 4) != 0;
-  }
-  return d;
 }
 
 void ExpectEmulationsBits(const std::filesystem::path& dir, int n, const std::string& gemm) {
@@ -110,9 +54,10 @@ void ExpectEmulationsBits(const std::filesystem::path& dir, int n, const std::st
   EngineOptions emu = o;
   emu.emulate_tp = n;
   Taps want_taps, got_taps;
-  const Outcome want = Run(*m, emu, prompts, &want_taps);
+  const Outcome want = tp_testing::Run(*m, emu, prompts, &want_taps, kNewTokens);
   ASSERT_TRUE(want.status.ok()) << want.status.message();
-  const std::vector<Outcome> got = RunRanks(*m, o, n, [&](int) { return prompts; }, &got_taps);
+  const std::vector<Outcome> got = tp_testing::RunRanks(
+      *m, o, n, [&](int) { return prompts; }, &got_taps, kNewTokens);
   for (int r = 0; r < n; ++r) {
     ASSERT_TRUE(got[r].status.ok()) << "rank " << r << ": " << got[r].status.message();
     EXPECT_EQ(got[r].tokens, want.tokens) << "rank " << r;
@@ -157,17 +102,21 @@ TEST(TpRanks, RanksThatDisagreeFailInsteadOfHanging) {
   const auto prompts = Prompts((*m)->config().vocab_size);
   EngineOptions o;
   o.page_size = 8;
-  auto outs = RunRanks(*m, o, 2, [&](int r) {
-    auto p = prompts;
-    if (r == 1) p[0].push_back(3);  // one more prompt token: another step shape
-    return p;
-  }, nullptr);
+  auto outs = tp_testing::RunRanks(
+      *m, o, 2,
+      [&](int r) {
+        auto p = prompts;
+        if (r == 1) p[0].push_back(3);  // one more prompt token: another step shape
+        return p;
+      },
+      nullptr, kNewTokens);
   for (int r = 0; r < 2; ++r) {
     ASSERT_FALSE(outs[r].status.ok()) << "rank " << r << " finished although the ranks' steps differ";
     EXPECT_NE(outs[r].status.message().find("collective"), std::string::npos) << outs[r].status.message();
   }
   o.emulate_tp = 3;  // neither 1 nor the group's 2: refused at creation, and the group aborted
-  outs = RunRanks(*m, o, 2, [&](int) { return prompts; }, nullptr);
+  outs = tp_testing::RunRanks(
+      *m, o, 2, [&](int) { return prompts; }, nullptr, kNewTokens);
   for (int r = 0; r < 2; ++r) EXPECT_FALSE(outs[r].status.ok()) << "rank " << r;
 }
 

@@ -19,6 +19,7 @@
 #include "engine/engine.h"
 #include "kernels/collective.h"
 #include "tests/gpu/gpu_engine_util.h"
+#include "tests/tp_ranks_util.h"
 
 namespace lockstep {
 namespace {
@@ -27,19 +28,17 @@ using engine::Engine;
 using engine::EngineOptions;
 using engine::Model;
 using gpu_testing::TapRecorder;
-
-struct Outcome {
-  std::vector<std::vector<int32_t>> tokens;
-  std::vector<std::vector<float>> logits;
-  Status status;
-};
+using tp_testing::LogitsApart;
+using tp_testing::Outcome;
+constexpr int64_t kNewTokens = 6;
 
 // Three prompts of 9, 30 and 41 tokens (several pages), 6 new tokens each.
 std::vector<std::vector<int32_t>> Prompts(int64_t vocab) {
   std::vector<std::vector<int32_t>> ps;
   for (int r = 0; r < 3; ++r) {
     std::vector<int32_t> p;
-    for (int i = 0; i < (r == 0 ? 9 : 19 + 11 * r); ++i) p.push_back(static_cast<int32_t>(2 + (11 * i + 7 * r) % (vocab - 2)));
+    for (int i = 0; i < (r == 0 ? 9 : 19 + 11 * r); ++i)
+      p.push_back(static_cast<int32_t>(2 + (11 * i + 7 * r) % (vocab - 2)));
     ps.push_back(p);
   }
   return ps;
@@ -49,62 +48,6 @@ EngineOptions Options(const std::string& gemm) {
   EngineOptions o = gpu_testing::Cuda(engine::KvFormat::kFp32, gemm);
   o.kernels["attn_prefill"] = "absorbed";
   return o;
-}
-
-Outcome Run(const std::shared_ptr<Model>& m, const EngineOptions& o, const std::vector<std::vector<int32_t>>& prompts,
-            engine::TapHook* hook) {
-  Outcome out;
-  auto e = Engine::Create(m, o);
-  if (!e.ok()) {
-    out.status = e.status();
-    if (o.tp_ranks) o.tp_ranks->Abort(out.status);  // the other ranks would wait for this one
-    return out;
-  }
-  if (hook != nullptr) (*e)->SetTapHook(hook);
-  for (const auto& p : prompts) {
-    engine::Request r;
-    r.prompt = p;
-    r.max_new_tokens = 6;
-    r.all_prompt_logits = true;
-    if (auto id = (*e)->AddRequest(r); !id.ok()) {
-      out.status = id.status();
-      return out;
-    }
-  }
-  out.status = (*e)->RunToCompletion();
-  for (int64_t i = 0; i < (*e)->num_requests(); ++i) {
-    out.tokens.push_back((*e)->request(i).generated);
-    out.logits.push_back((*e)->request(i).prompt_logits);
-  }
-  return out;
-}
-
-// N ranks as threads sharing the GPU; rank r runs prompts_of(r), rank 0 with `hook`.
-std::vector<Outcome> RunRanks(const std::shared_ptr<Model>& m, const EngineOptions& o, int n,
-                              const std::function<std::vector<std::vector<int32_t>>(int)>& prompts_of,
-                              engine::TapHook* hook) {
-  auto group = kernels::LocalCollectives(n);
-  std::vector<Outcome> outs(n);
-  std::vector<std::thread> threads;
-  for (int r = 0; r < n; ++r) {
-    threads.emplace_back([&, r] {
-      EngineOptions mine = o;
-      mine.tp_ranks = group[r];
-      outs[r] = Run(m, mine, prompts_of(r), r == 0 ? hook : nullptr);
-    });
-  }
-  for (auto& t : threads) t.join();
-  return outs;
-}
-
-size_t LogitsApart(const Outcome& a, const Outcome& b) {
-  if (a.logits.size() != b.logits.size()) return ~size_t{0};
-  size_t d = 0;
-  for (size_t i = 0; i < a.logits.size(); ++i) {
-    if (a.logits[i].size() != b.logits[i].size()) return ~size_t{0};
-    for (size_t j = 0; j < a.logits[i].size(); ++j) d += std::memcmp(&a.logits[i][j], &b.logits[i][j], 4) != 0;
-  }
-  return d;
 }
 
 // How two taps differ: how many values, the first (row, col), the largest gap, and whether the
@@ -143,8 +86,8 @@ std::string Apart(const TapRecorder::Tensor& got, const TapRecorder::Tensor& wan
         for (int p = 0; p < ranks && match < 0; ++p) {
           if (std::memcmp(&g[r * stride + q * block], &w[r * stride + p * block], block * 4) == 0) match = p;
         }
-        if (match != q) perm += " row " + std::to_string(r) + " block " + std::to_string(q) + "=want " +
-                                std::to_string(match) + ";";
+        if (match != q)
+          perm += " row " + std::to_string(r) + " block " + std::to_string(q) + "=want " + std::to_string(match) + ";";
       }
     }
     out += perm.empty() ? "; every rank block in place" : "; blocks:" + perm;
@@ -159,9 +102,10 @@ void ExpectEmulationsBits(const std::shared_ptr<Model>& m, const std::string& wh
   EngineOptions emu = Options(gemm);
   emu.emulate_tp = n;
   TapRecorder want_taps, got_taps;
-  const Outcome want = Run(m, emu, prompts, &want_taps);
+  const Outcome want = tp_testing::Run(m, emu, prompts, &want_taps, kNewTokens);
   ASSERT_TRUE(want.status.ok()) << want.status.message();
-  const std::vector<Outcome> got = RunRanks(m, Options(gemm), n, [&](int) { return prompts; }, &got_taps);
+  const std::vector<Outcome> got = tp_testing::RunRanks(
+      m, Options(gemm), n, [&](int) { return prompts; }, &got_taps, kNewTokens);
   for (int r = 0; r < n; ++r) {
     ASSERT_TRUE(got[r].status.ok()) << "rank " << r << ": " << got[r].status.message();
     EXPECT_EQ(got[r].tokens, want.tokens) << "rank " << r;
@@ -178,8 +122,9 @@ void ExpectEmulationsBits(const std::shared_ptr<Model>& m, const std::string& wh
   }
   EXPECT_EQ(got_taps.taps.size(), want_taps.taps.size());
   EXPECT_GE(partials, static_cast<size_t>(2 * m->config().num_hidden_layers * 3));
-  std::printf("  [%s, %d ranks, gemm=%s] %zu taps (%zu partials) and every rank's prompt logits: the emulation's bits\n",
-              what.c_str(), n, gemm.c_str(), compared, partials);
+  std::printf(
+      "  [%s, %d ranks, gemm=%s] %zu taps (%zu partials) and every rank's prompt logits: the emulation's bits\n",
+      what.c_str(), n, gemm.c_str(), compared, partials);
 }
 
 std::shared_ptr<Model> Fixture(const char* name) {
@@ -223,11 +168,14 @@ TEST(GpuTpRanks, RanksThatDisagreeFailInsteadOfHanging) {
   auto m = Fixture("v3_basic");
   ASSERT_NE(m, nullptr);
   const auto prompts = Prompts(m->config().vocab_size);
-  auto outs = RunRanks(m, Options("bf16_dot"), 2, [&](int r) {
-    auto p = prompts;
-    if (r == 1) p[0].push_back(3);  // one more prompt token: another step shape
-    return p;
-  }, nullptr);
+  auto outs = tp_testing::RunRanks(
+      m, Options("bf16_dot"), 2,
+      [&](int r) {
+        auto p = prompts;
+        if (r == 1) p[0].push_back(3);  // one more prompt token: another step shape
+        return p;
+      },
+      nullptr, kNewTokens);
   for (int r = 0; r < 2; ++r) {
     ASSERT_FALSE(outs[r].status.ok()) << "rank " << r << " finished although the ranks' steps differ";
     EXPECT_NE(outs[r].status.message().find("collective"), std::string::npos) << outs[r].status.message();
