@@ -35,6 +35,13 @@ inline std::shared_ptr<engine::Model> Tiny() {
   return m;
 }
 
+// tests/fixtures/models/<name> (a failed load fails the test and returns null).
+inline std::shared_ptr<engine::Model> Fixture(const char* name) {
+  auto m = engine::Model::Load(testing::FixtureDir() / "models" / name);
+  EXPECT_TRUE(m.ok()) << m.status().message();
+  return m.ok() ? *m : nullptr;
+}
+
 // Records every tap of one request.
 class TapRecorder : public engine::TapHook {
  public:

@@ -205,11 +205,7 @@ void ExpectCpuBits(const std::shared_ptr<Model>& m, const std::string& what, Con
               partials, want.prompt_logits[0].size() + want.prompt_logits[1].size() + want.prompt_logits[2].size());
 }
 
-std::shared_ptr<Model> Fixture(const char* name) {
-  auto m = Model::Load(testing::FixtureDir() / "models" / name);
-  EXPECT_TRUE(m.ok()) << m.status().message();
-  return m.ok() ? *m : nullptr;
-}
+using gpu_testing::Fixture;
 
 // The fixture models at the degrees their shapes split: dense and MoE layers, shared experts
 // (v2_lite_like has two), the V3.2 indexer, and FP8 checkpoint weights whose rank slices

@@ -127,11 +127,7 @@ void ExpectEmulationsBits(const std::shared_ptr<Model>& m, const std::string& wh
       what.c_str(), n, gemm.c_str(), compared, partials);
 }
 
-std::shared_ptr<Model> Fixture(const char* name) {
-  auto m = Model::Load(testing::FixtureDir() / "models" / name);
-  EXPECT_TRUE(m.ok()) << m.status().message();
-  return m.ok() ? *m : nullptr;
-}
+using gpu_testing::Fixture;
 
 // Dense and MoE layers, shared experts, the V3.2 indexer; FP8 checkpoint weights whose rank
 // slices start inside a 128-column scale block (v3_fp8: each rank's shard decoded to fp32, as
