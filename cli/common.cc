@@ -265,19 +265,21 @@ Status RankedEngine::Finish(const Status& rank0) {
 }
 
 Result<RankedEngine> CreateRankedEngine(const std::shared_ptr<engine::Model>& model, engine::EngineOptions options,
-                                        const EngineFlags& flags, const std::vector<engine::Request>& requests) {
+                                        const EngineFlags& flags, const std::vector<engine::Request>& requests,
+                                        const engine::FollowerObservers& observers) {
   RankedEngine out;
   const int ranks = static_cast<int>(flags.tp_ranks);
   if (ranks > 1 && flags.tp_launch == "processes") {
     if (IsLaunchedRank()) {  // rank r ≥ 1 of a group its rank 0 started: run, and end here
-      const int rc = RunLaunchedRank(model, options, ranks, requests);
+      const int rc = RunLaunchedRank(model, options, ranks, requests, observers);
       std::fflush(stdout);
       std::fflush(stderr);
       std::exit(rc);
     }
     LS_ASSIGN_OR_RETURN(out.processes, RankProcesses::Launch(options, ranks, flags.tp_transport, requests, &options));
   } else if (ranks > 1) {
-    LS_ASSIGN_OR_RETURN(out.followers, engine::RankFollowers::Start(model, options, ranks, requests, &options));
+    LS_ASSIGN_OR_RETURN(out.followers,
+                        engine::RankFollowers::Start(model, options, ranks, requests, &options, observers));
   }
   auto created = engine::Engine::Create(model, options);
   if (!created.ok()) return out.Finish(created.status());

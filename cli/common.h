@@ -87,8 +87,10 @@ struct RankedEngine {
   // The run's outcome with the other ranks': waits for them (rank 0's error first).
   Status Finish(const Status& rank0);
 };
+// `observers` (may be empty): what runs beside each other rank's engine (record's shard writers).
 Result<RankedEngine> CreateRankedEngine(const std::shared_ptr<engine::Model>& model, engine::EngineOptions options,
-                                        const EngineFlags& flags, const std::vector<engine::Request>& requests);
+                                        const EngineFlags& flags, const std::vector<engine::Request>& requests,
+                                        const engine::FollowerObservers& observers = {});
 
 // The model part of a trace's /meta: model_dir, model_config, model_fingerprint, tokenizer_hash.
 Result<std::map<std::string, std::string>> ModelMeta(const LoadedModel& m);

@@ -161,6 +161,7 @@ Status RunInspect(const InspectArgs& a) {
     j["file"] = a.trace;
     j["format_version"] = {r.format_major(), r.format_minor()};
     j["complete"] = r.complete();
+    j["stopped"] = meta_of(traces::kMetaStopped).empty() ? json(nullptr) : json(meta_of(traces::kMetaStopped));
     j["flushed_steps"] = r.flushed_steps();
     j["writer"] = r.writer();
     j["file_bytes"] = r.file_bytes();
@@ -230,6 +231,10 @@ Status RunInspect(const InspectArgs& a) {
                               std::to_string(r.flushed_steps()) + " steps flushed before)")
                                  .c_str(),
               r.file_bytes() / 1e6, r.writer().c_str());
+  if (const std::string why = meta_of(traces::kMetaStopped); !why.empty()) {
+    std::printf("STOPPED: the recording ended on an error after %lld steps: %s\n",
+                static_cast<long long>(steps.size()), why.c_str());
+  }
   for (const auto& n : r.notes()) std::printf("note: %s\n", n.c_str());
   if (pack.ok()) {
     std::printf("pack: request %s ('%s') of %s, packed by %s; holds config.json (%zu bytes), %s, a manifest of %zu "

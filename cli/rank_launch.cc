@@ -87,7 +87,7 @@ bool IsLaunchedRank() {
 }
 
 int RunLaunchedRank(const std::shared_ptr<engine::Model>& model, engine::EngineOptions options, int ranks,
-                    const std::vector<engine::Request>& requests) {
+                    const std::vector<engine::Request>& requests, const engine::FollowerObservers& observers) {
   const char* rank_s = std::getenv(kRankVar);
   const char* ranks_s = std::getenv(kRanksVar);
   const char* token = std::getenv(kGroupVar);
@@ -110,7 +110,14 @@ int RunLaunchedRank(const std::shared_ptr<engine::Model>& model, engine::EngineO
     if (!joined.ok()) return joined.status();
     options.tp_ranks = *joined;
     Status run = engine::CheckSameWork(*options.tp_ranks, engine::WorkDigest(options, requests));
-    if (run.ok()) run = engine::RunFollower(model, options, requests);
+    std::unique_ptr<engine::FollowerObserver> observer;
+    if (run.ok() && observers) {
+      auto made = observers(static_cast<int>(rank));
+      if (made.ok()) observer = std::move(*made);
+      run = made.status();
+    }
+    if (run.ok()) run = engine::RunFollower(model, options, requests, observer.get());
+    observer.reset();  // (a failed run's shard closes, keeping what it flushed)
     if (!run.ok()) options.tp_ranks->Abort(run.WithContext("rank " + std::to_string(rank) + ": "));
     return run;
   }();

@@ -26,6 +26,7 @@
 
 #include "base/status.h"
 #include "engine/engine.h"
+#include "engine/rank_group.h"
 
 namespace lockstep::cli {
 
@@ -35,8 +36,9 @@ bool IsLaunchedRank();
 // A started rank's whole run: joins the group its environment names (its rank count must be
 // `ranks`), checks its work against rank 0's, runs `requests` to completion. The process's exit
 // status; errors on stderr.
+// `observers` (may be empty) gives the rank what runs beside its engine (engine/rank_group.h).
 int RunLaunchedRank(const std::shared_ptr<engine::Model>& model, engine::EngineOptions options, int ranks,
-                    const std::vector<engine::Request>& requests);
+                    const std::vector<engine::Request>& requests, const engine::FollowerObservers& observers = {});
 
 // Rank 0's side. Not thread-safe (the caller's thread).
 class RankProcesses {

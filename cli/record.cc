@@ -17,6 +17,7 @@
 #include "cli/progress.h"
 #include "cli/prompts.h"
 #include "recorder/fingerprint.h"
+#include "recorder/rank_shard_writer.h"
 #include "recorder/record_session.h"
 #include "recorder/recorder.h"
 #include "traces/trace_writer.h"
@@ -77,10 +78,6 @@ Status RunRecord(RecordArgs& a) {
     budget += r.max_new_tokens;
     requests.push_back(std::move(r));
   }
-  // --tp-ranks N: ranks 1 … N − 1 run beside this engine (rank 0).
-  LS_ASSIGN_OR_RETURN(RankedEngine ranked, CreateRankedEngine(m.model, opts, a.flags, requests));
-  std::unique_ptr<engine::Engine> eng = std::move(ranked.engine);
-
   recorder::RecordSessionOptions so;
   so.output = a.output;
   so.policy = policy;
@@ -94,6 +91,14 @@ Status RunRecord(RecordArgs& a) {
   so.rank_shards = a.rank_shards;
   if (m.tokenizer) so.detokenize = [&m](const std::vector<int32_t>& ids) { return m.tokenizer->Decode(ids); };
   LS_ASSIGN_OR_RETURN(so.meta, ModelMeta(m));
+  // --tp-ranks N: ranks 1 … N − 1 run beside this engine (rank 0); with --rank-shards each writes
+  // its own shard.
+  engine::FollowerObservers shard_writers;
+  if (a.rank_shards) {
+    shard_writers = [shard_options = so](int rank) { return recorder::NewRankShardWriter(shard_options, rank); };
+  }
+  LS_ASSIGN_OR_RETURN(RankedEngine ranked, CreateRankedEngine(m.model, opts, a.flags, requests, shard_writers));
+  std::unique_ptr<engine::Engine> eng = std::move(ranked.engine);
   std::vector<recorder::RecordedRequest> recorded;
   for (size_t i = 0; i < requests.size(); ++i) recorded.push_back({requests[i], specs[i].text});
   int64_t prompt_positions = 0;
@@ -186,7 +191,7 @@ void RegisterRecord(CLI::App& app, SetAction set_action) {
                 "With --emulate-tp N (or --tp-ranks N) and full capture: each rank's columns of the rank-split "
                 "taps (attn.q, attn.heads, attn.partials, ffn.partials) in its own shard, <output>.rank<r>, stitched into the "
                 "trace by HDF5 virtual datasets — the files a run over N GPUs writes (docs/trace-format.md); "
-                "keep the shards beside the trace");
+                "under --tp-ranks each rank writes its own shard. Keep the shards beside the trace");
   cmd->add_flag("--quiet,-q", args->quiet, "No progress or statistics on stderr");
   args->flags.Register(cmd);
   cmd->callback([args, set_action] { set_action([args] { return RunRecord(*args); }); });

@@ -9,15 +9,23 @@
 
 namespace lockstep::engine {
 
-Status RunFollower(std::shared_ptr<Model> model, const EngineOptions& options, const std::vector<Request>& requests) {
+Status RunFollower(std::shared_ptr<Model> model, const EngineOptions& options, const std::vector<Request>& requests,
+                   FollowerObserver* observer) {
   LS_ASSIGN_OR_RETURN(auto eng, Engine::Create(std::move(model), options));
+  if (observer != nullptr) LS_RETURN_IF_ERROR(observer->Attach(*eng));
   for (Request q : requests) LS_RETURN_IF_ERROR(eng->AddRequest(std::move(q)).status());
-  return eng->RunToCompletion();
+  if (observer == nullptr) return eng->RunToCompletion();
+  while (true) {  // rank 0's loop (recorder/record_session.cc RecordRun)
+    LS_ASSIGN_OR_RETURN(bool more, eng->Step());
+    if (!more) break;
+    LS_RETURN_IF_ERROR(observer->EndStep());
+  }
+  return observer->Finish();
 }
 
 Result<std::unique_ptr<RankFollowers>> RankFollowers::Start(std::shared_ptr<Model> model, const EngineOptions& options,
                                                             int ranks, const std::vector<Request>& requests,
-                                                            EngineOptions* rank0) {
+                                                            EngineOptions* rank0, FollowerObservers observers) {
   if (ranks < 2 || ranks > 64) {
     return Status::InvalidArgument("--tp-ranks " + std::to_string(ranks) + ": not in 2..64");
   }
@@ -27,12 +35,19 @@ Result<std::unique_ptr<RankFollowers>> RankFollowers::Start(std::shared_ptr<Mode
   *rank0 = options;
   rank0->tp_ranks = f->group_[0];
   for (int r = 1; r < ranks; ++r) {
-    f->threads_.emplace_back([model, options, requests, r, f = f.get()] {
+    f->threads_.emplace_back([model, options, requests, r, observers, f = f.get()] {
       EngineOptions mine = options;
       mine.tp_ranks = f->group_[r];
-      Status s = RunFollower(model, mine, requests);
+      Status s = [&]() -> Status {
+        std::unique_ptr<FollowerObserver> observer;
+        if (observers) {
+          LS_ASSIGN_OR_RETURN(observer, observers(r));
+        }
+        return RunFollower(model, mine, requests, observer.get());
+      }();
+      if (!s.ok()) s = s.WithContext("rank " + std::to_string(r) + ": ");
       if (!s.ok()) f->group_[r]->Abort(s);  // (Engine::Step aborts on its own failures; this covers the rest)
-      f->results_[r] = s.ok() ? s : s.WithContext("rank " + std::to_string(r) + ": ");
+      f->results_[r] = s;
     });
   }
   return f;

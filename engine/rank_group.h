@@ -8,6 +8,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 #include <thread>
@@ -18,12 +19,29 @@
 
 namespace lockstep::engine {
 
+// What runs beside a follower rank's engine (rank r ≥ 1): the recorder's shard writer
+// (recorder/rank_shard_writer.h) — each rank writes its own shard of a trace. Attach comes
+// after the engine is made and before its requests are added, EndStep after every step that
+// did work (Engine::Step true), Finish once the run is done; a failed run skips Finish and
+// destroys the observer. Each may meet the other ranks in the group's collectives: rank 0 does
+// the same calls at the same points, so the order of collectives stays the same on every rank.
+class FollowerObserver {
+ public:
+  virtual ~FollowerObserver() = default;
+  virtual Status Attach(Engine& engine) = 0;
+  virtual Status EndStep() = 0;
+  virtual Status Finish() = 0;
+};
+// Rank r's observer (null: none), made on the rank's own thread or process.
+using FollowerObservers = std::function<Result<std::unique_ptr<FollowerObserver>>(int rank)>;
+
 class RankFollowers {
  public:
   // `ranks` ≥ 2; sets rank0->tp_ranks (a copy of `options` otherwise).
+  // `observers`, when set, gives each follower its observer.
   static Result<std::unique_ptr<RankFollowers>> Start(std::shared_ptr<Model> model, const EngineOptions& options,
                                                       int ranks, const std::vector<Request>& requests,
-                                                      EngineOptions* rank0);
+                                                      EngineOptions* rank0, FollowerObservers observers = {});
   // After rank 0's run, with its outcome: a rank 0 that stopped early aborts the group (the
   // followers would wait for it forever); waits for every follower; the first error of rank 0's
   // or theirs.
@@ -58,7 +76,9 @@ uint64_t WorkDigest(const EngineOptions& options, const std::vector<Request>& re
 // Gathers every rank's digest; an error naming the first rank whose work differs from rank 0's.
 Status CheckSameWork(kernels::Collective& group, uint64_t digest);
 
-// Rank r ≥ 1's whole run: an engine on `options` (tp_ranks set), the requests, to completion.
-Status RunFollower(std::shared_ptr<Model> model, const EngineOptions& options, const std::vector<Request>& requests);
+// Rank r ≥ 1's whole run: an engine on `options` (tp_ranks set), the requests, to completion,
+// with `observer` (may be null) beside it.
+Status RunFollower(std::shared_ptr<Model> model, const EngineOptions& options, const std::vector<Request>& requests,
+                   FollowerObserver* observer = nullptr);
 
 }  // namespace lockstep::engine

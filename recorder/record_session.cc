@@ -14,6 +14,7 @@
 #include <nlohmann/json.hpp>
 
 #include "base/version.h"
+#include "recorder/rank_shard_writer.h"
 
 namespace lockstep::recorder {
 namespace {
@@ -71,15 +72,35 @@ std::string UtcNow() {
   return buf;
 }
 
-Result<RecordSessionResult> RecordRun(engine::Engine& eng, const std::vector<RecordedRequest>& requests,
-                                      const RecordSessionOptions& o) {
-  const std::string out = o.output.string();
+traces::TraceWriterOptions TraceWriterOptionsOf(const RecordSessionOptions& o) {
   traces::TraceWriterOptions wo = o.writer;
   // Every trace names the lockstep that wrote it (record, replay, degen's failures, the
   // server's captures alike), unless the caller names another writer.
   if (wo.writer.empty()) wo.writer = std::string("lockstep ") + kVersion + " (" + kGitRevision + ")";
   wo.alloc_block_bytes = RecorderOptions::AllocBlockBytes(o.policy);
   wo.target_chunk_bytes = RecorderOptions::TargetChunkBytes(o.policy);
+  return wo;
+}
+
+traces::TraceWriterOptions ShardWriterOptionsOf(const RecordSessionOptions& o, int64_t ranks) {
+  // Each shard's writer gets a share of the workers (the ranks of a real run write in parallel).
+  traces::TraceWriterOptions so = TraceWriterOptionsOf(o);
+  so.compression_threads = std::max(1, so.compression_threads / static_cast<int>(std::max<int64_t>(ranks, 1)));
+  return so;
+}
+
+Status SetShardMeta(traces::TraceWriter& w, int rank, int64_t ranks, const std::string& run_id, int writer_rank) {
+  LS_RETURN_IF_ERROR(w.SetMeta(traces::kMetaShardRank, std::to_string(rank)));
+  LS_RETURN_IF_ERROR(w.SetMeta(traces::kMetaShardRanks, std::to_string(ranks)));
+  LS_RETURN_IF_ERROR(w.SetMeta(traces::kMetaShardRunId, run_id));
+  LS_RETURN_IF_ERROR(w.SetMeta(traces::kMetaShardWriterRank, std::to_string(writer_rank)));
+  return w.SetMeta(traces::kMetaShardWriterPid, std::to_string(static_cast<long long>(getpid())));
+}
+
+Result<RecordSessionResult> RecordRun(engine::Engine& eng, const std::vector<RecordedRequest>& requests,
+                                      const RecordSessionOptions& o) {
+  const std::string out = o.output.string();
+  const traces::TraceWriterOptions wo = TraceWriterOptionsOf(o);
   const engine::EngineOptions& eo0 = eng.options();
   const int64_t tp = eo0.tp_ranks ? eo0.tp_ranks->size() : eo0.emulate_tp;
   const int64_t ranks = o.rank_shards ? tp : 0;
@@ -88,8 +109,10 @@ Result<RecordSessionResult> RecordRun(engine::Engine& eng, const std::vector<Rec
                                    "shards hold the ranks' values; this run has TP " + std::to_string(tp) + ", capture " +
                                    std::string(CapturePolicy::ModeName(o.policy.mode)) + ")");
   }
-  // Each shard's writer gets a share of the workers (the ranks of a real run write in parallel).
-  std::vector<std::unique_ptr<traces::TraceWriter>> shards;
+  // Real ranks write their own shards (rank_shard_writer.h); this one writes shard 0. Emulated TP
+  // writes them all here.
+  kernels::Collective* group = ranks > 1 && eo0.tp_ranks ? eo0.tp_ranks.get() : nullptr;
+  std::vector<std::unique_ptr<traces::TraceWriter>> shards;  // null: written by its own rank
   std::vector<std::string> shard_files;
   std::string run_id;
   if (ranks > 1) {
@@ -97,15 +120,19 @@ Result<RecordSessionResult> RecordRun(engine::Engine& eng, const std::vector<Rec
     char id[24];
     std::snprintf(id, sizeof id, "%08x%08x", rd(), rd());
     run_id = id;
-    traces::TraceWriterOptions so = wo;
-    so.compression_threads = std::max(1, wo.compression_threads / static_cast<int>(ranks));
+    if (group != nullptr) {
+      LS_ASSIGN_OR_RETURN(run_id, ShareRunId(*group, run_id));
+    }
+    const traces::TraceWriterOptions so = ShardWriterOptionsOf(o, ranks);
     for (int r = 0; r < ranks; ++r) {
       const std::filesystem::path sp = traces::ShardPath(o.output, r);
-      LS_ASSIGN_OR_RETURN(auto sw, traces::TraceWriter::Create(sp, so));
-      LS_RETURN_IF_ERROR(sw->SetMeta(traces::kMetaShardRank, std::to_string(r)));
-      LS_RETURN_IF_ERROR(sw->SetMeta(traces::kMetaShardRanks, std::to_string(ranks)));
-      LS_RETURN_IF_ERROR(sw->SetMeta(traces::kMetaShardRunId, run_id));
       shard_files.push_back(sp.filename().string());
+      if (group != nullptr && r != group->rank()) {
+        shards.push_back(nullptr);
+        continue;
+      }
+      LS_ASSIGN_OR_RETURN(auto sw, traces::TraceWriter::Create(sp, so));
+      LS_RETURN_IF_ERROR(SetShardMeta(*sw, r, ranks, run_id, group != nullptr ? group->rank() : 0));
       shards.push_back(std::move(sw));
     }
   }
@@ -160,7 +187,7 @@ Result<RecordSessionResult> RecordRun(engine::Engine& eng, const std::vector<Rec
   ro.flush_interval_s = o.flush_interval_s;
   ro.summarize_here_max_row_bytes = o.summarize_here_max_row_bytes;
   ro.detokenize = o.detokenize;
-  for (auto& sw : shards) ro.shard_writers.push_back(sw.get());
+  for (auto& sw : shards) ro.shard_writers.push_back(sw.get());  // (null: its rank's)
   ro.shard_files = shard_files;
   Recorder rec(&eng, writer.get(), ro);
   rec.Attach();
@@ -173,10 +200,16 @@ Result<RecordSessionResult> RecordRun(engine::Engine& eng, const std::vector<Rec
   RecordSessionResult res;
   const auto t0 = Clock::now();
   auto fail = [&](const Status& s) {
-    for (auto& sw : shards) (void)sw->Close();
-    (void)writer->Close();  // keeps what was flushed; the file stays marked incomplete
-    return Status(s).WithContext(out + ": recording stopped after " + std::to_string(rec.steps()) +
-                                 " steps (the trace keeps what was flushed before): ");
+    const Status stopped = Status(s).WithContext(out + ": recording stopped after " + std::to_string(rec.steps()) +
+                                                 " steps (the trace keeps what was flushed before): ");
+    for (auto& sw : shards) {
+      if (sw) (void)sw->Close();
+    }
+    // The trace says why it ends here (a healthy writer closes it complete: what it holds is whole,
+    // the run is not); a failed writer leaves it as of its last flush, marked incomplete.
+    (void)writer->SetMeta(traces::kMetaStopped, s.message());
+    (void)writer->Close();
+    return stopped;
   };
   while (true) {
     auto more = eng.Step();
@@ -195,7 +228,12 @@ Result<RecordSessionResult> RecordRun(engine::Engine& eng, const std::vector<Rec
     res.recorder_ns = t.taps_ns + t.kv_ns + t.steps_ns;
   }
   for (auto& sw : shards) {  // the shards close first: a complete trace's shards are complete
+    if (!sw) continue;
     s = sw->Close();
+    if (!s.ok()) return fail(s);
+  }
+  if (group != nullptr) {  // … the other ranks' too
+    s = MeetShardsClosed(*group);
     if (!s.ok()) return fail(s);
   }
   s = writer->Close();

@@ -39,7 +39,9 @@ struct RecordSessionOptions {
   std::function<void(const Recorder&, const traces::TraceWriter&)> on_step;  // progress
   // TP N > 1 (emulated, or --tp-ranks) in full capture: each rank's columns of the rank-split
   // taps in its own shard, <output>.rank<r>, stitched into the trace (docs/trace-format.md
-  // "Format 1.3: rank shards") — the layout of a run over N GPUs, each rank writing its shard.
+  // "Format 1.3: rank shards") — the layout of a run over N GPUs. Emulated, RecordRun writes
+  // every shard; over real ranks (EngineOptions::tp_ranks) it writes shard 0 and rank r ≥ 1
+  // writes shard r itself (rank_shard_writer.h: the followers' observers must be its writers).
   bool rank_shards = false;
 };
 
@@ -61,6 +63,13 @@ struct RecordedRequest {
 // Adds `requests` to `engine` (ids 0, 1, … in order) and records the run.
 Result<RecordSessionResult> RecordRun(engine::Engine& engine, const std::vector<RecordedRequest>& requests,
                                       const RecordSessionOptions& options);
+
+// The writer options RecordRun gives the trace, and each of its `ranks` shards (a share of the
+// compression workers); rank_shard_writer.h's writers take the same.
+traces::TraceWriterOptions TraceWriterOptionsOf(const RecordSessionOptions& options);
+traces::TraceWriterOptions ShardWriterOptionsOf(const RecordSessionOptions& options, int64_t ranks);
+// A shard's /meta: rank `rank` of `ranks` of run `run_id`, written by rank `writer_rank` (this process).
+Status SetShardMeta(traces::TraceWriter& shard, int rank, int64_t ranks, const std::string& run_id, int writer_rank);
 
 // Meta values every trace carries, exposed for tests and `inspect`.
 std::string CpuName();

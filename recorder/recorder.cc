@@ -70,6 +70,11 @@ const Recorder::Tensor* Recorder::Define(const std::string& path, DType dtype, i
   return &tensors_.emplace(path, t).first->second;
 }
 
+bool ShardsTap(const CapturePolicy& policy, int64_t ranks, std::string_view name, int64_t cols) {
+  return policy.mode == CapturePolicy::Mode::kFull && ranks > 1 && cols % ranks == 0 && policy.WantsTap(name) &&
+         name != engine::kModelTaps[engine::kTapLogits].name && engine::IsRankSplitTap(name);
+}
+
 const Recorder::Tensor* Recorder::DefineSharded(const std::string& path, DType dtype, int64_t cols) {
   auto it = tensors_.find(path);
   if (it != tensors_.end()) return &it->second;
@@ -83,6 +88,10 @@ const Recorder::Tensor* Recorder::DefineSharded(const std::string& path, DType d
   Tensor t{*h, dtype, cols, false};
   const int64_t n = static_cast<int64_t>(opts_.shard_writers.size());
   for (traces::TraceWriter* w : opts_.shard_writers) {
+    if (w == nullptr) {  // written by its own rank
+      t.shard_handles.push_back(-1);
+      continue;
+    }
     auto sh = w->DefineTensor(traces::TensorSpec{path, dtype, cols / n, true});
     if (!sh.ok()) {
       Fail(sh.status());
@@ -99,6 +108,7 @@ void Recorder::AppendShards(const Tensor& t, int64_t request, std::span<const in
   if (n == 0 || positions.empty()) return;
   const size_t part = static_cast<size_t>(t.cols / static_cast<int64_t>(n)) * traces::DTypeSize(t.dtype);
   for (size_t r = 0; r < n && status_.ok(); ++r) {
+    if (opts_.shard_writers[r] == nullptr) continue;
     shard_gather_.resize(positions.size() * part);
     for (size_t k = 0; k < positions.size(); ++k) {
       std::memcpy(shard_gather_.data() + k * part, row(static_cast<int64_t>(k)) + r * part, part);
@@ -255,9 +265,8 @@ const Recorder::TapEntry* Recorder::Resolve(const engine::TapEvent& e) {
     const bool full = opts_.policy.mode == CapturePolicy::Mode::kFull;
     const int64_t ranks = static_cast<int64_t>(opts_.shard_writers.size());
     const std::string path = std::string(traces::kTapsGroup) + "/" + fresh.name;
-    fresh.tensor = full && ranks > 1 && e.cols % ranks == 0 && engine::IsRankSplitTap(fresh.name)
-                       ? DefineSharded(path, dtype, e.cols)
-                       : Define(path, dtype, e.cols, full);
+    fresh.tensor = ShardsTap(opts_.policy, ranks, fresh.name, e.cols) ? DefineSharded(path, dtype, e.cols)
+                                                                       : Define(path, dtype, e.cols, full);
     if (!fresh.tensor) return nullptr;
   }
   return &(by_address_[e.name.data()] = std::move(fresh));  // (map nodes never move)
@@ -557,16 +566,20 @@ Status Recorder::EndStep() {
   if (status_.ok() &&
       (opts_.flush_interval_s <= 0 || std::chrono::duration<double>(now - last_flush_).count() >= opts_.flush_interval_s)) {
     // The shards first: a trace's flushed rows never point past what its shards hold.
-    for (traces::TraceWriter* w : opts_.shard_writers) Fail(w->Flush(steps_));
+    for (traces::TraceWriter* w : opts_.shard_writers) {
+      if (w != nullptr) Fail(w->Flush(steps_));
+    }
     Fail(writer_->Flush(steps_));
     last_flush_ = now;
   } else {
-    for (traces::TraceWriter* w : opts_.shard_writers) w->Submit();
+    for (traces::TraceWriter* w : opts_.shard_writers) {
+      if (w != nullptr) w->Submit();
+    }
     writer_->Submit();  // the step's rows go to the writer thread in one hand-over
   }
   step_start_ = Clock::now();
   for (traces::TraceWriter* w : opts_.shard_writers) {
-    if (status_.ok()) Fail(w->status());
+    if (w != nullptr && status_.ok()) Fail(w->status());
   }
   if (status_.ok()) Fail(writer_->status());
   return status_;
@@ -574,7 +587,7 @@ Status Recorder::EndStep() {
 
 Status Recorder::Finish() {
   for (traces::TraceWriter* w : opts_.shard_writers) {
-    if (status_.ok()) Fail(w->Flush(steps_));
+    if (w != nullptr && status_.ok()) Fail(w->Flush(steps_));
   }
   if (status_.ok()) Fail(writer_->Flush(steps_));
   return status_;

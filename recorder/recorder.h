@@ -69,7 +69,8 @@ struct RecorderOptions {
   size_t summarize_here_max_row_bytes = size_t{64} << 10;
   // Rank shards (TP N, full capture; docs/trace-format.md "Format 1.3: rank shards"): one writer
   // per rank and its file's name beside the trace. Each rank-split tap (engine::IsRankSplitTap) keeps
-  // its summaries in the trace and column block r of its values in shard r. Empty: none.
+  // its summaries in the trace and column block r of its values in shard r. Empty: none. A null
+  // writer is a shard its own rank writes (--tp-ranks: recorder/rank_shard_writer.h).
   std::vector<traces::TraceWriter*> shard_writers;
   std::vector<std::string> shard_files;
 };
@@ -80,6 +81,10 @@ struct RecorderOptions {
 traces::SummaryRow ToSummaryRow(const engine::TapRowSummary& s);
 // The trace's element type for a tap's (or a KV part's) dtype.
 traces::DType ToTraceDType(engine::TapDType t);
+// Whether tap `name` (cols values a row) keeps its values in `ranks` rank shards under `policy`:
+// a wanted rank-split tap (engine::IsRankSplitTap) in full capture whose columns split evenly.
+// The recorder and each rank's own shard writer (rank_shard_writer.h) decide by this alike.
+bool ShardsTap(const CapturePolicy& policy, int64_t ranks, std::string_view name, int64_t cols);
 
 class Recorder : public engine::TapHook {
  public:

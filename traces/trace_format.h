@@ -108,10 +108,17 @@ inline constexpr char kAttrByteOffset[] = "byte_offset";
 // folder); a shard's /meta: kMetaShardRank, kMetaShardRanks, kMetaShardRunId.
 inline constexpr char kAttrShards[] = "shards";
 inline constexpr int64_t kMaxShards = 64;
+// A recording that ended on an error (an engine step, a rank, a writer) still closes its trace
+// with what it recorded; this /meta key then holds the error, and `inspect` says so.
+inline constexpr char kMetaStopped[] = "stopped";
 inline constexpr char kMetaShardRanks[] = "shard_ranks";
 inline constexpr char kMetaShardRunId[] = "shard_run_id";
 inline constexpr char kMetaShardFile[] = "shard_file_";
 inline constexpr char kMetaShardRank[] = "shard_rank";
+// Which rank wrote a shard (0: one writer for every shard, the emulation's), and its process id:
+// informational, not checked.
+inline constexpr char kMetaShardWriterRank[] = "shard_writer_rank";
+inline constexpr char kMetaShardWriterPid[] = "shard_writer_pid";
 // /meta keys that describe the files a trace lies in, not what it holds (a pack, which
 // materialises the shards' values, leaves them out).
 inline bool IsShardMetaKey(std::string_view k) { return k.rfind("shard_", 0) == 0; }

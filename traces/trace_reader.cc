@@ -438,10 +438,12 @@ Status TraceReader::LoadShards() {
     shard_files_.push_back(f->second);
     const std::filesystem::path sp = path_.parent_path() / f->second;
     std::error_code ec;
-    if (!std::filesystem::exists(sp, ec)) {
+    const bool exists = std::filesystem::exists(sp, ec);
+    if (!exists || !std::filesystem::is_regular_file(sp, ec)) {
       shards_.push_back(nullptr);
       if (missing_shard_.empty()) missing_shard_ = sp.string();
-      notes_.push_back(sp.string() + ": rank " + std::to_string(r) + "'s shard is missing; its tensors have no values");
+      notes_.push_back(sp.string() + ": rank " + std::to_string(r) + "'s shard is " +
+                       (exists ? "not a file" : "missing") + "; its tensors have no values");
       continue;
     }
     auto sub = TraceReader::OpenAs(sp, true);
@@ -537,12 +539,28 @@ Result<std::vector<uint8_t>> TraceReader::ReadShardedValues(const TensorInfo& ti
         }
       }
     }
+    std::vector<uint64_t>& hashes = shard_row_hashes_[ti.path];
+    hashes.resize(static_cast<size_t>(ti.rows));
+    for (int64_t i = 0; i < ti.rows; ++i) hashes[i] = mine[i].hash;
     checked = true;
   }
   std::vector<uint8_t> out(static_cast<size_t>(count) * row_bytes);
   for (int64_t r = 0; r < n; ++r) {
     LS_ASSIGN_OR_RETURN(std::vector<uint8_t> b, shards_[r]->ReadValues(*shards_[r]->FindTensor(ti.path), begin, count));
     for (int64_t i = 0; i < count; ++i) std::memcpy(&out[i * row_bytes + r * part], &b[i * part], part);
+  }
+  // The shards were written apart (by their own ranks, or as separate files that can be swapped
+  // for others of the same run): a stitched row is the trace's only if it hashes to the trace's
+  // summary of that row, computed from the whole row where it was made.
+  const std::vector<uint64_t>& hashes = shard_row_hashes_[ti.path];
+  for (int64_t i = 0; i < count; ++i) {
+    const int64_t row = begin + i;
+    if (row < 0 || row >= static_cast<int64_t>(hashes.size())) break;  // (ReadValues bounded the range)
+    if (ContentHash(&out[i * row_bytes], row_bytes) != hashes[row]) {
+      return Err(Status::Corruption(ti.path + " row " + std::to_string(row) + ": the values its " + std::to_string(n) +
+                                    " shards hold do not match the row's content hash in this trace (a shard "
+                                    "changed, or a rank that wrote other values than rank 0 hashed)"));
+    }
   }
   return out;
 }

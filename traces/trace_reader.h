@@ -152,6 +152,8 @@ class TraceReader {
   std::string missing_shard_;  // the first missing shard's file, when one is
   // Sharded tensors whose rows were checked to be the same (request, position) in every shard.
   mutable std::map<std::string, bool> shard_rows_checked_;
+  // A sharded tensor's row hashes from this trace's summary: each stitched row must hash to it.
+  mutable std::map<std::string, std::vector<uint64_t>> shard_row_hashes_;
 };
 
 }  // namespace lockstep::traces

@@ -2,7 +2,8 @@
 # tests/cli/tp_ranks_cli_test.sh — CTest tp_ranks_cli: `--tp-ranks N` (real tensor parallelism:
 # N engines on threads, each computing its shard, engine/rank_group.h) through the CLI as a user
 # types it. lockstep-tiny-v32: a trace recorded at --tp-ranks 4 diffs identical to one recorded at
-# --emulate-tp 4 (every tensor's content hash and token), with --rank-shards too; it replays
+# --emulate-tp 4 (every tensor's content hash and token), with --rank-shards too (each rank
+# writing its own shard); it replays
 # exactly, verify checks its all-reduce, and bisect names the collective-order fault; `generate
 # --tp-ranks 8` prints emulated TP 8's text; a degree the heads do not split, and the CUDA
 # backend's rank mode (not built), are refused with one line naming the flag.
@@ -22,6 +23,13 @@ grep -q "^identical" "$W/d1.txt" || fail "not identical: $(tail -3 "$W/d1.txt")"
 [ -f "$W/shards.h5.rank3" ] || fail "--tp-ranks 4 --rank-shards wrote no rank 3 shard"
 "$L" diff "$W/emu.h5" "$W/shards.h5" > "$W/d2.txt" || fail "diff with shards: $(tail -3 "$W/d2.txt")"
 grep -q "^identical" "$W/d2.txt" || fail "shards not identical"
+# Each rank wrote its own shard (rank r's shard_writer_rank is r), and every stitched row hashes to
+# the trace's summary of it.
+for r in 0 1 2 3; do
+  w=$("$L" inspect --json "$W/shards.h5.rank$r" | sed -n 's/^ *"shard_writer_rank": "\(.*\)",\{0,1\}$/\1/p')
+  [ "$w" = "$r" ] || fail "shard $r written by rank '$w'"
+done
+"$L" inspect "$W/shards.h5" --verify > "$W/iv.txt" 2>&1 || fail "inspect --verify of the ranks' shards: $(tail -3 "$W/iv.txt")"
 # The ranks' trace replays exactly (as emulated TP 4: the same bits) and verify checks its
 # all-reduce; with the collective-order fault, bisect on it names the all-reduce.
 "$L" replay "$W/ranks.h5" --mode exact -q -o "$W/rep.h5" > "$W/rep.txt" 2>&1 || fail "exact replay: $(tail -3 "$W/rep.txt")"
