@@ -17,6 +17,15 @@ W=$(mktemp -d)
 trap 'rm -rf "$W"' EXIT
 export TMPDIR="$W"  # the started ranks' logs
 fail() { echo "FAIL: $*"; exit 1; }
+# The pid of rank 1 under rank 0's pid $1, once started (empty after 30 s).
+rank1_of() {
+  for _ in $(seq 1 600); do
+    for p in $(pgrep -P "$1" 2>/dev/null); do
+      if tr '\0' '\n' < "/proc/$p/environ" 2>/dev/null | grep -q '^LOCKSTEP_TP_RANK=1$'; then echo "$p"; return; fi
+    done
+    sleep 0.05
+  done
+}
 shm_before=$(ls /dev/shm | grep -c '^lockstep-tp-' || true)
 printf '%s\n' '{"prompt": "hello there", "max_tokens": 8}' '{"prompt": "the cat", "max_tokens": 6}' > "$W/p.jsonl"
 "$L" record -m "$M" --prompts "$W/p.jsonl" -t 0 --ignore-eos --tp-ranks 4 --tp-launch processes -q -o "$W/proc.h5" \
@@ -53,14 +62,7 @@ for i in $(seq 1 32); do echo '{"prompt": "hello there", "max_tokens": 1500}'; d
 "$L" generate -m "$M" --prompts "$W/long.jsonl" --ignore-eos --tp-ranks 2 --tp-launch processes -q \
   > /dev/null 2> "$W/kill.err" &
 parent=$!
-child=""
-for _ in $(seq 1 600); do
-  for p in $(pgrep -P "$parent" 2>/dev/null); do
-    if tr '\0' '\n' < "/proc/$p/environ" 2>/dev/null | grep -q '^LOCKSTEP_TP_RANK=1$'; then child=$p; fi
-  done
-  [ -n "$child" ] && break
-  sleep 0.05
-done
+child=$(rank1_of "$parent")
 [ -n "$child" ] || { kill "$parent"; fail "no rank 1 process under $parent"; }
 sleep 2  # well into its run
 kill -9 "$child"
@@ -81,14 +83,7 @@ grep -q "^STOPPED: .*rank 1" "$W/bi.txt" || fail "the stopped trace does not say
 "$L" record -m "$M" --prompts "$W/long.jsonl" --ignore-eos --tp-ranks 2 --tp-launch processes --rank-shards \
   --flush-interval 0.2 -q -o "$W/k.h5" 2> "$W/kr.err" &
 parent=$!
-child=""
-for _ in $(seq 1 600); do
-  for p in $(pgrep -P "$parent" 2>/dev/null); do
-    if tr '\0' '\n' < "/proc/$p/environ" 2>/dev/null | grep -q '^LOCKSTEP_TP_RANK=1$'; then child=$p; fi
-  done
-  [ -n "$child" ] && break
-  sleep 0.05
-done
+child=$(rank1_of "$parent")
 [ -n "$child" ] || { kill "$parent"; fail "no rank 1 process under $parent (record)"; }
 sleep 3
 kill -9 "$child"

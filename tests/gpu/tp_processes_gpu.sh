@@ -34,8 +34,9 @@ for gemm in bf16_dot fp32; do
     echo "ok: $t, gemm=$gemm: the processes' trace is emulated TP 2's"
   done
 done
-# Rank shards from the processes (rank 0 writes them): h5py reads the stitched taps as virtual
-# datasets, bit for bit the emulation's one-file trace.
+# Rank shards from the processes (each rank process writes its own): h5py reads the stitched taps
+# as virtual datasets, bit for bit the emulation's one-file trace, and each shard names its
+# writer (rank r, a process of its own).
 last=${transports##* }
 rec --kernel gemm=bf16_dot --tp-ranks 2 --tp-launch processes --tp-transport "$last" --rank-shards \
   -o "$W/shards.h5" 2> "$W/shards.err" || fail "record --rank-shards over $last: $(tail -2 "$W/shards.err")"
@@ -49,7 +50,12 @@ for n in taps:
     v = s["taps"][n]["values"]
     assert v.is_virtual, n
     assert np.array_equal(v[...].view(np.uint32), e["taps"][n]["values"][...].view(np.uint32)), n
-print(f"ok: h5py reads {len(taps)} stitched taps of the processes' shards as emulated TP 2's values")
+m = [h5py.File(f"{sys.argv[1]}.rank{r}", "r")["meta"].attrs for r in (0, 1)]
+txt = lambda a, k: a[k].decode() if isinstance(a[k], bytes) else str(a[k])
+assert [txt(a, "shard_writer_rank") for a in m] == ["0", "1"], [txt(a, "shard_writer_rank") for a in m]
+assert txt(m[0], "shard_writer_pid") != txt(m[1], "shard_writer_pid"), "one process wrote both shards"
+print(f"ok: h5py reads {len(taps)} stitched taps of the processes' shards as emulated TP 2's values; "
+      f"shard r written by rank r (pids {txt(m[0], 'shard_writer_pid')}, {txt(m[1], 'shard_writer_pid')})")
 PYEOF
 if [ "$gpus" -lt 2 ]; then
   e=$("$L" generate -m "$M" --prompt hi -n 2 --backend cuda --tp-ranks 2 --tp-launch processes --tp-transport nccl \
