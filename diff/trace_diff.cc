@@ -200,6 +200,11 @@ Result<TraceDiffReport> CompareTraces(const traces::TraceReader& a, const traces
       rep.notes.push_back(msg);
     }
   }
+  // A recording that ended on an error holds the run up to it, no more (trace_format.h kMetaStopped).
+  for (const traces::TraceReader* t : {&a, &b}) {
+    const std::string why = meta(*t, traces::kMetaStopped);
+    if (!why.empty()) rep.notes.push_back(t->path().string() + ": the recording stopped on an error: " + why);
+  }
   const bool policies_differ = meta(a, "capture_policy") != meta(b, "capture_policy");
   if (policies_differ) {
     rep.notes.push_back("capture policies differ; only rows captured in both are compared");

@@ -94,6 +94,8 @@ e=$(cat "$W/kr.err")
 "$L" inspect "$W/k.h5" > "$W/ki.txt" 2>&1 || fail "inspect of the stopped trace: $(tail -3 "$W/ki.txt")"
 grep -q "^STOPPED: .*rank 1 (pid $child) was killed" "$W/ki.txt" || fail "stopped trace: $(head -3 "$W/ki.txt")"
 [ -f "$W/k.h5.rank1" ] || fail "the killed rank's shard lost what it flushed"
+"$L" diff "$W/k.h5" "$W/k.h5" > "$W/kd.txt" 2>&1
+grep -q "^note: .*k.h5: the recording stopped on an error: rank 1" "$W/kd.txt" || fail "diff of a stopped trace: $(head -3 "$W/kd.txt")"
 e=$("$L" generate -m "$M" --prompt hi -n 2 --tp-launch processes -q 2>&1); rc=$?
 [ $rc -ne 0 ] && [[ $e == *"--tp-launch processes"*"N ≥ 2"* ]] || fail "--tp-launch processes alone: rc $rc: $e"
 e=$("$L" generate -m "$M" --prompt hi -n 2 --tp-ranks 2 --tp-launch processes --tp-transport nccl -q 2>&1); rc=$?
