@@ -45,8 +45,10 @@ Result<std::unique_ptr<RankFollowers>> RankFollowers::Start(std::shared_ptr<Mode
         }
         return RunFollower(model, mine, requests, observer.get());
       }();
-      if (!s.ok()) s = s.WithContext("rank " + std::to_string(r) + ": ");
-      if (!s.ok()) f->group_[r]->Abort(s);  // (Engine::Step aborts on its own failures; this covers the rest)
+      if (!s.ok()) {
+        s = s.WithContext("rank " + std::to_string(r) + ": ");
+        f->group_[r]->Abort(s);  // (Engine::Step aborts on its own failures; this covers the rest)
+      }
       f->results_[r] = s;
     });
   }

@@ -34,12 +34,10 @@ class RankShardWriter final : public engine::FollowerObserver, public engine::Ta
     }
     ranks_ = group_->size();
     LS_ASSIGN_OR_RETURN(const std::string run_id, ShareRunId(*group_, ""));
-    path_ = traces::ShardPath(options_.output, rank_).string();
-    auto w = traces::TraceWriter::Create(path_, ShardWriterOptionsOf(options_, ranks_));
-    if (!w.ok()) return Context(w.status());
+    auto w = traces::TraceWriter::Create(traces::ShardPath(options_.output, rank_), ShardWriterOptionsOf(options_, ranks_));
+    if (!w.ok()) return w.status();
     writer_ = std::move(*w);
-    Status s = SetShardMeta(*writer_, rank_, ranks_, run_id, rank_);
-    if (!s.ok()) return Context(s);
+    LS_RETURN_IF_ERROR(SetShardMeta(*writer_, rank_, ranks_, run_id, rank_));
     engine_ = &eng;
     eng.SetTapHook(this);
     last_flush_ = Clock::now();
@@ -56,16 +54,11 @@ class RankShardWriter final : public engine::FollowerObserver, public engine::Ta
     }
     if (positions_.empty()) return;
     const size_t row_bytes = static_cast<size_t>(e.cols) * t->elem;
-    const size_t part = row_bytes / static_cast<size_t>(ranks_);
-    gather_.resize(positions_.size() * part);
     const auto* base = static_cast<const uint8_t*>(e.data);
-    for (size_t k = 0; k < positions_.size(); ++k) {
-      std::memcpy(gather_.data() + k * part,
-                  base + static_cast<size_t>(positions_[k] - e.position) * row_bytes + static_cast<size_t>(rank_) * part,
-                  part);
-    }
-    Fail(writer_->AppendToSummarize(t->handle, static_cast<int32_t>(e.request_id), static_cast<int32_t>(steps_),
-                                    positions_, gather_.data()));
+    Fail(AppendRankColumns(
+        *writer_, t->handle, e.request_id, steps_, positions_,
+        [&](int64_t k) { return base + static_cast<size_t>(positions_[k] - e.position) * row_bytes; },
+        row_bytes / static_cast<size_t>(ranks_), rank_, &gather_));
   }
 
   Status EndStep() override {
@@ -113,10 +106,9 @@ class RankShardWriter final : public engine::FollowerObserver, public engine::Ta
     }
     return &(by_address_[e.name.data()] = std::move(fresh));
   }
-  // The writer's errors name the shard's file (and the launcher the rank): the first is kept.
-  Status Context(const Status& s) const { return s; }
+  // The first error is kept (the writer's name the shard's file, the launcher adds the rank).
   void Fail(const Status& s) {
-    if (status_.ok() && !s.ok()) status_ = Context(s);
+    if (status_.ok() && !s.ok()) status_ = s;
   }
 
   RecordSessionOptions options_;
@@ -124,7 +116,6 @@ class RankShardWriter final : public engine::FollowerObserver, public engine::Ta
   int64_t ranks_ = 0;
   std::shared_ptr<kernels::Collective> group_;
   engine::Engine* engine_ = nullptr;
-  std::string path_;
   std::unique_ptr<traces::TraceWriter> writer_;
   std::unordered_map<const void*, Entry> by_address_;
   std::vector<int64_t> positions_;
@@ -156,13 +147,10 @@ Result<std::string> ShareRunId(kernels::Collective& group, const std::string& ra
 }
 
 Status MeetShardsClosed(kernels::Collective& group) {
-  const float closed = 1.0f;
+  // A barrier: a rank whose shard failed never arrives, it aborts the group with the reason.
+  const float arrived = 1.0f;
   std::vector<float> all(static_cast<size_t>(group.size()));
-  LS_RETURN_IF_ERROR(group.AllGather(&closed, 1, all.data()));
-  for (int q = 0; q < group.size(); ++q) {
-    if (all[q] != 1.0f) return Status::Internal("rank " + std::to_string(q) + " did not close its shard");
-  }
-  return Status::Ok();
+  return group.AllGather(&arrived, 1, all.data());
 }
 
 Result<std::unique_ptr<engine::FollowerObserver>> NewRankShardWriter(const RecordSessionOptions& options, int rank) {

@@ -75,6 +75,18 @@ bool ShardsTap(const CapturePolicy& policy, int64_t ranks, std::string_view name
          name != engine::kModelTaps[engine::kTapLogits].name && engine::IsRankSplitTap(name);
 }
 
+Status AppendRankColumns(traces::TraceWriter& shard, int32_t handle, int64_t request, int64_t step,
+                         std::span<const int64_t> positions, const std::function<const uint8_t*(int64_t)>& row,
+                         size_t part, int64_t rank, std::vector<uint8_t>* scratch) {
+  if (positions.empty()) return Status::Ok();
+  scratch->resize(positions.size() * part);
+  for (size_t k = 0; k < positions.size(); ++k) {
+    std::memcpy(scratch->data() + k * part, row(static_cast<int64_t>(k)) + static_cast<size_t>(rank) * part, part);
+  }
+  return shard.AppendToSummarize(handle, static_cast<int32_t>(request), static_cast<int32_t>(step), positions,
+                                 scratch->data());
+}
+
 const Recorder::Tensor* Recorder::DefineSharded(const std::string& path, DType dtype, int64_t cols) {
   auto it = tensors_.find(path);
   if (it != tensors_.end()) return &it->second;
@@ -109,12 +121,8 @@ void Recorder::AppendShards(const Tensor& t, int64_t request, std::span<const in
   const size_t part = static_cast<size_t>(t.cols / static_cast<int64_t>(n)) * traces::DTypeSize(t.dtype);
   for (size_t r = 0; r < n && status_.ok(); ++r) {
     if (opts_.shard_writers[r] == nullptr) continue;
-    shard_gather_.resize(positions.size() * part);
-    for (size_t k = 0; k < positions.size(); ++k) {
-      std::memcpy(shard_gather_.data() + k * part, row(static_cast<int64_t>(k)) + r * part, part);
-    }
-    Fail(opts_.shard_writers[r]->AppendToSummarize(t.shard_handles[r], static_cast<int32_t>(request),
-                                                   static_cast<int32_t>(steps_), positions, shard_gather_.data()));
+    Fail(AppendRankColumns(*opts_.shard_writers[r], t.shard_handles[r], request, steps_, positions, row, part,
+                           static_cast<int64_t>(r), &shard_gather_));
   }
 }
 

@@ -85,6 +85,12 @@ traces::DType ToTraceDType(engine::TapDType t);
 // a wanted rank-split tap (engine::IsRankSplitTap) in full capture whose columns split evenly.
 // The recorder and each rank's own shard writer (rank_shard_writer.h) decide by this alike.
 bool ShardsTap(const CapturePolicy& policy, int64_t ranks, std::string_view name, int64_t cols);
+// Appends rank `rank`'s column block (`part` bytes at rank·part) of the rows row(k) at positions[k]
+// of `request`, made in `step`, to tensor `handle` of a shard's writer: what every shard's rows are,
+// whichever process writes them. `scratch` holds the gathered blocks.
+Status AppendRankColumns(traces::TraceWriter& shard, int32_t handle, int64_t request, int64_t step,
+                         std::span<const int64_t> positions, const std::function<const uint8_t*(int64_t)>& row,
+                         size_t part, int64_t rank, std::vector<uint8_t>* scratch);
 
 class Recorder : public engine::TapHook {
  public:

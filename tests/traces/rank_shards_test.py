@@ -167,6 +167,9 @@ with h5py.File(t + ".rank1", "r+") as f:
 p = run("inspect", t, "--verify", ok=False)
 check(p.returncode != 0 and "layers.2.attn.q" in p.stderr and "content hash" in p.stderr,
       f"a shard's changed value: inspect --verify exit {p.returncode}: {p.stderr.strip()[-300:]}")
+# … and every read of the stitched rows refuses it, not only --verify (export would hand it out).
+expect_error(t, ["layers.2.attn.q", "content hash"], "a shard's changed value: export",
+             ("export", "--request", "0", "--tap", "layers.2.attn.q", "-o", os.path.join(WORK, "t.npy")))
 t = copy_set("misplaced")
 with h5py.File(t + ".rank1", "r+") as f:
     s = f["taps/layers.3.ffn.partials/summary"]
